@@ -1,0 +1,32 @@
+# Two commands from a fresh clone: `make train` and `make test`. Both set up .venv once.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup train test lint bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# Pin torch first: the local CPU wheel; an unpinned torch would pull several GB of CUDA.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+train: $(STAMP)
+	$(BIN)/gearshift train $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+
+bench: $(STAMP)
+	$(BIN)/python bench/pipeline_vs_torch.py
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info src/*.egg-info

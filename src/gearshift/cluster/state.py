@@ -1,0 +1,47 @@
+"""ClusterState: a snapshot of measured (or specified) device speeds and link bandwidths that the
+planners read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gearshift.cluster.spec import ClusterSpec
+
+
+@dataclass
+class ClusterState:
+    """speeds[r]: relative compute speed of rank r (1.0 = profiled speed).
+    bandwidth[a][b]: bytes/s from rank a to rank b; latency[a][b]: seconds.
+    memory[r]: bytes available on rank r."""
+
+    speeds: list[float]
+    bandwidth: list[list[float]]
+    latency: list[list[float]]
+    memory: list[float]
+    step: int = 0
+    source: str = "spec"  # "spec" | "monitor"
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.speeds)
+
+    @classmethod
+    def from_spec(cls, spec: ClusterSpec) -> ClusterState:
+        n = spec.world_size
+        bw = [[spec.bandwidth(a, b) if a != b else float("inf") for b in range(n)] for a in range(n)]
+        lat = [[spec.latency(a, b) if a != b else 0.0 for b in range(n)] for a in range(n)]
+        return cls([d.speed for d in spec.devices], bw, lat, [d.memory_bytes for d in spec.devices])
+
+    def to_dict(self) -> dict:
+        def fin(x: float) -> float | None:
+            return None if x == float("inf") else x
+
+        return {
+            "step": self.step,
+            "source": self.source,
+            "speeds": self.speeds,
+            "bandwidth": [[fin(x) for x in row] for row in self.bandwidth],
+            "latency": self.latency,
+            "memory": self.memory,
+        }

@@ -1,0 +1,66 @@
+"""ModelProfile: what the planners know about a model, per layer (times, work, bytes, memory)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class LayerProfile:
+    """One layer, measured for one micro-batch of `ModelProfile.microbatch_size` samples."""
+
+    name: str
+    forward_s: float  # median forward time
+    backward_s: float  # median backward time
+    flops: float  # forward FLOPs estimate for the micro-batch
+    param_bytes: int
+    activation_bytes: int  # output activation bytes per sample (what a pipeline sends)
+    peak_activation_bytes: int  # memory held for backward per micro-batch
+
+    @property
+    def work_s(self) -> float:
+        """Forward + backward time: the work a stage does for this layer per micro-batch."""
+        return self.forward_s + self.backward_s
+
+
+@dataclass
+class ModelProfile:
+    """Per-layer profile of a LayeredModel on the device that ran it (speed 1.0 by definition)."""
+
+    layers: list[LayerProfile]
+    microbatch_size: int
+    seq_len: int
+    device: str = "cpu"
+    dtype: str = "float32"
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def forward_times(self) -> list[float]:
+        return [lp.forward_s for lp in self.layers]
+
+    def backward_times(self) -> list[float]:
+        return [lp.backward_s for lp in self.layers]
+
+    def param_bytes(self) -> list[int]:
+        return [lp.param_bytes for lp in self.layers]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ModelProfile:
+        layers = [LayerProfile(**lp) for lp in d["layers"]]
+        return cls(layers, d["microbatch_size"], d["seq_len"], d.get("device", "cpu"),
+                   d.get("dtype", "float32"), d.get("meta", {}))
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path) -> ModelProfile:
+        return cls.from_dict(json.loads(Path(path).read_text()))
