@@ -7,16 +7,14 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gearshift.errors import SpecError
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
 GB = 1e9
-
-
-class SpecError(ValueError):
-    """A cluster spec that names a bad field; the message is one line for the user."""
 
 
 @dataclass(frozen=True)
