@@ -1,1 +1,17 @@
-"""gearshift.schedules"""
+"""gearshift.schedules: per-rank action lists (GPipe, 1F1B, kFkB) and their validator."""
+
+from gearshift.schedules.action import Action, Op, Schedule
+from gearshift.schedules.generators import gpipe, kfkb, make_schedule, one_f_one_b
+from gearshift.schedules.validate import ScheduleError, validate
+
+__all__ = [
+    "Action",
+    "Op",
+    "Schedule",
+    "ScheduleError",
+    "gpipe",
+    "kfkb",
+    "make_schedule",
+    "one_f_one_b",
+    "validate",
+]

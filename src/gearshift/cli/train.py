@@ -1,0 +1,26 @@
+"""`gearshift train [CONFIG] [--section.key=value ...] [--resume]`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from gearshift.train.config import load_config
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", nargs="?", help="job config TOML (default: the embedded default job)")
+    p.add_argument("--resume", action="store_true", help="resume from the latest checkpoint in output.dir")
+    p.epilog = "Any config key can be overridden: --train.steps=50 --cluster.workers=4 --output.dir=runs/x"
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.overrides)
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "GEARSHIFT_PARENT_PID" not in os.environ:
+        from gearshift.train.worker import run_worker  # already under torchrun: be a worker
+
+        run_worker(cfg, args.resume)
+        return 0
+    from gearshift.train.launch import launch
+
+    return launch(cfg, resume=args.resume)

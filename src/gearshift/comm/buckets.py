@@ -1,0 +1,89 @@
+"""GradientSync: after backward, average gradients over all ranks in a few large flat buckets, each
+all-reduced with the chosen algorithm (few large messages beat many small ones)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from gearshift.cluster.topology import Topology
+from gearshift.comm.allreduce import ALGORITHMS, all_reduce, resolve
+from gearshift.comm.groups import CommGroups
+from gearshift.sim.collectives import LinkCosts
+
+
+@dataclass
+class Bucket:
+    """Parameters (same dtype, consecutive) whose gradients travel in one flat tensor of `numel`."""
+
+    params: list[torch.nn.Parameter]
+    numel: int
+    algorithm: str = "ring"
+
+
+@dataclass
+class GradientSync:
+    """Average .grad of `params` over all ranks; a parameter without a grad counts as zeros.
+
+    algorithm: "auto" (cost model per bucket size, identical on every rank), "gloo", "ring",
+    "hierarchical" or "hierarchical_rs". topology defaults to one node; groups are built from it when
+    not given (a collective call: construct GradientSync on every rank at the same point).
+    """
+
+    params: list[torch.nn.Parameter]
+    algorithm: str = "auto"
+    bucket_bytes: int = 4 << 20
+    topology: Topology | None = None
+    groups: CommGroups | None = None
+    costs: LinkCosts | None = None
+    buckets: list[Bucket] = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"GradientSync: unknown algorithm {self.algorithm!r} (allowed: {', '.join(ALGORITHMS)})")
+        self.params = [p for p in self.params if p.requires_grad]
+        if self.groups is not None:
+            self.topology = self.groups.topology
+        if self.topology is None:
+            self.topology = Topology.from_ranks_per_node([dist.get_world_size() if dist.is_initialized() else 1])
+        if self.groups is None and self.algorithm != "gloo" and dist.is_initialized() \
+                and dist.get_world_size() > 1:
+            self.groups = CommGroups.build(self.topology)  # collective: every rank builds its GradientSync
+        self.buckets = self._make_buckets()
+
+    def _make_buckets(self) -> list[Bucket]:
+        """Greedy packing in parameter order; a new bucket on dtype change or when bucket_bytes is reached."""
+        buckets: list[Bucket] = []
+        for p in self.params:
+            b = buckets[-1] if buckets else None
+            if b is None or b.params[0].dtype != p.dtype or \
+                    (b.numel + p.numel()) * p.element_size() > self.bucket_bytes and b.numel > 0:
+                b = Bucket([], 0)
+                buckets.append(b)
+            b.params.append(p)
+            b.numel += p.numel()
+        for b in buckets:
+            b.algorithm = resolve(self.algorithm, b.numel * b.params[0].element_size(), self.topology, self.costs)
+        return buckets
+
+    @torch.no_grad()
+    def sync(self) -> None:
+        """Flatten each bucket's grads, all-reduce (SUM), divide by world size, copy back."""
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return
+        world = dist.get_world_size()
+        for b in self.buckets:
+            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                              for p in b.params])
+            all_reduce(flat, b.algorithm, self.topology, self.groups, self.costs)
+            flat.div_(world)
+            offset = 0
+            for p in b.params:
+                g = flat[offset: offset + p.numel()].view_as(p)
+                if p.grad is None:
+                    p.grad = g.clone()
+                else:
+                    p.grad.copy_(g)
+                offset += p.numel()

@@ -1,0 +1,51 @@
+"""Baseline partitions (equal layer counts, balanced parameters, equal-speed DP), each evaluated by the
+same cost model under the true cluster state so they compare fairly with the adaptive plan."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from gearshift.errors import PlanError
+from gearshift.planner.partition import Bounds, CostModel, PartitionResult, dp
+
+
+def uniform_bounds(num_units: int, num_stages: int) -> Bounds:
+    """Equal layer counts; the first (num_units % num_stages) stages get one extra layer."""
+    if num_stages > num_units:
+        raise PlanError(f"partition: {num_stages} stages but only {num_units} layers")
+    q, r = divmod(num_units, num_stages)
+    out, pos = [], 0
+    for s in range(num_stages):
+        n = q + (1 if s < r else 0)
+        out.append((pos, pos + n))
+        pos += n
+    return out
+
+
+def uniform(cost: CostModel) -> PartitionResult:
+    """Split by layer count, ignoring time, speed and memory."""
+    return cost.evaluate(uniform_bounds(cost.num_units, cost.num_stages), "uniform")
+
+
+def by_params(cost: CostModel) -> PartitionResult:
+    """Minimise the largest per-stage parameter sum (the same DP, with parameters as work and no links)."""
+    n, S = cost.num_units, cost.num_stages
+    inf = float("inf")
+    flat = CostModel(list(cost.param_bytes), [0.0] * n, [0.0] * n, [1.0] * S,
+                     [[inf] * S for _ in range(S)], [[0.0] * S for _ in range(S)])
+    return cost.evaluate(dp(flat).bounds, "params")
+
+
+def equal_speed(cost: CostModel) -> PartitionResult:
+    """PipeDream-style: the DP assuming every device runs at the mean speed (links and memory as measured)."""
+    mean = sum(cost.speeds) / len(cost.speeds)
+    same = replace(cost, speeds=[mean] * cost.num_stages)
+    return cost.evaluate(dp(same).bounds, "equal_speed")
+
+
+BASELINES = {"uniform": uniform, "params": by_params, "equal_speed": equal_speed}
+
+
+def all_baselines(cost: CostModel) -> dict[str, PartitionResult]:
+    """Every baseline, keyed by method name."""
+    return {name: fn(cost) for name, fn in BASELINES.items()}

@@ -1,0 +1,98 @@
+"""Periodic re-planning: recompute the partition from measured state and apply it only when the time it
+saves over the next period exceeds the cost of migrating parameters and optimizer state."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+from gearshift.cluster.state import ClusterState
+from gearshift.errors import PlanError
+from gearshift.planner.partition import OPTIMIZER_FACTOR, PartitionResult, cost_model, plan_partition
+from gearshift.profile.model_profile import ModelProfile
+
+Predictor = Callable[[PartitionResult, int], float]  # (partition, micro-batches) -> iteration seconds
+
+
+def pipeline_predictor(result: PartitionResult, microbatches: int) -> float:
+    """Iteration time of a pipeline: bottleneck x (micro-batches + stages - 1)."""
+    return result.iteration_s(microbatches)
+
+
+def owners(bounds: Sequence[tuple[int, int]], num_layers: int) -> list[int]:
+    """Stage owning each layer."""
+    out = [-1] * num_layers
+    for s, (i, j) in enumerate(bounds):
+        for k in range(i, j):
+            out[k] = s
+    return out
+
+
+def moved_layers(old: Sequence[tuple[int, int]], new: Sequence[tuple[int, int]],
+                 num_layers: int) -> list[int]:
+    """Layers whose owning stage differs between two partitions."""
+    a, b = owners(old, num_layers), owners(new, num_layers)
+    return [k for k in range(num_layers) if a[k] != b[k]]
+
+
+@dataclass
+class ReplanDecision:
+    """One re-planning decision with its inputs, predictions and why (logged to metrics.jsonl)."""
+
+    step: int
+    measured: dict
+    old_bounds: list[tuple[int, int]]
+    new_bounds: list[tuple[int, int]]
+    old_stage_s: list[float]
+    new_stage_s: list[float]
+    predicted_gain_s: float  # over the next period
+    migration_cost_s: float
+    apply: bool
+    reason: str
+    old_iteration_s: float = 0.0
+    new_iteration_s: float = 0.0
+    moved_layers: list[int] | None = None
+    migration_bytes: float = 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["old_bounds"] = [list(b) for b in self.old_bounds]
+        d["new_bounds"] = [list(b) for b in self.new_bounds]
+        return d
+
+
+def _measured(state: ClusterState, num_stages: int) -> dict:
+    """The measurements the decision used: speeds and neighbouring-link bandwidths (stage s -> s+1)."""
+    bw = [state.bandwidth[s][s + 1] for s in range(num_stages - 1)]
+    return {"source": state.source, "state_step": state.step, "speeds": list(state.speeds[:num_stages]),
+            "link_bandwidth": [None if b == float("inf") else b for b in bw]}
+
+
+def decide_replan(profile: ModelProfile, state: ClusterState, old_bounds: Sequence[tuple[int, int]],
+                  period_steps: int, microbatches: int, migration_bandwidth: float, step: int,
+                  in_flight: list[int] | None = None, predictor: Predictor = pipeline_predictor,
+                  max_blocks: int = 512) -> ReplanDecision:
+    """Plan anew with the DP under `state`; apply iff (t_old - t_new) x period_steps > migration time."""
+    if period_steps < 1:
+        raise PlanError(f"replan: period_steps must be >= 1, got {period_steps}")
+    if migration_bandwidth <= 0:
+        raise PlanError(f"replan: migration_bandwidth must be > 0, got {migration_bandwidth}")
+    S = len(old_bounds)
+    old = cost_model(profile, state, S, microbatches, in_flight).evaluate(list(old_bounds), "current")
+    new = plan_partition(profile, state, S, microbatches, in_flight, max_blocks=max_blocks)
+    t_old, t_new = predictor(old, microbatches), predictor(new, microbatches)
+    moved = moved_layers(old.bounds, new.bounds, profile.num_layers)
+    nbytes = OPTIMIZER_FACTOR * sum(profile.layers[k].param_bytes for k in moved)
+    cost_s = nbytes / migration_bandwidth
+    gain = (t_old - t_new) * period_steps
+    if new.bounds == old.bounds:
+        apply, reason = False, "the current partition is already optimal"
+    elif not old.fits:
+        apply, reason = True, "the current partition no longer fits in device memory"
+    elif gain > cost_s:
+        apply, reason = True, (f"gain {gain:.4g} s over {period_steps} steps > migration {cost_s:.4g} s "
+                               f"({len(moved)} layers, {nbytes:.4g} bytes)")
+    else:
+        apply, reason = False, f"gain {gain:.4g} s over {period_steps} steps <= migration {cost_s:.4g} s"
+    return ReplanDecision(step, _measured(state, S), list(old.bounds), list(new.bounds), old.stage_time_s,
+                          new.stage_time_s, gain, cost_s, apply, reason, t_old, t_new, moved, nbytes)

@@ -1,0 +1,148 @@
+"""Profile a LayeredModel layer by layer on one micro-batch: times, FLOPs, parameter and activation bytes."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from rich.console import Console
+from rich.table import Table
+from torch import Tensor, nn
+
+from gearshift.models.gpt import estimate_flops
+from gearshift.models.layered import LayeredModel
+from gearshift.profile.model_profile import LayerProfile, ModelProfile
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_time(fn: Callable[[], object], repeats: int, warmup: int, device: torch.device,
+                 setup: Callable[[], object] | None = None) -> float:
+    """Median wall time of fn(setup()) over `repeats` runs after `warmup` untimed ones."""
+    times = []
+    for r in range(warmup + repeats):
+        arg = setup() if setup is not None else None
+        _sync(device)
+        t0 = time.perf_counter()
+        fn(arg) if setup is not None else fn()
+        _sync(device)
+        if r >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _layer_input(x: Tensor) -> Tensor:
+    """A detached copy point for one layer: float inputs require grad so the backward reaches them."""
+    x = x.detach()
+    return x.requires_grad_(True) if x.is_floating_point() else x
+
+
+def saved_activation_bytes(fn: Callable[[], object], exclude: set[int]) -> int:
+    """Bytes of the tensors autograd saves for backward while fn() runs, counted once per storage and
+    skipping storages in `exclude` (parameters and buffers, which are not activations)."""
+    seen: dict[int, int] = {}
+
+    def pack(t: Tensor) -> Tensor:
+        s = t.untyped_storage()
+        if s.data_ptr() not in exclude and s.nbytes() > 0:
+            seen[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(seen.values())
+
+
+def _storage_ptrs(module: nn.Module) -> set[int]:
+    tensors = list(module.parameters()) + list(module.buffers())
+    return {t.untyped_storage().data_ptr() for t in tensors}
+
+
+def profile_layer(layer: nn.Module, x: Tensor, loss: Callable[[Tensor], Tensor] | None,
+                  repeats: int, warmup: int) -> tuple[LayerProfile, Tensor]:
+    """Profile one layer on input x (the final layer with `loss` applied to its output); returns the
+    profile (named later) and the layer's output for the next layer."""
+    device = x.device
+    batch = x.shape[0]
+    inp = _layer_input(x)
+
+    def forward() -> Tensor:
+        out = layer(inp)
+        return loss(out) if loss is not None else out
+
+    def backward(out: Tensor) -> None:
+        torch.autograd.backward(out, torch.ones_like(out))
+
+    forward_s = _median_time(forward, repeats, warmup, device)
+    needs_backward = forward().requires_grad  # a layer with no parameters on integer input has none
+    backward_s = _median_time(backward, repeats, warmup, device, setup=forward) if needs_backward else 0.0
+    peak = saved_activation_bytes(forward, _storage_ptrs(layer))
+    with torch.no_grad():
+        out = layer(x)
+    params = sum(p.numel() * p.element_size() for p in layer.parameters())
+    lp = LayerProfile(
+        name="",
+        forward_s=forward_s,
+        backward_s=backward_s,
+        flops=estimate_flops(layer, tuple(x.shape)),
+        param_bytes=params,
+        activation_bytes=out.numel() * out.element_size() // batch,
+        peak_activation_bytes=peak,
+    )
+    return lp, out
+
+
+def profile_model(model: LayeredModel, sample_input: Tensor, sample_target: Tensor, repeats: int = 10,
+                  warmup: int = 3) -> ModelProfile:
+    """Measure every layer on one micro-batch (`sample_input`, `sample_target`), layer by layer on
+    detached inputs: median forward and backward times (the last layer's include the loss), FLOPs,
+    parameter bytes, output bytes per sample and bytes saved for backward. Gradients the model had before
+    are restored afterwards."""
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats must be >= 1 and warmup >= 0 (got {repeats}, {warmup})")
+    params = list(model.parameters())
+    saved_grads = [p.grad for p in params]
+    layers: list[LayerProfile] = []
+    x = sample_input
+    last = model.num_layers - 1
+    for i, (name, layer) in enumerate(zip(model.layer_names(), model.layers)):
+        loss = (lambda out: model.loss_fn(out, sample_target)) if i == last else None
+        lp, x = profile_layer(layer, x, loss, repeats, warmup)
+        lp.name = name
+        layers.append(lp)
+    for p, g in zip(params, saved_grads):
+        p.grad = g
+    floats = [p.dtype for p in params if p.is_floating_point()]
+    dtype = str(floats[0] if floats else torch.get_default_dtype()).removeprefix("torch.")
+    tokens = sample_input.shape[1] if sample_input.dim() >= 2 and not sample_input.is_floating_point() else 1
+    meta = {"repeats": repeats, "warmup": warmup, "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "input_shape": list(sample_input.shape)}
+    return ModelProfile(layers, microbatch_size=sample_input.shape[0], seq_len=tokens,
+                        device=str(sample_input.device), dtype=dtype, meta=meta)
+
+
+def print_profile(profile: ModelProfile, console: Console | None = None) -> None:
+    """Print the profile as a table, one row per layer and a total row."""
+    t = Table(title=f"model profile: micro-batch {profile.microbatch_size} x {profile.seq_len} on "
+                    f"{profile.device} ({profile.dtype})")
+    for col in ("layer", "fwd ms", "bwd ms", "GFLOPs", "params MB", "act KB/sample", "peak act MB"):
+        t.add_column(col, justify="left" if col == "layer" else "right", no_wrap=col == "layer")
+
+    def row(name: str, fwd: float, bwd: float, flops: float, pb: float, act: str, peak: float) -> list[str]:
+        return [name, f"{fwd * 1e3:.3f}", f"{bwd * 1e3:.3f}", f"{flops / 1e9:.4f}", f"{pb / 1e6:.3f}", act,
+                f"{peak / 1e6:.3f}"]
+
+    for lp in profile.layers:
+        t.add_row(*row(lp.name, lp.forward_s, lp.backward_s, lp.flops, lp.param_bytes,
+                       f"{lp.activation_bytes / 1e3:.2f}", lp.peak_activation_bytes))
+    L = profile.layers
+    t.add_section()
+    t.add_row(*row("total", sum(lp.forward_s for lp in L), sum(lp.backward_s for lp in L),
+                   sum(lp.flops for lp in L), sum(lp.param_bytes for lp in L), "",
+                   sum(lp.peak_activation_bytes for lp in L)))
+    (console or Console()).print(t)

@@ -1,0 +1,213 @@
+"""PipelineRuntime: one rank's share of a (possibly replicated) pipeline: its stage modules, its
+optimizer, the executor for its action list, gradient sync across replicas, and state by global name."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from gearshift.runtime.executor import PipelineExecutor, StepRecord
+from gearshift.schedules import Op, Schedule, make_schedule, validate
+
+
+@dataclass
+class OptimConfig:
+    """AdamW and clipping settings (the LR is set per step by the loop)."""
+
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+
+
+@dataclass
+class StepResult:
+    loss: float  # mean loss over the whole batch (all replicas)
+    grad_norm: float
+    record: StepRecord
+
+
+def forward_only(schedule: Schedule) -> Schedule:
+    """The forward half of a schedule (evaluation): F and activation transfers, GPipe order."""
+    g = make_schedule("gpipe", schedule.num_stages, schedule.num_microbatches, placement=schedule.placement)
+    acts = [[a for a in lst if a.op in (Op.FORWARD, Op.SEND_ACT, Op.RECV_ACT)] for lst in g.actions]
+    return Schedule("forward", g.num_stages, g.num_microbatches, g.placement, acts)
+
+
+class PipelineRuntime:
+    """Runs schedule rank `rank % ranks_per_replica` of replica `rank // ranks_per_replica`.
+
+    `build_layer(i)` returns global layer i, freshly initialised; only this rank's layers are built."""
+
+    def __init__(
+        self,
+        build_layer: Callable[[int], nn.Module],
+        loss_fn: Callable[[Tensor, Tensor], Tensor],
+        bounds: list[tuple[int, int]],
+        schedule: Schedule,
+        act_meta: Callable[[int, int], tuple[tuple[int, ...], torch.dtype]],
+        optim: OptimConfig,
+        after_compute: Callable[[int, Op, float], None] | None = None,
+        grad_sync_factory: Callable[[list[nn.Parameter], dist.ProcessGroup | None], Callable[[], None]]
+        | None = None,
+    ):
+        validate(schedule)
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+        self.R = schedule.num_ranks
+        if self.world % self.R:
+            raise ValueError(f"world size {self.world} is not a multiple of the pipeline's {self.R} ranks")
+        self.replicas = self.world // self.R
+        self.replica, self.prank = divmod(self.rank, self.R)
+        self.build_layer, self.loss_fn, self.act_meta_fn = build_layer, loss_fn, act_meta
+        self.optim_cfg, self.after_compute = optim, after_compute
+        self.grad_sync_factory = grad_sync_factory
+        # One data-parallel group per pipeline position (every rank creates every group, same order).
+        self.dp_group = None
+        if self.replicas > 1:
+            for p in range(self.R):
+                g = dist.new_group([d * self.R + p for d in range(self.replicas)])
+                if p == self.prank:
+                    self.dp_group = g
+        self.layers: dict[int, nn.Module] = {}
+        self._setup(bounds, schedule, {})
+
+    # ---- layout -------------------------------------------------------------------------------
+    def _setup(self, bounds: list[tuple[int, int]], schedule: Schedule, keep: dict[int, nn.Module]) -> None:
+        """(Re)build stages for `bounds`: reuse modules in `keep`, build the rest."""
+        self.bounds, self.schedule = [tuple(b) for b in bounds], schedule
+        mine = [s for s, r in enumerate(schedule.placement) if r == self.prank]
+        self.my_stages = mine
+        self.layers = {}
+        for s in mine:
+            a, b = self.bounds[s]
+            for i in range(a, b):
+                self.layers[i] = keep[i] if i in keep else self.build_layer(i)
+        self.stages = {s: nn.Sequential(*[self.layers[i] for i in range(*self.bounds[s])]) for s in mine}
+        decay = [p for _, p in self.named_parameters() if p.dim() >= 2]
+        other = [p for _, p in self.named_parameters() if p.dim() < 2]
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": self.optim_cfg.weight_decay},
+             {"params": other, "weight_decay": 0.0}],
+            lr=1e-3, betas=self.optim_cfg.betas,
+        )
+        self.executor = PipelineExecutor(
+            schedule, self.prank, self.stages, self.loss_fn,
+            lambda stage: self.act_meta_fn(self.bounds[stage][0], self._mb_size),
+            rank_offset=self.replica * self.R, after_compute=self.after_compute,
+        )
+        self.eval_executor = PipelineExecutor(
+            forward_only(schedule), self.prank, self.stages, self.loss_fn,
+            lambda stage: self.act_meta_fn(self.bounds[stage][0], self._mb_size),
+            rank_offset=self.replica * self.R,
+        )
+        params = [p for _, p in self.named_parameters()]
+        self._grad_sync = None
+        if self.replicas > 1:
+            if self.grad_sync_factory is not None:
+                self._grad_sync = self.grad_sync_factory(params, self.dp_group)
+            else:
+                self._grad_sync = _flat_allreduce(params, self.dp_group)
+        self._mb_size = 1
+
+    def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """This rank's parameters under global names ("layers.{i}.{name}")."""
+        return [(f"layers.{i}.{n}", p) for i in sorted(self.layers) for n, p in self.layers[i].named_parameters()]
+
+    # ---- one step -----------------------------------------------------------------------------
+    def _split(self, x: Tensor, y: Tensor) -> tuple[list[Tensor], list[Tensor]]:
+        """This replica's rows of the global batch, cut into the schedule's micro-batches."""
+        rows = x.shape[0] // self.replicas
+        xs, ys = x[self.replica * rows:(self.replica + 1) * rows], y[self.replica * rows:(self.replica + 1) * rows]
+        m = self.schedule.num_microbatches
+        self._mb_size = rows // m
+        return list(xs.chunk(m)), list(ys.chunk(m))
+
+    def step(self, x: Tensor, y: Tensor, lr: float) -> StepResult:
+        """One training step on the global batch (x, y): forward/backward, sync, clip, AdamW."""
+        for p in self.optimizer.param_groups:
+            p["lr"] = lr
+        self.optimizer.zero_grad(set_to_none=False)
+        xs, ys = self._split(x, y)
+        norm = [0.0]
+
+        def on_sync() -> None:
+            if self._grad_sync is not None:
+                self._grad_sync()
+
+        def on_step() -> None:
+            norm[0] = self._clip()
+            self.optimizer.step()
+
+        rec = self.executor.run(xs, ys, on_sync=on_sync, on_step=on_step)
+        return StepResult(self._mean_loss(rec.losses), norm[0], rec)
+
+    def _clip(self) -> float:
+        """Clip by the global gradient norm of the whole model (all stages), as clip_grad_norm_ would."""
+        grads = [p.grad for _, p in self.named_parameters() if p.grad is not None]
+        sq = torch.zeros(1, dtype=torch.float64)
+        if grads:
+            sq += torch.stack([g.detach().double().pow(2).sum() for g in grads]).sum()
+        dist.all_reduce(sq)
+        total = math.sqrt(float(sq) / self.replicas)  # every replica holds the same synced gradients
+        if self.optim_cfg.grad_clip > 0:
+            coef = min(self.optim_cfg.grad_clip / (total + 1e-6), 1.0)
+            for g in grads:
+                g.mul_(coef)
+        return total
+
+    def _mean_loss(self, losses: list[float]) -> float:
+        t = torch.tensor([sum(losses), float(len(losses))], dtype=torch.float64)
+        dist.all_reduce(t)
+        return float(t[0] / t[1]) if t[1] > 0 else float("nan")
+
+    @torch.no_grad()
+    def evaluate(self, x: Tensor, y: Tensor) -> float:
+        xs, ys = self._split(x, y)
+        rec = self.eval_executor.run(xs, ys, forward_only=True)
+        return self._mean_loss(rec.losses)
+
+    # ---- state by global name -----------------------------------------------------------------
+    def state(self) -> tuple[dict[str, Tensor], dict[str, dict[str, Tensor]]]:
+        """(parameters and buffers, AdamW state) of this rank's layers, keyed by global name."""
+        model: dict[str, Tensor] = {}
+        for i in sorted(self.layers):
+            for n, t in self.layers[i].state_dict().items():
+                model[f"layers.{i}.{n}"] = t.detach().clone()
+        optim: dict[str, dict[str, Tensor]] = {}
+        for name, p in self.named_parameters():
+            st = self.optimizer.state.get(p)
+            if st:
+                optim[name] = {k: (v.detach().clone() if torch.is_tensor(v) else torch.tensor(v)) for k, v in st.items()}
+        return model, optim
+
+    def load_state(self, model: dict[str, Tensor], optim: dict[str, dict[str, Tensor]]) -> None:
+        """Load this rank's layers (and their AdamW state) from dicts keyed by global name."""
+        for i in sorted(self.layers):
+            prefix = f"layers.{i}."
+            own = {k[len(prefix):]: v for k, v in model.items() if k.startswith(prefix)}
+            self.layers[i].load_state_dict(own)
+        for name, p in self.named_parameters():
+            if name in optim:
+                self.optimizer.state[p] = {k: v.clone() for k, v in optim[name].items()}
+
+
+def _flat_allreduce(params: list[nn.Parameter], group: dist.ProcessGroup | None) -> Callable[[], None]:
+    """Average gradients over `group` with one flat all_reduce (used when no GradientSync is given)."""
+    n = dist.get_world_size(group)
+
+    def sync() -> None:
+        grads = [p.grad for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=group)
+        flat /= n
+        off = 0
+        for g in grads:
+            g.copy_(flat[off:off + g.numel()].view_as(g))
+            off += g.numel()
+
+    return sync

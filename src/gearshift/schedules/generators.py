@@ -1,0 +1,146 @@
+"""Pipeline schedule generators (GPipe, 1F1B, kFkB) for any stage -> rank placement."""
+
+from __future__ import annotations
+
+from gearshift.schedules.action import Action, Op, Schedule
+from gearshift.schedules.validate import ScheduleError
+
+NAMES = ("gpipe", "1f1b", "kfkb")
+
+# Relative costs used only to merge several stages' orders on one rank (backward ~ 2x forward).
+_MERGE_COST = {Op.FORWARD: 1.0, Op.BACKWARD: 2.0}
+
+
+def gpipe(num_stages: int, num_microbatches: int, placement: list[int] | None = None) -> Schedule:
+    """All forwards, then all backwards: simplest, holds every micro-batch's activations."""
+    return make_schedule("gpipe", num_stages, num_microbatches, placement=placement)
+
+
+def one_f_one_b(num_stages: int, num_microbatches: int, placement: list[int] | None = None) -> Schedule:
+    """1F1B: warm-up forwards, then alternate; holds at most num_stages activations per stage."""
+    return make_schedule("1f1b", num_stages, num_microbatches, placement=placement)
+
+
+def kfkb(num_stages: int, num_microbatches: int, k: int, placement: list[int] | None = None) -> Schedule:
+    """K forwards then K backwards, repeating (K=1 is 1F1B, K>=m is GPipe)."""
+    return make_schedule("kfkb", num_stages, num_microbatches, k=k, placement=placement)
+
+
+def make_schedule(
+    name: str, num_stages: int, num_microbatches: int, k: int = 1, placement: list[int] | None = None
+) -> Schedule:
+    """Build a named schedule; raises ScheduleError (a ValueError) naming the bad field."""
+    _check_args(name, num_stages, num_microbatches, k)
+    placement = list(range(num_stages)) if placement is None else list(placement)
+    num_ranks = _check_placement(placement, num_stages)
+    m = num_microbatches
+    k_eff = {"gpipe": m, "1f1b": 1, "kfkb": min(k, m)}[name]
+    orders = [stage_order(s, num_stages, m, k_eff) for s in range(num_stages)]
+    per_rank = _merge(orders, placement, num_ranks)
+    actions = [_with_comm(compute, placement) for compute in per_rank]
+    params = {"k": k} if name == "kfkb" else {}
+    return Schedule(name, num_stages, m, placement, actions, params)
+
+
+def stage_order(stage: int, num_stages: int, num_microbatches: int, k: int) -> list[tuple[Op, int]]:
+    """Compute order of one stage under kFkB: K*(S-s) warm-up forwards, then K backwards / K forwards."""
+    m = num_microbatches
+    nf = min(m, k * (num_stages - stage))
+    order = [(Op.FORWARD, i) for i in range(nf)]
+    nb = 0
+    while nb < m:
+        take = min(k, m - nb)
+        order += [(Op.BACKWARD, i) for i in range(nb, nb + take)]
+        nb += take
+        take = min(k, m - nf)
+        order += [(Op.FORWARD, i) for i in range(nf, nf + take)]
+        nf += take
+    return order
+
+
+def _merge(orders: list[list[tuple[Op, int]]], placement: list[int], num_ranks: int) -> list[list[Action]]:
+    """Interleave the stage orders held by each rank with a greedy list schedule (earliest start first).
+
+    Each stage order is feasible on its own, so always running some ready head never deadlocks, and the
+    resulting per-rank orders are witnessed feasible by the schedule built here."""
+    stages_of = [[s for s, r in enumerate(placement) if r == rank] for rank in range(num_ranks)]
+    if all(len(ss) == 1 for ss in stages_of):
+        return [[Action(op, ss[0], mb) for op, mb in orders[ss[0]]] for ss in stages_of]
+    last = len(orders) - 1
+    ptr = [0] * len(orders)
+    end: dict[tuple[Op, int, int], float] = {}
+    free = [0.0] * num_ranks
+    out: list[list[Action]] = [[] for _ in range(num_ranks)]
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        best = None
+        for rank, stages in enumerate(stages_of):
+            for s in stages:
+                if ptr[s] == len(orders[s]):
+                    continue
+                op, mb = orders[s][ptr[s]]
+                if op is Op.FORWARD:
+                    deps = [(Op.FORWARD, s - 1, mb)] if s > 0 else []
+                else:
+                    deps = [(Op.FORWARD, s, mb)] + ([(Op.BACKWARD, s + 1, mb)] if s < last else [])
+                if any(d not in end for d in deps):
+                    continue
+                start = max([free[rank]] + [end[d] for d in deps])
+                key = (start, op is Op.FORWARD, mb, s)
+                if best is None or key < best[0]:
+                    best = (key, rank, s, op, mb)
+        if best is None:  # cannot happen for valid stage orders
+            raise ScheduleError("schedule generator: stage orders are infeasible")
+        (start, *_), rank, s, op, mb = best
+        end[(op, s, mb)] = free[rank] = start + _MERGE_COST[op]
+        out[rank].append(Action(op, s, mb))
+        ptr[s] += 1
+        remaining -= 1
+    return out
+
+
+def _with_comm(compute: list[Action], placement: list[int]) -> list[Action]:
+    """Insert receives just before and sends just after each cross-rank compute; end with SYNC, STEP."""
+    last = len(placement) - 1
+    out: list[Action] = []
+    for a in compute:
+        s, mb, me = a.stage, a.mb, placement[a.stage]
+        if a.op is Op.FORWARD:
+            if s > 0 and placement[s - 1] != me:
+                out.append(Action(Op.RECV_ACT, s, mb, placement[s - 1]))
+            out.append(a)
+            if s < last and placement[s + 1] != me:
+                out.append(Action(Op.SEND_ACT, s, mb, placement[s + 1]))
+        else:
+            if s < last and placement[s + 1] != me:
+                out.append(Action(Op.RECV_GRAD, s, mb, placement[s + 1]))
+            out.append(a)
+            if s > 0 and placement[s - 1] != me:
+                out.append(Action(Op.SEND_GRAD, s, mb, placement[s - 1]))
+    out += [Action(Op.SYNC), Action(Op.STEP)]
+    return out
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_args(name: str, num_stages: int, num_microbatches: int, k: int) -> None:
+    if name not in NAMES:
+        raise ScheduleError(f"schedule name: {name!r} is not one of {', '.join(NAMES)}")
+    for field, value in (("num_stages", num_stages), ("num_microbatches", num_microbatches), ("k", k)):
+        if not _is_int(value) or value < 1:
+            raise ScheduleError(f"{field}: must be an integer >= 1, got {value!r}")
+
+
+def _check_placement(placement: list[int], num_stages: int) -> int:
+    """Return the number of ranks; every rank 0..R-1 must hold at least one stage."""
+    if len(placement) != num_stages:
+        raise ScheduleError(f"placement: has {len(placement)} entries, expected one per stage ({num_stages})")
+    if not all(_is_int(r) and r >= 0 for r in placement):
+        raise ScheduleError(f"placement: entries must be integers >= 0, got {placement}")
+    num_ranks = max(placement) + 1
+    empty = sorted(set(range(num_ranks)) - set(placement))
+    if empty:
+        raise ScheduleError(f"placement: ranks {empty} hold no stage (ranks must be 0..R-1, all used)")
+    return num_ranks

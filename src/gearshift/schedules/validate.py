@@ -1,0 +1,173 @@
+"""validate(schedule): structural checks plus a deadlock check by replay, with messages naming the culprit."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from gearshift.errors import UserError
+from gearshift.schedules.action import Action, Op, Schedule
+
+_SHOW = 6  # at most this many items in one message
+
+
+class ScheduleError(UserError):
+    """A schedule (or a request for one) that is malformed, incomplete or deadlocks."""
+
+
+def validate(schedule: Schedule) -> None:
+    """Raise ScheduleError unless every (stage, mb) runs F then B once on its rank, every send has its
+    receive, each rank ends its compute with SYNC then STEP, and the lists run to completion."""
+    _check_shape(schedule)
+    _check_compute(schedule)
+    _check_comm(schedule)
+    _check_sync_step(schedule)
+    _check_deadlock(schedule)
+
+
+def _fail(what: str, items: list[str]) -> None:
+    more = f" (+{len(items) - _SHOW} more)" if len(items) > _SHOW else ""
+    raise ScheduleError(f"{what}: {', '.join(items[:_SHOW])}{more}")
+
+
+def _check_shape(sch: Schedule) -> None:
+    if len(sch.placement) != sch.num_stages:
+        raise ScheduleError(f"placement: has {len(sch.placement)} entries for {sch.num_stages} stages")
+    bad = [s for s, r in enumerate(sch.placement) if not 0 <= r < sch.num_ranks]
+    if bad:
+        _fail(
+            f"placement: stages placed on ranks outside 0..{sch.num_ranks - 1}", [f"stage {s}" for s in bad]
+        )
+    for r, acts in enumerate(sch.actions):
+        for a in acts:
+            if not isinstance(a.op, Op):
+                raise ScheduleError(f"rank {r}: {a!r} has an unknown op")
+            if a.op in (Op.SYNC, Op.STEP):
+                continue
+            if not 0 <= a.stage < sch.num_stages or not 0 <= a.mb < sch.num_microbatches:
+                raise ScheduleError(f"rank {r}: {a} has a stage or micro-batch out of range")
+
+
+def _check_compute(sch: Schedule) -> None:
+    """Each (stage, mb) forward and backward exactly once, on the stage's rank, F before B."""
+    seen: Counter = Counter()
+    pos: dict[tuple[Op, int, int], int] = {}
+    wrong = []
+    for r, acts in enumerate(sch.actions):
+        for i, a in enumerate(acts):
+            if a.op.is_compute:
+                seen[(a.op, a.stage, a.mb)] += 1
+                pos[(a.op, a.stage, a.mb)] = i
+                if sch.placement[a.stage] != r:
+                    wrong.append(f"{a} on rank {r} (stage {a.stage} is on rank {sch.placement[a.stage]})")
+    if wrong:
+        _fail("compute on the wrong rank", wrong)
+    want = [
+        (op, s, m)
+        for op in (Op.FORWARD, Op.BACKWARD)
+        for s in range(sch.num_stages)
+        for m in range(sch.num_microbatches)
+    ]
+    missing = [f"{op.value}{m}@s{s}" for op, s, m in want if seen[(op, s, m)] == 0]
+    if missing:
+        _fail("missing compute", missing)
+    dup = [f"{op.value}{m}@s{s} x{c}" for (op, s, m), c in seen.items() if c > 1]
+    if dup:
+        _fail("duplicated compute", dup)
+    early = [
+        f"B{m}@s{s}"
+        for _, s, m in want[len(want) // 2 :]
+        if pos[(Op.BACKWARD, s, m)] < pos[(Op.FORWARD, s, m)]
+    ]
+    if early:
+        _fail("backward before its forward", early)
+
+
+def _comm_key(a: Action, rank: int) -> tuple:
+    """(data kind, producing stage, mb, src rank, dst rank): equal for a send and its receive."""
+    if a.op is Op.SEND_ACT:
+        return ("act", a.stage, a.mb, rank, a.peer)
+    if a.op is Op.RECV_ACT:
+        return ("act", a.stage - 1, a.mb, a.peer, rank)
+    if a.op is Op.SEND_GRAD:
+        return ("grad", a.stage, a.mb, rank, a.peer)
+    return ("grad", a.stage + 1, a.mb, a.peer, rank)
+
+
+def _check_comm(sch: Schedule) -> None:
+    """Sends and receives pair up one to one, go between the right ranks, and follow their producer."""
+    sends: Counter = Counter()
+    recvs: Counter = Counter()
+    last = sch.num_stages - 1
+    bad = []
+    for r, acts in enumerate(sch.actions):
+        done: set[tuple[Op, int, int]] = set()
+        for a in acts:
+            if a.op.is_compute:
+                done.add((a.op, a.stage, a.mb))
+            if not (a.op.is_send or a.op.is_recv):
+                continue
+            kind, src_stage, mb, src, dst = key = _comm_key(a, r)
+            dst_stage = src_stage + 1 if kind == "act" else src_stage - 1
+            if not (0 <= src_stage <= last and 0 <= dst_stage <= last):
+                bad.append(f"{a} on rank {r}: no stage {dst_stage if 0 <= src_stage <= last else src_stage}")
+                continue
+            if sch.placement[src_stage] == sch.placement[dst_stage]:
+                bad.append(
+                    f"{a} on rank {r}: stages {src_stage} and {dst_stage} share a rank (hand off locally)"
+                )
+                continue
+            if (src, dst) != (sch.placement[src_stage], sch.placement[dst_stage]):
+                bad.append(
+                    f"{a} on rank {r}: {kind} of stage {src_stage} goes from rank "
+                    f"{sch.placement[src_stage]} to rank {sch.placement[dst_stage]}"
+                )
+                continue
+            if a.op.is_send:
+                producer = (Op.FORWARD if kind == "act" else Op.BACKWARD, src_stage, mb)
+                if producer not in done:
+                    bad.append(f"{a} on rank {r} precedes the compute that produces it")
+                sends[key] += 1
+            else:
+                recvs[key] += 1
+    if bad:
+        _fail("bad transfer", bad)
+    for what, mine, theirs in (
+        ("send without matching receive", sends, recvs),
+        ("receive without matching send", recvs, sends),
+    ):
+        odd = [_describe(k) for k, c in mine.items() if theirs[k] != c]
+        if odd:
+            _fail(what, odd)
+
+
+def _describe(key: tuple) -> str:
+    kind, stage, mb, src, dst = key
+    return f"{kind} of stage {stage} mb {mb} rank {src}->{dst}"
+
+
+def _check_sync_step(sch: Schedule) -> None:
+    """One SYNC and one STEP per rank; SYNC after the rank's last backward, STEP after SYNC."""
+    for r, acts in enumerate(sch.actions):
+        ops = [a.op for a in acts]
+        if ops.count(Op.SYNC) != 1 or ops.count(Op.STEP) != 1:
+            raise ScheduleError(
+                f"rank {r}: needs exactly one SYNC and one STEP, has "
+                f"{ops.count(Op.SYNC)} and {ops.count(Op.STEP)}"
+            )
+        sync, step = ops.index(Op.SYNC), ops.index(Op.STEP)
+        last_b = max((i for i, op in enumerate(ops) if op is Op.BACKWARD), default=-1)
+        if not last_b < sync < step:
+            raise ScheduleError(f"rank {r}: SYNC must follow the last backward and precede STEP")
+
+
+def _check_deadlock(sch: Schedule) -> None:
+    """Replay with unit costs; every rank must reach the end of its list."""
+    from gearshift.sim.cost import CostModel  # the simulator defines the execution semantics
+    from gearshift.sim.engine import simulate
+
+    res = simulate(sch, CostModel.uniform(sch.num_stages, sch.num_ranks))
+    if res.deadlock:
+        _fail(
+            "schedule deadlocks; stuck",
+            [f"rank {r} at #{len(res.timelines[r])} {a}" for r, a in res.deadlock],
+        )

@@ -1,0 +1,138 @@
+"""Alpha-beta cost model of all-reduce algorithms on a two-level (intra-node / inter-node) network, so
+the runtime can pick an algorithm per message size and the planner can predict at any scale.
+
+Notation: S bytes, N nodes, L ranks per node (max over nodes when uneven), n = N * L ranks.
+A message of m bytes over a link costs alpha + m * beta. Intra-node links use (a_i, b_i), inter-node
+links (a_e, b_e) where b_e = max(inter_beta, k / nic_bandwidth) when k flows of a node share its card.
+The node matrix is R x C (see cluster.topology.matrix_shape).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from gearshift.cluster.topology import matrix_shape
+
+ALGORITHMS = ("ring", "tree", "matrix2d", "hierarchical", "hierarchical_rs")
+RUNNABLE = ("ring", "hierarchical", "hierarchical_rs")  # what gearshift.comm implements
+
+
+@dataclass(frozen=True)
+class LinkCosts:
+    """Per-message latency (s) and per-byte time (s/B) inside and between nodes, plus the per-node
+    card bandwidth (B/s) that all of a node's concurrent inter-node flows share (inf = no limit)."""
+
+    intra_alpha: float = 5e-6
+    intra_beta: float = 1 / 100e9
+    inter_alpha: float = 20e-6
+    inter_beta: float = 1 / 10e9
+    nic_bandwidth: float = float("inf")
+
+    def inter_beta_shared(self, flows: int) -> float:
+        """Per-byte inter-node time when `flows` flows of one node cross its card at once."""
+        return max(self.inter_beta, flows / self.nic_bandwidth)
+
+
+def _ring_ar(m: float, p: int, a: float, b: float) -> float:
+    """Ring all-reduce of m bytes over p ranks: 2 (p - 1) (a + m / p * b)."""
+    return 2 * (p - 1) * (a + m / p * b) if p > 1 else 0.0
+
+
+def _matrix(m: float, rows: int, cols: int, a: float, b: float) -> float:
+    """Row reduce-scatter + column ring all-reduce + row all-gather of m bytes on a rows x cols grid:
+    2 (C - 1) (a + m / C * b) + 2 (R - 1) (a + m / (R C) * b)."""
+    return _ring_ar(m, cols, a, b) + _ring_ar(m / cols, rows, a, b)
+
+
+def ring(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
+    """Flat ring over n ranks in rank order: 2 (n - 1) (a + S / n * b); every step has one inter-node
+    hop per node boundary when N > 1, so the slowest (inter) link sets each step."""
+    n = nodes * per_node
+    a, b = (c.inter_alpha, c.inter_beta_shared(1)) if nodes > 1 else (c.intra_alpha, c.intra_beta)
+    return _ring_ar(size, n, a, b)
+
+
+def tree(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
+    """Pipelined double binary tree (reduce then broadcast): 2 ceil(log2 n) a + 2 S b; each tree
+    carries S / 2 and each rank is interior in at most one, so the bandwidth term is 2 S b."""
+    n = nodes * per_node
+    if n <= 1:
+        return 0.0
+    a, b = (c.inter_alpha, c.inter_beta_shared(1)) if nodes > 1 else (c.intra_alpha, c.intra_beta)
+    return 2 * math.ceil(math.log2(n)) * a + 2 * size * b
+
+
+def matrix2d(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
+    """All n ranks as one R x C matrix, topology-blind: _matrix(S, R, C) with inter costs (when N > 1)."""
+    n = nodes * per_node
+    rows, cols = matrix_shape(n)
+    a, b = (c.inter_alpha, c.inter_beta_shared(1)) if nodes > 1 else (c.intra_alpha, c.intra_beta)
+    return _matrix(size, rows, cols, a, b)
+
+
+def _intra_tree(size: float, per_node: int, c: LinkCosts) -> float:
+    """Binomial-tree reduce (or broadcast) of S inside a node: ceil(log2 L) (a_i + S b_i)."""
+    return math.ceil(math.log2(per_node)) * (c.intra_alpha + size * c.intra_beta) if per_node > 1 else 0.0
+
+
+def hierarchical(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
+    """Leader design: intra reduce to the leader + leaders' R x C matrix over N nodes (one flow per card)
+    + intra broadcast: 2 ceil(log2 L) (a_i + S b_i) + _matrix(S, R, C, a_e, b_e(1))."""
+    rows, cols = matrix_shape(nodes)
+    inter = _matrix(size, rows, cols, c.inter_alpha, c.inter_beta_shared(1))
+    return 2 * _intra_tree(size, per_node, c) + inter
+
+
+def hierarchical_rs(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
+    """Reduce-scatter form: intra ring reduce-scatter + L concurrent matrices of S / L (sharing the card)
+    + intra ring all-gather: 2 (L - 1) (a_i + S / L b_i) + _matrix(S / L, R, C, a_e, b_e(L))."""
+    rows, cols = matrix_shape(nodes)
+    intra = _ring_ar(size, per_node, c.intra_alpha, c.intra_beta)
+    inter = _matrix(size / per_node, rows, cols, c.inter_alpha, c.inter_beta_shared(per_node))
+    return intra + inter
+
+
+_FORMULAS = {"ring": ring, "tree": tree, "matrix2d": matrix2d, "hierarchical": hierarchical,
+             "hierarchical_rs": hierarchical_rs}
+
+
+def predict(algorithm: str, size_bytes: float, ranks_per_node: list[int] | tuple[int, int],
+            costs: LinkCosts | None = None) -> float:
+    """Predicted seconds for one all-reduce of size_bytes.
+
+    ranks_per_node: a list of counts per node, or (nodes, per_node). With uneven nodes the largest
+    count is used, and hierarchical_rs is priced as the leader design it falls back to.
+    """
+    if algorithm not in _FORMULAS:
+        raise ValueError(f"unknown algorithm {algorithm!r} (allowed: {', '.join(ALGORITHMS)})")
+    nodes, per_node, uniform = _shape(ranks_per_node)
+    if algorithm == "hierarchical_rs" and not uniform:
+        algorithm = "hierarchical"
+    if size_bytes <= 0:
+        return 0.0
+    return _FORMULAS[algorithm](float(size_bytes), nodes, per_node, costs or LinkCosts())
+
+
+def choose(size_bytes: float, ranks_per_node: list[int] | tuple[int, int], costs: LinkCosts | None = None,
+           candidates: tuple[str, ...] = RUNNABLE) -> str:
+    """The candidate with the lowest predicted time (ties: earliest in `candidates`); deterministic, so
+    all ranks agree given the same sizes, topology and costs."""
+    _, _, uniform = _shape(ranks_per_node)
+    cands = [a for a in candidates if a != "hierarchical_rs" or uniform] or list(candidates)
+    return min(cands, key=lambda a: (predict(a, size_bytes, ranks_per_node, costs), cands.index(a)))
+
+
+def _shape(ranks_per_node: list[int] | tuple[int, int]) -> tuple[int, int, bool]:
+    if isinstance(ranks_per_node, tuple):
+        nodes, per = ranks_per_node
+        return nodes, per, True
+    counts = list(ranks_per_node)
+    return len(counts), max(counts), len(set(counts)) == 1
+
+
+def busbw(size_bytes: float, seconds: float, ranks: int) -> float:
+    """Bus bandwidth in bytes/s: algbw * 2 (n - 1) / n (the nccl-tests convention)."""
+    if seconds <= 0 or ranks < 1:
+        return 0.0
+    return size_bytes / seconds * (2 * (ranks - 1) / ranks)

@@ -1,0 +1,226 @@
+"""Discrete-event replay of a Schedule's per-rank action lists under a CostModel, on a virtual clock.
+
+Semantics (shared with the validator and the runtime): each rank runs its list in order; compute waits for
+its inputs (activation of stage s-1 / gradient of s+1, local or received; B also its own F); a send does not
+block the sender and occupies its src->dst link (FIFO) for latency + bytes/bandwidth from when it is issued;
+a receive ends when its transfer arrives. Nothing else is shared, so action times follow from data
+dependencies alone and ranks can be advanced in any order: the loop runs each rank until it blocks on an
+unfinished action and wakes it when that action finishes (O(number of actions))."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import accumulate, compress
+
+from gearshift.schedules.action import Action, Op, Schedule
+from gearshift.sim.cost import CostModel
+
+_F, _B, _SA, _RA, _SG, _RG, _SYNC, _STEP = range(8)
+_CODE = {
+    Op.FORWARD: _F,
+    Op.BACKWARD: _B,
+    Op.SEND_ACT: _SA,
+    Op.RECV_ACT: _RA,
+    Op.SEND_GRAD: _SG,
+    Op.RECV_GRAD: _RG,
+    Op.SYNC: _SYNC,
+    Op.STEP: _STEP,
+}
+_NONE = -2  # no dependency
+_NEVER = -1  # a dependency that does not exist in the schedule: blocks forever
+
+
+@dataclass
+class SimResult:
+    """Predicted timings of one iteration. iteration_s is inf when the schedule deadlocks."""
+
+    iteration_s: float
+    timelines: list[list[tuple[Action, float, float]]]  # per rank: (action, start, end)
+    busy_s: list[float]  # per rank: forward + backward time
+    bubble_fraction: float
+    peak_act_mem: list[float]  # per rank: max activations held + parameter memory
+    fits_memory: bool
+    deadlock: list[tuple[int, Action]] | None  # stuck ranks and the action each cannot finish
+    transfers: list[tuple[Action, int, int, float, float]]  # (send action, src, dst, start, arrival)
+
+
+def simulate(schedule: Schedule, cost: CostModel) -> SimResult:
+    """Replay `schedule` under `cost`; never raises on a deadlock (see SimResult.deadlock)."""
+    cost.check(schedule.num_stages, schedule.num_ranks)
+    prog = _compile(schedule, cost)
+    times = _run(prog)
+    return _result(schedule, cost, prog, times)
+
+
+@dataclass
+class _Program:
+    """Flattened actions (index g, ranks back to back) with dependencies resolved to indices."""
+
+    flat: list[Action]
+    kind: list[int]
+    offs: list[int]  # rank r owns indices offs[r]..offs[r+1]-1
+    dep1: list[int]  # data input: producer compute, receive, or matching send
+    dep2: list[int]  # B's own F
+    dur: list[float]  # compute / sync / step time; for sends, the link occupancy
+    link: list[int]  # for sends: src * num_ranks + dst
+    mem: list[float]  # activation memory taken (F) or released (B)
+
+
+@dataclass
+class _Times:
+    start: list[float]
+    end: list[float]
+    arrive: list[float]  # for sends: when the transfer reaches the receiver
+    pc: list[int]  # per rank: index of the first action not run (offs[r+1] when finished)
+    xfers: list[tuple[int, int, float]]  # (send index, src rank, transfer start)
+
+
+def _compile(schedule: Schedule, cost: CostModel) -> _Program:
+    """Flatten the lists and resolve each action's dependency to the index of the action it waits for."""
+    num_ranks, last, placement = schedule.num_ranks, schedule.num_stages - 1, schedule.placement
+    offs = [0]
+    ranks: list[int] = []
+    for r, acts in enumerate(schedule.actions):
+        offs.append(offs[-1] + len(acts))
+        ranks += [r] * len(acts)
+    flat = [a for acts in schedule.actions for a in acts]
+    kind = [_CODE[a.op] for a in flat]
+    stage = [a.stage for a in flat]
+    mbs = [a.mb for a in flat]
+    peer = [a.peer for a in flat]
+    n = len(flat)
+
+    # compute by (kind, stage, mb); receives by (kind, stage, mb, rank); sends by (kind, stage, mb, src, dst)
+    index: dict[tuple, int] = {}
+    setd = index.setdefault
+    for g, k, s, mb, r, p in zip(range(n), kind, stage, mbs, ranks, peer):
+        if k <= _B:
+            setd((k, s, mb), g)
+        elif k == _RA or k == _RG:
+            setd((k, s, mb, r), g)
+        elif k == _SA or k == _SG:
+            setd((k, s, mb, r, p), g)
+
+    get = index.get
+    dep1 = [_NONE] * n
+    dep2 = [_NONE] * n
+    dur = [0.0] * n
+    link = [0] * n
+    mem = [0.0] * n
+    fwd, bwd, nbytes, act_mem = cost.forward_s, cost.backward_s, cost.act_bytes, cost.act_mem_bytes
+    sync = cost.sync_s
+    for g, k, s, mb, r, p in zip(range(n), kind, stage, mbs, ranks, peer):
+        if k == _F:
+            dur[g] = fwd[s]
+            mem[g] = act_mem[s]
+            if s > 0:
+                dep1[g] = (
+                    get((_F, s - 1, mb), _NEVER) if placement[s - 1] == r else get((_RA, s, mb, r), _NEVER)
+                )
+        elif k == _B:
+            dur[g] = bwd[s]
+            mem[g] = -act_mem[s]
+            dep2[g] = get((_F, s, mb), _NEVER)
+            if s < last:
+                dep1[g] = (
+                    get((_B, s + 1, mb), _NEVER) if placement[s + 1] == r else get((_RG, s, mb, r), _NEVER)
+                )
+        elif k == _SA:
+            dep1[g] = get((_F, s, mb), _NEVER)
+            dur[g] = cost.transfer_s(r, p, nbytes[s])
+            link[g] = r * num_ranks + p
+        elif k == _SG:
+            dep1[g] = get((_B, s, mb), _NEVER)
+            dur[g] = cost.transfer_s(r, p, nbytes[s - 1])
+            link[g] = r * num_ranks + p
+        elif k == _RA:
+            dep1[g] = get((_SA, s - 1, mb, p, r), _NEVER)
+        elif k == _RG:
+            dep1[g] = get((_SG, s + 1, mb, p, r), _NEVER)
+        elif k == _SYNC:
+            dur[g] = sync[r] if sync is not None else 0.0
+        else:
+            dur[g] = cost.step_s
+    return _Program(flat, kind, offs, dep1, dep2, dur, link, mem)
+
+
+def _run(prog: _Program) -> _Times:
+    """The event loop: run each rank until it blocks on an unfinished action; wake it when that finishes."""
+    kind, offs, dep1, dep2, dur, link = prog.kind, prog.offs, prog.dep1, prog.dep2, prog.dur, prog.link
+    num_ranks, n = len(offs) - 1, len(kind)
+    start = [0.0] * n
+    end = [0.0] * n
+    arrive = [0.0] * n
+    done = bytearray(n)
+    link_free = [0.0] * (num_ranks * num_ranks)
+    pc = list(offs[:-1])
+    clock = [0.0] * num_ranks
+    waiters: dict[int, list[int]] = {}
+    xfers: list[tuple[int, int, float]] = []
+    ready = list(range(num_ranks - 1, -1, -1))
+    while ready:
+        r = ready.pop()
+        g, stop, t = pc[r], offs[r + 1], clock[r]
+        while g < stop:
+            d = dep1[g]
+            if d != _NONE and (d < 0 or not done[d]):
+                waiters.setdefault(d, []).append(r)
+                break
+            d2 = dep2[g]
+            if d2 != _NONE and (d2 < 0 or not done[d2]):
+                waiters.setdefault(d2, []).append(r)
+                break
+            k = kind[g]
+            start[g] = t
+            if k <= _B:
+                if d >= 0 and end[d] > t:
+                    start[g] = t = end[d]
+                if d2 >= 0 and end[d2] > t:
+                    start[g] = t = end[d2]
+                t += dur[g]
+            elif k == _RA or k == _RG:
+                if arrive[d] > t:
+                    t = arrive[d]
+            elif k == _SA or k == _SG:
+                lk = link[g]
+                x0 = link_free[lk] if link_free[lk] > t else t
+                arrive[g] = link_free[lk] = x0 + dur[g]
+                xfers.append((g, r, x0))
+            else:
+                t += dur[g]
+            end[g] = t
+            done[g] = 1
+            if g in waiters:
+                ready.extend(waiters.pop(g))
+            g += 1
+        pc[r], clock[r] = g, t
+    return _Times(start, end, arrive, pc, xfers)
+
+
+def _result(schedule: Schedule, cost: CostModel, prog: _Program, tm: _Times) -> SimResult:
+    """Assemble timelines, busy time, memory peaks and the deadlock report from per-action times."""
+    flat, kind, offs, pc = prog.flat, prog.kind, prog.offs, tm.pc
+    num_ranks = schedule.num_ranks
+    deadlock = [(r, flat[pc[r]]) for r in range(num_ranks) if pc[r] < offs[r + 1]] or None
+    param = cost.param_mem_bytes or [0.0] * schedule.num_stages
+    timelines, busy, peaks = [], [], []
+    iteration = max((tm.arrive[g] for g, _, _ in tm.xfers), default=0.0)
+    for r in range(num_ranks):
+        lo, hi = offs[r], pc[r]
+        timelines.append(list(zip(flat[lo:hi], tm.start[lo:hi], tm.end[lo:hi])))
+        is_comp = [k <= _B for k in kind[lo:hi]]
+        busy.append(sum(compress(prog.dur[lo:hi], is_comp)))
+        held = max(accumulate(compress(prog.mem[lo:hi], is_comp), initial=0.0))
+        peaks.append(held + sum(param[s] for s in schedule.stages_of(r)))
+        if hi > lo:
+            iteration = max(iteration, tm.end[hi - 1])
+    if deadlock:
+        iteration = float("inf")
+    if iteration == float("inf"):
+        bubble = 1.0
+    else:
+        bubble = 1.0 - sum(busy) / (num_ranks * iteration) if iteration > 0 else 0.0
+    cap = cost.memory_bytes
+    fits = cap is None or all(p <= c for p, c in zip(peaks, cap))
+    transfers = [(flat[g], r, flat[g].peer, x0, tm.arrive[g]) for g, r, x0 in tm.xfers]
+    return SimResult(iteration, timelines, busy, bubble, peaks, fits, deadlock, transfers)

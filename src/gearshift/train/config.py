@@ -1,0 +1,282 @@
+"""Job config: TOML sections mapped to dataclasses, with `--section.key=value` overrides and
+validation that names the field and what is allowed."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gearshift.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+SCHEDULES = ("gpipe", "1f1b", "kfkb")
+PARTITIONS = ("uniform", "params", "adaptive")
+ALLREDUCE = ("auto", "gloo", "ring", "hierarchical", "hierarchical_rs")
+
+
+@dataclass
+class ModelConfig:
+    """GPT over bytes (vocabulary 256)."""
+
+    name: str = "gpt"
+    layers: int = 4
+    width: int = 128
+    heads: int = 4
+    context: int = 128
+    dropout: float = 0.0
+
+
+@dataclass
+class DataConfig:
+    """Corpus: "" = the Python standard library's sources on this machine; else a file or directory."""
+
+    path: str = ""
+    val_fraction: float = 0.05
+    max_bytes: int = 8_000_000
+
+
+@dataclass
+class ClusterConfig:
+    """Where the workers run."""
+
+    workers: int = 4
+    spec: str = ""  # cluster spec TOML for planning; "" = the local workers, all equal
+    backend: str = "auto"  # auto | gloo | nccl
+    timeout_s: float = 120.0  # collective timeout: a dead peer surfaces within this
+
+
+@dataclass
+class ParallelConfig:
+    """How the model is split and scheduled."""
+
+    stages: int = 4
+    schedule: str = "1f1b"
+    microbatches: int = 8
+    k: int = 1
+    partition: Any = "uniform"  # "uniform" | "params" | "adaptive" | [[start, end], ...]
+    allreduce: str = "auto"
+    bucket_mb: float = 25.0
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation: AdamW, clipping, warmup + cosine LR, validation, checkpoints."""
+
+    steps: int = 300
+    batch_size: int = 32  # sequences per step, across all replicas
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup_steps: int = 30
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    seed: int = 0
+    eval_every: int = 100
+    eval_batches: int = 4
+    checkpoint_every: int = 100
+
+
+@dataclass
+class OutputConfig:
+    """Where results go."""
+
+    dir: str = "runs/default"
+    trace: str = ""  # Perfetto trace path ("" = none)
+    trace_step: int = -1  # which step to trace (-1 = the last)
+    progress: bool = True
+
+
+@dataclass
+class JobConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @property
+    def replicas(self) -> int:
+        return self.cluster.workers // self.parallel.stages
+
+
+def _type_name(tp: Any) -> str:
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
+
+
+def _coerce(where: str, tp: Any, value: Any) -> Any:
+    """Check a TOML value against a dataclass field type; ints are accepted for floats."""
+    if tp is Any:
+        return value
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            try:
+                return _coerce(where, arg, value)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{where}: unexpected value {value!r}")
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        return [_coerce(f"{where}[{i}]", inner, v) for i, v in enumerate(value)]
+    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if tp is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if tp in (str, bool) and isinstance(value, tp):
+        return value
+    raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+
+
+def _apply(cfg: JobConfig, data: dict, origin: str) -> None:
+    sections = {f.name: f for f in dataclasses.fields(cfg)}
+    for sec, table in data.items():
+        if sec not in sections:
+            raise ConfigError(f"{origin}: unknown section [{sec}] (allowed: {', '.join(sections)})")
+        if not isinstance(table, dict):
+            raise ConfigError(f"{origin}: [{sec}] must be a table")
+        obj = getattr(cfg, sec)
+        hints = typing.get_type_hints(type(obj))
+        for key, value in table.items():
+            if key not in hints:
+                raise ConfigError(f"{sec}.{key}: unknown key (allowed in [{sec}]: {', '.join(hints)})")
+            setattr(obj, key, _coerce(f"{sec}.{key}", hints[key], value))
+
+
+def parse_override(arg: str) -> tuple[str, str, Any]:
+    """'--train.steps=50' -> ('train', 'steps', 50); the value is read as a TOML value, else a string."""
+    body = arg[2:] if arg.startswith("--") else arg
+    if "=" not in body or "." not in body.split("=", 1)[0]:
+        raise ConfigError(f"override {arg!r}: expected --section.key=value (e.g. --train.steps=50)")
+    key, raw = body.split("=", 1)
+    sec, name = key.split(".", 1)
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return sec, name, value
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+def validate(cfg: JobConfig) -> JobConfig:
+    """Range checks across fields; each error names the field and what is allowed."""
+    m, p, t, c, d = cfg.model, cfg.parallel, cfg.train, cfg.cluster, cfg.data
+    _check(m.name == "gpt", f"model.name: unknown model {m.name!r} (allowed: gpt)")
+    for k in ("layers", "width", "heads", "context"):
+        _check(getattr(m, k) >= 1, f"model.{k}: must be >= 1, got {getattr(m, k)}")
+    _check(m.width % m.heads == 0, f"model.width: must be divisible by model.heads ({m.width} % {m.heads} != 0)")
+    _check(0 <= m.dropout < 1, f"model.dropout: must be in [0, 1), got {m.dropout}")
+    _check(0 < d.val_fraction < 1, f"data.val_fraction: must be in (0, 1), got {d.val_fraction}")
+    _check(d.max_bytes >= 1024, f"data.max_bytes: must be >= 1024, got {d.max_bytes}")
+    _check(1 <= c.workers <= 64, f"cluster.workers: must be in 1..64, got {c.workers}")
+    _check(c.backend in ("auto", "gloo", "nccl"), f"cluster.backend: {c.backend!r} (allowed: auto, gloo, nccl)")
+    _check(c.timeout_s > 0, f"cluster.timeout_s: must be > 0, got {c.timeout_s}")
+    if c.spec:
+        _check(Path(c.spec).is_file(), f"cluster.spec: file not found: {c.spec}")
+    _check(p.stages >= 1, f"parallel.stages: must be >= 1, got {p.stages}")
+    _check(
+        c.workers % p.stages == 0,
+        f"parallel.stages: must divide cluster.workers ({c.workers} workers, {p.stages} stages)",
+    )
+    n_layers = m.layers + 2  # embedding + blocks + head
+    _check(
+        p.stages <= n_layers,
+        f"parallel.stages: more stages ({p.stages}) than layers ({n_layers} = model.layers + embedding + head)",
+    )
+    _check(p.schedule in SCHEDULES, f"parallel.schedule: {p.schedule!r} (allowed: {', '.join(SCHEDULES)})")
+    _check(p.microbatches >= 1, f"parallel.microbatches: must be >= 1, got {p.microbatches}")
+    _check(p.k >= 1, f"parallel.k: must be >= 1, got {p.k}")
+    _check(p.allreduce in ALLREDUCE, f"parallel.allreduce: {p.allreduce!r} (allowed: {', '.join(ALLREDUCE)})")
+    _check(p.bucket_mb > 0, f"parallel.bucket_mb: must be > 0, got {p.bucket_mb}")
+    if isinstance(p.partition, str):
+        _check(
+            p.partition in PARTITIONS,
+            f"parallel.partition: {p.partition!r} (allowed: {', '.join(PARTITIONS)} or [[start, end], ...])",
+        )
+    else:
+        _check_ranges(p.partition, p.stages, n_layers)
+    per_replica = t.batch_size // max(cfg.replicas, 1)
+    _check(
+        t.batch_size % cfg.replicas == 0 and per_replica % p.microbatches == 0,
+        f"train.batch_size: must split evenly over {cfg.replicas} replica(s) x parallel.microbatches "
+        f"({p.microbatches}), got {t.batch_size}",
+    )
+    _check(t.steps >= 1, f"train.steps: must be >= 1, got {t.steps}")
+    _check(t.lr > 0, f"train.lr: must be > 0, got {t.lr}")
+    _check(0 <= t.min_lr <= t.lr, f"train.min_lr: must be in [0, train.lr], got {t.min_lr}")
+    _check(t.warmup_steps >= 0, f"train.warmup_steps: must be >= 0, got {t.warmup_steps}")
+    _check(t.weight_decay >= 0, f"train.weight_decay: must be >= 0, got {t.weight_decay}")
+    _check(0 <= t.beta1 < 1 and 0 <= t.beta2 < 1, "train.beta1/beta2: must be in [0, 1)")
+    _check(t.grad_clip >= 0, f"train.grad_clip: must be >= 0 (0 = off), got {t.grad_clip}")
+    _check(t.eval_every >= 0, f"train.eval_every: must be >= 0 (0 = off), got {t.eval_every}")
+    _check(t.eval_batches >= 1, f"train.eval_batches: must be >= 1, got {t.eval_batches}")
+    _check(t.checkpoint_every >= 0, f"train.checkpoint_every: must be >= 0 (0 = end only), got {t.checkpoint_every}")
+    _check(bool(cfg.output.dir), "output.dir: must not be empty")
+    return cfg
+
+
+def _check_ranges(ranges: Any, stages: int, n_layers: int) -> None:
+    where = "parallel.partition"
+    ok = isinstance(ranges, list) and all(
+        isinstance(r, list) and len(r) == 2 and all(isinstance(v, int) for v in r) for r in ranges
+    )
+    _check(ok, f"{where}: expected [[start, end], ...] with integer layer indices, got {ranges!r}")
+    _check(len(ranges) == stages, f"{where}: expected {stages} ranges (one per stage), got {len(ranges)}")
+    pos = 0
+    for a, b in ranges:
+        _check(a == pos and b > a, f"{where}: ranges must be contiguous and non-empty from 0, got {ranges!r}")
+        pos = b
+    _check(pos == n_layers, f"{where}: ranges must end at {n_layers} (the number of layers), got {pos}")
+
+
+def default_config_text() -> str:
+    """The embedded default job (what `gearshift train` runs with no arguments)."""
+    return (Path(__file__).resolve().parent.parent / "defaults" / "default.toml").read_text()
+
+
+def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> JobConfig:
+    """Defaults <- embedded default job (or the file at `path`) <- `--section.key=value` overrides."""
+    cfg = JobConfig()
+    if path is None:
+        _apply(cfg, tomllib.loads(default_config_text()), "default config")
+    else:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config: file not found: {p}")
+        try:
+            data = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config: {p} is not valid TOML ({e})") from None
+        _apply(cfg, data, str(p))
+    nested: dict[str, dict] = {}
+    for arg in overrides:
+        sec, name, value = parse_override(arg)
+        nested.setdefault(sec, {})[name] = value
+    _apply(cfg, nested, "override")
+    return validate(cfg)
+
+
+def config_from_dict(d: dict) -> JobConfig:
+    """Rebuild a JobConfig from `to_dict()` output (how the launcher hands it to workers)."""
+    cfg = JobConfig()
+    _apply(cfg, d, "config")
+    return cfg

@@ -1,0 +1,172 @@
+"""The training job on one worker: build this rank's share of the pipeline, then step, log, evaluate,
+checkpoint and trace. Every rank runs this; rank 0 also writes metrics, progress and files."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from gearshift.models.gpt import GPTConfig, build_layer, gpt_loss
+from gearshift.runtime.pipeline import OptimConfig, PipelineRuntime
+from gearshift.schedules import make_schedule
+from gearshift.train.checkpoint import checkpoint_path, latest_checkpoint, load_checkpoint, save_checkpoint
+from gearshift.train.config import JobConfig
+from gearshift.train.data import ByteCorpus
+from gearshift.train.layout import act_meta_fn, resolve_partition
+from gearshift.train.metrics import MetricsLog
+from gearshift.train.progress import Progress, print_summary
+
+
+def lr_at(step: int, cfg: JobConfig) -> float:
+    """Linear warmup to train.lr, then cosine decay to train.min_lr at the last step."""
+    t = cfg.train
+    if step < t.warmup_steps:
+        return t.lr * (step + 1) / t.warmup_steps
+    span = max(t.steps - t.warmup_steps, 1)
+    frac = min((step - t.warmup_steps) / span, 1.0)
+    return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1 + math.cos(math.pi * frac))
+
+
+def gpt_config(cfg: JobConfig) -> GPTConfig:
+    m = cfg.model
+    return GPTConfig(vocab_size=256, context=m.context, layers=m.layers, width=m.width, heads=m.heads,
+                     dropout=m.dropout)
+
+
+def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None) -> PipelineRuntime:
+    """This rank's pipeline runtime for the job (the partition from the config unless given)."""
+    gcfg = gpt_config(cfg)
+    p = cfg.parallel
+    if bounds is None:
+        bounds = resolve_partition(cfg, gcfg)
+    schedule = make_schedule(p.schedule, p.stages, p.microbatches, k=p.k)
+    t = cfg.train
+    return PipelineRuntime(
+        lambda i: build_layer(gcfg, i, seed=t.seed), gpt_loss, bounds, schedule, act_meta_fn(gcfg),
+        OptimConfig(t.weight_decay, (t.beta1, t.beta2), t.grad_clip),
+    )
+
+
+def evaluate(rt: PipelineRuntime, corpus: ByteCorpus, cfg: JobConfig) -> float:
+    """Mean validation loss over train.eval_batches fixed batches."""
+    losses = []
+    for i in range(cfg.train.eval_batches):
+        x, y = corpus.batch(i, cfg.train.batch_size, cfg.model.context, cfg.train.seed, split="val")
+        losses.append(rt.evaluate(x, y))
+    return sum(losses) / len(losses)
+
+
+def _gather(obj: object) -> list:
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def train(cfg: JobConfig, resume: bool = False) -> dict:
+    """Run the job; returns the summary (on every rank)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t, out = cfg.train, Path(cfg.output.dir)
+    torch.manual_seed(t.seed + rank)
+    corpus = ByteCorpus(cfg.data.path or None, cfg.data.val_fraction, cfg.data.max_bytes)
+    rt = build_runtime(cfg)
+    start = 0
+    if resume:
+        start = _resume(rt, cfg)
+    log = MetricsLog(out / "metrics.jsonl", resume_step=start if resume else None) if rank == 0 else None
+    tokens_per_step = t.batch_size * cfg.model.context
+    bar = Progress(t.steps, start, enabled=rank == 0 and cfg.output.progress)
+    trace_step = t.steps - 1 if cfg.output.trace_step < 0 else cfg.output.trace_step
+    history: list[dict] = []
+    wall0 = time.perf_counter()
+    for step in range(start, t.steps):
+        x, y = corpus.batch(step, t.batch_size, cfg.model.context, t.seed)
+        lr = lr_at(step, cfg)
+        res = rt.step(x, y, lr)
+        busy = _gather((res.record.busy_s, res.record.step_s))
+        step_s = max(s for _, s in busy)
+        rec = {
+            "step": step, "loss": res.loss, "lr": lr, "grad_norm": res.grad_norm,
+            "tokens_per_s": tokens_per_step / step_s, "step_time_s": step_s,
+            "busy_s": [b for b, _ in busy],
+            "bubble_fraction": 1.0 - sum(b for b, _ in busy) / (world * step_s),
+        }
+        if t.eval_every and ((step + 1) % t.eval_every == 0 or step + 1 == t.steps):
+            rec["val_loss"] = evaluate(rt, corpus, cfg)
+        if cfg.output.trace and step == trace_step:
+            _write_trace(rt, res.record, cfg, step)
+        history.append(rec)
+        if log:
+            log.write(rec)
+        bar.update(step, rec)
+        if (t.checkpoint_every and (step + 1) % t.checkpoint_every == 0) or step + 1 == t.steps:
+            _save(rt, cfg, step + 1)
+    bar.close()
+    summary = {
+        "steps": t.steps, "start_step": start, "wall_s": time.perf_counter() - wall0,
+        "final_loss": history[-1]["loss"] if history else float("nan"),
+        "val_loss": next((h["val_loss"] for h in reversed(history) if "val_loss" in h), None),
+        "unigram_entropy": corpus.unigram_entropy(),
+        "tokens_per_s": _median([h["tokens_per_s"] for h in history[1:]] or [h["tokens_per_s"] for h in history]),
+        "bubble_fraction": _median([h["bubble_fraction"] for h in history]),
+        "first_loss": history[0]["loss"] if history else float("nan"),
+    }
+    if rank == 0:
+        if log:
+            log.close()
+        print_summary(cfg, summary)
+    return summary
+
+
+def _median(xs: list[float]) -> float:
+    return float(torch.tensor(xs).median()) if xs else float("nan")
+
+
+def _save(rt: PipelineRuntime, cfg: JobConfig, step: int) -> None:
+    """Gather every layer (from replica 0) and its AdamW state on rank 0 and write one checkpoint."""
+    model, optim = rt.state() if rt.replica == 0 else ({}, {})
+    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object((model, optim, torch.get_rng_state()), parts, dst=0)
+    if dist.get_rank() == 0:
+        all_model, all_optim = {}, {}
+        for m, o, _ in parts:
+            all_model.update(m)
+            all_optim.update(o)
+        payload = {
+            "format": 1, "step": step, "model": all_model, "optim": all_optim,
+            "rng": [r for _, _, r in parts], "model_config": vars(cfg.model).copy(),
+            "data": {"seed": cfg.train.seed, "next_step": step},
+        }
+        save_checkpoint(checkpoint_path(cfg.output.dir, step), payload)
+    dist.barrier()
+
+
+def _resume(rt: PipelineRuntime, cfg: JobConfig) -> int:
+    """Load the latest checkpoint in output.dir into this rank's layers; returns the step to resume at."""
+    from gearshift.errors import DataError
+
+    path = latest_checkpoint(cfg.output.dir)
+    if path is None:
+        raise DataError(f"--resume: no checkpoint in {Path(cfg.output.dir) / 'checkpoints'}")
+    ck = load_checkpoint(path, vars(cfg.model))
+    rt.load_state(ck["model"], ck["optim"])
+    if len(ck["rng"]) == dist.get_world_size():
+        torch.set_rng_state(ck["rng"][dist.get_rank()])
+    return int(ck["step"])
+
+
+def _write_trace(rt: PipelineRuntime, record, cfg: JobConfig, step: int) -> None:
+    """Gather every rank's timeline of `step` and write a Perfetto trace (rank 0)."""
+    from gearshift.report.trace import chrome_trace, write_trace
+
+    events = _gather(record.events)
+    if dist.get_rank() == 0:
+        timelines = {
+            f"rank {r}": [(label, s, e, {"step": step}) for label, s, e in ev] for r, ev in enumerate(events)
+        }
+        path = Path(cfg.output.trace)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_trace(path, chrome_trace(timelines, f"measured step {step}"))

@@ -1,0 +1,52 @@
+"""Rank 0's live view: a rich progress bar with loss and tokens/s, and the final summary table."""
+
+from __future__ import annotations
+
+import rich.progress as rp
+from rich.console import Console
+from rich.table import Table
+
+from gearshift.train.config import JobConfig
+
+
+class Progress:
+    """A progress bar over training steps; does nothing when disabled (other ranks, tests)."""
+
+    def __init__(self, total: int, start: int, enabled: bool):
+        self.bar = None
+        if enabled:
+            self.bar = rp.Progress(
+                rp.TextColumn("[bold]train"), rp.BarColumn(), rp.MofNCompleteColumn(),
+                rp.TextColumn("{task.fields[info]}"), rp.TimeRemainingColumn(), transient=False,
+            )
+            self.task = self.bar.add_task("train", total=total, completed=start, info="")
+            self.bar.start()
+
+    def update(self, step: int, rec: dict) -> None:
+        if self.bar is None:
+            return
+        info = f"loss {rec['loss']:.3f}  {rec['tokens_per_s']:,.0f} tok/s  bubble {rec['bubble_fraction']:.0%}"
+        if "val_loss" in rec:
+            info += f"  val {rec['val_loss']:.3f}"
+        self.bar.update(self.task, completed=step + 1, info=info)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def print_summary(cfg: JobConfig, s: dict) -> None:
+    """The end-of-run table: losses against the corpus's unigram entropy, throughput, bubbles."""
+    t = Table(title="Gearshift run summary", show_header=False)
+    p = cfg.parallel
+    t.add_row("job", f"{cfg.cluster.workers} workers, {p.stages} stages x {cfg.replicas} replica(s), "
+              f"{p.schedule}{'' if p.schedule != 'kfkb' else f' K={p.k}'}, {p.microbatches} micro-batches")
+    t.add_row("steps", f"{s['start_step']} -> {s['steps']} in {s['wall_s']:.1f} s")
+    t.add_row("train loss", f"{s['first_loss']:.3f} -> {s['final_loss']:.3f} nats")
+    if s.get("val_loss") is not None:
+        t.add_row("validation loss", f"{s['val_loss']:.3f} nats")
+    t.add_row("unigram entropy", f"{s['unigram_entropy']:.3f} nats (a model that ignores context)")
+    t.add_row("throughput", f"{s['tokens_per_s']:,.0f} tokens/s (median)")
+    t.add_row("bubble fraction", f"{s['bubble_fraction']:.1%} (median, measured)")
+    t.add_row("output", cfg.output.dir)
+    Console().print(t)

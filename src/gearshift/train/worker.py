@@ -1,0 +1,69 @@
+"""One worker process: join the process group (env://, as under torchrun), run the job, and on any
+error leave the traceback where the launcher can show it."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import threading
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+from gearshift.train.config import JobConfig
+
+
+def _watch_parent() -> None:
+    """Exit when the launcher is gone, so a killed launcher leaves no orphan workers."""
+    ppid = int(os.environ.get("GEARSHIFT_PARENT_PID", "0"))
+    if not ppid:
+        return
+
+    def loop() -> None:
+        while True:
+            time.sleep(1.0)
+            try:
+                os.kill(ppid, 0)
+            except ProcessLookupError:
+                os._exit(1)
+
+    threading.Thread(target=loop, daemon=True).start()
+
+
+def init_distributed(cfg: JobConfig) -> None:
+    """Join the job's process group from the environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."""
+    backend = cfg.cluster.backend
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=cfg.cluster.timeout_s))
+
+
+def run_worker(cfg: JobConfig, resume: bool) -> None:
+    """Run the job in this process; report a failure to the launcher and re-raise it."""
+    _watch_parent()
+    torch.set_num_threads(1)
+    try:
+        init_distributed(cfg)
+        from gearshift.train.loop import train
+
+        train(cfg, resume=resume)
+        dist.barrier()
+    except BaseException:
+        err = os.environ.get("GEARSHIFT_ERROR_FILE")
+        if err:
+            rank = os.environ.get("RANK", "?")
+            text = traceback.format_exc()
+            tmp = f"{err}.tmp"
+            with open(tmp, "w") as f:
+                json.dump({"rank": rank, "error": text, "time": time.time()}, f)
+            os.replace(tmp, err)
+            raise SystemExit(1) from None  # the launcher shows the traceback once
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
