@@ -298,6 +298,9 @@ def plan_partition(profile: ModelProfile, state: ClusterState, num_stages: int |
     from gearshift.planner import baselines  # baselines builds on this module
 
     cost = cost_model(profile, state, num_stages, microbatches, in_flight, per_iteration)
+    if cost.num_stages > cost.num_units:
+        raise PlanError(f"partition: {cost.num_stages} stages but only {cost.num_units} layers "
+                        f"(every stage needs >= 1 layer)")
     if method == "adaptive":
         units = blocks(profile, max(max_blocks, cost.num_stages), no_cut)
         if len(units) < cost.num_stages:

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from gearshift.schedules import Action, Op, Schedule
+from gearshift.schedules import Op, Schedule
 
 COMPUTE = (Op.FORWARD, Op.BACKWARD)
 

@@ -86,12 +86,12 @@ def _merge(orders: list[list[tuple[Op, int]]], placement: list[int], num_ranks: 
                 if any(d not in end for d in deps):
                     continue
                 start = max([free[rank]] + [end[d] for d in deps])
-                key = (start, op is Op.FORWARD, mb, s)
+                key = (start, -s)  # ties: deepest stage first (closest to the critical path)
                 if best is None or key < best[0]:
                     best = (key, rank, s, op, mb)
         if best is None:  # cannot happen for valid stage orders
             raise ScheduleError("schedule generator: stage orders are infeasible")
-        (start, *_), rank, s, op, mb = best
+        (start, _), rank, s, op, mb = best
         end[(op, s, mb)] = free[rank] = start + _MERGE_COST[op]
         out[rank].append(Action(op, s, mb))
         ptr[s] += 1

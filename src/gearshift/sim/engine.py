@@ -9,6 +9,7 @@ unfinished action and wakes it when that action finishes (O(number of actions)).
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 from itertools import accumulate, compress
 
@@ -47,9 +48,14 @@ class SimResult:
 def simulate(schedule: Schedule, cost: CostModel) -> SimResult:
     """Replay `schedule` under `cost`; never raises on a deadlock (see SimResult.deadlock)."""
     cost.check(schedule.num_stages, schedule.num_ranks)
-    prog = _compile(schedule, cost)
-    times = _run(prog)
-    return _result(schedule, cost, prog, times)
+    gc_was_on = gc.isenabled()
+    gc.disable()  # the replay allocates ~1e5 tuples and no cycles; collections would cost more than it
+    try:
+        prog = _compile(schedule, cost)
+        return _result(schedule, cost, prog, _run(prog))
+    finally:
+        if gc_was_on:
+            gc.enable()
 
 
 @dataclass
@@ -90,18 +96,20 @@ def _compile(schedule: Schedule, cost: CostModel) -> _Program:
     peer = [a.peer for a in flat]
     n = len(flat)
 
-    # compute by (kind, stage, mb); receives by (kind, stage, mb, rank); sends by (kind, stage, mb, src, dst)
-    index: dict[tuple, int] = {}
-    setd = index.setdefault
-    for g, k, s, mb, r, p in zip(range(n), kind, stage, mbs, ranks, peer):
-        if k <= _B:
-            setd((k, s, mb), g)
-        elif k == _RA or k == _RG:
-            setd((k, s, mb, r), g)
-        elif k == _SA or k == _SG:
-            setd((k, s, mb, r, p), g)
+    # slot[(kind * S + stage) * M + mb] = index of the first such action (F/B/SA/RA/SG/RG), else _NEVER
+    num_stages = last + 1
+    used = [(s, mb) for k, s, mb in zip(kind, stage, mbs) if k < _SYNC]
+    if any(not (0 <= s < num_stages and mb >= 0) for s, mb in used):
+        raise ValueError("simulate: an action has a stage or micro-batch out of range (run validate first)")
+    m = max((mb for _, mb in used), default=0) + 1
+    slot = [_NEVER] * (6 * num_stages * m)
+    for g, k, s, mb in zip(range(n), kind, stage, mbs):
+        if k < _SYNC:
+            i = (k * num_stages + s) * m + mb
+            if slot[i] == _NEVER:
+                slot[i] = g
+    fs, bs, sas, ras, sgs, rgs = (k * num_stages * m for k in (_F, _B, _SA, _RA, _SG, _RG))
 
-    get = index.get
     dep1 = [_NONE] * n
     dep2 = [_NONE] * n
     dur = [0.0] * n
@@ -110,33 +118,35 @@ def _compile(schedule: Schedule, cost: CostModel) -> _Program:
     fwd, bwd, nbytes, act_mem = cost.forward_s, cost.backward_s, cost.act_bytes, cost.act_mem_bytes
     sync = cost.sync_s
     for g, k, s, mb, r, p in zip(range(n), kind, stage, mbs, ranks, peer):
+        i = s * m + mb
         if k == _F:
             dur[g] = fwd[s]
             mem[g] = act_mem[s]
             if s > 0:
-                dep1[g] = (
-                    get((_F, s - 1, mb), _NEVER) if placement[s - 1] == r else get((_RA, s, mb, r), _NEVER)
-                )
+                if placement[s - 1] == r:
+                    dep1[g] = slot[fs + i - m]
+                else:
+                    d = slot[ras + i]
+                    dep1[g] = d if d >= 0 and ranks[d] == r else _NEVER
         elif k == _B:
             dur[g] = bwd[s]
             mem[g] = -act_mem[s]
-            dep2[g] = get((_F, s, mb), _NEVER)
+            dep2[g] = slot[fs + i]
             if s < last:
-                dep1[g] = (
-                    get((_B, s + 1, mb), _NEVER) if placement[s + 1] == r else get((_RG, s, mb, r), _NEVER)
-                )
-        elif k == _SA:
-            dep1[g] = get((_F, s, mb), _NEVER)
-            dur[g] = cost.transfer_s(r, p, nbytes[s])
+                if placement[s + 1] == r:
+                    dep1[g] = slot[bs + i + m]
+                else:
+                    d = slot[rgs + i]
+                    dep1[g] = d if d >= 0 and ranks[d] == r else _NEVER
+        elif k == _SA or k == _SG:
+            dep1[g] = slot[(fs if k == _SA else bs) + i]
+            nb = nbytes[s] if k == _SA else nbytes[max(s - 1, 0)]
+            dur[g] = cost.transfer_s(r, p, nb)
             link[g] = r * num_ranks + p
-        elif k == _SG:
-            dep1[g] = get((_B, s, mb), _NEVER)
-            dur[g] = cost.transfer_s(r, p, nbytes[s - 1])
-            link[g] = r * num_ranks + p
-        elif k == _RA:
-            dep1[g] = get((_SA, s - 1, mb, p, r), _NEVER)
-        elif k == _RG:
-            dep1[g] = get((_SG, s + 1, mb, p, r), _NEVER)
+        elif k == _RA or k == _RG:
+            src = s - 1 if k == _RA else s + 1
+            d = slot[(sas if k == _RA else sgs) + i + (src - s) * m] if 0 <= src <= last else _NEVER
+            dep1[g] = d if d >= 0 and ranks[d] == p and peer[d] == r else _NEVER
         elif k == _SYNC:
             dur[g] = sync[r] if sync is not None else 0.0
         else:

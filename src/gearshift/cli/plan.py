@@ -1,0 +1,113 @@
+"""`gearshift plan`: partition a profiled model over a cluster spec and compare with the baselines."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from gearshift.cluster.spec import load_spec
+from gearshift.cluster.state import ClusterState
+from gearshift.errors import ConfigError, DataError
+from gearshift.planner.partition import PartitionResult, plan_partition
+from gearshift.profile.model_profile import ModelProfile
+
+BASELINE_METHODS = ("uniform", "params", "equal_speed")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments of `gearshift plan`."""
+    p.add_argument("config", nargs="?", help="job config TOML (not read yet: use --spec and --profile)")
+    p.add_argument("--spec", help="cluster spec TOML (also --cluster.spec=PATH)")
+    p.add_argument("--profile", help="ModelProfile JSON written by `gearshift profile`")
+    p.add_argument("--stages", type=int, default=None, help="pipeline stages (default: every device)")
+    p.add_argument("--microbatches", type=int, default=4, help="micro-batches per iteration (default 4)")
+
+
+def _ms(x: float) -> str:
+    """Seconds as milliseconds, readable at any magnitude."""
+    v = x * 1e3
+    return f"{v:,.0f}" if v >= 100 else f"{v:.2f}" if v >= 1 else f"{v:.3g}"
+
+
+def _ranges(bounds: list[tuple[int, int]]) -> str:
+    return " ".join(f"{i}-{j - 1}" if j - i > 1 else f"{i}" for i, j in bounds)
+
+
+def plan_table(res: PartitionResult, kinds: list[str] | None = None) -> Table:
+    """One row per stage of a partition, the bottleneck marked."""
+    t = Table(title=f"{res.method} partition (ms per micro-batch; ◀ = bottleneck)")
+    for col in ("stage", "device", "layers", "#", "compute", "transfer", "stage", "mem GB", ""):
+        t.add_column(col, justify="left" if col in ("device", "layers", "") else "right")
+    for s, (i, j) in enumerate(res.bounds):
+        mark = "◀" if s == res.bottleneck_stage else ""
+        mem = f"{res.stage_mem_bytes[s] / 1e9:.2f}" if res.stage_mem_bytes else "-"
+        dev = f"{s}" + (f" {kinds[s]}" if kinds and s < len(kinds) else "")
+        t.add_row(str(s), dev, f"{i}..{j - 1}", str(j - i), _ms(res.stage_compute_s[s]),
+                  _ms(res.stage_transfer_s[s]), _ms(res.stage_time_s[s]), mem, mark,
+                  style="bold red" if mark else None)
+    return t
+
+
+def compare_table(results: dict[str, PartitionResult], microbatches: int) -> Table:
+    """Adaptive vs each baseline: bottleneck, predicted iteration time and adaptive's speedup."""
+    ad = results["adaptive"]
+    t = Table(title=f"adaptive vs baselines (ms; {microbatches} micro-batches; speedup = baseline/adaptive)")
+    for col in ("method", "layer ranges", "bottleneck", "iteration", "fits", "speedup"):
+        t.add_column(col, justify="left" if col in ("method", "layer ranges") else "right")
+    for name, r in results.items():
+        speedup = "-" if name == "adaptive" else f"{r.bottleneck_s / ad.bottleneck_s:.2f}x"
+        t.add_row(name, _ranges(r.bounds), _ms(r.bottleneck_s), _ms(r.iteration_s(microbatches)),
+                  "yes" if r.fits else "NO", speedup)
+    return t
+
+
+def print_plan(profile: ModelProfile, state: ClusterState, num_stages: int | None, microbatches: int,
+               console: Console | None = None, kinds: list[str] | None = None,
+               in_flight: list[int] | None = None) -> dict[str, PartitionResult]:
+    """Plan adaptively and with every baseline, print both tables, and return the results by method."""
+    console = console or Console()
+    results = {m: plan_partition(profile, state, num_stages, microbatches, in_flight, method=m)
+               for m in ("adaptive", *BASELINE_METHODS)}
+    console.print(plan_table(results["adaptive"], kinds))
+    console.print(compare_table(results, microbatches))
+    return results
+
+
+def _spec_path(args: argparse.Namespace) -> str | None:
+    """--spec, or --cluster.spec=PATH / --cluster.spec PATH among the pass-through overrides."""
+    over = list(getattr(args, "overrides", None) or [])
+    path = args.spec
+    k = 0
+    while k < len(over):
+        a = over[k]
+        if a.startswith("--cluster.spec="):
+            path = a.split("=", 1)[1]
+        elif a == "--cluster.spec" and k + 1 < len(over):
+            path, k = over[k + 1], k + 1
+        else:
+            raise ConfigError(f"plan: unknown option {a!r} (supported now: --spec, --cluster.spec, "
+                              f"--profile, --stages, --microbatches)")
+        k += 1
+    return path
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the spec and profile, then print the adaptive plan and the baselines."""
+    spec_path = _spec_path(args)
+    if not spec_path:
+        raise ConfigError("cluster.spec: no cluster spec given (pass --spec PATH or --cluster.spec=PATH)")
+    if not args.profile:
+        raise ConfigError("plan: --profile PATH is required (a ModelProfile JSON from `gearshift profile`)")
+    if not Path(args.profile).is_file():
+        raise DataError(f"plan: profile not found: {args.profile}")
+    try:
+        profile = ModelProfile.load(args.profile)
+    except (ValueError, KeyError, TypeError) as e:
+        raise DataError(f"plan: {args.profile} is not a ModelProfile JSON ({e})") from None
+    spec = load_spec(spec_path)
+    print_plan(profile, ClusterState.from_spec(spec), args.stages, args.microbatches,
+               kinds=[d.kind for d in spec.devices])
+    return 0

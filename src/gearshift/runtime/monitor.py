@@ -1,0 +1,118 @@
+"""Monitor: learns effective device speeds and link bandwidths from measured timings (EWMA-smoothed),
+so planners work from measurements rather than settings. Pure Python; the runtime does the gathering."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+from gearshift.cluster.state import ClusterState
+
+
+@dataclass
+class Ewma:
+    """An exponentially weighted moving average with its sample count."""
+
+    value: float
+    samples: int = 1
+
+    def update(self, x: float, alpha: float) -> None:
+        self.value = alpha * x + (1 - alpha) * self.value
+        self.samples += 1
+
+
+class Monitor:
+    """Smoothed per-rank speeds (profiled / measured compute time) and per-link bandwidths (bytes/s)."""
+
+    def __init__(self, num_ranks: int, alpha: float = 0.3):
+        if num_ranks < 1 or not 0 < alpha <= 1:
+            raise ValueError(f"Monitor: need num_ranks >= 1 and 0 < alpha <= 1, got {num_ranks}, {alpha}")
+        self.num_ranks, self.alpha = num_ranks, alpha
+        self.speeds: list[Ewma | None] = [None] * num_ranks
+        self.links: dict[tuple[int, int], Ewma] = {}
+
+    def record_compute(self, rank: int, profiled_s: float, measured_s: float) -> None:
+        """One compute measurement: effective speed = profiled time / measured time."""
+        if profiled_s <= 0 or measured_s <= 0:
+            return
+        x = profiled_s / measured_s
+        cur = self.speeds[rank]
+        if cur is None:
+            self.speeds[rank] = Ewma(x)
+        else:
+            cur.update(x, self.alpha)
+
+    def record_transfer(self, src: int, dst: int, num_bytes: float, seconds: float) -> None:
+        """One transfer measurement: bandwidth = bytes / seconds on link src -> dst."""
+        if num_bytes <= 0 or seconds <= 0 or src == dst:
+            return
+        x = num_bytes / seconds
+        cur = self.links.get((src, dst))
+        if cur is None:
+            self.links[(src, dst)] = Ewma(x)
+        else:
+            cur.update(x, self.alpha)
+
+    def speed(self, rank: int) -> float | None:
+        """Smoothed speed of `rank`, None before any measurement."""
+        e = self.speeds[rank]
+        return None if e is None else e.value
+
+    def bandwidth(self, src: int, dst: int) -> float | None:
+        """Smoothed bandwidth of link src -> dst, None before any measurement."""
+        e = self.links.get((src, dst))
+        return None if e is None else e.value
+
+    def state(self, step: int, base: ClusterState) -> ClusterState:
+        """`base` with measured speeds and bandwidths substituted where known (source = "monitor")."""
+        out = copy.deepcopy(base)
+        for r, e in enumerate(self.speeds):
+            if e is not None and r < out.world_size:
+                out.speeds[r] = e.value
+        for (a, b), e in self.links.items():
+            if a < out.world_size and b < out.world_size:
+                out.bandwidth[a][b] = e.value
+        out.step, out.source = step, "monitor"
+        return out
+
+    def to_dict(self) -> dict:
+        """JSON-ready measurements (for metrics.jsonl and for all-gathering between ranks)."""
+        return {
+            "num_ranks": self.num_ranks,
+            "alpha": self.alpha,
+            "speeds": [None if e is None else e.value for e in self.speeds],
+            "speed_samples": [0 if e is None else e.samples for e in self.speeds],
+            "links": [[a, b, e.value, e.samples] for (a, b), e in sorted(self.links.items())],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Monitor:
+        m = cls(d["num_ranks"], d.get("alpha", 0.3))
+        for r, (v, n) in enumerate(zip(d["speeds"], d["speed_samples"])):
+            if v is not None and n > 0:
+                m.speeds[r] = Ewma(v, n)
+        for a, b, v, n in d["links"]:
+            m.links[(a, b)] = Ewma(v, n)
+        return m
+
+
+def _combine(items: list[Ewma]) -> Ewma | None:
+    """Sample-weighted mean of several ranks' estimates of the same quantity."""
+    n = sum(e.samples for e in items)
+    if n == 0:
+        return None
+    return Ewma(sum(e.value * e.samples for e in items) / n, n)
+
+
+def merge(dicts: list[dict]) -> Monitor:
+    """One Monitor from every rank's `to_dict()` (e.g. after an all-gather); where several ranks measured
+    the same quantity (both ends of a link), their estimates are averaged, weighted by sample count."""
+    if not dicts:
+        raise ValueError("merge: no monitor dicts")
+    parts = [Monitor.from_dict(d) for d in dicts]
+    out = Monitor(max(p.num_ranks for p in parts), parts[0].alpha)
+    for r in range(out.num_ranks):
+        out.speeds[r] = _combine([p.speeds[r] for p in parts if r < p.num_ranks and p.speeds[r] is not None])
+    for key in sorted({k for p in parts for k in p.links}):
+        out.links[key] = _combine([p.links[key] for p in parts if key in p.links])
+    return out

@@ -1,0 +1,100 @@
+"""Emulation config parsing/validation and the sleeps an Emulator asks for."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from gearshift.cluster.emulate import EmulationConfig, Emulator, ScenarioEvent, parse_event
+from gearshift.errors import ConfigError
+
+
+class FakeSleep:
+    """Records requested sleeps instead of sleeping."""
+
+    def __init__(self):
+        self.calls: list[float] = []
+
+    def __call__(self, s: float) -> None:
+        self.calls.append(s)
+
+
+def test_parse_full_config():
+    cfg = EmulationConfig.from_dict({
+        "slowdown": [1.0, 2, 1.0, 1.5],
+        "link_bandwidth": 1e6,
+        "link_latency_s": 0.001,
+        "scenario": [{"step": 150, "rank": 1, "slowdown": 3.0}, "100:2:4.0",
+                     {"step": 10, "rank": 0, "link_bandwidth": 5e5}],
+    }, world_size=4)
+    assert cfg.slowdown == [1.0, 2.0, 1.0, 1.5]
+    assert [e.step for e in cfg.scenario] == [10, 100, 150]
+    assert cfg.scenario[1] == ScenarioEvent(100, 2, 4.0)
+    assert EmulationConfig.from_dict({}, 3).slowdown == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("d, msg", [
+    ({"slowdown": [1.0, 2.0, 1.0]}, r"emulate.slowdown: expected one factor per rank \(4 workers\), got 3"),
+    ({"slowdown": 2.0}, r"emulate.slowdown: expected one factor per rank"),
+    ({"slowdown": [1.0, 0.0, 1.0, 1.0]}, r"emulate.slowdown\[1\]: expected a number > 0"),
+    ({"slowdown": [1.0, "x", 1.0, 1.0]}, r"emulate.slowdown\[1\]"),
+    ({"speed": 1}, r"emulate.speed: unknown field"),
+    ({"link_bandwidth": -1}, r"emulate.link_bandwidth: expected a number > 0"),
+    ({"link_bandwidth": [1e6, 1e6]}, r"link_bandwidth: expected one cap per rank \(4 workers\), got 2"),
+    ({"link_latency_s": -0.1}, r"emulate.link_latency_s: expected a number >= 0"),
+    ({"scenario": "150:1:3"}, r"emulate.scenario: expected a list"),
+    ({"scenario": ["150:1"]}, r"emulate.scenario\[0\]: expected 'STEP:RANK:SLOWDOWN'"),
+    ({"scenario": ["a:1:2"]}, r"emulate.scenario\[0\]: expected 'STEP:RANK:SLOWDOWN'"),
+    ({"scenario": ["150:7:3.0"]}, r"emulate.scenario\[0\].rank: expected an integer in 0..3, got 7"),
+    ({"scenario": [{"step": -1, "rank": 0, "slowdown": 2}]}, r"scenario\[0\].step: expected an integer >= 0"),
+    ({"scenario": [{"step": 1, "rank": 0}]}, r"scenario\[0\]: needs slowdown"),
+    ({"scenario": [{"step": 1, "rank": 0, "slowdown": 2, "x": 1}]}, r"scenario\[0\].x: unknown field"),
+    ({"scenario": [5]}, r"scenario\[0\]: expected a table"),
+])
+def test_validation_errors_name_the_field(d, msg):
+    with pytest.raises(ConfigError, match=msg):
+        EmulationConfig.from_dict(d, world_size=4)
+
+
+def test_parse_event_string():
+    assert parse_event("0:0:1.25", 1) == ScenarioEvent(0, 0, 1.25)
+
+
+def test_slowdown_follows_scenario():
+    cfg = EmulationConfig.from_dict({"slowdown": [1.0, 2.0], "scenario": ["150:1:3.0", "300:1:1.0"]}, 2)
+    em = Emulator(cfg, 1, sleep=FakeSleep())
+    assert [em.slowdown_at(s) for s in (0, 149, 150, 299, 300)] == [2.0, 2.0, 3.0, 3.0, 1.0]
+    assert Emulator(cfg, 0).slowdown_at(200) == 1.0
+    assert not Emulator(cfg, 0).active and em.active
+    with pytest.raises(ConfigError, match="rank 2 out of range"):
+        Emulator(cfg, 2)
+
+
+def test_after_compute_sleeps_f_minus_one_times_measured():
+    sleep = FakeSleep()
+    em = Emulator(EmulationConfig([1.0, 3.0]), 1, sleep=sleep)
+    assert em.after_compute(0.5, step=0) == pytest.approx(1.0)
+    assert sleep.calls == [pytest.approx(1.0)]
+    fast = Emulator(EmulationConfig([1.0, 3.0]), 0, sleep=sleep)
+    assert fast.after_compute(0.5, step=0) == 0.0 and len(sleep.calls) == 1
+
+
+def test_transfer_delay_caps_bandwidth_and_adds_latency():
+    sleep = FakeSleep()
+    cfg = EmulationConfig([1.0, 1.0], link_bandwidth=[1e6, 2e6], link_latency_s=0.01,
+                          scenario=[ScenarioEvent(5, 0, link_bandwidth=1e5)])
+    em = Emulator(cfg, 0, sleep=sleep)
+    assert em.transfer_delay(1e6, measured_s=0.25, step=0) == pytest.approx(0.76)  # 1 s total + latency
+    assert em.transfer_delay(1e6, measured_s=2.0, step=0) == pytest.approx(0.01)  # already slower
+    assert em.transfer_delay(1e6, measured_s=0.0, step=5) == pytest.approx(10.01)
+    assert Emulator(cfg, 1, sleep=sleep).bandwidth_at(9) == 2e6
+    assert Emulator(EmulationConfig([1.0]), 0, sleep=sleep).transfer_delay(1e9, 0.1, 0) == 0.0
+
+
+def test_real_sleep_is_short_and_real():
+    em = Emulator(EmulationConfig([2.0]), 0)
+    t0 = time.perf_counter()
+    slept = em.after_compute(0.02, step=0)
+    assert slept == pytest.approx(0.02)
+    assert time.perf_counter() - t0 >= 0.019

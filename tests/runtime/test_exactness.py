@@ -1,0 +1,92 @@
+"""Pipeline training (1, 2, 4 stages; GPipe, 1F1B, kFkB; replicated) equals single-process training:
+same losses and parameters within float32 tolerance."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gearshift.comm.launch import spawn
+from gearshift.models.gpt import build_gpt
+from gearshift.train.config import load_config
+from gearshift.train.data import ByteCorpus
+from gearshift.train.loop import build_runtime, gpt_config, lr_at
+
+STEPS = 3
+BASE = ["--model.layers=2", "--model.width=32", "--model.heads=2", "--model.context=16",
+        "--train.batch_size=8", "--data.max_bytes=100000", "--train.warmup_steps=1", "--train.lr=1e-3",
+        "--train.grad_clip=0.5"]
+
+
+def _cfg(workers: int, stages: int, schedule: str, k: int = 1, micro: int = 4):
+    return load_config(None, BASE + [f"--cluster.workers={workers}", f"--parallel.stages={stages}",
+                                     f"--parallel.schedule={schedule}", f"--parallel.k={k}",
+                                     f"--parallel.microbatches={micro}"])
+
+
+def _run_pipeline(rank: int, world: int, runs: list) -> list:
+    out = []
+    for schedule, stages, k, micro in runs:
+        cfg = _cfg(world, stages, schedule, k, micro)
+        corpus = ByteCorpus(None, cfg.data.val_fraction, cfg.data.max_bytes)
+        rt = build_runtime(cfg)
+        losses = []
+        for step in range(STEPS):
+            x, y = corpus.batch(step, cfg.train.batch_size, cfg.model.context, cfg.train.seed)
+            losses.append(rt.step(x, y, lr_at(step, cfg)).loss)
+        state = rt.state()[0] if rt.replica == 0 else {}
+        out.append((losses, {k: v.numpy() for k, v in state.items()}))  # by value, not shared memory
+    return out
+
+
+def _reference(cfg) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Plain single-process training of the same model on the same batches."""
+    torch.set_num_threads(1)
+    model = build_gpt(gpt_config(cfg), seed=cfg.train.seed)
+    t = cfg.train
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    other = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
+                             {"params": other, "weight_decay": 0.0}], lr=t.lr, betas=(t.beta1, t.beta2))
+    corpus = ByteCorpus(None, cfg.data.val_fraction, cfg.data.max_bytes)
+    losses = []
+    for step in range(STEPS):
+        x, y = corpus.batch(step, t.batch_size, cfg.model.context, t.seed)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, cfg)
+        opt.zero_grad()
+        loss = model.loss(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+        opt.step()
+        losses.append(float(loss))
+    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _check(results: list, runs: list, world: int) -> None:
+    ref_losses, ref_params = _reference(_cfg(world, runs[0][1], runs[0][0]))
+    for i, run in enumerate(runs):
+        losses = results[0][i][0]
+        params: dict[str, torch.Tensor] = {}
+        for r in results:
+            params.update({k: torch.from_numpy(v) for k, v in r[i][1].items()})
+        assert set(params) == set(ref_params), run
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6,
+                                   msg=f"losses differ for {run}")
+        for name, ref in ref_params.items():
+            torch.testing.assert_close(params[name], ref, rtol=1e-5, atol=1e-6, msg=f"{name} differs for {run}")
+
+
+@pytest.mark.parametrize("stages", [1, 2, 4])
+def test_pipeline_equals_single_process(stages: int) -> None:
+    micro = 4
+    runs = [("gpipe", stages, 1, micro), ("1f1b", stages, 1, micro), ("kfkb", stages, 2, micro)]
+    results = spawn(_run_pipeline, stages, runs)
+    _check(results, runs, stages)
+
+
+def test_replicated_pipeline_equals_single_process() -> None:
+    """4 workers as 2 replicas of a 2-stage 1F1B pipeline, gradients averaged across replicas."""
+    runs = [("1f1b", 2, 1, 2)]
+    results = spawn(_run_pipeline, 4, runs)
+    _check(results, runs, 4)

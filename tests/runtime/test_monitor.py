@@ -1,0 +1,72 @@
+"""Monitor: EWMA speeds and bandwidths, the ClusterState it yields, and merging ranks' measurements."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gearshift.cluster.spec import ClusterSpec
+from gearshift.cluster.state import ClusterState
+from gearshift.runtime.monitor import Monitor, merge
+
+
+def base_state(n: int = 3) -> ClusterState:
+    return ClusterState.from_spec(ClusterSpec.uniform(n))
+
+
+def test_speed_is_profiled_over_measured_smoothed():
+    m = Monitor(3, alpha=0.5)
+    m.record_compute(1, profiled_s=1.0, measured_s=2.0)
+    assert m.speed(1) == pytest.approx(0.5)
+    m.record_compute(1, profiled_s=1.0, measured_s=1.0)
+    assert m.speed(1) == pytest.approx(0.75)
+    m.record_compute(1, profiled_s=1.0, measured_s=0.0)  # ignored
+    assert m.speed(1) == pytest.approx(0.75) and m.speed(0) is None
+
+
+def test_bandwidth_smoothed():
+    m = Monitor(2, alpha=0.3)
+    m.record_transfer(0, 1, 1000, 1.0)
+    m.record_transfer(0, 1, 2000, 1.0)
+    assert m.bandwidth(0, 1) == pytest.approx(1300.0)
+    assert m.bandwidth(1, 0) is None
+    m.record_transfer(0, 0, 1000, 1.0)  # self-transfers are not links
+    assert (0, 0) not in m.links
+
+
+def test_state_substitutes_measured_values_only():
+    base = base_state()
+    m = Monitor(3)
+    m.record_compute(2, 1.0, 4.0)
+    m.record_transfer(0, 1, 5e8, 1.0)
+    s = m.state(step=42, base=base)
+    assert s.speeds == [1.0, 1.0, 0.25]
+    assert s.bandwidth[0][1] == 5e8 and s.bandwidth[1][0] == base.bandwidth[1][0]
+    assert s.step == 42 and s.source == "monitor"
+    assert base.speeds == [1.0, 1.0, 1.0] and base.source == "spec"  # base untouched
+
+
+def test_to_dict_round_trips_through_json():
+    m = Monitor(2)
+    m.record_compute(0, 1.0, 2.0)
+    m.record_transfer(1, 0, 100, 0.5)
+    d = json.loads(json.dumps(m.to_dict()))
+    assert d["speeds"] == [0.5, None] and d["links"] == [[1, 0, 200.0, 1]]
+    again = Monitor.from_dict(d)
+    assert again.speed(0) == 0.5 and again.bandwidth(1, 0) == 200.0
+
+
+def test_merge_combines_ranks():
+    ranks = [Monitor(3) for _ in range(3)]
+    for r, mon in enumerate(ranks):
+        mon.record_compute(r, 1.0, 1.0 + r)  # each rank times its own compute
+    ranks[0].record_transfer(0, 1, 100, 1.0)  # sender's view
+    ranks[1].record_transfer(0, 1, 300, 1.0)  # receiver's view
+    ranks[1].record_transfer(0, 1, 300, 1.0)
+    merged = merge([m.to_dict() for m in ranks])
+    assert [merged.speed(r) for r in range(3)] == pytest.approx([1.0, 0.5, 1 / 3])
+    assert merged.bandwidth(0, 1) == pytest.approx((100 + 2 * 300) / 3)
+    assert merged.links[(0, 1)].samples == 3
+    with pytest.raises(ValueError):
+        merge([])
