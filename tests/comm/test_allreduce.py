@@ -12,7 +12,7 @@ from gearshift.comm import CommGroups, GradientSync, all_reduce
 from gearshift.comm.allreduce import chunk_bounds
 from gearshift.comm.launch import spawn
 
-ALGOS = ["gloo", "ring", "hierarchical", "hierarchical_rs", "auto"]
+ALGOS = ["ring", "hierarchical", "hierarchical_rs"]
 DTYPES = [torch.float32, torch.float64, torch.int32, torch.bfloat16]
 SIZES = [0, 1, 5, 1001, 4099]
 
@@ -25,25 +25,25 @@ def _data(rank: int, n: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _check_topology(rank: int, topo: Topology) -> list[str]:
-    """All algorithms x sizes x dtypes on one topology; returns the failures seen by this rank."""
+    """Each algorithm on every size (float32) and every dtype (one odd size); failures seen by this rank."""
     groups = CommGroups.build(topo)
     bad = []
-    for algo in ALGOS:
-        for n in SIZES:
-            for dt in DTYPES:
-                x = _data(rank, n, dt)
-                ref = x.clone()
-                dist.all_reduce(ref)
-                all_reduce(x, algo, groups=groups)
-                tol = 5e-2 if dt == torch.bfloat16 else 1e-5
-                if dt == torch.int32:
-                    ok = torch.equal(x, ref)
-                else:  # bf16: compare against the float64 sum; both sides round differently
-                    exact = sum(_data(r, n, dt).double() for r in range(topo.world_size))
-                    ok = torch.allclose(x.double(), ref.double(), rtol=tol, atol=tol) or \
-                        torch.allclose(x.double(), exact, rtol=tol, atol=tol * topo.world_size)
-                if not ok:
-                    bad.append(f"{topo.ranks_per_node} {algo} n={n} {dt}")
+    cases = [(n, torch.float32) for n in SIZES] + [(1001, dt) for dt in DTYPES[1:]]
+    for n, dt in cases:
+        ref = _data(rank, n, dt)
+        dist.all_reduce(ref)
+        exact = sum(_data(r, n, dt).double() for r in range(topo.world_size))
+        for algo in ALGOS:
+            x = _data(rank, n, dt)
+            all_reduce(x, algo, groups=groups)
+            if dt == torch.int32:
+                ok = torch.equal(x, ref)
+            elif dt == torch.bfloat16:  # sums round differently per order: compare with the exact sum
+                ok = torch.allclose(x.double(), exact, rtol=2e-2, atol=0.1 * topo.world_size)
+            else:
+                ok = torch.allclose(x.double(), ref.double(), rtol=1e-5, atol=1e-4)
+            if not ok:
+                bad.append(f"{topo.ranks_per_node} {algo} n={n} {dt}")
     # non-contiguous 2-D input is reduced in place too
     y = _data(rank, 24, torch.float32).view(4, 6).t()
     ref = y.clone()
@@ -89,7 +89,7 @@ def _worker(rank: int, world: int, layouts: list, train: bool) -> list[str]:
     if train:
         groups = CommGroups.build(Topology.from_ranks_per_node([2] * (world // 2)))
         ref = _train(rank, "reference", None)
-        for algo in ALGOS:
+        for algo in ["gloo", *ALGOS, "auto"]:
             got = _train(rank, algo, groups)
             if not all(abs(a - b) <= 1e-5 * max(1.0, abs(b)) for a, b in zip(got, ref)):
                 bad.append(f"train {algo}: {got} != {ref}")

@@ -43,9 +43,9 @@ def brute_force(L, S, *args):
 
 @st.composite
 def instances(draw):
-    L = draw(st.integers(1, 9))
-    D = draw(st.integers(1, 4))
-    S = draw(st.integers(1, D))
+    S = draw(st.integers(1, 4))
+    L = draw(st.integers(max(1, S - 1), 9))  # a few instances with more stages than layers
+    D = S + draw(st.integers(0, 1))
     pos = st.floats(0.1, 10.0)
     w = draw(st.lists(pos, min_size=L, max_size=L))
     a = draw(st.lists(st.integers(0, 10_000), min_size=L, max_size=L))
@@ -54,8 +54,11 @@ def instances(draw):
     sp = draw(st.lists(pos, min_size=D, max_size=D))
     bw = [[draw(st.floats(1e3, 1e6)) for _ in range(D)] for _ in range(D)]
     lat = [[draw(st.floats(0.0, 1e-2)) for _ in range(D)] for _ in range(D)]
-    mem = draw(st.none() | st.lists(st.integers(0, 3000), min_size=D, max_size=D))
     fl = draw(st.lists(st.integers(1, 4), min_size=D, max_size=D))
+    mem = None
+    if draw(st.booleans()):  # memory around the average per-stage need, so it often binds
+        avg = (4 * sum(p) + 2 * sum(am)) / S
+        mem = [int(avg * draw(st.floats(0.3, 1.5))) for _ in range(D)]
     return L, S, w, a, p, am, sp, bw, lat, mem, fl
 
 
@@ -76,6 +79,32 @@ def test_dp_equals_brute_force(inst):
     assert all(f for _, f in stages)
     assert max(t for t, _ in stages) == pytest.approx(best, rel=1e-9)
     assert r.bounds[0][0] == 0 and r.bounds[-1][1] == L and len(r.bounds) == S
+
+
+def test_dp_equals_brute_force_when_memory_binds():
+    rng = np.random.default_rng(7)
+    binding = 0
+    for _ in range(150):
+        S = int(rng.integers(2, 5))
+        L = int(rng.integers(S, 10))
+        w = rng.uniform(0.1, 10, L).tolist()
+        a = rng.integers(0, 10_000, L).tolist()
+        p = rng.integers(1, 100, L).tolist()
+        am = rng.integers(0, 100, L).tolist()
+        sp = rng.uniform(0.1, 10, S).tolist()
+        bw = rng.uniform(1e3, 1e6, (S, S)).tolist()
+        lat = rng.uniform(0, 1e-2, (S, S)).tolist()
+        fl = rng.integers(1, 5, S).tolist()
+        mem = (rng.uniform(0.6, 2.0, S) * (4 * sum(p) + 2 * sum(am)) / S).astype(int).tolist()
+        best = brute_force(L, S, w, a, p, am, sp, bw, lat, mem, fl)
+        if best is None:
+            with pytest.raises(PlanError, match="does not fit"):
+                partition_dp(w, a, p, sp, bw, lat, memory=mem, act_mem_bytes=am, in_flight=fl)
+            continue
+        binding += best > brute_force(L, S, w, a, p, am, sp, bw, lat, None, fl) * (1 + 1e-12)
+        r = partition_dp(w, a, p, sp, bw, lat, memory=mem, act_mem_bytes=am, in_flight=fl)
+        assert r.fits and r.bottleneck_s == pytest.approx(best, rel=1e-9)
+    assert binding >= 20  # the memory mask really changed the optimum in many instances
 
 
 def _flat(n, bw=1e12):

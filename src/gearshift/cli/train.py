@@ -21,6 +21,10 @@ def run(args: argparse.Namespace) -> int:
 
         run_worker(cfg, args.resume)
         return 0
+    if args.resume:  # check the checkpoint here, so a bad one is one line before any worker starts
+        from gearshift.train.checkpoint import find_resumable
+
+        find_resumable(cfg.output.dir, vars(cfg.model))
     from gearshift.train.launch import launch
 
     return launch(cfg, resume=args.resume)

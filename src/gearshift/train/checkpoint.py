@@ -59,3 +59,11 @@ def load_checkpoint(path: Path, model_cfg: dict) -> dict:
                 f"{model_cfg.get(key)!r} in the config"
             )
     return ck
+
+
+def find_resumable(out_dir: str | Path, model_cfg: dict) -> tuple[Path, dict]:
+    """The latest checkpoint in `out_dir`, loaded and checked against the model config."""
+    path = latest_checkpoint(out_dir)
+    if path is None:
+        raise DataError(f"--resume: no checkpoint in {checkpoint_dir(out_dir)}")
+    return path, load_checkpoint(path, model_cfg)

@@ -84,6 +84,7 @@ class TrainConfig:
     eval_every: int = 100
     eval_batches: int = 4
     checkpoint_every: int = 100
+    stop_after: int = 0  # stop (with a checkpoint) after this many steps of this run; 0 = run to `steps`
 
 
 @dataclass
@@ -230,6 +231,7 @@ def validate(cfg: JobConfig) -> JobConfig:
     _check(t.eval_every >= 0, f"train.eval_every: must be >= 0 (0 = off), got {t.eval_every}")
     _check(t.eval_batches >= 1, f"train.eval_batches: must be >= 1, got {t.eval_batches}")
     _check(t.checkpoint_every >= 0, f"train.checkpoint_every: must be >= 0 (0 = end only), got {t.checkpoint_every}")
+    _check(t.stop_after >= 0, f"train.stop_after: must be >= 0 (0 = run to train.steps), got {t.stop_after}")
     _check(bool(cfg.output.dir), "output.dir: must not be empty")
     return cfg
 

@@ -4,6 +4,7 @@ checkpoint and trace. Every rank runs this; rank 0 also writes metrics, progress
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 
@@ -13,12 +14,21 @@ import torch.distributed as dist
 from gearshift.models.gpt import GPTConfig, build_layer, gpt_loss
 from gearshift.runtime.pipeline import OptimConfig, PipelineRuntime
 from gearshift.schedules import make_schedule
-from gearshift.train.checkpoint import checkpoint_path, latest_checkpoint, load_checkpoint, save_checkpoint
+from gearshift.train.checkpoint import checkpoint_path, find_resumable, save_checkpoint
 from gearshift.train.config import JobConfig
 from gearshift.train.data import ByteCorpus
 from gearshift.train.layout import act_meta_fn, resolve_partition
 from gearshift.train.metrics import MetricsLog
 from gearshift.train.progress import Progress, print_summary
+
+
+def _inject_fault(step: int) -> None:
+    """Fault injection for testing failure handling: GEARSHIFT_INJECT_FAULT="rank:step" raises there."""
+    spec = os.environ.get("GEARSHIFT_INJECT_FAULT")
+    if spec:
+        r, s = (int(v) for v in spec.split(":"))
+        if r == dist.get_rank() and s == step:
+            raise RuntimeError(f"injected fault on rank {r} at step {s}")
 
 
 def lr_at(step: int, cfg: JobConfig) -> float:
@@ -82,7 +92,9 @@ def train(cfg: JobConfig, resume: bool = False) -> dict:
     trace_step = t.steps - 1 if cfg.output.trace_step < 0 else cfg.output.trace_step
     history: list[dict] = []
     wall0 = time.perf_counter()
-    for step in range(start, t.steps):
+    end = min(t.steps, start + t.stop_after) if t.stop_after else t.steps
+    for step in range(start, end):
+        _inject_fault(step)
         x, y = corpus.batch(step, t.batch_size, cfg.model.context, t.seed)
         lr = lr_at(step, cfg)
         res = rt.step(x, y, lr)
@@ -102,7 +114,7 @@ def train(cfg: JobConfig, resume: bool = False) -> dict:
         if log:
             log.write(rec)
         bar.update(step, rec)
-        if (t.checkpoint_every and (step + 1) % t.checkpoint_every == 0) or step + 1 == t.steps:
+        if (t.checkpoint_every and (step + 1) % t.checkpoint_every == 0) or step + 1 == end:
             _save(rt, cfg, step + 1)
     bar.close()
     summary = {
@@ -146,12 +158,7 @@ def _save(rt: PipelineRuntime, cfg: JobConfig, step: int) -> None:
 
 def _resume(rt: PipelineRuntime, cfg: JobConfig) -> int:
     """Load the latest checkpoint in output.dir into this rank's layers; returns the step to resume at."""
-    from gearshift.errors import DataError
-
-    path = latest_checkpoint(cfg.output.dir)
-    if path is None:
-        raise DataError(f"--resume: no checkpoint in {Path(cfg.output.dir) / 'checkpoints'}")
-    ck = load_checkpoint(path, vars(cfg.model))
+    _, ck = find_resumable(cfg.output.dir, vars(cfg.model))
     rt.load_state(ck["model"], ck["optim"])
     if len(ck["rng"]) == dist.get_world_size():
         torch.set_rng_state(ck["rng"][dist.get_rank()])
