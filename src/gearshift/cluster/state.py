@@ -45,3 +45,14 @@ class ClusterState:
             "latency": self.latency,
             "memory": self.memory,
         }
+
+
+def local_state(workers: int, cores: int | None = None, memory_bytes: float = 8e9) -> ClusterState:
+    """This machine as a cluster: `workers` processes sharing `cores` CPU cores over loopback, so each
+    runs at min(1, cores / workers) of its profiled (one-process) speed."""
+    import os
+
+    cores = cores or os.cpu_count() or 1
+    speed = min(1.0, cores / workers)
+    spec = ClusterSpec.uniform(workers, speed=speed, memory_bytes=memory_bytes)
+    return ClusterState.from_spec(spec)

@@ -1,0 +1,29 @@
+"""`gearshift profile [CONFIG]`: per-layer forward/backward time, FLOPs, bytes and memory of the job's
+model; prints a table and writes a ModelProfile JSON that the planners read."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from gearshift.profile import print_profile
+from gearshift.train.config import load_config
+from gearshift.train.profiling import profile_job
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", nargs="?", help="job config TOML (default: the embedded default job)")
+    p.add_argument("--out", help="where to write the profile JSON (default: OUTPUT_DIR/profile.json)")
+    p.add_argument("--repeats", type=int, default=10, help="timed repeats per layer (median is kept)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed warm-up runs per layer")
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.overrides)
+    prof = profile_job(cfg, repeats=args.repeats, warmup=args.warmup)
+    print_profile(prof)
+    out = Path(args.out or Path(cfg.output.dir) / "profile.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    prof.save(out)
+    print(f"wrote {out}")
+    return 0

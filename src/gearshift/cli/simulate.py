@@ -1,0 +1,58 @@
+"""`gearshift simulate [CONFIG]`: predicted iteration time and bubble fraction of the configured pipeline
+(from a profile), next to the measured figures when output.dir holds a finished run."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from gearshift.cluster.state import local_state
+from gearshift.planner.predict import predict
+from gearshift.profile import ModelProfile
+from gearshift.schedules import make_schedule
+from gearshift.train.config import load_config
+from gearshift.train.metrics import read_metrics
+from gearshift.train.profiling import microbatch_size, profile_job
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", nargs="?", help="job config TOML (default: the embedded default job)")
+    p.add_argument("--profile", help="ModelProfile JSON (default: profile now)")
+    p.add_argument("--trace", help="write the predicted timeline as a Perfetto trace here")
+
+
+def run(args: argparse.Namespace) -> int:
+    from gearshift.report.trace import sim_trace, write_trace
+    from gearshift.train.layout import resolve_partition
+    from gearshift.train.loop import gpt_config
+
+    cfg = load_config(args.config, args.overrides)
+    prof = ModelProfile.load(args.profile) if args.profile else profile_job(cfg)
+    p = cfg.parallel
+    schedule = make_schedule(p.schedule, p.stages, p.microbatches, k=p.k)
+    bounds = resolve_partition(cfg, gpt_config(cfg))
+    state = local_state(cfg.cluster.workers)
+    res = predict(prof, bounds, schedule, state, microbatch_size(cfg))
+    t = Table(title=f"{p.schedule} x {p.stages} stages, {p.microbatches} micro-batches "
+              f"({cfg.cluster.workers} workers sharing the local cores: speed {state.speeds[0]:.2f} each)")
+    for col in ("", "iteration (s)", "tokens/s", "bubble"):
+        t.add_column(col, justify="right")
+    tokens = cfg.train.batch_size * cfg.model.context
+    t.add_row("predicted", f"{res.iteration_s:.4f}", f"{tokens / res.iteration_s:,.0f}", f"{res.bubble_fraction:.1%}")
+    metrics = Path(cfg.output.dir) / "metrics.jsonl"
+    if metrics.is_file():
+        rows = read_metrics(metrics)[1:]  # the first step includes warm-up
+        if rows:
+            meas = statistics.median(r["step_time_s"] for r in rows)
+            bub = statistics.median(r["bubble_fraction"] for r in rows)
+            t.add_row("measured", f"{meas:.4f}", f"{tokens / meas:,.0f}", f"{bub:.1%}")
+            t.add_row("error", f"{(res.iteration_s - meas) / meas:+.1%}", "", "")
+    Console().print(t)
+    if args.trace:
+        write_trace(Path(args.trace), sim_trace(res, "predicted"))
+        print(f"wrote {args.trace}")
+    return 0

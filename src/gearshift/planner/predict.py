@@ -1,0 +1,32 @@
+"""Predict a pipeline's iteration from a profile, a partition and a cluster state, by simulating the
+schedule's action lists (the same lists the runtime executes)."""
+
+from __future__ import annotations
+
+from gearshift.cluster.state import ClusterState
+from gearshift.profile.model_profile import ModelProfile
+from gearshift.schedules import Schedule
+from gearshift.sim import CostModel, SimResult, simulate
+
+
+def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Schedule, state: ClusterState,
+             microbatch_size: int | None = None) -> CostModel:
+    """Stage times = profiled layer times / the speed of the rank holding the stage; transfers = output
+    activation bytes of each stage's last layer over the measured links."""
+    mb = microbatch_size or profile.microbatch_size
+    scale = mb / profile.microbatch_size  # profiled per micro-batch of profile.microbatch_size samples
+    place = schedule.placement
+    fwd = [scale * sum(lp.forward_s for lp in profile.layers[a:b]) / state.speeds[place[s]]
+           for s, (a, b) in enumerate(bounds)]
+    bwd = [scale * sum(lp.backward_s for lp in profile.layers[a:b]) / state.speeds[place[s]]
+           for s, (a, b) in enumerate(bounds)]
+    act = [profile.layers[b - 1].activation_bytes * mb for _, b in bounds]
+    act_mem = [scale * sum(lp.peak_activation_bytes for lp in profile.layers[a:b]) for a, b in bounds]
+    params = [4.0 * sum(lp.param_bytes for lp in profile.layers[a:b]) for a, b in bounds]
+    return CostModel(fwd, bwd, act, state.bandwidth, state.latency, act_mem, params, state.memory)
+
+
+def predict(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Schedule, state: ClusterState,
+            microbatch_size: int | None = None) -> SimResult:
+    """Simulated iteration of `schedule` on `state`."""
+    return simulate(schedule, sim_cost(profile, bounds, schedule, state, microbatch_size))
