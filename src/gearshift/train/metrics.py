@@ -16,7 +16,8 @@ class MetricsLog:
         if resume_step is None:
             path.write_text("")
         elif path.exists():
-            kept = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) < resume_step]
+            lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+            kept = [ln for ln in lines if json.loads(ln).get("step", 0) < resume_step]
             path.write_text("".join(ln + "\n" for ln in kept))
         self._f = open(path, "a")
 
