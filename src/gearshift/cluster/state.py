@@ -33,6 +33,13 @@ class ClusterState:
         lat = [[spec.latency(a, b) if a != b else 0.0 for b in range(n)] for a in range(n)]
         return cls([d.speed for d in spec.devices], bw, lat, [d.memory_bytes for d in spec.devices])
 
+    def resized(self, n: int) -> ClusterState:
+        """This state cut, or padded by repeating its last device, to `n` ranks."""
+        idx = [min(i, self.world_size - 1) for i in range(n)]
+        return ClusterState([self.speeds[i] for i in idx], [[self.bandwidth[a][b] for b in idx] for a in idx],
+                            [[self.latency[a][b] for b in idx] for a in idx], [self.memory[i] for i in idx],
+                            self.step, self.source)
+
     def to_dict(self) -> dict:
         def fin(x: float) -> float | None:
             return None if x == float("inf") else x
@@ -56,3 +63,4 @@ def local_state(workers: int, cores: int | None = None, memory_bytes: float = 8e
     speed = min(1.0, cores / workers)
     spec = ClusterSpec.uniform(workers, speed=speed, memory_bytes=memory_bytes)
     return ClusterState.from_spec(spec)
+

@@ -88,6 +88,35 @@ class TrainConfig:
 
 
 @dataclass
+class EmulateConfig:
+    """Emulated heterogeneity (read by gearshift.cluster.emulate alone): per-rank compute slowdown, caps on
+    pipeline links, and changes over time, e.g. scenario = ["150:1:3.0"] (at step 150 rank 1 is 3x slower)."""
+
+    slowdown: list[float] = field(default_factory=list)  # one factor per rank; [] = none
+    link_bandwidth: float = 0.0  # bytes/s cap on pipeline transfers; 0 = uncapped
+    link_latency_s: float = 0.0
+    scenario: list[Any] = field(default_factory=list)
+
+    def as_emulation_dict(self, workers: int) -> dict:
+        d: dict = {"slowdown": self.slowdown or [1.0] * workers, "link_latency_s": self.link_latency_s,
+                   "scenario": self.scenario}
+        if self.link_bandwidth > 0:
+            d["link_bandwidth"] = self.link_bandwidth
+        return d
+
+
+@dataclass
+class AdaptConfig:
+    """Re-planning: every `every` steps the partition is re-planned from measured speeds and applied by
+    live layer migration when the predicted gain over the next period beats the migration cost."""
+
+    every: int = 100  # 0 = never (partition = "adaptive" starts from uniform and learns the speeds)
+    alpha: float = 0.5  # smoothing of the measured speeds (EWMA weight of the newest sample)
+    profile: str = ""  # ModelProfile JSON from `gearshift profile`; "" = profile at start
+    force: list[Any] = field(default_factory=list)  # [[step, [[start, end], ...]], ...]: forced re-partitions
+
+
+@dataclass
 class OutputConfig:
     """Where results go."""
 
@@ -105,6 +134,8 @@ class JobConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    emulate: EmulateConfig = field(default_factory=EmulateConfig)
+    adapt: AdaptConfig = field(default_factory=AdaptConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -233,11 +264,24 @@ def validate(cfg: JobConfig) -> JobConfig:
     _check(t.checkpoint_every >= 0, f"train.checkpoint_every: must be >= 0 (0 = end only), got {t.checkpoint_every}")
     _check(t.stop_after >= 0, f"train.stop_after: must be >= 0 (0 = run to train.steps), got {t.stop_after}")
     _check(bool(cfg.output.dir), "output.dir: must not be empty")
+    from gearshift.cluster.emulate import EmulationConfig
+
+    e = cfg.emulate
+    _check(e.link_bandwidth >= 0, f"emulate.link_bandwidth: must be >= 0 (0 = uncapped), got {e.link_bandwidth}")
+    EmulationConfig.from_dict(e.as_emulation_dict(c.workers), c.workers)  # raises ConfigError naming the field
+    a = cfg.adapt
+    _check(a.every >= 0, f"adapt.every: must be >= 0 (0 = never), got {a.every}")
+    _check(0 < a.alpha <= 1, f"adapt.alpha: must be in (0, 1], got {a.alpha}")
+    if a.profile:
+        _check(Path(a.profile).is_file(), f"adapt.profile: file not found: {a.profile}")
+    for i, f in enumerate(a.force):
+        _check(isinstance(f, list) and len(f) == 2 and isinstance(f[0], int),
+               f"adapt.force[{i}]: expected [step, [[start, end], ...]], got {f!r}")
+        _check_ranges(f[1], p.stages, n_layers, f"adapt.force[{i}]")
     return cfg
 
 
-def _check_ranges(ranges: Any, stages: int, n_layers: int) -> None:
-    where = "parallel.partition"
+def _check_ranges(ranges: Any, stages: int, n_layers: int, where: str = "parallel.partition") -> None:
     ok = isinstance(ranges, list) and all(
         isinstance(r, list) and len(r) == 2 and all(isinstance(v, int) for v in r) for r in ranges
     )

@@ -11,7 +11,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from gearshift.cluster.emulate import EmulationConfig, Emulator
+from gearshift.cluster.spec import load_spec
+from gearshift.cluster.state import ClusterState, local_state
 from gearshift.models.gpt import GPTConfig, build_layer, gpt_loss
+from gearshift.profile.model_profile import ModelProfile
+from gearshift.runtime.adapt import Adapter
 from gearshift.runtime.pipeline import OptimConfig, PipelineRuntime
 from gearshift.schedules import make_schedule
 from gearshift.train.checkpoint import checkpoint_path, find_resumable, save_checkpoint
@@ -19,6 +24,7 @@ from gearshift.train.config import JobConfig
 from gearshift.train.data import ByteCorpus
 from gearshift.train.layout import act_meta_fn, resolve_partition
 from gearshift.train.metrics import MetricsLog
+from gearshift.train.profiling import microbatch_size, profile_job
 from gearshift.train.progress import Progress, print_summary
 
 
@@ -47,7 +53,8 @@ def gpt_config(cfg: JobConfig) -> GPTConfig:
                      dropout=m.dropout)
 
 
-def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None) -> PipelineRuntime:
+def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None,
+                  after_compute=None) -> PipelineRuntime:
     """This rank's pipeline runtime for the job (the partition from the config unless given)."""
     gcfg = gpt_config(cfg)
     p = cfg.parallel
@@ -57,8 +64,28 @@ def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None) -
     t = cfg.train
     return PipelineRuntime(
         lambda i: build_layer(gcfg, i, seed=t.seed), gpt_loss, bounds, schedule, act_meta_fn(gcfg),
-        OptimConfig(t.weight_decay, (t.beta1, t.beta2), t.grad_clip),
+        OptimConfig(t.weight_decay, (t.beta1, t.beta2), t.grad_clip), after_compute=after_compute,
     )
+
+
+def build_adapter(cfg: JobConfig, corpus: ByteCorpus) -> Adapter | None:
+    """The adaptation loop when the job emulates heterogeneity or re-plans; None otherwise."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    emu_cfg = EmulationConfig.from_dict(cfg.emulate.as_emulation_dict(world), world)
+    emulator = Emulator(emu_cfg, rank)
+    replans = cfg.parallel.partition == "adaptive" and cfg.adapt.every > 0
+    if not (emulator.active or replans or cfg.adapt.force):
+        return None
+    if cfg.adapt.profile:
+        profile = ModelProfile.load(cfg.adapt.profile)
+    else:  # rank 0 profiles (speed 1.0 by definition); everyone plans from the same numbers
+        box = [profile_job(cfg, repeats=3, warmup=1, corpus=corpus) if rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        profile = box[0]
+    base = ClusterState.from_spec(load_spec(cfg.cluster.spec)) if cfg.cluster.spec else local_state(world)
+    forced = {int(step): [tuple(b) for b in bounds] for step, bounds in cfg.adapt.force}
+    return Adapter(profile, base, cfg.adapt.every if replans else 0, cfg.adapt.alpha,
+                   emulator if emulator.active else None, forced)
 
 
 def evaluate(rt: PipelineRuntime, corpus: ByteCorpus, cfg: JobConfig) -> float:
@@ -82,7 +109,11 @@ def train(cfg: JobConfig, resume: bool = False) -> dict:
     t, out = cfg.train, Path(cfg.output.dir)
     torch.manual_seed(t.seed + rank)
     corpus = ByteCorpus(cfg.data.path or None, cfg.data.val_fraction, cfg.data.max_bytes)
-    rt = build_runtime(cfg)
+    adapter = build_adapter(cfg, corpus)
+    bounds = None
+    if resume and cfg.parallel.partition == "adaptive":  # continue from the partition that was learned
+        bounds = [tuple(b) for b in find_resumable(cfg.output.dir, vars(cfg.model))[1].get("bounds", [])] or None
+    rt = build_runtime(cfg, bounds, adapter.after_compute if adapter else None)
     start = 0
     if resume:
         start = _resume(rt, cfg)
@@ -97,15 +128,23 @@ def train(cfg: JobConfig, resume: bool = False) -> dict:
         _inject_fault(step)
         x, y = corpus.batch(step, t.batch_size, cfg.model.context, t.seed)
         lr = lr_at(step, cfg)
+        if adapter:
+            adapter.step = step
         res = rt.step(x, y, lr)
-        busy = _gather((res.record.busy_s, res.record.step_s))
-        step_s = max(s for _, s in busy)
+        if adapter:
+            adapter.observe(rt, res.record, microbatch_size(cfg))
+        speed = adapter.monitor.speed(rank) if adapter else None
+        busy = _gather((res.record.busy_s, res.record.step_s, speed))
+        step_s = max(s for _, s, _ in busy)
         rec = {
             "step": step, "loss": res.loss, "lr": lr, "grad_norm": res.grad_norm,
             "tokens_per_s": tokens_per_step / step_s, "step_time_s": step_s,
-            "busy_s": [b for b, _ in busy],
-            "bubble_fraction": 1.0 - sum(b for b, _ in busy) / (world * step_s),
+            "busy_s": [b for b, _, _ in busy],
+            "bubble_fraction": 1.0 - sum(b for b, _, _ in busy) / (world * step_s),
+            "partition": [list(b) for b in rt.bounds],
         }
+        if adapter:
+            rec["measured_speed"] = [sp for _, _, sp in busy]
         if t.eval_every and ((step + 1) % t.eval_every == 0 or step + 1 == t.steps):
             rec["val_loss"] = evaluate(rt, corpus, cfg)
         if cfg.output.trace and step == trace_step:
@@ -114,6 +153,10 @@ def train(cfg: JobConfig, resume: bool = False) -> dict:
         if log:
             log.write(rec)
         bar.update(step, rec)
+        decision = adapter.maybe_replan(rt, step) if adapter else None
+        if decision and log:
+            log.write(decision)
+            bar.note(_describe(decision))
         if (t.checkpoint_every and (step + 1) % t.checkpoint_every == 0) or step + 1 == end:
             _save(rt, cfg, step + 1)
     bar.close()
@@ -133,6 +176,13 @@ def train(cfg: JobConfig, resume: bool = False) -> dict:
     return summary
 
 
+def _describe(d: dict) -> str:
+    """One line for the console about a re-planning decision."""
+    verdict = "applied" if d["apply"] else "kept"
+    return (f"re-plan at step {d['step']}: {verdict} {d['new_bounds'] if d['apply'] else d['old_bounds']} "
+            f"(predicted {d['old_iteration_s']:.3f} -> {d['new_iteration_s']:.3f} s/step; {d['reason']})")
+
+
 def _median(xs: list[float]) -> float:
     return float(torch.tensor(xs).median()) if xs else float("nan")
 
@@ -150,7 +200,7 @@ def _save(rt: PipelineRuntime, cfg: JobConfig, step: int) -> None:
         payload = {
             "format": 1, "step": step, "model": all_model, "optim": all_optim,
             "rng": [r for _, _, r in parts], "model_config": vars(cfg.model).copy(),
-            "data": {"seed": cfg.train.seed, "next_step": step},
+            "data": {"seed": cfg.train.seed, "next_step": step}, "bounds": [list(b) for b in rt.bounds],
         }
         save_checkpoint(checkpoint_path(cfg.output.dir, step), payload)
     dist.barrier()

@@ -30,6 +30,11 @@ class Progress:
             info += f"  val {rec['val_loss']:.3f}"
         self.bar.update(self.task, completed=step + 1, info=info)
 
+    def note(self, text: str) -> None:
+        """A line printed above the bar (re-planning decisions, evaluations)."""
+        if self.bar is not None:
+            self.bar.console.print(text)
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.stop()

@@ -1,0 +1,287 @@
+"""All-reduce bus bandwidth: gloo's dist.all_reduce against our ring and both hierarchical forms, on
+loopback (4 and 8 ranks) and on the namespace testbed (4 nodes x 2 ranks, 200 Mbit/s per host), each
+point next to the cost model's prediction calibrated from a quick link measurement in the same run;
+plus model predictions for 16..4096 GPUs. Writes bench/results/allreduce.json and .png.
+
+Usage: .venv/bin/python bench/allreduce.py [--quick] [--settings loopback4,loopback8,testbed4x2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+RESULTS = ROOT / "results"
+ALGOS = ["gloo", "ring", "hierarchical", "hierarchical_rs"]
+SETTINGS = {"loopback4": [2, 2], "loopback8": [2, 2, 2, 2], "testbed4x2": [2, 2, 2, 2]}
+KIB, MIB = 1 << 10, 1 << 20
+FULL_SIZES = [4 * KIB * 4**k for k in range(8)]  # 4 KiB .. 64 MiB
+QUICK_SIZES = [4 * KIB, 64 * KIB, 1 * MIB, 4 * MIB]
+TESTBED_RATE = "200mbit"
+
+
+# ---------------------------------------------------------------- worker (one rank)
+def _calibrate(counts: list[int], shaped: bool):
+    """alpha: half the round trip of a 4-byte ping-pong (intra pair 0<->1, inter pair 0<->L, others idle);
+    beta: a concurrent neighbour exchange of 1 MiB (4 MiB on loopback), like one ring step, intra (rings
+    inside every node at once) and inter (a ring over node leaders)."""
+    import torch
+    import torch.distributed as dist
+
+    from gearshift.cluster.topology import Topology
+    from gearshift.sim.collectives import LinkCosts
+
+    topo = Topology.from_ranks_per_node(counts)
+    rank = dist.get_rank()
+
+    def pingpong(a: int, b: int, n: int, reps: int) -> float:
+        x = torch.zeros(n // 4)
+        dist.barrier()
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            if rank == a:
+                dist.send(x, b)
+                dist.recv(x, b)
+            elif rank == b:
+                dist.recv(x, a)
+                dist.send(x, a)
+            times.append((time.perf_counter() - t0) / 2)
+        t = torch.tensor([statistics.median(times) if rank == a else 0.0])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.item()
+
+    def ring_step(rings: list[list[int]], n: int, reps: int) -> float:
+        x, y = torch.zeros(n // 4), torch.zeros(n // 4)
+        me = next((r for r in rings if rank in r), None)
+        times = []
+        for _ in range(reps):
+            dist.barrier()
+            t0 = time.perf_counter()
+            if me and len(me) > 1:
+                i = me.index(rank)
+                works = [dist.isend(x, me[(i + 1) % len(me)]), dist.irecv(y, me[(i - 1) % len(me)])]
+                for w in works:
+                    w.wait()
+            t = torch.tensor([time.perf_counter() - t0])
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            times.append(t.item())
+        return statistics.median(times)
+
+    big = 1 * MIB if shaped else 4 * MIB
+    L = counts[0]
+    a_i = pingpong(0, 1, 4, 30)
+    a_e = pingpong(0, L, 4, 30)
+    b_i = max(ring_step([topo.ranks_of(k) for k in range(topo.num_nodes)], big, 5) - a_i, 1e-12) / big
+    b_e = max(ring_step([topo.leaders], big, 3) - a_e, 1e-12) / big
+    nic = 1 / b_e if shaped else float("inf")  # on the testbed one flow fills the host link
+    return LinkCosts(a_i, b_i, a_e, b_e, nic)
+
+
+def worker(args: argparse.Namespace) -> None:
+    """Time every algorithm at every size; rank 0 writes the timings and the calibration."""
+    import torch
+    import torch.distributed as dist
+
+    from gearshift.cluster.topology import Topology
+    from gearshift.comm import CommGroups, all_reduce
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    counts = [int(c) for c in args.counts.split(",")]
+    topo = Topology.from_ranks_per_node(counts)
+    groups = CommGroups.build(topo)
+    shaped = args.setting.startswith("testbed")
+    costs = _calibrate(counts, shaped)
+    budget = 0.25 if not shaped else 0.5  # seconds of timed work per point and repetition
+    rows = []
+    for size in [int(s) for s in args.sizes.split(",")]:
+        x = torch.full((size // 4,), 1e-3)
+        est = {}
+        for algo in ALGOS:  # one warm-up each, which also sizes the timed loop
+            dist.barrier()
+            t0 = time.perf_counter()
+            all_reduce(x, algo, groups=groups)
+            est[algo] = time.perf_counter() - t0
+        t = torch.tensor([max(est.values())])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        iters = max(1, min(50, int(budget / max(t.item(), 1e-6))))
+        reps = 3 if t.item() < 0.5 else 1
+        times = {a: [] for a in ALGOS}
+        for _ in range(reps):
+            for algo in ALGOS:  # interleaved, so background load hits every algorithm alike
+                x.fill_(1e-3)
+                dist.barrier()
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    all_reduce(x, algo, groups=groups)
+                dt = torch.tensor([(time.perf_counter() - t0) / iters])
+                dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+                times[algo].append(dt.item())
+        for algo in ALGOS:
+            rows.append({"size_bytes": size, "algorithm": algo, "time_s": statistics.median(times[algo]),
+                         "samples": times[algo], "iters": iters})
+    if dist.get_rank() == 0:
+        Path(args.out).write_text(json.dumps({"rows": rows, "costs": costs.__dict__}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------- driver
+def run_setting(setting: str, sizes: list[int], tb=None) -> dict:
+    """Start the ranks of one setting (inside testbed namespaces when tb is given) and read rank 0's file."""
+    from gearshift.comm.launch import free_port
+
+    counts = SETTINGS[setting]
+    world = sum(counts)
+    out = tempfile.NamedTemporaryFile(prefix=f"gs-bench-{setting}-", suffix=".json", delete=False).name
+    port = free_port() if tb is None else 29611
+    argv = [sys.executable, __file__, "--worker", "--setting", setting, "--counts", ",".join(map(str, counts)),
+            "--sizes", ",".join(map(str, sizes)), "--out", out]
+    procs, rank = [], 0
+    for node, c in enumerate(counts):
+        for _ in range(c):
+            if tb is None:
+                env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo"}
+                cmd = argv
+            else:
+                env, cmd = tb.worker_env(node, port), tb.command(node, argv)
+            env.update(RANK=str(rank), WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
+            procs.append(subprocess.Popen(cmd, env={**os.environ, **env}))
+            rank += 1
+    codes = [p.wait(timeout=900) for p in procs]
+    if any(codes):
+        raise RuntimeError(f"{setting}: workers exited with {codes}")
+    data = json.loads(Path(out).read_text())
+    os.unlink(out)
+    return data
+
+
+def scale_predictions() -> list[dict]:
+    """Model predictions for 16..4096 GPUs, 8 per node, on a typical GPU cluster (documented costs)."""
+    from gearshift.sim.collectives import ALGORITHMS, LinkCosts, busbw, predict
+
+    dc = LinkCosts(intra_alpha=5e-6, intra_beta=1 / 150e9, inter_alpha=10e-6, inter_beta=1 / 12.5e9,
+                   nic_bandwidth=4 * 12.5e9)  # NVLink-class inside; 4 x 100 Gbit/s cards per node
+    rows = []
+    for gpus in [16 * 4**k for k in range(5)] + [32, 128, 512, 2048]:
+        for size in (64 * KIB, 4 * MIB, 64 * MIB, 256 * MIB):
+            for algo in ALGORITHMS:
+                t = predict(algo, size, (gpus // 8, 8), dc)
+                rows.append({"gpus": gpus, "nodes": gpus // 8, "ranks_per_node": 8, "algorithm": algo,
+                             "size_bytes": size, "predicted_time_s": t, "busbw_gbps": busbw(size, t, gpus) * 8 / 1e9,
+                             "costs": "datacenter: intra 5us, 150 GB/s; inter 10us, 12.5 GB/s/flow, 50 GB/s/node"})
+    return sorted(rows, key=lambda r: (r["gpus"], r["size_bytes"], r["algorithm"]))
+
+
+def _plot(rows: list[dict], preds: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    settings = sorted({r["setting"] for r in rows}, key=list(SETTINGS).index)
+    fig, axes = plt.subplots(1, len(settings) + 1, figsize=(5 * (len(settings) + 1), 4.2))
+    colors = dict(zip(ALGOS, ["black", "tab:blue", "tab:red", "tab:green"]))
+    for ax, s in zip(axes, settings):
+        for algo in ALGOS:
+            pts = sorted((r["size_bytes"], r["busbw_gbps"], r["predicted_busbw_gbps"]) for r in rows
+                         if r["setting"] == s and r["algorithm"] == algo)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=colors[algo], label=algo)
+            ax.plot([p[0] for p in pts], [p[2] for p in pts], ":", color=colors[algo], alpha=0.7)
+        ax.set(xscale="log", yscale="log", title=f"{s} (dotted: model)", xlabel="message bytes",
+               ylabel="bus bandwidth (Gbit/s)")
+        ax.legend(fontsize=8)
+    ax = axes[-1]
+    for algo in sorted({p["algorithm"] for p in preds}):
+        pts = sorted((p["gpus"], p["predicted_time_s"]) for p in preds
+                     if p["algorithm"] == algo and p["size_bytes"] == 64 * MIB)
+        ax.plot([p[0] for p in pts], [p[1] * 1e3 for p in pts], "o-", label=algo)
+    ax.set(xscale="log", yscale="log", title="model: 64 MiB, 8 GPUs/node", xlabel="GPUs", ylabel="ms")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer sizes (4 KiB .. 4 MiB)")
+    ap.add_argument("--settings", default=",".join(SETTINGS))
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--setting", help=argparse.SUPPRESS)
+    ap.add_argument("--counts", help=argparse.SUPPRESS)
+    ap.add_argument("--sizes", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(args)
+        return 0
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from gearshift.cluster.testbed import Testbed, TestbedConfig
+    from gearshift.sim.collectives import LinkCosts, busbw, predict
+
+    sizes = QUICK_SIZES if args.quick else FULL_SIZES
+    rows, calib = [], {}
+    t_start = time.time()
+    for setting in args.settings.split(","):
+        if setting.startswith("testbed"):
+            with Testbed(TestbedConfig(4, 2, bandwidth=TESTBED_RATE)) as tb:
+                if not tb.emulated:
+                    print(f"{setting}: skipped (the testbed needs root)")
+                    continue
+                data = run_setting(setting, sizes, tb)
+        else:
+            data = run_setting(setting, sizes)
+        costs = LinkCosts(**data["costs"])
+        calib[setting] = data["costs"]
+        world = sum(SETTINGS[setting])
+        for r in data["rows"]:
+            model_algo = "ring" if r["algorithm"] == "gloo" else r["algorithm"]
+            pred = predict(model_algo, r["size_bytes"], SETTINGS[setting], costs)
+            rows.append({"setting": setting, "algorithm": r["algorithm"], "size_bytes": r["size_bytes"],
+                         "time_s": r["time_s"], "busbw_gbps": busbw(r["size_bytes"], r["time_s"], world) * 8 / 1e9,
+                         "predicted_time_s": pred,
+                         "predicted_busbw_gbps": busbw(r["size_bytes"], pred, world) * 8 / 1e9,
+                         "samples_s": r["samples"], "iters": r["iters"]})
+        print(f"{setting}: done after {time.time() - t_start:.0f}s", flush=True)
+    preds = scale_predictions()
+
+    table = Table(title="all-reduce: time, bus bandwidth, speed-up vs gloo, model")
+    for col in ("setting", "size", "algorithm", "time ms", "busbw Gbit/s", "x gloo", "model ms", "model err"):
+        table.add_column(col, justify="right")
+    gloo = {(r["setting"], r["size_bytes"]): r["time_s"] for r in rows if r["algorithm"] == "gloo"}
+    for r in rows:
+        g = gloo[(r["setting"], r["size_bytes"])]
+        err = r["time_s"] / r["predicted_time_s"] - 1 if r["predicted_time_s"] else 0.0
+        table.add_row(r["setting"], _fmt_size(r["size_bytes"]), r["algorithm"], f"{r['time_s'] * 1e3:.3f}",
+                      f"{r['busbw_gbps']:.3f}", f"{g / r['time_s']:.2f}", f"{r['predicted_time_s'] * 1e3:.3f}",
+                      f"{err:+.0%}")
+    Console().print(table)
+    RESULTS.mkdir(exist_ok=True)
+    out = {"rows": rows, "predictions": preds, "calibration": calib,
+           "notes": "alpha from 4-byte ping-pong, beta from a concurrent 1-4 MiB neighbour exchange, measured "
+                    "in the same run; gloo is predicted with the ring formula; times are medians of interleaved "
+                    "repetitions, max over ranks", "quick": args.quick, "testbed_rate": TESTBED_RATE}
+    (RESULTS / "allreduce.json").write_text(json.dumps(out, indent=1))
+    _plot(rows, preds, RESULTS / "allreduce.png")
+    print(f"wrote {RESULTS / 'allreduce.json'} and allreduce.png in {time.time() - t_start:.0f}s")
+    return 0
+
+
+def _fmt_size(n: int) -> str:
+    return f"{n // MIB} MiB" if n >= MIB else f"{n // KIB} KiB"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,205 @@
+"""Emulated multi-host network: one Linux network namespace per node, veth pairs to a bridge in the root
+namespace, each host link shaped with tc htb in both directions, so workers talk over real (shaped)
+sockets. Needs root; without it the Testbed falls back to the local cluster on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from gearshift.errors import ConfigError
+
+STATE_DIR = Path("/run/gearshift")
+_UNITS = {"": 1, "bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9}
+
+
+def parse_rate(text: str) -> float:
+    """'200mbit' / '1gbit' / '500kbit' / '25mbps' (bytes) / '1000000' -> bits per second."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in _UNITS or float(m.group(1)) <= 0:
+        raise ConfigError(f"bandwidth: expected a rate like 200mbit or 1gbit, got {text!r}")
+    return float(m.group(1)) * _UNITS[unit]
+
+
+def is_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def _sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """Run one ip/tc command; failures raise with the command and its stderr."""
+    p = subprocess.run(list(args), capture_output=True, text=True)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)}: {p.stderr.strip()}")
+    return p
+
+
+@dataclass
+class TestbedConfig:
+    """N emulated hosts with L ranks each; every host link capped at `bandwidth` (or per node)."""
+
+    __test__ = False  # not a pytest class
+
+    nodes: int
+    ranks_per_node: int = 1
+    bandwidth: str = "1gbit"
+    per_node_bandwidth: list[str] | None = None
+    prefix: str = "gs-"
+    subnet: str = "10.213.7"  # the /24 used only inside these namespaces
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.nodes > 250:
+            raise ConfigError(f"testbed.nodes: expected 1..250, got {self.nodes}")
+        if self.ranks_per_node < 1:
+            raise ConfigError(f"testbed.ranks_per_node: expected >= 1, got {self.ranks_per_node}")
+        if self.per_node_bandwidth is not None and len(self.per_node_bandwidth) != self.nodes:
+            raise ConfigError(f"testbed.per_node_bandwidth: expected {self.nodes} rates, "
+                              f"got {len(self.per_node_bandwidth)}")
+        for r in [self.bandwidth, *(self.per_node_bandwidth or [])]:
+            parse_rate(r)
+        if not re.fullmatch(r"[a-z0-9]{1,4}-", self.prefix):
+            raise ConfigError(f"testbed.prefix: expected 1-4 lowercase letters/digits and '-', got {self.prefix!r}")
+
+    def rate_bits(self, node: int) -> float:
+        return parse_rate(self.per_node_bandwidth[node] if self.per_node_bandwidth else self.bandwidth)
+
+
+@dataclass
+class Testbed:
+    """Namespaces {prefix}n{k}, in-namespace interface {prefix}eth at {subnet}.{k+1}, root-side veth
+    {prefix}v{k} on bridge {prefix}br. `emulated` is False when we fell back to 127.0.0.1."""
+
+    __test__ = False
+
+    config: TestbedConfig
+    emulated: bool = False
+    log: list[str] = field(default_factory=list)
+
+    # ---- names ----
+    def namespace(self, node: int) -> str:
+        return f"{self.config.prefix}n{node}"
+
+    @property
+    def ifname(self) -> str:
+        return f"{self.config.prefix}eth" if self.emulated else "lo"
+
+    @property
+    def bridge(self) -> str:
+        return f"{self.config.prefix}br"
+
+    def host_veth(self, node: int) -> str:
+        return f"{self.config.prefix}v{node}"
+
+    def address(self, node: int) -> str:
+        return f"{self.config.subnet}.{node + 1}" if self.emulated else "127.0.0.1"
+
+    # ---- lifecycle ----
+    def up(self) -> Testbed:
+        """Clean leftovers with our prefix, then build namespaces, veths, bridge and shaping."""
+        if not is_root():
+            print("gearshift testbed: needs root (ip netns, tc); falling back to the local cluster on 127.0.0.1")
+            self.emulated = False
+            return self
+        cleanup(self.config.prefix)
+        self.emulated = True
+        c = self.config
+        _sh("ip", "link", "add", self.bridge, "type", "bridge")
+        _sh("ip", "link", "set", self.bridge, "up")
+        for k in range(c.nodes):
+            ns, hv = self.namespace(k), self.host_veth(k)
+            _sh("ip", "netns", "add", ns)
+            _sh("ip", "link", "add", hv, "type", "veth", "peer", "name", self.ifname, "netns", ns)
+            _sh("ip", "link", "set", hv, "master", self.bridge)
+            _sh("ip", "link", "set", hv, "up")
+            _sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{self.address(k)}/24", "dev", self.ifname)
+            _sh("ip", "netns", "exec", ns, "ip", "link", "set", self.ifname, "up")
+            _sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+            rate = f"{int(c.rate_bits(k))}bit"
+            _shape(["ip", "netns", "exec", ns], self.ifname, rate)  # host -> network
+            _shape([], hv, rate)  # network -> host
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        (STATE_DIR / f"testbed-{c.prefix}json").write_text(json.dumps(asdict(c)))
+        return self
+
+    def down(self) -> None:
+        """Remove every namespace, link and state file with our prefix."""
+        if self.emulated:
+            cleanup(self.config.prefix)
+            self.emulated = False
+
+    def __enter__(self) -> Testbed:
+        return self.up()
+
+    def __exit__(self, *exc) -> None:
+        self.down()
+
+    # ---- running workers ----
+    def command(self, node: int, argv: list[str]) -> list[str]:
+        """argv run inside node's namespace (`ip netns exec`); unchanged when not emulated."""
+        return ["ip", "netns", "exec", self.namespace(node), *argv] if self.emulated else list(argv)
+
+    def worker_env(self, node: int, port: int, rank: int | None = None, world: int | None = None) -> dict:
+        """Environment for a gloo worker on `node`: bind to the node's interface, rendezvous at node 0."""
+        env = {"GLOO_SOCKET_IFNAME": self.ifname, "MASTER_ADDR": self.address(0), "MASTER_PORT": str(port),
+               "GEARSHIFT_NODE": str(node), "GEARSHIFT_NODE_ADDR": self.address(node)}
+        if rank is not None:
+            env["RANK"] = str(rank)
+        if world is not None:
+            env["WORLD_SIZE"] = str(world)
+        return env
+
+    def popen(self, node: int, argv: list[str], env: dict | None = None, **kw) -> subprocess.Popen:
+        """Start argv inside node's namespace with os.environ + env."""
+        return subprocess.Popen(self.command(node, argv), env={**os.environ, **(env or {})}, **kw)
+
+
+def _shape(prefix: list[str], dev: str, rate: str) -> None:
+    """htb root qdisc with one default class capped at `rate` on dev's egress."""
+    _sh(*prefix, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10")
+    _sh(*prefix, "tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb",
+        "rate", rate, "ceil", rate)
+
+
+def _our_namespaces(prefix: str) -> list[str]:
+    out = _sh("ip", "netns", "list", check=False).stdout
+    return [ln.split()[0] for ln in out.splitlines() if ln.split() and ln.split()[0].startswith(prefix)]
+
+
+def _our_links(prefix: str) -> list[str]:
+    out = _sh("ip", "-o", "link", "show", check=False).stdout
+    names = [ln.split(":")[1].strip().split("@")[0] for ln in out.splitlines() if ln.count(":") >= 2]
+    return [n for n in names if n.startswith(prefix)]
+
+
+def cleanup(prefix: str = "gs-") -> list[str]:
+    """Delete namespaces and root-namespace links whose names start with prefix; returns what went."""
+    if not is_root():
+        return []
+    gone = []
+    for ns in _our_namespaces(prefix):
+        _sh("ip", "netns", "del", ns, check=False)
+        gone.append(ns)
+    for link in _our_links(prefix):  # veths die with their namespace; the bridge does not
+        _sh("ip", "link", "del", link, check=False)
+        gone.append(link)
+    (STATE_DIR / f"testbed-{prefix}json").unlink(missing_ok=True)
+    return gone
+
+
+def status(prefix: str = "gs-") -> dict:
+    """What exists now: namespaces, root links, each namespace's address and shaped rate, the saved config."""
+    state = STATE_DIR / f"testbed-{prefix}json"
+    info = {"namespaces": {}, "links": _our_links(prefix) if is_root() else [],
+            "config": json.loads(state.read_text()) if state.is_file() else None}
+    for ns in _our_namespaces(prefix) if is_root() else []:
+        ex = ["ip", "netns", "exec", ns]
+        addr = _sh(*ex, "ip", "-o", "-4", "addr", "show", "dev", f"{prefix}eth", check=False).stdout.split()
+        tc = _sh(*ex, "tc", "class", "show", "dev", f"{prefix}eth", check=False).stdout
+        rate = re.search(r"rate (\S+)", tc)
+        info["namespaces"][ns] = {"address": addr[3] if len(addr) > 3 else None,
+                                  "rate": rate.group(1) if rate else None}
+    return info

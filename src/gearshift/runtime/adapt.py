@@ -1,0 +1,94 @@
+"""Adaptation loop on every rank: feed the monitor with measured compute, emulate heterogeneity, and every
+`adapt.every` steps re-plan from the measurements and migrate layers when it pays. Every decision is
+returned as a dict (logged to metrics.jsonl by rank 0) with its inputs, prediction and reason."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+
+from gearshift.cluster.emulate import Emulator
+from gearshift.cluster.state import ClusterState
+from gearshift.planner.replan import decide_replan
+from gearshift.profile.model_profile import ModelProfile
+from gearshift.runtime.executor import StepRecord
+from gearshift.runtime.migrate import migrate
+from gearshift.runtime.monitor import Monitor, merge
+from gearshift.runtime.pipeline import PipelineRuntime
+from gearshift.schedules import Op
+
+
+@dataclass
+class Adapter:
+    """Per-rank adaptation state. `base` is the cluster as specified (bandwidths, memory); speeds are
+    learned. `forced` maps step -> bounds to apply regardless of the measurements (tests, demos)."""
+
+    profile: ModelProfile
+    base: ClusterState
+    every: int
+    alpha: float = 0.5
+    emulator: Emulator | None = None
+    forced: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    migration_bandwidth: float = 1e9  # bytes/s for the cost estimate; refined from measured migrations
+    step: int = 0
+
+    def __post_init__(self) -> None:
+        self.monitor = Monitor(dist.get_world_size(), self.alpha)
+
+    def after_compute(self, stage: int, op: Op, seconds: float) -> None:
+        """Executor hook: the emulated slowdown (sleep) of this rank at the current step."""
+        if self.emulator is not None:
+            self.emulator.after_compute(seconds, self.step)
+
+    def observe(self, rt: PipelineRuntime, rec: StepRecord, mb_size: int) -> None:
+        """Feed this rank's measured compute against the profiled work of its stages."""
+        scale = mb_size / self.profile.microbatch_size
+        m = rt.schedule.num_microbatches
+        profiled = sum(scale * m * sum(lp.work_s for lp in self.profile.layers[a:b])
+                       for s, (a, b) in enumerate(rt.bounds) if s in rt.stages)
+        measured = rec.busy_s
+        if measured > 0 and profiled > 0:
+            self.monitor.record_compute(dist.get_rank(), profiled, measured)
+
+    def pipeline_state(self, rt: PipelineRuntime, step: int) -> ClusterState:
+        """The cluster as the planner sees it: one device per pipeline position, each as slow as its slowest
+        replica, with speeds merged from every rank's monitor."""
+        dicts: list = [None] * dist.get_world_size()
+        dist.all_gather_object(dicts, self.monitor.to_dict())
+        merged = merge(dicts)
+        world = merged.state(step, self.base.resized(dist.get_world_size()))
+        R = rt.R
+        speeds = [min(world.speeds[d * R + p] for d in range(rt.replicas)) for p in range(R)]
+        return ClusterState(speeds, [row[:R] for row in world.bandwidth[:R]], [row[:R] for row in world.latency[:R]],
+                            world.memory[:R], step=step, source="monitor")
+
+    def maybe_replan(self, rt: PipelineRuntime, step: int) -> dict | None:
+        """After `step` completed: re-plan if due (or forced) and migrate if it pays. Collective."""
+        due = self.every and (step + 1) % self.every == 0
+        forced = self.forced.get(step + 1)
+        if not due and forced is None:
+            return None
+        state = self.pipeline_state(rt, step + 1)
+        m = rt.schedule.num_microbatches
+        decision = decide_replan(self.profile, state, rt.bounds, max(self.every, 1), m,
+                                 self.migration_bandwidth, step + 1)
+        out = decision.to_dict()
+        if forced is not None:
+            out.update(new_bounds=[list(b) for b in forced], apply=True, reason="forced by adapt.force")
+        # Rank 0's decision is the decision: everyone applies the same bounds.
+        box = [out]
+        dist.broadcast_object_list(box, src=0)
+        out = box[0]
+        if out["apply"] and [list(b) for b in rt.bounds] != out["new_bounds"]:
+            rep = migrate(rt, [tuple(b) for b in out["new_bounds"]])
+            t = [rep.seconds, float(rep.bytes_moved)]
+            times: list = [None] * dist.get_world_size()
+            dist.all_gather_object(times, t)
+            secs = max(x[0] for x in times)
+            moved = sum(x[1] for x in times)
+            out["migration"] = {"layers": rep.moved_layers, "bytes": moved, "seconds": secs}
+            if moved > 0 and secs > 0:
+                self.migration_bandwidth = moved / secs
+        out["event"] = "replan"
+        return out

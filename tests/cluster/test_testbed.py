@@ -1,0 +1,71 @@
+"""Testbed: up builds shaped namespaces, a TCP transfer between two of them runs near the cap, down
+leaves nothing; rate parsing and the non-root fallback need no privileges."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gearshift.cluster import testbed as tbm
+from gearshift.cluster.testbed import Testbed, TestbedConfig, cleanup, parse_rate, status
+from gearshift.errors import ConfigError
+
+PREFIX, SUBNET = "gt-", "10.213.8"  # distinct from the bench's gs- testbed
+
+SERVER = """
+import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], 5599)); s.listen(1); print("ready", flush=True)
+c, _ = s.accept(); n = 0; t0 = None
+while True:
+    b = c.recv(1 << 20)
+    if not b: break
+    t0 = t0 or time.perf_counter(); n += len(b)
+print(n, time.perf_counter() - t0)
+"""
+CLIENT = "import socket, sys; s = socket.create_connection((sys.argv[1], 5599)); s.sendall(b'x' * (4 << 20))"
+
+
+def test_parse_rate() -> None:
+    assert parse_rate("200mbit") == 200e6 and parse_rate("1gbit") == 1e9 and parse_rate("25mbps") == 200e6
+    for bad in ("fast", "-1mbit", "10 parsecs"):
+        with pytest.raises(ConfigError):
+            parse_rate(bad)
+    with pytest.raises(ConfigError):
+        TestbedConfig(2, per_node_bandwidth=["1gbit"])
+
+
+def test_fallback_without_root(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(tbm, "is_root", lambda: False)
+    with Testbed(TestbedConfig(3, prefix=PREFIX, subnet=SUBNET)) as tb:
+        assert not tb.emulated and tb.address(2) == "127.0.0.1" and tb.command(1, ["true"]) == ["true"]
+        assert tb.worker_env(1, 1234)["GLOO_SOCKET_IFNAME"] == "lo"
+    assert len(capsys.readouterr().out.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(not tbm.is_root(), reason="the testbed needs root")
+def test_up_shapes_and_down_cleans() -> None:
+    cfg = TestbedConfig(2, 2, bandwidth="80mbit", prefix=PREFIX, subnet=SUBNET)
+    with Testbed(cfg) as tb:
+        st = status(PREFIX)
+        assert set(st["namespaces"]) == {"gt-n0", "gt-n1"}
+        assert st["namespaces"]["gt-n1"]["address"] == f"{SUBNET}.2/24"
+        env = tb.worker_env(1, 29500)
+        assert env["GLOO_SOCKET_IFNAME"] == "gt-eth" and env["MASTER_ADDR"] == f"{SUBNET}.1"
+        srv = tb.popen(1, [sys.executable, "-c", SERVER, tb.address(1)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert srv.stdout.readline().strip() == "ready"
+            subprocess.run(tb.command(0, [sys.executable, "-c", CLIENT, tb.address(1)]), check=True, timeout=30)
+            nbytes, secs = srv.communicate(timeout=30)[0].split()
+        finally:
+            srv.kill()
+        rate = int(nbytes) * 8 / float(secs)
+        assert int(nbytes) == 4 << 20
+        assert 0.6 * 80e6 < rate < 1.1 * 80e6, f"measured {rate / 1e6:.1f} Mbit/s against an 80 Mbit/s cap"
+    time.sleep(0.2)
+    st = status(PREFIX)
+    assert not st["namespaces"] and not st["links"] and st["config"] is None
+    assert cleanup(PREFIX) == []

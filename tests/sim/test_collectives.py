@@ -1,0 +1,63 @@
+"""Collective cost model: formulas at known points, sensible orderings, determinism, and speed at scale."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from gearshift.sim.collectives import ALGORITHMS, LinkCosts, busbw, choose, predict
+
+FLAT = LinkCosts(intra_alpha=1e-5, intra_beta=1e-9, inter_alpha=1e-5, inter_beta=1e-9)
+
+
+def test_ring_formula() -> None:
+    # 2 (n - 1) (a + S / n b) with n = 8
+    assert predict("ring", 8e6, (4, 2), FLAT) == pytest.approx(14 * (1e-5 + 1e6 * 1e-9))
+    assert predict("ring", 0, (4, 2), FLAT) == 0.0
+    assert predict("ring", 1e6, (1, 1), FLAT) == 0.0
+
+
+def test_hierarchical_beats_ring_when_inter_links_are_slow() -> None:
+    slow = LinkCosts(intra_alpha=5e-6, intra_beta=1e-10, inter_alpha=1e-4, inter_beta=4e-8, nic_bandwidth=25e6)
+    for size in (4 << 10, 64 << 10, 4 << 20, 64 << 20):
+        assert predict("hierarchical", size, (4, 2), slow) < predict("ring", size, (4, 2), slow)
+    # large messages: bandwidth terms 1.5 S vs 1.75 S per node
+    big = 64 << 20
+    ratio = predict("ring", big, (4, 2), slow) / predict("hierarchical", big, (4, 2), slow)
+    assert 1.1 < ratio < 1.2
+
+
+def test_rs_form_shares_the_card() -> None:
+    c = LinkCosts(inter_beta=1e-9, nic_bandwidth=1e9)  # one flow fills the card
+    t1 = predict("hierarchical_rs", 1 << 26, (4, 1), c)
+    t4 = predict("hierarchical_rs", 1 << 26, (4, 4), c)
+    assert t4 >= t1  # four flows of S/4 need the same card time as one of S
+
+
+def test_uneven_rs_is_priced_as_leader_and_never_chosen() -> None:
+    assert predict("hierarchical_rs", 1e6, [2, 3], FLAT) == predict("hierarchical", 1e6, [2, 3], FLAT)
+    for size in (1, 1 << 10, 1 << 20, 1 << 26):
+        assert choose(size, [2, 3, 2], FLAT) != "hierarchical_rs"
+
+
+def test_choose_is_deterministic_and_known() -> None:
+    for size in (4, 4 << 10, 4 << 20):
+        a = choose(size, (16, 8))
+        assert a == choose(size, (16, 8)) and a in ALGORITHMS
+    with pytest.raises(ValueError):
+        predict("carrier-pigeon", 1, (1, 1))
+
+
+def test_scales_to_thousands_instantly() -> None:
+    t0 = time.perf_counter()
+    for gpus in (16, 64, 256, 1024, 4096):
+        for algo in ALGORITHMS:
+            for k in range(12, 28, 2):
+                assert predict(algo, 1 << k, (gpus // 8, 8)) > 0
+    assert time.perf_counter() - t0 < 0.5
+
+
+def test_busbw() -> None:
+    assert busbw(1e6, 1.0, 8) == pytest.approx(1.75e6)
+    assert busbw(1e6, 0.0, 8) == 0.0
