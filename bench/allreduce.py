@@ -215,6 +215,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer sizes (4 KiB .. 4 MiB)")
     ap.add_argument("--settings", default=",".join(SETTINGS))
+    ap.add_argument("--sizes-list", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--setting", help=argparse.SUPPRESS)
     ap.add_argument("--counts", help=argparse.SUPPRESS)
@@ -232,6 +233,8 @@ def main() -> int:
     from gearshift.sim.collectives import LinkCosts, busbw, predict
 
     sizes = QUICK_SIZES if args.quick else FULL_SIZES
+    if args.sizes_list:
+        sizes = [int(x) for x in args.sizes_list.split(",")]
     rows, calib = [], {}
     t_start = time.time()
     for setting in args.settings.split(","):

@@ -118,9 +118,10 @@ class Testbed:
             _sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{self.address(k)}/24", "dev", self.ifname)
             _sh("ip", "netns", "exec", ns, "ip", "link", "set", self.ifname, "up")
             _sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
-            rate = f"{int(c.rate_bits(k))}bit"
-            _shape(["ip", "netns", "exec", ns], self.ifname, rate)  # host -> network
-            _shape([], hv, rate)  # network -> host
+            # collectives send in bursts: do not fall back to slow start between steps
+            _sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.tcp_slow_start_after_idle=0")
+            _shape(["ip", "netns", "exec", ns], self.ifname, c.rate_bits(k))  # host -> network
+            _shape([], hv, c.rate_bits(k))  # network -> host
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         (STATE_DIR / f"testbed-{c.prefix}json").write_text(json.dumps(asdict(c)))
         return self
@@ -157,11 +158,16 @@ class Testbed:
         return subprocess.Popen(self.command(node, argv), env={**os.environ, **(env or {})}, **kw)
 
 
-def _shape(prefix: list[str], dev: str, rate: str) -> None:
-    """htb root qdisc with one default class capped at `rate` on dev's egress."""
-    _sh(*prefix, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10")
+def _shape(prefix: list[str], dev: str, bits: float) -> None:
+    """htb root qdisc with one default class capped at `bits`/s on dev's egress, over a byte fifo holding
+    ~20 ms at that rate: the default 1000-packet queue (64 KiB GSO packets) adds seconds of delay, which
+    stalls the ACKs of the other direction and TCP's window growth."""
+    rate = f"{int(bits)}bit"
+    limit = max(64 << 10, int(bits / 8 * 0.02))
+    _sh(*prefix, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10", "r2q", "100")
     _sh(*prefix, "tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb",
         "rate", rate, "ceil", rate)
+    _sh(*prefix, "tc", "qdisc", "add", "dev", dev, "parent", "1:10", "handle", "10:", "bfifo", "limit", str(limit))
 
 
 def _our_namespaces(prefix: str) -> list[str]:
