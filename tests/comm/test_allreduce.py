@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import gearshift.comm.allreduce as ar
 from gearshift.cluster.topology import Topology
 from gearshift.comm import CommGroups, GradientSync, all_reduce
 from gearshift.comm.allreduce import chunk_bounds
@@ -82,6 +83,7 @@ def _train(rank: int, algo: str, groups: CommGroups | None) -> list[float]:
 
 
 def _worker(rank: int, world: int, layouts: list, train: bool) -> list[str]:
+    ar.PIPELINE_BYTES = 4096  # exercise the segmented leader path with small tensors
     bad = []
     for lay in layouts:
         topo = lay if isinstance(lay, Topology) else Topology.from_ranks_per_node(lay)

@@ -159,15 +159,20 @@ class Testbed:
 
 
 def _shape(prefix: list[str], dev: str, bits: float) -> None:
-    """htb root qdisc with one default class capped at `bits`/s on dev's egress, over a byte fifo holding
-    ~20 ms at that rate: the default 1000-packet queue (64 KiB GSO packets) adds seconds of delay, which
-    stalls the ACKs of the other direction and TCP's window growth."""
-    rate = f"{int(bits)}bit"
+    """htb on dev's egress capped at `bits`/s: small packets (pure ACKs, < 128 B) in a priority class,
+    bulk data in a class over a byte fifo holding ~20 ms. Without this, ACKs of the opposite direction
+    wait behind seconds of queued 64 KiB GSO packets and a two-way exchange runs at half the cap."""
+    rate, tc = f"{int(bits)}bit", [*prefix, "tc"]
     limit = max(64 << 10, int(bits / 8 * 0.02))
-    _sh(*prefix, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10", "r2q", "100")
-    _sh(*prefix, "tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb",
-        "rate", rate, "ceil", rate)
-    _sh(*prefix, "tc", "qdisc", "add", "dev", dev, "parent", "1:10", "handle", "10:", "bfifo", "limit", str(limit))
+    _sh(*tc, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "20", "r2q", "100")
+    _sh(*tc, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", rate, "ceil", rate)
+    _sh(*tc, "class", "add", "dev", dev, "parent", "1:1", "classid", "1:10", "htb", "rate", f"{int(bits / 10)}bit",
+        "ceil", rate, "prio", "0")
+    _sh(*tc, "class", "add", "dev", dev, "parent", "1:1", "classid", "1:20", "htb", "rate",
+        f"{int(bits * 0.9)}bit", "ceil", rate, "prio", "1")
+    _sh(*tc, "qdisc", "add", "dev", dev, "parent", "1:20", "handle", "20:", "bfifo", "limit", str(limit))
+    _sh(*tc, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+        "match", "u16", "0x0000", "0xff80", "at", "2", "flowid", "1:10")
 
 
 def _our_namespaces(prefix: str) -> list[str]:
@@ -205,7 +210,7 @@ def status(prefix: str = "gs-") -> dict:
         ex = ["ip", "netns", "exec", ns]
         addr = _sh(*ex, "ip", "-o", "-4", "addr", "show", "dev", f"{prefix}eth", check=False).stdout.split()
         tc = _sh(*ex, "tc", "class", "show", "dev", f"{prefix}eth", check=False).stdout
-        rate = re.search(r"rate (\S+)", tc)
+        rate = re.search(r"class htb 1:1 root rate (\S+)", tc)
         info["namespaces"][ns] = {"address": addr[3] if len(addr) > 3 else None,
                                   "rate": rate.group(1) if rate else None}
     return info

@@ -27,18 +27,23 @@ def chunk_bounds(numel: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def _exchange(send: torch.Tensor, dst: int, recv: torch.Tensor, src: int) -> None:
-    """Send `send` to dst while receiving `recv` from src; empty sides are skipped (both ends agree)."""
+def _exchange(send: torch.Tensor, dst: int, recv: torch.Tensor, src: int, down=None) -> None:
+    """Send `send` to dst while receiving `recv` from src; empty sides are skipped (both ends agree).
+
+    Messages to a higher rank use the default group, to a lower rank `down` (a second world group), so
+    each TCP connection carries one direction: gloo serialises a two-way exchange on one socket (half
+    speed on a shaped link)."""
+    me = dist.get_rank()
     works = []
     if send.numel():
-        works.append(dist.isend(send, dst))
+        works.append(dist.isend(send, dst, group=down if dst < me else None))
     if recv.numel():
-        works.append(dist.irecv(recv, src))
+        works.append(dist.irecv(recv, src, group=down if me < src else None))
     for w in works:
         w.wait()
 
 
-def ring_reduce_scatter(flat: torch.Tensor, ranks: list[int], me: int) -> tuple[int, int]:
+def ring_reduce_scatter(flat: torch.Tensor, ranks: list[int], me: int, down=None) -> tuple[int, int]:
     """Ring reduce-scatter over `ranks` (in ring order); returns the range this rank then owns, summed.
 
     Position i owns chunk i at the end: at step s it sends chunk (i - s - 1) and adds chunk (i - s - 2).
@@ -54,12 +59,12 @@ def ring_reduce_scatter(flat: torch.Tensor, ranks: list[int], me: int) -> tuple[
         ss, se = bounds[(i - s - 1) % p]
         rs, re_ = bounds[(i - s - 2) % p]
         buf = scratch[: re_ - rs]
-        _exchange(flat[ss:se], nxt, buf, prv)
+        _exchange(flat[ss:se], nxt, buf, prv, down)
         flat[rs:re_].add_(buf)
     return bounds[i]
 
 
-def ring_all_gather(flat: torch.Tensor, ranks: list[int], me: int) -> None:
+def ring_all_gather(flat: torch.Tensor, ranks: list[int], me: int, down=None) -> None:
     """Ring all-gather after ring_reduce_scatter: position i starts owning chunk i; ends with all chunks."""
     p = len(ranks)
     if p == 1:
@@ -70,34 +75,55 @@ def ring_all_gather(flat: torch.Tensor, ranks: list[int], me: int) -> None:
     for s in range(p - 1):
         ss, se = bounds[(i - s) % p]
         rs, re_ = bounds[(i - s - 1) % p]
-        _exchange(flat[ss:se], nxt, flat[rs:re_], prv)
+        _exchange(flat[ss:se], nxt, flat[rs:re_], prv, down)
 
 
-def ring_all_reduce(flat: torch.Tensor, ranks: list[int], me: int) -> None:
-    """Ring all-reduce over `ranks`: reduce-scatter then all-gather, 2 (p - 1) steps of numel / p."""
-    ring_reduce_scatter(flat, ranks, me)
-    ring_all_gather(flat, ranks, me)
+def ring_all_reduce(flat: torch.Tensor, ranks: list[int], me: int, down=None) -> None:
+    """Ring all-reduce over `ranks`: reduce-scatter then all-gather, 2 (p - 1) steps of numel / p.
+    Two ranks swap whole buffers instead: the same bytes in one step (a + b == b + a, so both agree)."""
+    if len(ranks) == 2:
+        other = ranks[1 - ranks.index(me)]
+        buf = torch.empty_like(flat)
+        _exchange(flat, other, buf, other, down)
+        flat.add_(buf)
+        return
+    ring_reduce_scatter(flat, ranks, me, down)
+    ring_all_gather(flat, ranks, me, down)
 
 
-def matrix_all_reduce(flat: torch.Tensor, grid: list[list[int]], me: int) -> None:
+def matrix_all_reduce(flat: torch.Tensor, grid: list[list[int]], me: int, down=None) -> None:
     """2D all-reduce on an R x C grid of ranks: ring reduce-scatter along my row, ring all-reduce of my
     row chunk down my column, ring all-gather along my row."""
     row = next(r for r in grid if me in r)
     col = [r[row.index(me)] for r in grid]
-    start, end = ring_reduce_scatter(flat, row, me)
-    ring_all_reduce(flat[start:end], col, me)
-    ring_all_gather(flat, row, me)
+    start, end = ring_reduce_scatter(flat, row, me, down)
+    ring_all_reduce(flat[start:end], col, me, down)
+    ring_all_gather(flat, row, me, down)
+
+
+PIPELINE_BYTES = 1 << 20  # leader design: segment size above which intra-node work overlaps inter-node
 
 
 def leader_all_reduce(flat: torch.Tensor, groups: CommGroups) -> None:
-    """Reduce to the node leader, leaders' matrix all-reduce, broadcast from the leader inside the node."""
+    """Reduce to the node leader, leaders' matrix all-reduce, broadcast from the leader inside the node.
+
+    Large messages go in segments: the node group's reduce of segment k + 1 and broadcast of segment
+    k - 1 run in gloo's background threads while the leader moves segment k between nodes."""
     multi = len(groups.node_ranks) > 1
-    if multi:
-        dist.reduce(flat, dst=groups.leader, group=groups.node_group)
-    if groups.is_leader:
-        matrix_all_reduce(flat, groups.leader_grid, groups.rank)
-    if multi:
-        dist.broadcast(flat, src=groups.leader, group=groups.node_group)
+    nseg = min(8, max(1, flat.numel() * flat.element_size() // PIPELINE_BYTES)) if multi else 1
+    segs = chunk_bounds(flat.numel(), nseg)
+    reduces = [dist.reduce(flat[s:e], dst=groups.leader, group=groups.node_group, async_op=True)
+               for s, e in segs] if multi else []
+    casts = []
+    for k, (s, e) in enumerate(segs):
+        if multi:
+            reduces[k].wait()
+        if groups.is_leader:
+            matrix_all_reduce(flat[s:e], groups.leader_grid, groups.rank, groups.down)
+        if multi:
+            casts.append(dist.broadcast(flat[s:e], src=groups.leader, group=groups.node_group, async_op=True))
+    for w in casts:
+        w.wait()
 
 
 def rs_all_reduce(flat: torch.Tensor, groups: CommGroups) -> None:
@@ -107,9 +133,9 @@ def rs_all_reduce(flat: torch.Tensor, groups: CommGroups) -> None:
     if groups.peer_grid is None:
         leader_all_reduce(flat, groups)
         return
-    start, end = ring_reduce_scatter(flat, groups.node_ranks, groups.rank)
-    matrix_all_reduce(flat[start:end], groups.peer_grid, groups.rank)
-    ring_all_gather(flat, groups.node_ranks, groups.rank)
+    start, end = ring_reduce_scatter(flat, groups.node_ranks, groups.rank, groups.down)
+    matrix_all_reduce(flat[start:end], groups.peer_grid, groups.rank, groups.down)
+    ring_all_gather(flat, groups.node_ranks, groups.rank, groups.down)
 
 
 def resolve(algorithm: str, size_bytes: int, topology: Topology, costs: LinkCosts | None = None) -> str:
@@ -141,7 +167,7 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "auto", topology: Topology
         return tensor
     flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1).clone()
     if algo == "ring":
-        ring_all_reduce(flat, list(range(world)), dist.get_rank())
+        ring_all_reduce(flat, list(range(world)), dist.get_rank(), groups.down if groups else None)
     else:
         if groups is None:
             raise ValueError(f"all_reduce({algo!r}) needs groups=CommGroups.build(topology), built once on all ranks")

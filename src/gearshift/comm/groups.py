@@ -22,6 +22,7 @@ class CommGroups:
     leader_group: object | None
     leader_grid: list[list[int]]
     peer_grid: list[list[int]] | None  # None when nodes are uneven (hierarchical_rs falls back)
+    down: object | None = None  # a second world group: p2p towards lower ranks (one direction per socket)
     all_node_groups: list[object] = field(default_factory=list, repr=False)
 
     @property
@@ -40,10 +41,11 @@ class CommGroups:
             raise ValueError(f"topology has {topology.world_size} ranks but the job has {dist.get_world_size()}")
         node_groups = [dist.new_group(topology.ranks_of(k)) for k in range(topology.num_nodes)]
         leader_group = dist.new_group(topology.leaders)
+        down = dist.new_group(list(range(topology.world_size)))
         me = topology.node[rank]
         return cls(topology, rank, topology.ranks_of(me), node_groups[me],
                    leader_group if rank in topology.leaders else None,
-                   leader_grid(topology), peer_grid(topology, topology.local_rank[rank]), node_groups)
+                   leader_grid(topology), peer_grid(topology, topology.local_rank[rank]), down, node_groups)
 
 
 def leader_grid(topology: Topology) -> list[list[int]]:

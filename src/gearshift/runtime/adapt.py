@@ -4,6 +4,7 @@ returned as a dict (logged to metrics.jsonl by rank 0) with its inputs, predicti
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 
 import torch.distributed as dist
@@ -14,7 +15,7 @@ from gearshift.planner.replan import decide_replan
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.runtime.executor import StepRecord
 from gearshift.runtime.migrate import migrate
-from gearshift.runtime.monitor import Monitor, merge
+from gearshift.runtime.monitor import Ewma, Monitor, merge
 from gearshift.runtime.pipeline import PipelineRuntime
 from gearshift.schedules import Op
 
@@ -32,9 +33,13 @@ class Adapter:
     forced: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     migration_bandwidth: float = 1e9  # bytes/s for the cost estimate; refined from measured migrations
     step: int = 0
+    min_gain: float = 0.05  # apply only if the predicted step time drops by this fraction (not noise)
+    skip: int = 1  # steps not measured after the start and after a migration (allocations, warm-up)
 
     def __post_init__(self) -> None:
         self.monitor = Monitor(dist.get_world_size(), self.alpha)
+        self.window: list[float] = []  # this rank's speed samples since the last re-plan
+        self._skip = self.skip
 
     def after_compute(self, stage: int, op: Op, seconds: float) -> None:
         """Executor hook: the emulated slowdown (sleep) of this rank at the current step."""
@@ -48,8 +53,20 @@ class Adapter:
         profiled = sum(scale * m * sum(lp.work_s for lp in self.profile.layers[a:b])
                        for s, (a, b) in enumerate(rt.bounds) if s in rt.stages)
         measured = rec.busy_s
-        if measured > 0 and profiled > 0:
-            self.monitor.record_compute(dist.get_rank(), profiled, measured)
+        if measured <= 0 or profiled <= 0:
+            return
+        if self._skip > 0:
+            self._skip -= 1
+            return
+        self.monitor.record_compute(dist.get_rank(), profiled, measured)
+        self.window.append(profiled / measured)
+
+    def settle_speed(self) -> None:
+        """Replace this rank's smoothed speed by the median of the period's samples (robust to the bursts of
+        a shared machine), and start a new period."""
+        if self.window:
+            self.monitor.speeds[dist.get_rank()] = Ewma(statistics.median(self.window), len(self.window))
+        self.window = []
 
     def pipeline_state(self, rt: PipelineRuntime, step: int) -> ClusterState:
         """The cluster as the planner sees it: one device per pipeline position, each as slow as its slowest
@@ -69,11 +86,17 @@ class Adapter:
         forced = self.forced.get(step + 1)
         if not due and forced is None:
             return None
+        self.settle_speed()
         state = self.pipeline_state(rt, step + 1)
         m = rt.schedule.num_microbatches
         decision = decide_replan(self.profile, state, rt.bounds, max(self.every, 1), m,
                                  self.migration_bandwidth, step + 1)
         out = decision.to_dict()
+        rel = (decision.old_iteration_s - decision.new_iteration_s) / decision.old_iteration_s \
+            if decision.old_iteration_s > 0 else 0.0
+        out["predicted_gain_fraction"] = rel
+        if out["apply"] and rel < self.min_gain and "fit" not in out["reason"]:
+            out.update(apply=False, reason=f"predicted gain {rel:.1%} < {self.min_gain:.0%} (within noise)")
         if forced is not None:
             out.update(new_bounds=[list(b) for b in forced], apply=True, reason="forced by adapt.force")
         # Rank 0's decision is the decision: everyone applies the same bounds.
@@ -90,5 +113,6 @@ class Adapter:
             out["migration"] = {"layers": rep.moved_layers, "bytes": moved, "seconds": secs}
             if moved > 0 and secs > 0:
                 self.migration_bandwidth = moved / secs
+            self._skip = self.skip
         out["event"] = "replan"
         return out

@@ -64,6 +64,27 @@ class PipelineExecutor:
         self.group = group
         self.actions = schedule.actions[rank]
         self.last = schedule.num_stages - 1
+        self._plans = {fwd: self._plan(fwd) for fwd in (False, True)}
+        self._bufs: dict[tuple[Op, int, int], Tensor] = {}  # receive buffers, reused from step to step
+
+    def _plan(self, forward_only: bool) -> tuple[list, list[int]]:
+        """The actions to run and, for each index, the index of the next compute action at or after it."""
+        actions = [a for a in self.actions if not forward_only or a.op in (Op.FORWARD, Op.SEND_ACT, Op.RECV_ACT)]
+        next_compute = [0] * (len(actions) + 1)
+        nxt = len(actions)
+        for i in range(len(actions) - 1, -1, -1):
+            if actions[i].op in COMPUTE:
+                nxt = i
+            next_compute[i] = nxt
+        return actions, next_compute
+
+    def _buffer(self, key: tuple[Op, int, int], stage: int) -> Tensor:
+        """The receive buffer for `key`: last step's when the shape still fits (its contents are dead by now)."""
+        shape, dtype = self.act_meta(stage)
+        buf = self._bufs.get(key)
+        if buf is None or tuple(buf.shape) != tuple(shape) or buf.dtype != dtype:
+            buf = self._bufs[key] = torch.empty(shape, dtype=dtype)
+        return buf
 
     def run(
         self,
@@ -83,13 +104,7 @@ class PipelineExecutor:
         saved: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}  # (stage, mb) -> (input, output or loss)
         pending_recv: dict[tuple[Op, int, int], tuple[object, Tensor, float]] = {}
         sends: list[tuple[object, Tensor]] = []
-        actions = [a for a in self.actions if not forward_only or a.op in (Op.FORWARD, Op.SEND_ACT, Op.RECV_ACT)]
-        next_compute = [0] * (len(actions) + 1)  # index of the next compute action at or after i
-        nxt = len(actions)
-        for i in range(len(actions) - 1, -1, -1):
-            if actions[i].op in COMPUTE:
-                nxt = i
-            next_compute[i] = nxt
+        actions, next_compute = self._plans[forward_only]
         posted = 0  # receives are posted ahead up to the compute after the next one
 
         def post_until(limit: int) -> None:
@@ -97,8 +112,7 @@ class PipelineExecutor:
             while posted < min(limit, len(actions)):
                 a = actions[posted]
                 if a.op in (Op.RECV_ACT, Op.RECV_GRAD) and (a.op, a.stage, a.mb) not in pending_recv:
-                    shape, dtype = self.act_meta(a.stage + 1 if a.op == Op.RECV_GRAD else a.stage)
-                    buf = torch.empty(shape, dtype=dtype)
+                    buf = self._buffer((a.op, a.stage, a.mb), a.stage + 1 if a.op == Op.RECV_GRAD else a.stage)
                     src_stage = a.stage - 1 if a.op == Op.RECV_ACT else a.stage + 1
                     tag = _tag(int(a.op == Op.RECV_GRAD), src_stage, a.mb, S, M)
                     work = dist.irecv(buf, a.peer + self.offset, group=self.group, tag=tag)
@@ -125,7 +139,7 @@ class PipelineExecutor:
                 else:
                     x = acts_in.pop(key)
                     if not forward_only:
-                        x.requires_grad_(True)
+                        x = x.detach().requires_grad_(True)  # a fresh leaf (received ones alias a pooled buffer)
                 mod = self.stages[a.stage]
                 if forward_only:
                     with torch.no_grad():

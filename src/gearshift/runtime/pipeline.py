@@ -106,6 +106,7 @@ class PipelineRuntime:
             rank_offset=self.replica * self.R,
         )
         params = [p for _, p in self.named_parameters()]
+        self._params = params
         self._grad_sync = None
         if self.replicas > 1:
             if self.grad_sync_factory is not None:
@@ -148,10 +149,10 @@ class PipelineRuntime:
 
     def _clip(self) -> float:
         """Clip by the global gradient norm of the whole model (all stages), as clip_grad_norm_ would."""
-        grads = [p.grad for _, p in self.named_parameters() if p.grad is not None]
+        grads = [p.grad for p in self._params if p.grad is not None]
         sq = torch.zeros(1, dtype=torch.float64)
-        if grads:
-            sq += torch.stack([g.detach().double().pow(2).sum() for g in grads]).sum()
+        if grads:  # one norm kernel per tensor (no float64 copies); squares summed in float64
+            sq += torch.stack([torch.linalg.vector_norm(g.detach()) for g in grads]).double().pow(2).sum()
         dist.all_reduce(sq)
         total = math.sqrt(float(sq) / self.replicas)  # every replica holds the same synced gradients
         if self.optim_cfg.grad_clip > 0:
@@ -182,7 +183,8 @@ class PipelineRuntime:
         for name, p in self.named_parameters():
             st = self.optimizer.state.get(p)
             if st:
-                optim[name] = {k: (v.detach().clone() if torch.is_tensor(v) else torch.tensor(v)) for k, v in st.items()}
+                optim[name] = {k: v.detach().clone() if torch.is_tensor(v) else torch.tensor(v)
+                               for k, v in st.items()}
         return model, optim
 
     def load_state(self, model: dict[str, Tensor], optim: dict[str, dict[str, Tensor]]) -> None:

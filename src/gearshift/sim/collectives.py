@@ -35,7 +35,10 @@ class LinkCosts:
 
 
 def _ring_ar(m: float, p: int, a: float, b: float) -> float:
-    """Ring all-reduce of m bytes over p ranks: 2 (p - 1) (a + m / p * b)."""
+    """Ring all-reduce of m bytes over p ranks: 2 (p - 1) (a + m / p * b); two ranks swap whole
+    buffers in one step: a + m * b."""
+    if p == 2:
+        return a + m * b
     return 2 * (p - 1) * (a + m / p * b) if p > 1 else 0.0
 
 

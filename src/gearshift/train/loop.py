@@ -148,7 +148,7 @@ def train(cfg: JobConfig, resume: bool = False) -> dict:
         if t.eval_every and ((step + 1) % t.eval_every == 0 or step + 1 == t.steps):
             rec["val_loss"] = evaluate(rt, corpus, cfg)
         if cfg.output.trace and step == trace_step:
-            _write_trace(rt, res.record, cfg, step)
+            _write_trace(rt, res.record, cfg, step, adapter)
         history.append(rec)
         if log:
             log.write(rec)
@@ -215,15 +215,23 @@ def _resume(rt: PipelineRuntime, cfg: JobConfig) -> int:
     return int(ck["step"])
 
 
-def _write_trace(rt: PipelineRuntime, record, cfg: JobConfig, step: int) -> None:
-    """Gather every rank's timeline of `step` and write a Perfetto trace (rank 0)."""
-    from gearshift.report.trace import chrome_trace, write_trace
+def _write_trace(rt: PipelineRuntime, record, cfg: JobConfig, step: int, adapter: Adapter | None) -> None:
+    """Gather every rank's timeline of `step` and write a Perfetto trace (rank 0): the measured timeline
+    and, beside it, the simulator's prediction of the same action lists from the profile."""
+    from gearshift.planner.predict import predict
+    from gearshift.report.trace import chrome_trace, merge_traces, sim_trace, write_trace
 
     events = _gather(record.events)
     if dist.get_rank() == 0:
         timelines = {
             f"rank {r}": [(label, s, e, {"step": step}) for label, s, e in ev] for r, ev in enumerate(events)
         }
+        measured = chrome_trace(timelines, f"measured step {step}")
+        profile = adapter.profile if adapter else profile_job(cfg, repeats=3, warmup=1)
+        state = adapter.base.resized(rt.R) if adapter else local_state(dist.get_world_size()).resized(rt.R)
+        if adapter:
+            state.speeds = [adapter.monitor.speed(r) or state.speeds[r] for r in range(rt.R)]
+        predicted = predict(profile, list(rt.bounds), rt.schedule, state, microbatch_size(cfg))
         path = Path(cfg.output.trace)
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_trace(path, chrome_trace(timelines, f"measured step {step}"))
+        write_trace(path, merge_traces(measured, sim_trace(predicted, "predicted (simulator)")))
