@@ -190,7 +190,7 @@ def _print(summary: dict, wall_s: float) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=10, help="timed steps per system and schedule")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per system and schedule")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     p.add_argument("--quick", action="store_true", help="1 warm-up + 3 timed steps (a smoke run, < 60 s)")
     p.add_argument("--layers", type=int, default=6, help="transformer blocks (plus embedding and head)")

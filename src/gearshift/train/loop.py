@@ -172,6 +172,10 @@ def train(cfg: JobConfig, resume: bool = False) -> dict:
     if rank == 0:
         if log:
             log.close()
+            from gearshift.report.plots import plot_run
+            from gearshift.train.metrics import read_metrics
+
+            plot_run(read_metrics(log.path), out / "metrics.png", summary["unigram_entropy"])
         print_summary(cfg, summary)
     return summary
 
