@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -146,7 +147,8 @@ def _summarise(results: list[dict], a: argparse.Namespace) -> dict:
                    "step_time_mean_s": statistics.fmean(ts), "step_time_min_s": min(ts),
                    "tokens_per_s_mean": tokens / statistics.fmean(ts), "steps_timed": len(ts),
                    "final_loss": r0["losses"][name][-1],
-                   "cpu_s_per_step_per_rank": [statistics.fmean(r["cpu"][name]) for r in results]}
+                   "cpu_s_per_step_per_rank": [statistics.fmean(r["cpu"][name]) for r in results],
+                   "step_times_s": ts}
             row["cpu_s_per_step"] = sum(row["cpu_s_per_step_per_rank"])
             if sys_ == "gearshift":
                 row["busy_s_per_rank"] = [statistics.fmean(r["busy"][name]) for r in results]
@@ -156,6 +158,7 @@ def _summarise(results: list[dict], a: argparse.Namespace) -> dict:
     ratios = {s: by[("gearshift", s)]["tokens_per_s"] / by[("torch", s)]["tokens_per_s"] for s in SCHEDULES}
     paired = {s: statistics.median(t / g for g, t in zip(r0["times"][f"gearshift/{s}"], r0["times"][f"torch/{s}"]))
               for s in SCHEDULES}  # per step: both ran back to back under the same background load
+    best = {s: by[("torch", s)]["step_time_min_s"] / by[("gearshift", s)]["step_time_min_s"] for s in SCHEDULES}
     cpu = {s: by[("torch", s)]["cpu_s_per_step"] / by[("gearshift", s)]["cpu_s_per_step"] for s in SCHEDULES}
     loss_diff = {s: max(abs(g - t) for g, t in zip(r0["losses"][f"gearshift/{s}"], r0["losses"][f"torch/{s}"]))
                  for s in SCHEDULES}
@@ -164,8 +167,8 @@ def _summarise(results: list[dict], a: argparse.Namespace) -> dict:
               "context": a.context, "batch": a.batch, "microbatches": a.micro, "tokens_per_step": tokens,
               "warmup_steps": a.warmup, "timed_steps": a.steps, "statistic": "median step time (rank 0, barriers)",
               "order": "systems rotate every step", "max_loss_diff_gearshift_vs_torch": loss_diff}
-    return {"rows": rows, "ratios": ratios, "ratios_paired_median": paired, "cpu_ratios_torch_over_gearshift": cpu,
-            "config": config}
+    return {"rows": rows, "ratios": ratios, "ratios_paired_median": paired, "ratios_best_step": best,
+            "cpu_ratios_torch_over_gearshift": cpu, "config": config}
 
 
 def _print(summary: dict, wall_s: float) -> None:
@@ -183,9 +186,12 @@ def _print(summary: dict, wall_s: float) -> None:
     for s, v in summary["ratios"].items():
         console.print(f"Gearshift/torch {s}: [bold]{v:.3f}x[/bold] tokens/s "
                       f"(paired per-step median {summary['ratios_paired_median'][s]:.3f}x, "
+                      f"best step {summary['ratios_best_step'][s]:.3f}x, "
                       f"CPU-time {summary['cpu_ratios_torch_over_gearshift'][s]:.3f}x, "
                       f"max loss diff {summary['config']['max_loss_diff_gearshift_vs_torch'][s]:.1e})")
-    console.print(f"wall {wall_s:.1f} s")
+    c = summary["config"]
+    console.print(f"wall {wall_s:.1f} s; machine load (1 min) {c['loadavg_1min_start']:.1f} -> "
+                  f"{c['loadavg_1min_end']:.1f} on {os.cpu_count()} cores")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -206,11 +212,11 @@ def main(argv: list[str] | None = None) -> dict:
         a.warmup, a.steps = 1, 3
     from gearshift.comm.launch import spawn
 
-    t0 = time.perf_counter()
+    t0, load0 = time.perf_counter(), os.getloadavg()[0]
     results = spawn(_worker, WORLD, a, timeout_s=600)
     summary = _summarise(results, a)
     wall = time.perf_counter() - t0
-    summary["config"]["wall_s"] = wall
+    summary["config"].update(wall_s=wall, loadavg_1min_start=load0, loadavg_1min_end=os.getloadavg()[0])
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")

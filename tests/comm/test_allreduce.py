@@ -25,11 +25,11 @@ def _data(rank: int, n: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.randn(n, generator=g, dtype=torch.float64).mul(10).to(dtype)
 
 
-def _check_topology(rank: int, topo: Topology) -> list[str]:
-    """Each algorithm on every size (float32) and every dtype (one odd size); failures seen by this rank."""
+def _check_topology(rank: int, topo: Topology, dtypes: bool) -> list[str]:
+    """Each algorithm on every size (float32) and, if asked, every dtype; failures seen by this rank."""
     groups = CommGroups.build(topo)
     bad = []
-    cases = [(n, torch.float32) for n in SIZES] + [(1001, dt) for dt in DTYPES[1:]]
+    cases = [(n, torch.float32) for n in SIZES] + [(1001, dt) for dt in DTYPES[1:] if dtypes]
     for n, dt in cases:
         ref = _data(rank, n, dt)
         dist.all_reduce(ref)
@@ -85,9 +85,9 @@ def _train(rank: int, algo: str, groups: CommGroups | None) -> list[float]:
 def _worker(rank: int, world: int, layouts: list, train: bool) -> list[str]:
     ar.PIPELINE_BYTES = 4096  # exercise the segmented leader path with small tensors
     bad = []
-    for lay in layouts:
+    for i, lay in enumerate(layouts):
         topo = lay if isinstance(lay, Topology) else Topology.from_ranks_per_node(lay)
-        bad += _check_topology(rank, topo)
+        bad += _check_topology(rank, topo, dtypes=i == 0)
     if train:
         groups = CommGroups.build(Topology.from_ranks_per_node([2] * (world // 2)))
         ref = _train(rank, "reference", None)
@@ -102,13 +102,14 @@ def _worker(rank: int, world: int, layouts: list, train: bool) -> list[str]:
 HOPS = Topology([0, 0, 1, 1], [0, 1, 0, 1], [1, 0, 2, 0])
 INTERLEAVED = Topology([0, 1, 0, 1], [0, 0, 1, 1], [0, 0, 0, 0])
 
-CASES = {  # world 2 adds nothing that 3 and 4 do not cover; world 1 runs in-process below
+# first layout of each world also runs every dtype; worlds 2 and 7 add nothing the others do not cover
+# (test time is the limit: each spawned rank imports torch); world 1 runs in-process below
+CASES = {
     3: [[1, 2], [3], [1, 1, 1]],
-    4: [[2, 2], [1, 1, 1, 1], [1, 3], HOPS, INTERLEAVED],
+    4: [[1, 3], [2, 2], HOPS, INTERLEAVED],
     5: [[1] * 5, [2, 3]],
-    6: [[2, 2, 2], [3, 3], [1] * 6],
-    7: [[3, 2, 2], [1] * 7],
-    8: [[2, 2, 2, 2], [4, 4], [1] * 8],
+    6: [[2, 2, 2], [3, 3]],
+    8: [[2, 2, 2, 2], [1] * 8],
 }
 
 

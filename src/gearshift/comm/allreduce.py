@@ -110,7 +110,7 @@ def leader_all_reduce(flat: torch.Tensor, groups: CommGroups) -> None:
     Large messages go in segments: the node group's reduce of segment k + 1 and broadcast of segment
     k - 1 run in gloo's background threads while the leader moves segment k between nodes."""
     multi = len(groups.node_ranks) > 1
-    nseg = min(8, max(1, flat.numel() * flat.element_size() // PIPELINE_BYTES)) if multi else 1
+    nseg = min(8, max(1, flat.numel() * flat.element_size() // PIPELINE_BYTES))  # same on every node
     segs = chunk_bounds(flat.numel(), nseg)
     reduces = [dist.reduce(flat[s:e], dst=groups.leader, group=groups.node_group, async_op=True)
                for s, e in segs] if multi else []
