@@ -203,7 +203,7 @@ def main() -> None:
 
     base = common(a, work / "profile.json")
     cfg = load_config(None, [o for o in base if not o.startswith("--adapt.profile")])
-    profile = robust_profile(cfg, 2 if a.quick else 3)  # layer work, shared by the planners and every run
+    profile = robust_profile(cfg, 3 if a.quick else 5)  # layer work, shared by the planners and every run
     profile.save(work / "profile.json")
     slow_after = list(SLOWDOWN)
     slow_after[a.dyn_rank] *= a.dyn_factor

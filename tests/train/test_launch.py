@@ -3,11 +3,13 @@ that rank's error; nothing is left running."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
 
+import pytest
 from conftest import TINY
 
 
@@ -43,3 +45,16 @@ def test_failing_worker_stops_job_with_its_error(tmp_path):
     assert elapsed < 60, f"took {elapsed:.0f}s to stop"
     time.sleep(0.5)
     assert not _workers_alive(str(out)), "orphan workers left behind"
+
+
+def test_data_parallel_allreduce_algorithms_train_alike(tmp_path):
+    """parallel.allreduce only changes how gradients travel: ring and hierarchical give gloo's losses."""
+    losses = {}
+    for algo in ("gloo", "ring", "hierarchical"):
+        out = tmp_path / algo
+        r = _gearshift("train", *TINY, "--cluster.workers=4", "--cluster.ranks_per_node=2", "--parallel.stages=1",
+                       f"--parallel.allreduce={algo}", "--train.steps=3", f"--output.dir={out}")
+        assert r.returncode == 0, r.stderr
+        losses[algo] = [json.loads(ln)["loss"] for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    for algo in ("ring", "hierarchical"):
+        assert losses[algo] == pytest.approx(losses["gloo"], rel=1e-6), algo

@@ -27,4 +27,10 @@ def run(args: argparse.Namespace) -> int:
         find_resumable(cfg.output.dir, vars(cfg.model))
     from gearshift.train.launch import launch
 
-    return launch(cfg, resume=args.resume)
+    if not cfg.cluster.testbed:
+        return launch(cfg, resume=args.resume)
+    from gearshift.cluster.testbed import Testbed, TestbedConfig
+
+    rpn = cfg.cluster.ranks_per_node or cfg.cluster.workers
+    with Testbed(TestbedConfig(cfg.cluster.workers // rpn, rpn, cfg.cluster.bandwidth)) as tb:
+        return launch(cfg, resume=args.resume, testbed=tb if tb.emulated else None)

@@ -52,6 +52,9 @@ class ClusterConfig:
     spec: str = ""  # cluster spec TOML for planning; "" = the local workers, all equal
     backend: str = "auto"  # auto | gloo | nccl
     timeout_s: float = 120.0  # collective timeout: a dead peer surfaces within this
+    ranks_per_node: int = 0  # local ranks per (emulated) node; 0 = every worker on one node
+    testbed: bool = False  # run each node's ranks in its own network namespace over shaped links (root)
+    bandwidth: str = "1gbit"  # testbed per-host link rate (tc syntax: 200mbit, 1gbit, ...)
 
 
 @dataclass
@@ -224,6 +227,12 @@ def validate(cfg: JobConfig) -> JobConfig:
     _check(c.timeout_s > 0, f"cluster.timeout_s: must be > 0, got {c.timeout_s}")
     if c.spec:
         _check(Path(c.spec).is_file(), f"cluster.spec: file not found: {c.spec}")
+    rpn = c.ranks_per_node or c.workers
+    _check(c.ranks_per_node >= 0 and c.workers % rpn == 0,
+           f"cluster.ranks_per_node: must divide cluster.workers ({c.workers}), got {c.ranks_per_node}")
+    if p.allreduce not in ("auto", "gloo") and p.stages > 1:
+        raise ConfigError(f"parallel.allreduce: {p.allreduce!r} needs parallel.stages = 1 (replicated pipelines "
+                          "sync each stage over its replica group with gloo; allowed here: auto, gloo)")
     _check(p.stages >= 1, f"parallel.stages: must be >= 1, got {p.stages}")
     _check(
         c.workers % p.stages == 0,

@@ -6,21 +6,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gearshift.comm.launch import free_port
 from gearshift.train.config import JobConfig
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -73,15 +66,15 @@ def launch(
     cfg: JobConfig,
     resume: bool = False,
     env: dict[str, str] | None = None,
-    wrap: list[list[str]] | None = None,
-    master_addr: str = "127.0.0.1",
+    testbed=None,
     quiet: bool = False,
 ) -> int:
     """Run the job on `cfg.cluster.workers` local processes; returns 0, or 1 when a worker failed.
 
-    `wrap[r]` prefixes rank r's command (e.g. `ip netns exec HOST` on the testbed); `env` adds
-    variables to every worker."""
+    `env` adds variables to every worker. With a `testbed` (gearshift.cluster.testbed.Testbed, up), each
+    node's ranks run inside that node's network namespace and talk over its shaped link."""
     n = cfg.cluster.workers
+    rpn = cfg.cluster.ranks_per_node or n
     run_dir = Path(cfg.output.dir) / ".launch"
     run_dir.mkdir(parents=True, exist_ok=True)
     for f in run_dir.glob("error-rank*.json"):
@@ -93,17 +86,20 @@ def launch(
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     for r in range(n):
         wenv = dict(base)
+        node = r // rpn
         wenv.update(
-            RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n), GROUP_RANK="0",
-            MASTER_ADDR=master_addr, MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+            RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r % rpn), LOCAL_WORLD_SIZE=str(rpn),
+            GROUP_RANK=str(node), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
             GEARSHIFT_ERROR_FILE=str(run_dir / f"error-rank{r}.json"), GEARSHIFT_PARENT_PID=str(os.getpid()),
         )
+        if testbed is not None:
+            wenv.update(testbed.worker_env(node, port))
         wenv.update(env or {})
         cmd = [sys.executable, "-m", "gearshift.train", "--from-json", str(cfg_path)]
         if resume:
             cmd.append("--resume")
-        if wrap:
-            cmd = wrap[r] + cmd
+        if testbed is not None:
+            cmd = testbed.command(node, cmd)
         # Own session per worker: Ctrl-C reaches only this launcher, which then stops them in order.
         procs.append(subprocess.Popen(cmd, env=wenv, start_new_session=True))
     try:

@@ -65,7 +65,24 @@ def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None,
     return PipelineRuntime(
         lambda i: build_layer(gcfg, i, seed=t.seed), gpt_loss, bounds, schedule, act_meta_fn(gcfg),
         OptimConfig(t.weight_decay, (t.beta1, t.beta2), t.grad_clip), after_compute=after_compute,
+        grad_sync_factory=_grad_sync_factory(cfg),
     )
+
+
+def _grad_sync_factory(cfg: JobConfig):
+    """Pure data parallelism (one stage): gradients go through GradientSync with parallel.allreduce over the
+    job's topology. Replicated pipelines sync each stage over its replica group (gloo; the runtime default)."""
+    if cfg.parallel.stages != 1 or cfg.cluster.workers == 1:
+        return None
+    from gearshift.cluster.topology import Topology
+    from gearshift.comm import GradientSync
+
+    def factory(params, group):
+        topo = Topology.from_env(gather=_gather)
+        sync = GradientSync(params, cfg.parallel.allreduce, int(cfg.parallel.bucket_mb * (1 << 20)), topo)
+        return sync.sync
+
+    return factory
 
 
 def build_adapter(cfg: JobConfig, corpus: ByteCorpus) -> Adapter | None:
