@@ -1,0 +1,33 @@
+"""Adaptation end to end: an emulated 4x slower rank is measured as slower, the re-plan moves layers off
+it, and the decision is logged with its inputs, prediction and reason."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+ARGS = ["--model.layers=6", "--model.width=32", "--model.heads=2", "--model.context=16", "--train.batch_size=8",
+        "--data.max_bytes=100000", "--train.eval_every=0", "--parallel.microbatches=2", "--output.trace=",
+        "--output.progress=false", "--cluster.workers=2", "--parallel.stages=2"]
+
+
+def test_slow_rank_loses_layers(tmp_path):
+    out = tmp_path / "adapt"
+    cmd = [sys.executable, "-m", "gearshift.cli.main", "train", *ARGS, f"--output.dir={out}", "--train.steps=7",
+           "--parallel.partition=adaptive", "--adapt.every=3", "--emulate.slowdown=[1,4]"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [x for x in rows if x.get("event") is None]
+    replans = [x for x in rows if x.get("event") == "replan"]
+    assert steps[0]["partition"] == [[0, 4], [4, 8]]  # uniform start
+    fast, slow = steps[2]["measured_speed"]
+    assert slow < 0.5 * fast, (fast, slow)
+    first = replans[0]
+    assert first["apply"] and first["step"] == 3
+    assert first["new_bounds"][0][1] > 4, "layers moved to the fast rank"
+    assert first["new_iteration_s"] < first["old_iteration_s"]
+    for key in ("measured", "old_bounds", "old_stage_s", "new_stage_s", "migration_cost_s", "reason", "migration"):
+        assert key in first
+    assert steps[-1]["partition"] == first["new_bounds"] or len(replans) > 1
