@@ -41,7 +41,8 @@ class PipelineExecutor:
     """Runs `schedule.actions[rank]` against this rank's stage modules.
 
     `act_meta(stage)` gives the (shape, dtype) of one micro-batch's input to `stage` (for receives).
-    `after_compute(stage, op, seconds)` is the emulation/monitoring hook; it may sleep."""
+    `after_compute(stage, op, seconds)` and `after_recv(peer, nbytes, waited_s)` are the emulation and
+    monitoring hooks; they may sleep (emulated slow devices and links)."""
 
     def __init__(
         self,
@@ -53,6 +54,7 @@ class PipelineExecutor:
         rank_offset: int = 0,
         after_compute: Callable[[int, Op, float], None] | None = None,
         group: dist.ProcessGroup | None = None,
+        after_recv: Callable[[int, int, float], None] | None = None,
     ):
         self.schedule = schedule
         self.rank = rank  # rank inside the schedule (0..num_ranks-1)
@@ -61,6 +63,7 @@ class PipelineExecutor:
         self.act_meta = act_meta
         self.offset = rank_offset  # global rank of schedule rank 0 (replicated pipelines)
         self.after_compute = after_compute
+        self.after_recv = after_recv
         self.group = group
         self.actions = schedule.actions[rank]
         self.last = schedule.num_stages - 1
@@ -123,6 +126,8 @@ class PipelineExecutor:
             work, buf, _ = pending_recv.pop((op, stage, mb))
             tw = time.perf_counter()
             work.wait()
+            if self.after_recv is not None:
+                self.after_recv(peer + self.offset, buf.numel() * buf.element_size(), time.perf_counter() - tw)
             rec.recv_wait_s[peer] = rec.recv_wait_s.get(peer, 0.0) + time.perf_counter() - tw
             return buf
 

@@ -52,6 +52,7 @@ class PipelineRuntime:
         act_meta: Callable[[int, int], tuple[tuple[int, ...], torch.dtype]],
         optim: OptimConfig,
         after_compute: Callable[[int, Op, float], None] | None = None,
+        after_recv: Callable[[int, int, float], None] | None = None,
         grad_sync_factory: Callable[[list[nn.Parameter], dist.ProcessGroup | None], Callable[[], None]]
         | None = None,
     ):
@@ -64,7 +65,7 @@ class PipelineRuntime:
         self.replicas = self.world // self.R
         self.replica, self.prank = divmod(self.rank, self.R)
         self.build_layer, self.loss_fn, self.act_meta_fn = build_layer, loss_fn, act_meta
-        self.optim_cfg, self.after_compute = optim, after_compute
+        self.optim_cfg, self.after_compute, self.after_recv = optim, after_compute, after_recv
         self.grad_sync_factory = grad_sync_factory
         # One data-parallel group per pipeline position (every rank creates every group, same order).
         self.dp_group = None
@@ -98,12 +99,12 @@ class PipelineRuntime:
         self.executor = PipelineExecutor(
             schedule, self.prank, self.stages, self.loss_fn,
             lambda stage: self.act_meta_fn(self.bounds[stage][0], self._mb_size),
-            rank_offset=self.replica * self.R, after_compute=self.after_compute,
+            rank_offset=self.replica * self.R, after_compute=self.after_compute, after_recv=self.after_recv,
         )
         self.eval_executor = PipelineExecutor(
             forward_only(schedule), self.prank, self.stages, self.loss_fn,
             lambda stage: self.act_meta_fn(self.bounds[stage][0], self._mb_size),
-            rank_offset=self.replica * self.R,
+            rank_offset=self.replica * self.R, after_recv=self.after_recv,
         )
         params = [p for _, p in self.named_parameters()]
         self._params = params

@@ -54,7 +54,7 @@ def gpt_config(cfg: JobConfig) -> GPTConfig:
 
 
 def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None,
-                  after_compute=None) -> PipelineRuntime:
+                  adapter: Adapter | None = None) -> PipelineRuntime:
     """This rank's pipeline runtime for the job (the partition from the config unless given)."""
     gcfg = gpt_config(cfg)
     p = cfg.parallel
@@ -64,7 +64,8 @@ def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None,
     t = cfg.train
     return PipelineRuntime(
         lambda i: build_layer(gcfg, i, seed=t.seed), gpt_loss, bounds, schedule, act_meta_fn(gcfg),
-        OptimConfig(t.weight_decay, (t.beta1, t.beta2), t.grad_clip), after_compute=after_compute,
+        OptimConfig(t.weight_decay, (t.beta1, t.beta2), t.grad_clip),
+        after_compute=adapter.after_compute if adapter else None, after_recv=adapter.after_recv if adapter else None,
         grad_sync_factory=_grad_sync_factory(cfg),
     )
 
@@ -130,7 +131,7 @@ def train(cfg: JobConfig, resume: bool = False) -> dict:
     bounds = None
     if resume and cfg.parallel.partition == "adaptive":  # continue from the partition that was learned
         bounds = [tuple(b) for b in find_resumable(cfg.output.dir, vars(cfg.model))[1].get("bounds", [])] or None
-    rt = build_runtime(cfg, bounds, adapter.after_compute if adapter else None)
+    rt = build_runtime(cfg, bounds, adapter)
     start = 0
     if resume:
         start = _resume(rt, cfg)
