@@ -27,13 +27,20 @@ def uniform(cost: CostModel) -> PartitionResult:
     return cost.evaluate(uniform_bounds(cost.num_units, cost.num_stages), "uniform")
 
 
-def by_params(cost: CostModel) -> PartitionResult:
-    """Minimise the largest per-stage parameter sum (the same DP, with parameters as work and no links)."""
-    n, S = cost.num_units, cost.num_stages
+def params_bounds(param_bytes: list[float], num_stages: int) -> Bounds:
+    """Minimise the largest per-stage parameter sum (the DP with parameters as work and free links)."""
+    n, S = len(param_bytes), num_stages
+    if S > n:
+        raise PlanError(f"partition: {S} stages but only {n} layers")
     inf = float("inf")
-    flat = CostModel(list(cost.param_bytes), [0.0] * n, [0.0] * n, [1.0] * S,
+    flat = CostModel(list(param_bytes), [0.0] * n, [0.0] * n, [1.0] * S,
                      [[inf] * S for _ in range(S)], [[0.0] * S for _ in range(S)])
-    return cost.evaluate(dp(flat).bounds, "params")
+    return dp(flat).bounds
+
+
+def by_params(cost: CostModel) -> PartitionResult:
+    """Balanced parameter counts, ignoring time, speed and memory."""
+    return cost.evaluate(params_bounds(list(cost.param_bytes), cost.num_stages), "params")
 
 
 def equal_speed(cost: CostModel) -> PartitionResult:

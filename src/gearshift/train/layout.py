@@ -4,22 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from gearshift.errors import PlanError
 from gearshift.models.gpt import GPTConfig, build_layer
+from gearshift.planner.baselines import params_bounds, uniform_bounds
 from gearshift.train.config import JobConfig
-
-
-def uniform_bounds(num_layers: int, stages: int) -> list[tuple[int, int]]:
-    """Split layers as evenly as possible by count (earlier stages take the remainder)."""
-    if stages > num_layers:
-        raise PlanError(f"parallel.stages: more stages ({stages}) than layers ({num_layers})")
-    q, r = divmod(num_layers, stages)
-    bounds, a = [], 0
-    for s in range(stages):
-        b = a + q + (1 if s < r else 0)
-        bounds.append((a, b))
-        a = b
-    return bounds
 
 
 def layer_input_meta(gcfg: GPTConfig) -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:
@@ -51,8 +38,6 @@ def resolve_partition(cfg: JobConfig, gcfg: GPTConfig) -> list[tuple[int, int]]:
     if isinstance(p.partition, list):
         return [tuple(r) for r in p.partition]
     if p.partition == "params":
-        from gearshift.planner.baselines import params_bounds
-
         sizes = [sum(q.numel() for q in build_layer(gcfg, i).parameters()) for i in range(n)]
         return params_bounds(sizes, p.stages)
     return uniform_bounds(n, p.stages)
