@@ -14,7 +14,7 @@ CASES = [
     (["--train.steps=0"], "train.steps: must be >= 1"),
     (["--train.lr=-1"], "train.lr: must be > 0"),
     (["--parallel.schedule=zigzag"], "parallel.schedule: 'zigzag' (allowed: gpipe, 1f1b, kfkb)"),
-    (["--parallel.stages=8", "--cluster.workers=8"], "parallel.stages: more stages (8) than layers (6"),
+    (["--parallel.stages=12", "--cluster.workers=12"], "parallel.stages: more stages (12) than layers (8"),
     (["--parallel.stages=3"], "parallel.stages: must divide cluster.workers"),
     (["--model.heads=3"], "model.width: must be divisible by model.heads"),
     (["--parallel.partition=[[0,1],[1,2]]"], "parallel.partition: expected 4 ranges"),

@@ -6,6 +6,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
+
+import pytest
+import torch.distributed as dist
+
+from gearshift.cluster.spec import ClusterSpec
+from gearshift.cluster.state import ClusterState
+from gearshift.profile.model_profile import LayerProfile, ModelProfile
+from gearshift.runtime.adapt import Adapter
 
 ARGS = ["--model.layers=6", "--model.width=32", "--model.heads=2", "--model.context=16", "--train.batch_size=8",
         "--data.max_bytes=100000", "--train.eval_every=0", "--parallel.microbatches=2", "--output.trace=",
@@ -31,3 +40,34 @@ def test_slow_rank_loses_layers(tmp_path):
     for key in ("measured", "old_bounds", "old_stage_s", "new_stage_s", "migration_cost_s", "reason", "migration"):
         assert key in first
     assert steps[-1]["partition"] == first["new_bounds"] or len(replans) > 1
+
+
+@pytest.fixture
+def one_rank():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _profile(n: int = 2) -> ModelProfile:
+    return ModelProfile([LayerProfile(f"l{i}", 0.5, 0.5, 1.0, 4, 4, 4) for i in range(n)], microbatch_size=1, seq_len=1)
+
+
+def test_period_speed_is_median_of_samples_after_warmup(one_rank) -> None:
+    ad = Adapter(_profile(), ClusterState.from_spec(ClusterSpec.uniform(1)), every=4)
+    rt = SimpleNamespace(bounds=[(0, 2)], stages={0}, schedule=SimpleNamespace(num_microbatches=1))
+    for busy in (100.0, 2.0, 4.0, 1e3, 4.0):  # profiled work = 2 s; the first step is warm-up, 1e3 a burst
+        ad.observe(rt, SimpleNamespace(busy_s=busy), mb_size=1)
+    assert ad.window == [1.0, 0.5, 0.002, 0.5]
+    ad.settle_speed()
+    assert ad.monitor.speed(0) == pytest.approx(0.5) and ad.window == []
+
+
+def test_period_estimates_blend_small_changes_and_take_large_ones(one_rank) -> None:
+    ad = Adapter(_profile(), ClusterState.from_spec(ClusterSpec.uniform(1)), every=4, skip=0)
+    for samples, expected in (([1.0], 1.0), ([1.2], 1.1), ([0.2], 0.2)):
+        ad.window = list(samples)
+        ad.settle_speed()
+        assert ad.monitor.speed(0) == pytest.approx(expected)

@@ -59,7 +59,7 @@ def _reference(cfg) -> tuple[list[float], dict[str, torch.Tensor]]:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 

@@ -35,11 +35,14 @@ class Adapter:
     step: int = 0
     min_gain: float = 0.05  # apply only if the predicted step time drops by this fraction (not noise)
     skip: int = 1  # steps not measured after the start and after a migration (allocations, warm-up)
+    period_alpha: float = 0.5  # weight of the newest period's median in the speed estimate (damps chasing noise)
+    reset_ratio: float = 1.6  # a period median this many times off the estimate is a change: taken as it is
 
     def __post_init__(self) -> None:
         self.monitor = Monitor(dist.get_world_size(), self.alpha)
         self.window: list[float] = []  # this rank's speed samples since the last re-plan
         self._skip = self.skip
+        self._estimate: float | None = None
 
     def after_compute(self, stage: int, op: Op, seconds: float) -> None:
         """Executor hook: the emulated slowdown (sleep) of this rank at the current step."""
@@ -67,10 +70,17 @@ class Adapter:
         self.window.append(profiled / measured)
 
     def settle_speed(self) -> None:
-        """Replace this rank's smoothed speed by the median of the period's samples (robust to the bursts of
-        a shared machine), and start a new period."""
+        """Set this rank's speed from the period's samples and start a new period: their median (robust to the
+        bursts of a shared machine), blended with the previous periods' estimate unless it changed by more than
+        `reset_ratio` (a real change, e.g. a slowed device, is taken at once)."""
         if self.window:
-            self.monitor.speeds[dist.get_rank()] = Ewma(statistics.median(self.window), len(self.window))
+            new, prev = statistics.median(self.window), self._estimate
+            if prev is None or max(new / prev, prev / new) > self.reset_ratio:
+                est = new
+            else:
+                est = self.period_alpha * new + (1 - self.period_alpha) * prev
+            self._estimate = est
+            self.monitor.speeds[dist.get_rank()] = Ewma(est, len(self.window))
         self.window = []
 
     def pipeline_state(self, rt: PipelineRuntime, step: int) -> ClusterState:
