@@ -35,10 +35,10 @@ def test_cli_plan_end_to_end(tmp_path, capsys, make_profile, monkeypatch):
 
 
 @pytest.mark.parametrize("argv, msg", [
-    (["plan", "--profile", "x.json"], "no cluster spec"),
-    (["plan", "--spec", EXAMPLE], "--profile PATH is required"),
+    (["plan", "--spec", "missing.toml"], "cluster.spec: file not found"),
     (["plan", "--spec", EXAMPLE, "--profile", "missing.json"], "profile not found"),
-    (["plan", "--spec", EXAMPLE, "--bogus=1"], "unknown option '--bogus=1'"),
+    (["plan", "--spec", EXAMPLE, "--bogus=1"], "expected --section.key=value"),
+    (["plan", "--spec", EXAMPLE, "--bogus.key=1"], "unknown section [bogus]"),
 ])
 def test_cli_plan_errors(argv, msg, capsys, monkeypatch):
     monkeypatch.chdir(__import__("pathlib").Path(__file__).resolve().parents[2])
@@ -52,3 +52,13 @@ def test_cli_plan_too_many_stages(tmp_path, capsys, make_profile, monkeypatch):
     make_profile([1.0] * 4).save(prof)
     assert main(["plan", "--spec", EXAMPLE, "--profile", str(prof)]) == 2
     assert "8 stages but only 4 layers" in capsys.readouterr().err
+
+
+def test_cli_plan_local_cluster_from_job_config(capsys):
+    """No spec: the job's own workers (with their emulated slowdowns), its model profiled on the spot."""
+    argv = ["plan", "--model.layers=6", "--model.width=32", "--model.heads=2", "--model.context=16",
+            "--train.batch_size=8", "--data.max_bytes=100000", "--parallel.microbatches=2",
+            "--emulate.slowdown=[1,1,4,4]"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "local x4" in out and "uniform" in out and "speedup" in out

@@ -9,21 +9,23 @@ from rich.console import Console
 from rich.table import Table
 
 from gearshift.cluster.spec import load_spec
-from gearshift.cluster.state import ClusterState
-from gearshift.errors import ConfigError, DataError
+from gearshift.cluster.state import ClusterState, local_state
+from gearshift.errors import DataError
 from gearshift.planner.partition import PartitionResult, plan_partition
 from gearshift.profile.model_profile import ModelProfile
+from gearshift.train.config import load_config
+from gearshift.train.profiling import profile_job
 
 BASELINE_METHODS = ("uniform", "params", "equal_speed")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of `gearshift plan`."""
-    p.add_argument("config", nargs="?", help="job config TOML (not read yet: use --spec and --profile)")
+    p.add_argument("config", nargs="?", help="job config TOML (default: the embedded default job)")
     p.add_argument("--spec", help="cluster spec TOML (also --cluster.spec=PATH)")
-    p.add_argument("--profile", help="ModelProfile JSON written by `gearshift profile`")
+    p.add_argument("--profile", help="ModelProfile JSON written by `gearshift profile` (default: profile now)")
     p.add_argument("--stages", type=int, default=None, help="pipeline stages (default: every device)")
-    p.add_argument("--microbatches", type=int, default=4, help="micro-batches per iteration (default 4)")
+    p.add_argument("--microbatches", type=int, default=None, help="micro-batches (default: parallel.microbatches)")
 
 
 def _ms(x: float) -> str:
@@ -76,38 +78,33 @@ def print_plan(profile: ModelProfile, state: ClusterState, num_stages: int | Non
     return results
 
 
-def _spec_path(args: argparse.Namespace) -> str | None:
-    """--spec, or --cluster.spec=PATH / --cluster.spec PATH among the pass-through overrides."""
-    over = list(getattr(args, "overrides", None) or [])
-    path = args.spec
-    k = 0
-    while k < len(over):
-        a = over[k]
-        if a.startswith("--cluster.spec="):
-            path = a.split("=", 1)[1]
-        elif a == "--cluster.spec" and k + 1 < len(over):
-            path, k = over[k + 1], k + 1
-        else:
-            raise ConfigError(f"plan: unknown option {a!r} (supported now: --spec, --cluster.spec, "
-                              f"--profile, --stages, --microbatches)")
-        k += 1
-    return path
+def _local_state(cfg) -> ClusterState:
+    """The local workers as a cluster, each slowed by its emulated factor (what `gearshift train` would run)."""
+    state = local_state(cfg.cluster.workers).resized(cfg.parallel.stages)
+    slow = cfg.emulate.slowdown or [1.0] * cfg.cluster.workers
+    state.speeds = [state.speeds[s] / slow[s] for s in range(cfg.parallel.stages)]
+    return state
 
 
 def run(args: argparse.Namespace) -> int:
-    """Load the spec and profile, then print the adaptive plan and the baselines."""
-    spec_path = _spec_path(args)
-    if not spec_path:
-        raise ConfigError("cluster.spec: no cluster spec given (pass --spec PATH or --cluster.spec=PATH)")
-    if not args.profile:
-        raise ConfigError("plan: --profile PATH is required (a ModelProfile JSON from `gearshift profile`)")
-    if not Path(args.profile).is_file():
-        raise DataError(f"plan: profile not found: {args.profile}")
-    try:
-        profile = ModelProfile.load(args.profile)
-    except (ValueError, KeyError, TypeError) as e:
-        raise DataError(f"plan: {args.profile} is not a ModelProfile JSON ({e})") from None
-    spec = load_spec(spec_path)
-    print_plan(profile, ClusterState.from_spec(spec), args.stages, args.microbatches,
-               kinds=[d.kind for d in spec.devices])
+    """Plan for the spec (--spec or cluster.spec) or the local cluster; print the plan and the baselines."""
+    cfg = load_config(args.config, args.overrides)
+    spec_path = args.spec or cfg.cluster.spec
+    if args.profile:
+        if not Path(args.profile).is_file():
+            raise DataError(f"plan: profile not found: {args.profile}")
+        try:
+            profile = ModelProfile.load(args.profile)
+        except (ValueError, KeyError, TypeError) as e:
+            raise DataError(f"plan: {args.profile} is not a ModelProfile JSON ({e})") from None
+    else:
+        profile = profile_job(cfg)
+    microbatches = args.microbatches or cfg.parallel.microbatches
+    if spec_path:
+        spec = load_spec(spec_path)
+        print_plan(profile, ClusterState.from_spec(spec), args.stages, microbatches,
+                   kinds=[d.kind for d in spec.devices])
+    else:
+        print_plan(profile, _local_state(cfg), args.stages or cfg.parallel.stages, microbatches,
+                   kinds=[f"local x{f:g}" for f in (cfg.emulate.slowdown or [1.0] * cfg.cluster.workers)])
     return 0
