@@ -112,12 +112,12 @@ def cycle(name: str, parts: dict[str, list], rounds: int, K: int, job, slow: lis
 
 
 def steps_to_reach(steps: list[dict], change: int, target: float) -> int | None:
-    """Steps after `change` until the rolling median (WINDOW steps) of tokens/s first reaches `target`."""
+    """Steps after `change` until the trailing median of tokens/s (the last WINDOW steps, all after the change)
+    first reaches `target`."""
     tps = {d["step"]: d["tokens_per_s"] for d in steps}
-    last = max(tps)
-    for s in range(change, last - WINDOW + 2):
-        if statistics.median(tps[k] for k in range(s, s + WINDOW) if k in tps) >= target:
-            return s - change
+    for end in range(change + WINDOW - 1, max(tps) + 1):
+        if statistics.median(tps[k] for k in range(end - WINDOW + 1, end + 1) if k in tps) >= target:
+            return end - change
     return None
 
 
