@@ -71,3 +71,15 @@ def test_period_estimates_blend_small_changes_and_take_large_ones(one_rank) -> N
         ad.window = list(samples)
         ad.settle_speed()
         assert ad.monitor.speed(0) == pytest.approx(expected)
+
+
+def test_link_probe_measures_the_emulated_cap(tmp_path):
+    """The re-plan's link probe sees an emulated 200 kB/s link into rank 1 as about 200 kB/s."""
+    out = tmp_path / "links"
+    cmd = [sys.executable, "-m", "gearshift.cli.main", "train", *ARGS, f"--output.dir={out}", "--train.steps=3",
+           "--parallel.partition=adaptive", "--adapt.every=2", "--emulate.link_bandwidth=[1e9,2e5]"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    (bw,) = next(x for x in rows if x.get("event") == "replan")["measured"]["link_bandwidth"]
+    assert 1e5 < bw < 3e5, bw

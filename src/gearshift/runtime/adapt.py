@@ -17,6 +17,7 @@ from gearshift.runtime.executor import StepRecord
 from gearshift.runtime.migrate import migrate
 from gearshift.runtime.monitor import Ewma, Monitor, merge
 from gearshift.runtime.pipeline import PipelineRuntime
+from gearshift.runtime.probe import probe_links
 from gearshift.schedules import Op
 
 
@@ -36,6 +37,7 @@ class Adapter:
     min_gain: float = 0.05  # apply only if the predicted step time drops by this fraction (not noise)
     skip: int = 1  # steps not measured after the start and after a migration (allocations, warm-up)
     period_alpha: float = 0.5  # weight of the newest period's median in the speed estimate (damps chasing noise)
+    mb_size: int = 1  # samples per micro-batch, as last observed
     reset_ratio: float = 1.6  # a period median this many times off the estimate is a change: taken as it is
 
     def __post_init__(self) -> None:
@@ -56,6 +58,7 @@ class Adapter:
 
     def observe(self, rt: PipelineRuntime, rec: StepRecord, mb_size: int) -> None:
         """Feed this rank's measured compute against the profiled work of its stages."""
+        self.mb_size = mb_size
         scale = mb_size / self.profile.microbatch_size
         m = rt.schedule.num_microbatches
         profiled = sum(scale * m * sum(lp.work_s for lp in self.profile.layers[a:b])
@@ -95,6 +98,15 @@ class Adapter:
         return ClusterState(speeds, [row[:R] for row in world.bandwidth[:R]], [row[:R] for row in world.latency[:R]],
                             world.memory[:R], step=step, source="monitor")
 
+    def measure_links(self, rt: PipelineRuntime) -> None:
+        """Probe each pipeline link with a message of the largest activation a stage sends (collective)."""
+        if rt.R < 2:
+            return
+        act = max(lp.activation_bytes for lp in self.profile.layers[:-1]) * self.mb_size
+        found = probe_links(rt.R, rt.prank, rt.replica * rt.R, int(act), self.after_recv)
+        for (a, b), (nbytes, seconds) in found.items():
+            self.monitor.record_transfer(a, b, nbytes, seconds)
+
     def maybe_replan(self, rt: PipelineRuntime, step: int) -> dict | None:
         """After `step` completed: re-plan if due (or forced) and migrate if it pays. Collective."""
         due = self.every and (step + 1) % self.every == 0
@@ -102,6 +114,7 @@ class Adapter:
         if not due and forced is None:
             return None
         self.settle_speed()
+        self.measure_links(rt)
         state = self.pipeline_state(rt, step + 1)
         m = rt.schedule.num_microbatches
         decision = decide_replan(self.profile, state, rt.bounds, max(self.every, 1), m,

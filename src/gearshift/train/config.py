@@ -96,14 +96,14 @@ class EmulateConfig:
     pipeline links, and changes over time, e.g. scenario = ["150:1:3.0"] (at step 150 rank 1 is 3x slower)."""
 
     slowdown: list[float] = field(default_factory=list)  # one factor per rank; [] = none
-    link_bandwidth: float = 0.0  # bytes/s cap on pipeline transfers; 0 = uncapped
+    link_bandwidth: float | list[float] = 0.0  # bytes/s into each rank (or one per rank); 0 = uncapped
     link_latency_s: float = 0.0
     scenario: list[Any] = field(default_factory=list)
 
     def as_emulation_dict(self, workers: int) -> dict:
         d: dict = {"slowdown": self.slowdown or [1.0] * workers, "link_latency_s": self.link_latency_s,
                    "scenario": self.scenario}
-        if self.link_bandwidth > 0:
+        if isinstance(self.link_bandwidth, list) or self.link_bandwidth > 0:
             d["link_bandwidth"] = self.link_bandwidth
         return d
 
@@ -276,7 +276,8 @@ def validate(cfg: JobConfig) -> JobConfig:
     from gearshift.cluster.emulate import EmulationConfig
 
     e = cfg.emulate
-    _check(e.link_bandwidth >= 0, f"emulate.link_bandwidth: must be >= 0 (0 = uncapped), got {e.link_bandwidth}")
+    if not isinstance(e.link_bandwidth, list):
+        _check(e.link_bandwidth >= 0, f"emulate.link_bandwidth: must be >= 0 (0 = uncapped), got {e.link_bandwidth}")
     EmulationConfig.from_dict(e.as_emulation_dict(c.workers), c.workers)  # raises ConfigError naming the field
     a = cfg.adapt
     _check(a.every >= 0, f"adapt.every: must be >= 0 (0 = never), got {a.every}")
