@@ -53,6 +53,7 @@ class ReplanDecision:
     new_iteration_s: float = 0.0
     moved_layers: list[int] | None = None
     migration_bytes: float = 0.0
+    predicted_gain_fraction: float = 0.0  # (t_old - t_new) / t_old
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -71,8 +72,10 @@ def _measured(state: ClusterState, num_stages: int) -> dict:
 def decide_replan(profile: ModelProfile, state: ClusterState, old_bounds: Sequence[tuple[int, int]],
                   period_steps: int, microbatches: int, migration_bandwidth: float, step: int,
                   in_flight: list[int] | None = None, predictor: Predictor = pipeline_predictor,
-                  max_blocks: int = 512) -> ReplanDecision:
-    """Plan anew with the DP under `state`; apply iff (t_old - t_new) x period_steps > migration time."""
+                  max_blocks: int = 512, min_gain: float = 0.0) -> ReplanDecision:
+    """Plan anew with the DP under `state`; apply iff (t_old - t_new) x period_steps > migration time and
+    the step time drops by at least `min_gain` (a fraction: gains inside measurement noise are not worth a
+    move). A partition that no longer fits is always replaced."""
     if period_steps < 1:
         raise PlanError(f"replan: period_steps must be >= 1, got {period_steps}")
     if migration_bandwidth <= 0:
@@ -85,14 +88,17 @@ def decide_replan(profile: ModelProfile, state: ClusterState, old_bounds: Sequen
     nbytes = OPTIMIZER_FACTOR * sum(profile.layers[k].param_bytes for k in moved)
     cost_s = nbytes / migration_bandwidth
     gain = (t_old - t_new) * period_steps
+    rel = (t_old - t_new) / t_old if t_old > 0 else 0.0
     if new.bounds == old.bounds:
         apply, reason = False, "the current partition is already optimal"
     elif not old.fits:
         apply, reason = True, "the current partition no longer fits in device memory"
+    elif rel < min_gain:
+        apply, reason = False, f"predicted gain {rel:.1%} < {min_gain:.0%} (within measurement noise)"
     elif gain > cost_s:
         apply, reason = True, (f"gain {gain:.4g} s over {period_steps} steps > migration {cost_s:.4g} s "
                                f"({len(moved)} layers, {nbytes:.4g} bytes)")
     else:
         apply, reason = False, f"gain {gain:.4g} s over {period_steps} steps <= migration {cost_s:.4g} s"
     return ReplanDecision(step, _measured(state, S), list(old.bounds), list(new.bounds), old.stage_time_s,
-                          new.stage_time_s, gain, cost_s, apply, reason, t_old, t_new, moved, nbytes)
+                          new.stage_time_s, gain, cost_s, apply, reason, t_old, t_new, moved, nbytes, rel)

@@ -117,14 +117,8 @@ class Adapter:
         self.measure_links(rt)
         state = self.pipeline_state(rt, step + 1)
         m = rt.schedule.num_microbatches
-        decision = decide_replan(self.profile, state, rt.bounds, max(self.every, 1), m,
-                                 self.migration_bandwidth, step + 1)
-        out = decision.to_dict()
-        rel = (decision.old_iteration_s - decision.new_iteration_s) / decision.old_iteration_s \
-            if decision.old_iteration_s > 0 else 0.0
-        out["predicted_gain_fraction"] = rel
-        if out["apply"] and rel < self.min_gain and "fit" not in out["reason"]:
-            out.update(apply=False, reason=f"predicted gain {rel:.1%} < {self.min_gain:.0%} (within noise)")
+        out = decide_replan(self.profile, state, rt.bounds, max(self.every, 1), m, self.migration_bandwidth,
+                            step + 1, min_gain=self.min_gain).to_dict()
         if forced is not None:
             out.update(new_bounds=[list(b) for b in forced], apply=True, reason="forced by adapt.force")
         # Rank 0's decision is the decision: everyone applies the same bounds.
