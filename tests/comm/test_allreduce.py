@@ -105,10 +105,13 @@ INTERLEAVED = Topology([0, 1, 0, 1], [0, 0, 1, 1], [0, 0, 0, 0])
 # first layout of each world also runs every dtype; worlds 2 and 7 add nothing the others do not cover
 # (test time is the limit: each spawned rank imports torch); world 1 runs in-process below
 CASES = {
+    1: [[1]],
+    2: [[2], [1, 1]],
     3: [[1, 2], [3], [1, 1, 1]],
     4: [[1, 3], [2, 2], HOPS, INTERLEAVED],
     5: [[1] * 5, [2, 3]],
     6: [[2, 2, 2], [3, 3]],
+    7: [[3, 2, 2], [1] * 7],
     8: [[2, 2, 2, 2], [1] * 8],
 }
 

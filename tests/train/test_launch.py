@@ -58,3 +58,23 @@ def test_data_parallel_allreduce_algorithms_train_alike(tmp_path):
         losses[algo] = [json.loads(ln)["loss"] for ln in (out / "metrics.jsonl").read_text().splitlines()]
     for algo in ("ring", "hierarchical"):
         assert losses[algo] == pytest.approx(losses["gloo"], rel=1e-6), algo
+
+
+def test_ctrl_c_stops_every_worker(tmp_path):
+    """SIGINT to the launcher (Ctrl-C) stops all workers cleanly: exit 130, nothing left running."""
+    import signal
+
+    out = tmp_path / "int"
+    cmd = [sys.executable, "-m", "gearshift.cli.main", "train", *TINY, "--cluster.workers=2", "--parallel.stages=2",
+           "--train.steps=100000", f"--output.dir={out}"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (out / "metrics.jsonl").is_file() or not (out / "metrics.jsonl").read_text():
+        assert time.time() < deadline and p.poll() is None, "job did not start"
+        time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 130, err
+    assert "interrupted" in err
+    time.sleep(0.5)
+    assert not _workers_alive(str(out))
