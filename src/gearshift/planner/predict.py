@@ -4,6 +4,7 @@ schedule's action lists (the same lists the runtime executes)."""
 from __future__ import annotations
 
 from gearshift.cluster.state import ClusterState
+from gearshift.errors import PlanError
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.schedules import Schedule
 from gearshift.sim import CostModel, SimResult, simulate
@@ -13,6 +14,9 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
              microbatch_size: int | None = None) -> CostModel:
     """Stage times = profiled layer times / the speed of the rank holding the stage; transfers = output
     activation bytes of each stage's last layer over the measured links."""
+    if bounds[-1][1] != profile.num_layers:
+        raise PlanError(f"profile: has {profile.num_layers} layers but the partition covers {bounds[-1][1]} "
+                        "(a profile of another model? run `gearshift profile` again)")
     mb = microbatch_size or profile.microbatch_size
     scale = mb / profile.microbatch_size  # profiled per micro-batch of profile.microbatch_size samples
     place = schedule.placement
@@ -30,3 +34,26 @@ def predict(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sche
             microbatch_size: int | None = None) -> SimResult:
     """Simulated iteration of `schedule` on `state`."""
     return simulate(schedule, sim_cost(profile, bounds, schedule, state, microbatch_size))
+
+
+def predict_shared_cores(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Schedule,
+                         state: ClusterState, cores: float, microbatch_size: int | None = None,
+                         iterations: int = 30) -> tuple[SimResult, float]:
+    """Prediction for ranks that share `cores` CPU cores (the local cluster): mean-field processor sharing.
+
+    Each rank computes at speed x min(1, cores / A), where A, the mean number of ranks computing at once,
+    is sum(busy) / iteration of the prediction itself; iterate to the fixed point. Returns the result and
+    the sharing factor. (Bubbles leave cores free, so sharing is milder than cores / ranks.)"""
+    n = schedule.num_ranks
+    share = min(1.0, cores / n)
+    res = None
+    for _ in range(iterations):
+        shared = ClusterState([s * share for s in state.speeds], state.bandwidth, state.latency, state.memory,
+                              state.step, state.source)
+        res = predict(profile, bounds, schedule, shared, microbatch_size)
+        active = sum(res.busy_s) / res.iteration_s if res.iteration_s > 0 else n
+        new = min(1.0, cores / max(active, 1e-9))
+        if abs(new - share) < 1e-4:
+            break
+        share = 0.5 * (share + new)
+    return res, share

@@ -240,7 +240,7 @@ def _resume(rt: PipelineRuntime, cfg: JobConfig) -> int:
 def _write_trace(rt: PipelineRuntime, record, cfg: JobConfig, step: int, adapter: Adapter | None) -> None:
     """Gather every rank's timeline of `step` and write a Perfetto trace (rank 0): the measured timeline
     and, beside it, the simulator's prediction of the same action lists from the profile."""
-    from gearshift.planner.predict import predict
+    from gearshift.planner.predict import predict, predict_shared_cores
     from gearshift.report.trace import chrome_trace, merge_traces, sim_trace, write_trace
 
     events = _gather(record.events)
@@ -249,11 +249,16 @@ def _write_trace(rt: PipelineRuntime, record, cfg: JobConfig, step: int, adapter
             f"rank {r}": [(label, s, e, {"step": step}) for label, s, e in ev] for r, ev in enumerate(events)
         }
         measured = chrome_trace(timelines, f"measured step {step}")
-        profile = adapter.profile if adapter else profile_job(cfg, repeats=3, warmup=1)
-        state = adapter.base.resized(rt.R) if adapter else local_state(dist.get_world_size()).resized(rt.R)
-        if adapter:
+        if adapter:  # measured speeds already include sharing of the cores
+            state = adapter.base.resized(rt.R)
             state.speeds = [adapter.monitor.speed(r) or state.speeds[r] for r in range(rt.R)]
-        predicted = predict(profile, list(rt.bounds), rt.schedule, state, microbatch_size(cfg))
+            predicted = predict(adapter.profile, list(rt.bounds), rt.schedule, state, microbatch_size(cfg))
+        else:
+            profile = profile_job(cfg, repeats=3, warmup=1)
+            state = local_state(rt.R, cores=rt.R)
+            cores = (os.cpu_count() or 1) * rt.R / dist.get_world_size()
+            predicted, _ = predict_shared_cores(profile, list(rt.bounds), rt.schedule, state, cores,
+                                                microbatch_size(cfg))
         path = Path(cfg.output.trace)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_trace(path, merge_traces(measured, sim_trace(predicted, "predicted (simulator)")))
