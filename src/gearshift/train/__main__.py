@@ -6,6 +6,7 @@ launcher runs it too, handing over the resolved config with `--from-json`."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from gearshift.errors import UserError
@@ -21,7 +22,10 @@ def main(argv: list[str] | None = None) -> int:
             cfg = config_from_dict(json.loads(open(argv[argv.index("--from-json") + 1]).read()))
         else:
             path = argv[0] if argv and not argv[0].startswith("--") else None
-            cfg = load_config(path, [a for a in argv if a.startswith("--")])
+            overrides = [a for a in argv if a.startswith("--")]
+            if "WORLD_SIZE" in os.environ:  # under torchrun the job has as many workers as torchrun started
+                overrides.append(f"--cluster.workers={os.environ['WORLD_SIZE']}")
+            cfg = load_config(path, overrides)
     except UserError as e:
         print(f"gearshift.train: error: {e}", file=sys.stderr)
         return 2
