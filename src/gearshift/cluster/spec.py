@@ -3,16 +3,11 @@ they are not running on."""
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gearshift.errors import SpecError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from gearshift.tomlfile import read_toml
 
 GB = 1e9
 
@@ -139,11 +134,4 @@ def parse_spec(data: dict) -> ClusterSpec:
 
 def load_spec(path: str | Path) -> ClusterSpec:
     """Read a cluster spec TOML file; errors name the field."""
-    p = Path(path)
-    if not p.is_file():
-        raise SpecError(f"cluster.spec: file not found: {p}")
-    try:
-        data = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise SpecError(f"cluster.spec: {p} is not valid TOML ({e})") from None
-    return parse_spec(data)
+    return parse_spec(read_toml(path, "cluster.spec", SpecError))

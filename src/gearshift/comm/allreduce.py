@@ -104,11 +104,19 @@ def matrix_all_reduce(flat: torch.Tensor, grid: list[list[int]], me: int, down=N
 PIPELINE_BYTES = 1 << 20  # leader design: segment size above which intra-node work overlaps inter-node
 
 
+def _one_node(groups: CommGroups) -> bool:
+    return groups.topology.num_nodes == 1
+
+
 def leader_all_reduce(flat: torch.Tensor, groups: CommGroups) -> None:
     """Reduce to the node leader, leaders' matrix all-reduce, broadcast from the leader inside the node.
 
     Large messages go in segments: the node group's reduce of segment k + 1 and broadcast of segment
-    k - 1 run in gloo's background threads while the leader moves segment k between nodes."""
+    k - 1 run in gloo's background threads while the leader moves segment k between nodes.
+    On one node the node-level step is the whole job: gloo's own all-reduce on the node group (C++)."""
+    if _one_node(groups):
+        dist.all_reduce(flat, group=groups.node_group)
+        return
     multi = len(groups.node_ranks) > 1
     nseg = min(8, max(1, flat.numel() * flat.element_size() // PIPELINE_BYTES))  # same on every node
     segs = chunk_bounds(flat.numel(), nseg)
@@ -129,8 +137,8 @@ def leader_all_reduce(flat: torch.Tensor, groups: CommGroups) -> None:
 def rs_all_reduce(flat: torch.Tensor, groups: CommGroups) -> None:
     """Reduce-scatter form: intra-node ring reduce-scatter (local rank l owns shard l), matrix all-reduce
     of that shard among the same-local-rank peers of all nodes, intra-node ring all-gather.
-    Uneven nodes fall back to the leader design."""
-    if groups.peer_grid is None:
+    Uneven nodes fall back to the leader design; one node is gloo's all-reduce on the node group."""
+    if groups.peer_grid is None or _one_node(groups):
         leader_all_reduce(flat, groups)
         return
     start, end = ring_reduce_scatter(flat, groups.node_ranks, groups.rank, groups.down)

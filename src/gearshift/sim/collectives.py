@@ -82,6 +82,8 @@ def _intra_tree(size: float, per_node: int, c: LinkCosts) -> float:
 def hierarchical(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
     """Leader design: intra reduce to the leader + leaders' R x C matrix over N nodes (one flow per card)
     + intra broadcast: 2 ceil(log2 L) (a_i + S b_i) + _matrix(S, R, C, a_e, b_e(1))."""
+    if nodes == 1:  # one node: gloo's all-reduce on the node group
+        return _ring_ar(size, per_node, c.intra_alpha, c.intra_beta)
     rows, cols = matrix_shape(nodes)
     inter = _matrix(size, rows, cols, c.inter_alpha, c.inter_beta_shared(1))
     return 2 * _intra_tree(size, per_node, c) + inter
@@ -90,6 +92,8 @@ def hierarchical(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
 def hierarchical_rs(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
     """Reduce-scatter form: intra ring reduce-scatter + L concurrent matrices of S / L (sharing the card)
     + intra ring all-gather: 2 (L - 1) (a_i + S / L b_i) + _matrix(S / L, R, C, a_e, b_e(L))."""
+    if nodes == 1:
+        return _ring_ar(size, per_node, c.intra_alpha, c.intra_beta)
     rows, cols = matrix_shape(nodes)
     intra = _ring_ar(size, per_node, c.intra_alpha, c.intra_beta)
     inter = _matrix(size / per_node, rows, cols, c.inter_alpha, c.inter_beta_shared(per_node))

@@ -4,19 +4,15 @@ validation that names the field and what is allowed."""
 from __future__ import annotations
 
 import dataclasses
-import sys
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gearshift import tomlfile
 from gearshift.errors import ConfigError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from gearshift.tomlfile import read_toml
 
 SCHEDULES = ("gpipe", "1f1b", "kfkb")
 PARTITIONS = ("uniform", "params", "adaptive")
@@ -201,8 +197,8 @@ def parse_override(arg: str) -> tuple[str, str, Any]:
     key, raw = body.split("=", 1)
     sec, name = key.split(".", 1)
     try:
-        value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
+        value = tomlfile.loads(f"v = {raw}")["v"]
+    except tomlfile.TOMLDecodeError:
         value = raw
     return sec, name, value
 
@@ -313,16 +309,9 @@ def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] 
     """Defaults <- embedded default job (or the file at `path`) <- `--section.key=value` overrides."""
     cfg = JobConfig()
     if path is None:
-        _apply(cfg, tomllib.loads(default_config_text()), "default config")
+        _apply(cfg, tomlfile.loads(default_config_text()), "default config")
     else:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config: file not found: {p}")
-        try:
-            data = tomllib.loads(p.read_text())
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"config: {p} is not valid TOML ({e})") from None
-        _apply(cfg, data, str(p))
+        _apply(cfg, read_toml(path, "config", ConfigError), str(path))
     nested: dict[str, dict] = {}
     for arg in overrides:
         sec, name, value = parse_override(arg)
