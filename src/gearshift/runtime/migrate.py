@@ -48,6 +48,6 @@ def migrate(rt: PipelineRuntime, new_bounds: list[tuple[int, int]]) -> Migration
             model[k] = v
         optim.update(o)
     keep = {i: mod for i, mod in rt.layers.items() if new_owner[i] == rt.prank}
-    rt._setup(new_bounds, rt.schedule, keep)
+    rt.set_layout(new_bounds, rt.schedule, keep)
     rt.load_state(model, optim)
     return MigrationReport(moved, received, time.perf_counter() - t0)

@@ -75,10 +75,10 @@ class PipelineRuntime:
                 if p == self.prank:
                     self.dp_group = g
         self.layers: dict[int, nn.Module] = {}
-        self._setup(bounds, schedule, {})
+        self.set_layout(bounds, schedule, {})
 
     # ---- layout -------------------------------------------------------------------------------
-    def _setup(self, bounds: list[tuple[int, int]], schedule: Schedule, keep: dict[int, nn.Module]) -> None:
+    def set_layout(self, bounds: list[tuple[int, int]], schedule: Schedule, keep: dict[int, nn.Module]) -> None:
         """(Re)build stages for `bounds`: reuse modules in `keep`, build the rest."""
         self.bounds, self.schedule = [tuple(b) for b in bounds], schedule
         mine = [s for s, r in enumerate(schedule.placement) if r == self.prank]
