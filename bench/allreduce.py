@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -29,38 +30,35 @@ TESTBED_RATE = "200mbit"
 
 
 # ---------------------------------------------------------------- worker (one rank)
-def _calibrate(counts: list[int], shaped: bool):
-    """alpha: half the round trip of a 4-byte ping-pong (intra pair 0<->1, inter pair 0<->L, others idle);
+def _calibrate(counts: list[int], shaped: bool, groups):
+    """Link costs measured in the actual setting (all ranks of the job running, same process count on
+    the same cores), so they include per-step process wake-up, not just wire latency.
+
+    alpha (per step): inter = 20 back-to-back 4-byte exchange steps done the way our rings do them
+    (isend to the next rank, irecv from the previous, via comm.allreduce._exchange) in one ring over all
+    ranks, divided by 20; intra = 20 back-to-back 4-byte node-group reduce + broadcast pairs (gloo's
+    C++ collectives, as the leader design's intra-node steps) in every node at once, per step;
+    intra_p2p_alpha = 20 back-to-back 4-byte exchange steps in a ring inside every node at once (the
+    reduce-scatter form's intra steps), divided by 20.
+    gloo_alpha: a 1 KiB dist.all_reduce over the world (4 bytes would leave most ring chunks empty,
+    which gloo skips) divided by its 2 (n - 1) ring steps (gloo's C++
+    step is cheaper than a Python-driven one); used only to predict gloo.
     beta: a concurrent neighbour exchange of 1 MiB (4 MiB on loopback), like one ring step, intra (rings
-    inside every node at once) and inter (a ring over node leaders)."""
+    inside every node at once) and inter (a ring over node leaders), minus the wire latency of a 4-byte
+    ping-pong."""
     import torch
     import torch.distributed as dist
 
     from gearshift.cluster.topology import Topology
+    from gearshift.comm.allreduce import _exchange
     from gearshift.sim.collectives import LinkCosts
 
     topo = Topology.from_ranks_per_node(counts)
-    rank = dist.get_rank()
+    rank, world = dist.get_rank(), dist.get_world_size()
 
-    def pingpong(a: int, b: int, n: int, reps: int) -> float:
-        x = torch.zeros(n // 4)
-        dist.barrier()
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            if rank == a:
-                dist.send(x, b)
-                dist.recv(x, b)
-            elif rank == b:
-                dist.recv(x, a)
-                dist.send(x, a)
-            times.append((time.perf_counter() - t0) / 2)
-        t = torch.tensor([statistics.median(times) if rank == a else 0.0])
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return t.item()
-
-    def ring_step(rings: list[list[int]], n: int, reps: int) -> float:
-        x, y = torch.zeros(n // 4), torch.zeros(n // 4)
+    def step_time(rings: list[list[int]], n: int, reps: int, steps: int = 1) -> float:
+        """Median over reps of (time for `steps` back-to-back exchange steps) / steps, max over ranks."""
+        x, y = torch.zeros(max(1, n // 4)), torch.zeros(max(1, n // 4))
         me = next((r for r in rings if rank in r), None)
         times = []
         for _ in range(reps):
@@ -68,22 +66,55 @@ def _calibrate(counts: list[int], shaped: bool):
             t0 = time.perf_counter()
             if me and len(me) > 1:
                 i = me.index(rank)
-                works = [dist.isend(x, me[(i + 1) % len(me)]), dist.irecv(y, me[(i - 1) % len(me)])]
-                for w in works:
-                    w.wait()
-            t = torch.tensor([time.perf_counter() - t0])
+                for _ in range(steps):
+                    _exchange(x, me[(i + 1) % len(me)], y, me[(i - 1) % len(me)], groups.down)
+            t = torch.tensor([(time.perf_counter() - t0) / steps])
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             times.append(t.item())
         return statistics.median(times)
 
+    def node_step(reps: int = 11, iters: int = 20) -> float:
+        """Per step of a 4-byte reduce + broadcast in every node group at once (the leader design's
+        intra-node steps, gloo C++ collectives): time / (2 ceil(log2 L))."""
+        x = torch.zeros(1)
+        leader = topo.leader(topo.node[rank])
+        times = []
+        for _ in range(reps):
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                dist.reduce(x, dst=leader, group=groups.node_group)
+                dist.broadcast(x, src=leader, group=groups.node_group)
+            t = torch.tensor([(time.perf_counter() - t0) / iters])
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            times.append(t.item())
+        return statistics.median(times) / (2 * max(1, (max(counts) - 1).bit_length()))
+
+    def gloo_step(reps: int = 11, iters: int = 20) -> float:
+        x = torch.zeros(256)  # 1 KiB: every chunk of gloo's ring non-empty (gloo skips empty ones)
+        times = []
+        for _ in range(reps):
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                dist.all_reduce(x)
+            t = torch.tensor([(time.perf_counter() - t0) / iters])
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            times.append(t.item())
+        return statistics.median(times) / (2 * (world - 1))
+
     big = 1 * MIB if shaped else 4 * MIB
     L = counts[0]
-    a_i = pingpong(0, 1, 4, 30)
-    a_e = pingpong(0, L, 4, 30)
-    b_i = max(ring_step([topo.ranks_of(k) for k in range(topo.num_nodes)], big, 5) - a_i, 1e-12) / big
-    b_e = max(ring_step([topo.leaders], big, 3) - a_e, 1e-12) / big
+    node_rings = [topo.ranks_of(k) for k in range(topo.num_nodes)]
+    wire_i = step_time([[0, 1]], 4, 20)
+    wire_e = step_time([[0, L]], 4, 20)
+    a_i = node_step()
+    a_p = step_time(node_rings, 4, 11, steps=20)
+    a_e = step_time([list(range(world))], 4, 11, steps=20)
+    b_i = max(step_time(node_rings, big, 5) - wire_i, 1e-12) / big
+    b_e = max(step_time([topo.leaders], big, 3) - wire_e, 1e-12) / big
     nic = 1 / b_e if shaped else float("inf")  # on the testbed one flow fills the host link
-    return LinkCosts(a_i, b_i, a_e, b_e, nic)
+    return LinkCosts(a_i, b_i, a_e, b_e, nic, a_p), gloo_step()
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -100,7 +131,7 @@ def worker(args: argparse.Namespace) -> None:
     topo = Topology.from_ranks_per_node(counts)
     groups = CommGroups.build(topo)
     shaped = args.setting.startswith("testbed")
-    costs = _calibrate(counts, shaped)
+    costs, gloo_alpha = _calibrate(counts, shaped, groups)
     budget = 0.25 if not shaped else 0.5  # seconds of timed work per point and repetition
     rows = []
     for size in [int(s) for s in args.sizes.split(",")]:
@@ -130,7 +161,8 @@ def worker(args: argparse.Namespace) -> None:
             rows.append({"size_bytes": size, "algorithm": algo, "time_s": statistics.median(times[algo]),
                          "samples": times[algo], "iters": iters})
     if dist.get_rank() == 0:
-        Path(args.out).write_text(json.dumps({"rows": rows, "costs": costs.__dict__}))
+        Path(args.out).write_text(json.dumps({"rows": rows, "costs": costs.__dict__,
+                                                    "gloo_alpha": gloo_alpha}))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -247,11 +279,15 @@ def main() -> int:
         else:
             data = run_setting(setting, sizes)
         costs = LinkCosts(**data["costs"])
-        calib[setting] = data["costs"]
+        # gloo runs gloo's C++ ring (sim.collectives.gloo) with its own measured per-step cost
+        gloo_costs = replace(costs, intra_alpha=data["gloo_alpha"], inter_alpha=data["gloo_alpha"])
+        calib[setting] = {**data["costs"], "gloo_alpha": data["gloo_alpha"]}
         world = sum(SETTINGS[setting])
         for r in data["rows"]:
-            model_algo = "ring" if r["algorithm"] == "gloo" else r["algorithm"]
-            pred = predict(model_algo, r["size_bytes"], SETTINGS[setting], costs)
+            if r["algorithm"] == "gloo":
+                pred = predict("gloo", r["size_bytes"], SETTINGS[setting], gloo_costs)
+            else:
+                pred = predict(r["algorithm"], r["size_bytes"], SETTINGS[setting], costs)
             rows.append({"setting": setting, "algorithm": r["algorithm"], "size_bytes": r["size_bytes"],
                          "time_s": r["time_s"], "busbw_gbps": busbw(r["size_bytes"], r["time_s"], world) * 8 / 1e9,
                          "predicted_time_s": pred,
@@ -273,9 +309,15 @@ def main() -> int:
     Console().print(table)
     RESULTS.mkdir(exist_ok=True)
     out = {"rows": rows, "predictions": preds, "calibration": calib,
-           "notes": "alpha from 4-byte ping-pong, beta from a concurrent 1-4 MiB neighbour exchange, measured "
-                    "in the same run; gloo is predicted with the ring formula; times are medians of interleaved "
-                    "repetitions, max over ranks", "quick": args.quick, "testbed_rate": TESTBED_RATE}
+           "notes": "alpha: per-step cost of 20 back-to-back 4-byte steps with every rank of the setting "
+                    "running, so it includes process wake-up on the shared cores (intra: node-group gloo "
+                    "reduce+broadcast in every node; intra_p2p: our p2p exchange in a ring inside every node; "
+                    "inter: our p2p exchange in one ring over all ranks); beta: a concurrent 1-4 MiB neighbour "
+                    "exchange minus wire latency; gloo is predicted with its pipelined ring, "
+                    "2(n-1) max(alpha, S/n beta), and its own per-step alpha (1 KiB dist.all_reduce / 2(n-1)); "
+                    "all measured once per setting in the same run, no per-point fitting; times are medians of "
+                    "interleaved repetitions, max over ranks",
+           "quick": args.quick, "testbed_rate": TESTBED_RATE}
     (RESULTS / "allreduce.json").write_text(json.dumps(out, indent=1))
     _plot(rows, preds, RESULTS / "allreduce.png")
     print(f"wrote {RESULTS / 'allreduce.json'} and allreduce.png in {time.time() - t_start:.0f}s")

@@ -21,13 +21,20 @@ RUNNABLE = ("ring", "hierarchical", "hierarchical_rs")  # what gearshift.comm im
 @dataclass(frozen=True)
 class LinkCosts:
     """Per-message latency (s) and per-byte time (s/B) inside and between nodes, plus the per-node
-    card bandwidth (B/s) that all of a node's concurrent inter-node flows share (inf = no limit)."""
+    card bandwidth (B/s) that all of a node's concurrent inter-node flows share (inf = no limit).
+    intra_alpha prices collective steps inside a node (the leader design's reduce / broadcast);
+    intra_p2p_alpha, when given, the reduce-scatter form's point-to-point ring steps inside a node."""
 
     intra_alpha: float = 5e-6
     intra_beta: float = 1 / 100e9
     inter_alpha: float = 20e-6
     inter_beta: float = 1 / 10e9
     nic_bandwidth: float = float("inf")
+    intra_p2p_alpha: float | None = None  # per-step cost of a point-to-point intra step, if not intra_alpha
+
+    @property
+    def p2p_alpha(self) -> float:
+        return self.intra_alpha if self.intra_p2p_alpha is None else self.intra_p2p_alpha
 
     def inter_beta_shared(self, flows: int) -> float:
         """Per-byte inter-node time when `flows` flows of one node cross its card at once."""
@@ -54,6 +61,17 @@ def ring(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
     n = nodes * per_node
     a, b = (c.inter_alpha, c.inter_beta_shared(1)) if nodes > 1 else (c.intra_alpha, c.intra_beta)
     return _ring_ar(size, n, a, b)
+
+
+def gloo(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
+    """gloo's own ring all-reduce (what dist.all_reduce runs): 2 (n - 1) steps of S / n, but gloo keeps
+    the next chunk's send and receive posted while it reduces the current one, so a step's fixed cost
+    hides behind its transfer: 2 (n - 1) max(a, S / n * b). Price it with gloo's own per-step alpha."""
+    n = nodes * per_node
+    if n <= 1:
+        return 0.0
+    a, b = (c.inter_alpha, c.inter_beta_shared(1)) if nodes > 1 else (c.intra_alpha, c.intra_beta)
+    return 2 * (n - 1) * max(a, size / n * b)
 
 
 def tree(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
@@ -91,16 +109,17 @@ def hierarchical(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
 
 def hierarchical_rs(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
     """Reduce-scatter form: intra ring reduce-scatter + L concurrent matrices of S / L (sharing the card)
-    + intra ring all-gather: 2 (L - 1) (a_i + S / L b_i) + _matrix(S / L, R, C, a_e, b_e(L))."""
+    + intra ring all-gather: 2 (L - 1) (a_p + S / L b_i) + _matrix(S / L, R, C, a_e, b_e(L)), where a_p
+    is the per-step cost of a point-to-point intra step (intra_p2p_alpha, default intra_alpha)."""
     if nodes == 1:
         return _ring_ar(size, per_node, c.intra_alpha, c.intra_beta)
     rows, cols = matrix_shape(nodes)
-    intra = _ring_ar(size, per_node, c.intra_alpha, c.intra_beta)
+    intra = _ring_ar(size, per_node, c.p2p_alpha, c.intra_beta)
     inter = _matrix(size / per_node, rows, cols, c.inter_alpha, c.inter_beta_shared(per_node))
     return intra + inter
 
 
-_FORMULAS = {"ring": ring, "tree": tree, "matrix2d": matrix2d, "hierarchical": hierarchical,
+_FORMULAS = {"ring": ring, "gloo": gloo, "tree": tree, "matrix2d": matrix2d, "hierarchical": hierarchical,
              "hierarchical_rs": hierarchical_rs}
 
 
@@ -112,7 +131,7 @@ def predict(algorithm: str, size_bytes: float, ranks_per_node: list[int] | tuple
     count is used, and hierarchical_rs is priced as the leader design it falls back to.
     """
     if algorithm not in _FORMULAS:
-        raise ValueError(f"unknown algorithm {algorithm!r} (allowed: {', '.join(ALGORITHMS)})")
+        raise ValueError(f"unknown algorithm {algorithm!r} (allowed: {', '.join(ALGORITHMS)}, gloo)")
     nodes, per_node, uniform = _shape(ranks_per_node)
     if algorithm == "hierarchical_rs" and not uniform:
         algorithm = "hierarchical"
