@@ -21,13 +21,17 @@ ARGS = ["--model.layers=6", "--model.width=32", "--model.heads=2", "--model.cont
         "--output.progress=false", "--cluster.workers=2", "--parallel.stages=2"]
 
 
-def test_slow_rank_loses_layers(tmp_path):
-    out = tmp_path / "adapt"
-    cmd = [sys.executable, "-m", "gearshift.cli.main", "train", *ARGS, f"--output.dir={out}", "--train.steps=7",
-           "--parallel.partition=adaptive", "--adapt.every=3", "--emulate.slowdown=[1,4]"]
+def _train_adaptive(out, *extra: str) -> list[dict]:
+    """Run a tiny adaptive job; return its metrics.jsonl rows."""
+    cmd = [sys.executable, "-m", "gearshift.cli.main", "train", *ARGS, f"--output.dir={out}",
+           "--parallel.partition=adaptive", *extra]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr
-    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_slow_rank_loses_layers(tmp_path):
+    rows = _train_adaptive(tmp_path / "adapt", "--train.steps=7", "--adapt.every=3", "--emulate.slowdown=[1,4]")
     steps = [x for x in rows if x.get("event") is None]
     replans = [x for x in rows if x.get("event") == "replan"]
     assert steps[0]["partition"] == [[0, 4], [4, 8]]  # uniform start
@@ -75,11 +79,7 @@ def test_period_estimates_blend_small_changes_and_take_large_ones(one_rank) -> N
 
 def test_link_probe_measures_the_emulated_cap(tmp_path):
     """The re-plan's link probe sees an emulated 200 kB/s link into rank 1 as about 200 kB/s."""
-    out = tmp_path / "links"
-    cmd = [sys.executable, "-m", "gearshift.cli.main", "train", *ARGS, f"--output.dir={out}", "--train.steps=3",
-           "--parallel.partition=adaptive", "--adapt.every=2", "--emulate.link_bandwidth=[1e9,2e5]"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-    assert r.returncode == 0, r.stderr
-    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = _train_adaptive(tmp_path / "links", "--train.steps=3", "--adapt.every=2",
+                           "--emulate.link_bandwidth=[1e9,2e5]")
     (bw,) = next(x for x in rows if x.get("event") == "replan")["measured"]["link_bandwidth"]
     assert 1e5 < bw < 3e5, bw

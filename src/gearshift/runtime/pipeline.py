@@ -82,7 +82,6 @@ class PipelineRuntime:
         """(Re)build stages for `bounds`: reuse modules in `keep`, build the rest."""
         self.bounds, self.schedule = [tuple(b) for b in bounds], schedule
         mine = [s for s, r in enumerate(schedule.placement) if r == self.prank]
-        self.my_stages = mine
         self.layers = {}
         for s in mine:
             a, b = self.bounds[s]
