@@ -16,7 +16,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -35,11 +34,12 @@ def _calibrate(counts: list[int], shaped: bool, groups):
     the same cores), so they include per-step process wake-up, not just wire latency.
 
     alpha (per step): inter = 20 back-to-back 4-byte exchange steps done the way our rings do them
-    (isend to the next rank, irecv from the previous, via comm.allreduce._exchange) in one ring over all
+    (isend to the next rank, irecv from the previous: a one-step program run by comm.stream) in one ring over all
     ranks, divided by 20; intra = 20 back-to-back 4-byte node-group reduce + broadcast pairs (gloo's
-    C++ collectives, as the leader design's intra-node steps) in every node at once, per step;
-    intra_p2p_alpha = 20 back-to-back 4-byte exchange steps in a ring inside every node at once (the
-    reduce-scatter form's intra steps), divided by 20.
+    C++ collectives, which price a one-node run) in every node at once, per step;
+    intra_p2p_alpha = 20 back-to-back 4-byte exchange steps in a ring inside every node at once (our
+    point-to-point intra steps: the leader design's gather and send back, the reduce-scatter form's
+    rings), divided by 20.
     gloo_alpha: a 1 KiB dist.all_reduce over the world (4 bytes would leave most ring chunks empty,
     which gloo skips) divided by its 2 (n - 1) ring steps (gloo's C++
     step is cheaper than a Python-driven one); used only to predict gloo.
@@ -50,7 +50,8 @@ def _calibrate(counts: list[int], shaped: bool, groups):
     import torch.distributed as dist
 
     from gearshift.cluster.topology import Topology
-    from gearshift.comm.allreduce import _exchange
+    from gearshift.comm.steps import Step
+    from gearshift.comm.stream import run_segments
     from gearshift.sim.collectives import LinkCosts
 
     topo = Topology.from_ranks_per_node(counts)
@@ -67,15 +68,15 @@ def _calibrate(counts: list[int], shaped: bool, groups):
             if me and len(me) > 1:
                 i = me.index(rank)
                 for _ in range(steps):
-                    _exchange(x, me[(i + 1) % len(me)], y, me[(i - 1) % len(me)], groups.down)
+                    run_segments([[Step(x, me[(i + 1) % len(me)], y, me[(i - 1) % len(me)], False)]], groups.down)
             t = torch.tensor([(time.perf_counter() - t0) / steps])
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             times.append(t.item())
         return statistics.median(times)
 
     def node_step(reps: int = 11, iters: int = 20) -> float:
-        """Per step of a 4-byte reduce + broadcast in every node group at once (the leader design's
-        intra-node steps, gloo C++ collectives): time / (2 ceil(log2 L))."""
+        """Per step of a 4-byte reduce + broadcast in every node group at once (gloo C++ collectives, as
+        a one-node run uses): time / (2 ceil(log2 L))."""
         x = torch.zeros(1)
         leader = topo.leader(topo.node[rank])
         times = []
@@ -114,7 +115,7 @@ def _calibrate(counts: list[int], shaped: bool, groups):
     b_i = max(step_time(node_rings, big, 5) - wire_i, 1e-12) / big
     b_e = max(step_time([topo.leaders], big, 3) - wire_e, 1e-12) / big
     nic = 1 / b_e if shaped else float("inf")  # on the testbed one flow fills the host link
-    return LinkCosts(a_i, b_i, a_e, b_e, nic, a_p), gloo_step()
+    return LinkCosts(a_i, b_i, a_e, b_e, nic, a_p, gloo_step())
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -131,7 +132,7 @@ def worker(args: argparse.Namespace) -> None:
     topo = Topology.from_ranks_per_node(counts)
     groups = CommGroups.build(topo)
     shaped = args.setting.startswith("testbed")
-    costs, gloo_alpha = _calibrate(counts, shaped, groups)
+    costs = _calibrate(counts, shaped, groups)
     budget = 0.25 if not shaped else 0.5  # seconds of timed work per point and repetition
     rows = []
     for size in [int(s) for s in args.sizes.split(",")]:
@@ -140,7 +141,7 @@ def worker(args: argparse.Namespace) -> None:
         for algo in ALGOS:  # one warm-up each, which also sizes the timed loop
             dist.barrier()
             t0 = time.perf_counter()
-            all_reduce(x, algo, groups=groups)
+            all_reduce(x, algo, groups=groups, costs=costs)
             est[algo] = time.perf_counter() - t0
         t = torch.tensor([max(est.values())])
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -153,7 +154,7 @@ def worker(args: argparse.Namespace) -> None:
                 dist.barrier()
                 t0 = time.perf_counter()
                 for _ in range(iters):
-                    all_reduce(x, algo, groups=groups)
+                    all_reduce(x, algo, groups=groups, costs=costs)
                 dt = torch.tensor([(time.perf_counter() - t0) / iters])
                 dist.all_reduce(dt, op=dist.ReduceOp.MAX)
                 times[algo].append(dt.item())
@@ -161,8 +162,7 @@ def worker(args: argparse.Namespace) -> None:
             rows.append({"size_bytes": size, "algorithm": algo, "time_s": statistics.median(times[algo]),
                          "samples": times[algo], "iters": iters})
     if dist.get_rank() == 0:
-        Path(args.out).write_text(json.dumps({"rows": rows, "costs": costs.__dict__,
-                                                    "gloo_alpha": gloo_alpha}))
+        Path(args.out).write_text(json.dumps({"rows": rows, "costs": costs.__dict__}))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -278,16 +278,11 @@ def main() -> int:
                 data = run_setting(setting, sizes, tb)
         else:
             data = run_setting(setting, sizes)
-        costs = LinkCosts(**data["costs"])
-        # gloo runs gloo's C++ ring (sim.collectives.gloo) with its own measured per-step cost
-        gloo_costs = replace(costs, intra_alpha=data["gloo_alpha"], inter_alpha=data["gloo_alpha"])
-        calib[setting] = {**data["costs"], "gloo_alpha": data["gloo_alpha"]}
+        costs = LinkCosts(**data["costs"])  # gloo is priced with its own per-step cost, costs.gloo_alpha
+        calib[setting] = data["costs"]
         world = sum(SETTINGS[setting])
         for r in data["rows"]:
-            if r["algorithm"] == "gloo":
-                pred = predict("gloo", r["size_bytes"], SETTINGS[setting], gloo_costs)
-            else:
-                pred = predict(r["algorithm"], r["size_bytes"], SETTINGS[setting], costs)
+            pred = predict(r["algorithm"], r["size_bytes"], SETTINGS[setting], costs)
             rows.append({"setting": setting, "algorithm": r["algorithm"], "size_bytes": r["size_bytes"],
                          "time_s": r["time_s"], "busbw_gbps": busbw(r["size_bytes"], r["time_s"], world) * 8 / 1e9,
                          "predicted_time_s": pred,
@@ -311,7 +306,8 @@ def main() -> int:
     out = {"rows": rows, "predictions": preds, "calibration": calib,
            "notes": "alpha: per-step cost of 20 back-to-back 4-byte steps with every rank of the setting "
                     "running, so it includes process wake-up on the shared cores (intra: node-group gloo "
-                    "reduce+broadcast in every node; intra_p2p: our p2p exchange in a ring inside every node; "
+                    "reduce+broadcast in every node; intra_p2p: our p2p exchange in a ring inside every node, "
+                    "which prices the leader design's gather/send-back and the rs form's rings; "
                     "inter: our p2p exchange in one ring over all ranks); beta: a concurrent 1-4 MiB neighbour "
                     "exchange minus wire latency; gloo is predicted with its pipelined ring, "
                     "2(n-1) max(alpha, S/n beta), and its own per-step alpha (1 KiB dist.all_reduce / 2(n-1)); "

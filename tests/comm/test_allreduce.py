@@ -7,11 +7,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import gearshift.comm.allreduce as ar
+import gearshift.sim.collectives as coll
 from gearshift.cluster.topology import Topology
 from gearshift.comm import CommGroups, GradientSync, all_reduce
-from gearshift.comm.allreduce import chunk_bounds
 from gearshift.comm.launch import spawn
+from gearshift.comm.steps import chunk_bounds
 
 ALGOS = ["ring", "hierarchical", "hierarchical_rs"]
 DTYPES = [torch.float32, torch.float64, torch.int32, torch.bfloat16]
@@ -83,7 +83,8 @@ def _train(rank: int, algo: str, groups: CommGroups | None) -> list[float]:
 
 
 def _worker(rank: int, world: int, layouts: list, train: bool) -> list[str]:
-    ar.PIPELINE_BYTES = 4096  # exercise the segmented leader path with small tensors
+    coll.segment_bytes = lambda c: 2048  # exercise the segmented (streamed) path with small tensors
+    coll.FIRST_SEGMENT_BYTES = 512
     bad = []
     for i, lay in enumerate(layouts):
         topo = lay if isinstance(lay, Topology) else Topology.from_ranks_per_node(lay)
@@ -123,7 +124,9 @@ def test_matches_dist_all_reduce(world: int) -> None:
     assert not failures, failures[:10]
 
 
-def test_world_of_one_in_process() -> None:
+def test_world_of_one_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("segment_bytes", "FIRST_SEGMENT_BYTES"):  # _worker shrinks them: restore afterwards
+        monkeypatch.setattr(coll, name, getattr(coll, name))
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         assert _worker(0, 1, [[1]], False) == []

@@ -6,7 +6,21 @@ import time
 
 import pytest
 
-from gearshift.sim.collectives import ALGORITHMS, LinkCosts, busbw, choose, predict
+from gearshift.cluster.topology import matrix_shape
+from gearshift.sim.collectives import (
+    ALGORITHMS,
+    MAX_SEGMENTS,
+    RUNNABLE,
+    LinkCosts,
+    _flow_shop,
+    _gather,
+    _matrix,
+    busbw,
+    choose,
+    predict,
+    segment_bounds,
+    segment_bytes,
+)
 
 FLAT = LinkCosts(intra_alpha=1e-5, intra_beta=1e-9, inter_alpha=1e-5, inter_beta=1e-9)
 
@@ -44,7 +58,7 @@ def test_uneven_rs_is_priced_as_leader_and_never_chosen() -> None:
 def test_choose_is_deterministic_and_known() -> None:
     for size in (4, 4 << 10, 4 << 20):
         a = choose(size, (16, 8))
-        assert a == choose(size, (16, 8)) and a in ALGORITHMS
+        assert a == choose(size, (16, 8)) and a in RUNNABLE
     with pytest.raises(ValueError):
         predict("carrier-pigeon", 1, (1, 1))
 
@@ -61,3 +75,46 @@ def test_scales_to_thousands_instantly() -> None:
 def test_busbw() -> None:
     assert busbw(1e6, 1.0, 8) == pytest.approx(1.75e6)
     assert busbw(1e6, 0.0, 8) == 0.0
+
+
+@pytest.mark.parametrize("numel", [0, 1, 1000, 1 << 16, (1 << 20) + 3, 1 << 24, 123_456_789])
+@pytest.mark.parametrize("itemsize", [2, 4, 8])
+def test_segments_cover_the_message_in_order(numel: int, itemsize: int) -> None:
+    slow = LinkCosts(inter_alpha=1e-3, inter_beta=1 / 25e6)  # a 200 Mbit/s link: ~400 KB segments
+    b = segment_bounds(numel, itemsize, slow)
+    assert b[0][0] == 0 and b[-1][1] == numel and len(b) <= MAX_SEGMENTS
+    assert all(x[1] == y[0] and x[0] <= x[1] for x, y in zip(b, b[1:]))
+    if numel * itemsize <= segment_bytes(slow):
+        assert len(b) == 1
+    else:  # a small first segment starts the pipeline; the rest are about the target size or larger
+        assert (b[0][1] - b[0][0]) * itemsize == 64 << 10
+        assert len(b) > 1
+
+
+def test_fast_links_are_not_segmented() -> None:
+    loopback = LinkCosts(inter_alpha=1e-3, inter_beta=1 / 2e9)  # 16 steps of 1 ms hide 32 MB
+    assert len(segment_bounds(4 << 20, 4, loopback)) == 1
+
+
+def test_flow_shop() -> None:
+    assert _flow_shop([]) == 0.0
+    assert _flow_shop([[1, 2, 1]]) == 4
+    assert _flow_shop([[1, 2, 1], [1, 2, 1]]) == 6  # the middle stage is the bottleneck
+    assert _flow_shop([[3, 1], [3, 1], [3, 1]]) == 10
+
+
+def test_one_segment_is_the_closed_form() -> None:
+    c = LinkCosts(intra_alpha=1e-4, intra_beta=1e-9, inter_alpha=1e-3, inter_beta=4e-8)
+    size, rows_cols = 64 << 10, matrix_shape(4)
+    assert size <= segment_bytes(c)
+    want = 2 * _gather(size, 2, c) + _matrix(size, *rows_cols, c.inter_alpha, c.inter_beta)
+    assert predict("hierarchical", size, (4, 2), c) == pytest.approx(want)
+
+
+def test_segments_hide_the_node_steps_on_slow_links() -> None:
+    c = LinkCosts(intra_alpha=1e-4, intra_beta=1e-9, inter_alpha=1e-3, inter_beta=4e-8)
+    size = 64 << 20
+    unstreamed = 2 * _gather(size, 2, c) + _matrix(size, *matrix_shape(4), c.inter_alpha, c.inter_beta)
+    streamed = predict("hierarchical", size, (4, 2), c)
+    link = _matrix(size, *matrix_shape(4), 0.0, c.inter_beta)
+    assert link < streamed < unstreamed

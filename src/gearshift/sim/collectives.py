@@ -15,15 +15,19 @@ from dataclasses import dataclass
 from gearshift.cluster.topology import matrix_shape
 
 ALGORITHMS = ("ring", "tree", "matrix2d", "hierarchical", "hierarchical_rs")
-RUNNABLE = ("ring", "hierarchical", "hierarchical_rs")  # what gearshift.comm implements
+RUNNABLE = ("gloo", "ring", "hierarchical", "hierarchical_rs")  # what gearshift.comm runs (gloo: torch's own)
+MAX_SEGMENTS = 16
+FIRST_SEGMENT_BYTES = 64 << 10
+MIN_SEGMENT_BYTES = 256 << 10
 
 
 @dataclass(frozen=True)
 class LinkCosts:
     """Per-message latency (s) and per-byte time (s/B) inside and between nodes, plus the per-node
     card bandwidth (B/s) that all of a node's concurrent inter-node flows share (inf = no limit).
-    intra_alpha prices collective steps inside a node (the leader design's reduce / broadcast);
-    intra_p2p_alpha, when given, the reduce-scatter form's point-to-point ring steps inside a node."""
+    intra_alpha prices gloo's collectives inside one node; intra_p2p_alpha, when given, our point-to-point
+    steps inside a node (the leader design's gather / send back, the reduce-scatter form's rings);
+    gloo_alpha, when given, a step of gloo's own ring all-reduce (its C++ step is cheaper than ours)."""
 
     intra_alpha: float = 5e-6
     intra_beta: float = 1 / 100e9
@@ -31,6 +35,7 @@ class LinkCosts:
     inter_beta: float = 1 / 10e9
     nic_bandwidth: float = float("inf")
     intra_p2p_alpha: float | None = None  # per-step cost of a point-to-point intra step, if not intra_alpha
+    gloo_alpha: float | None = None  # per-step cost of gloo's own C++ ring, if not the link's alpha
 
     @property
     def p2p_alpha(self) -> float:
@@ -55,12 +60,64 @@ def _matrix(m: float, rows: int, cols: int, a: float, b: float) -> float:
     return _ring_ar(m, cols, a, b) + _ring_ar(m / cols, rows, a, b)
 
 
+def segment_bytes(c: LinkCosts) -> float:
+    """Target segment size for the streamed algorithms: one segment's transfer over an inter-node link
+    takes 16 step fixed costs, so the other segments' transfers hide a segment's hand-shakes."""
+    return max(MIN_SEGMENT_BYTES, 16 * c.inter_alpha / c.inter_beta_shared(1))
+
+
+def segment_bounds(numel: int, itemsize: int, c: LinkCosts | None = None) -> list[tuple[int, int]]:
+    """How comm streams a message of numel items: segments doubling from FIRST_SEGMENT_BYTES (the first
+    one's node-level reduce is not hidden) up to segment_bytes(c), then equal ones of about that size,
+    at most MAX_SEGMENTS; one segment when the message is no larger. Same on every rank."""
+    target = segment_bytes(c or LinkCosts())
+    total = numel * itemsize
+    if total <= target:
+        return [(0, numel)]
+    sizes, k = [], max(1, FIRST_SEGMENT_BYTES // itemsize)  # in items from here on
+    while k * itemsize < target and sum(sizes) + 2 * k < numel and len(sizes) < MAX_SEGMENTS // 2:
+        sizes.append(k)
+        k *= 2
+    bounds, pos = [], 0
+    for k in sizes:
+        bounds.append((pos, pos + k))
+        pos += k
+    rest = numel - pos
+    n = min(MAX_SEGMENTS - len(sizes), max(1, math.ceil(rest * itemsize / target)))
+    q, r = divmod(rest, n)
+    for i in range(n):
+        k = q + (1 if i < r else 0)
+        bounds.append((pos, pos + k))
+        pos += k
+    return bounds
+
+
+def _segments(size: float, c: LinkCosts) -> list[float]:
+    """Segment sizes in bytes (segment_bounds on a byte array)."""
+    return [float(e - s) for s, e in segment_bounds(int(size), 1, c)]
+
+
+def _flow_shop(stage_times: list[list[float]]) -> float:
+    """Finish time of segments through stages in order, each stage serving one segment at a time:
+    done[k][j] = max(done[k - 1][j], done[k][j - 1]) + t[k][j] (a stage is a node's reduce, its card,
+    its broadcast)."""
+    done: list[float] = []
+    for times in stage_times:
+        prev, row = 0.0, []
+        for j, t in enumerate(times):
+            prev = max(prev, done[j] if done else 0.0) + t
+            row.append(prev)
+        done = row
+    return done[-1] if done else 0.0
+
+
 def ring(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
-    """Flat ring over n ranks in rank order: 2 (n - 1) (a + S / n * b); every step has one inter-node
-    hop per node boundary when N > 1, so the slowest (inter) link sets each step."""
+    """Flat ring over n ranks in rank order, streamed in segments: the step fixed costs of one segment,
+    2 (n - 1) a, plus every segment's transfers, 2 (n - 1) / n S b (each step has one inter-node hop
+    per node boundary when N > 1, so the slowest link sets each step)."""
     n = nodes * per_node
     a, b = (c.inter_alpha, c.inter_beta_shared(1)) if nodes > 1 else (c.intra_alpha, c.intra_beta)
-    return _ring_ar(size, n, a, b)
+    return _ring_ar(0.0, n, a, b) + _ring_ar(size, n, 0.0, b)
 
 
 def gloo(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
@@ -71,6 +128,7 @@ def gloo(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
     if n <= 1:
         return 0.0
     a, b = (c.inter_alpha, c.inter_beta_shared(1)) if nodes > 1 else (c.intra_alpha, c.intra_beta)
+    a = a if c.gloo_alpha is None else c.gloo_alpha
     return 2 * (n - 1) * max(a, size / n * b)
 
 
@@ -92,31 +150,42 @@ def matrix2d(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
     return _matrix(size, rows, cols, a, b)
 
 
-def _intra_tree(size: float, per_node: int, c: LinkCosts) -> float:
-    """Binomial-tree reduce (or broadcast) of S inside a node: ceil(log2 L) (a_i + S b_i)."""
-    return math.ceil(math.log2(per_node)) * (c.intra_alpha + size * c.intra_beta) if per_node > 1 else 0.0
+def _gather(size: float, per_node: int, c: LinkCosts) -> float:
+    """The other L - 1 ranks of a node send S to the leader, received one after another (or the leader
+    sends S back to each): (L - 1) (a_p + S b_i), a_p the per-step cost of a point-to-point intra step."""
+    return (per_node - 1) * (c.p2p_alpha + size * c.intra_beta)
 
 
 def hierarchical(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
-    """Leader design: intra reduce to the leader + leaders' R x C matrix over N nodes (one flow per card)
-    + intra broadcast: 2 ceil(log2 L) (a_i + S b_i) + _matrix(S, R, C, a_e, b_e(1))."""
+    """Leader design, streamed in segments s_k: each segment goes through the gather to the leader
+    (_gather), the leaders' R x C matrix on the leader's card, bandwidth part of _matrix(s_k, R, C, 0,
+    b_e(1)), and the send back (_gather), in a flow shop (_flow_shop); plus the matrix's step fixed costs
+    once, _matrix(0, R, C, a_e, 0) (the other segments' transfers hide them). One segment gives
+    2 (L - 1) (a_p + S b_i) + _matrix(S, R, C, a_e, b_e(1))."""
     if nodes == 1:  # one node: gloo's all-reduce on the node group
         return _ring_ar(size, per_node, c.intra_alpha, c.intra_beta)
     rows, cols = matrix_shape(nodes)
-    inter = _matrix(size, rows, cols, c.inter_alpha, c.inter_beta_shared(1))
-    return 2 * _intra_tree(size, per_node, c) + inter
+    b_e = c.inter_beta_shared(1)
+    stages = [[_gather(s, per_node, c), _matrix(s, rows, cols, 0.0, b_e), _gather(s, per_node, c)]
+              for s in _segments(size, c)]
+    return _matrix(0.0, rows, cols, c.inter_alpha, 0.0) + _flow_shop(stages)
 
 
 def hierarchical_rs(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
-    """Reduce-scatter form: intra ring reduce-scatter + L concurrent matrices of S / L (sharing the card)
-    + intra ring all-gather: 2 (L - 1) (a_p + S / L b_i) + _matrix(S / L, R, C, a_e, b_e(L)), where a_p
-    is the per-step cost of a point-to-point intra step (intra_p2p_alpha, default intra_alpha)."""
+    """Reduce-scatter form, streamed in segments s_k: intra ring reduce-scatter (L - 1)(a_p + s_k / L b_i),
+    L concurrent matrices of s_k / L sharing the card, bandwidth part of _matrix(s_k / L, R, C, 0, b_e(L)),
+    intra ring all-gather like the reduce-scatter, in a flow shop; plus the matrix's step fixed costs
+    once. a_p is the per-step cost of a point-to-point intra step (intra_p2p_alpha, default intra_alpha)."""
     if nodes == 1:
         return _ring_ar(size, per_node, c.intra_alpha, c.intra_beta)
     rows, cols = matrix_shape(nodes)
-    intra = _ring_ar(size, per_node, c.p2p_alpha, c.intra_beta)
-    inter = _matrix(size / per_node, rows, cols, c.inter_alpha, c.inter_beta_shared(per_node))
-    return intra + inter
+    b_e = c.inter_beta_shared(per_node)
+
+    def intra(s: float) -> float:  # a ring reduce-scatter (or all-gather) of s inside the node
+        return (per_node - 1) * (c.p2p_alpha + s / per_node * c.intra_beta) if per_node > 1 else 0.0
+
+    stages = [[intra(s), _matrix(s / per_node, rows, cols, 0.0, b_e), intra(s)] for s in _segments(size, c)]
+    return _matrix(0.0, rows, cols, c.inter_alpha, 0.0) + _flow_shop(stages)
 
 
 _FORMULAS = {"ring": ring, "gloo": gloo, "tree": tree, "matrix2d": matrix2d, "hierarchical": hierarchical,

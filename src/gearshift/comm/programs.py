@@ -1,0 +1,50 @@
+"""Step programs of every all-reduce algorithm for one rank, from the topology alone (no communication):
+comm.allreduce runs them with comm.stream, and tests replay them in one process for any world size."""
+
+from __future__ import annotations
+
+import torch
+
+from gearshift.cluster.topology import Topology
+from gearshift.comm.groups import leader_grid, peer_grid
+from gearshift.comm.steps import (
+    Step,
+    leader_program,
+    matrix_all_reduce,
+    ring_all_gather,
+    ring_all_reduce,
+    ring_reduce_scatter,
+)
+from gearshift.sim.collectives import LinkCosts, segment_bounds
+
+
+def segments(flat: torch.Tensor, costs: LinkCosts | None) -> list[tuple[int, int]]:
+    """Segment bounds, the same on every rank: sim.collectives.segment_bounds, so the cost model prices
+    exactly what runs."""
+    return segment_bounds(flat.numel(), flat.element_size(), costs)
+
+
+def build(algorithm: str, flat: torch.Tensor, topology: Topology, rank: int,
+          costs: LinkCosts | None = None) -> list[list[Step]]:
+    """One program per segment of `flat` for `rank`: "ring" (all ranks in rank order), "hierarchical"
+    (leader design) or "hierarchical_rs" (reduce-scatter form; needs equal nodes). Multi-node only for
+    the hierarchical forms: one node runs gloo's own all-reduce instead."""
+    segs = [flat[s:e] for s, e in segments(flat, costs)]
+    if algorithm == "ring":
+        ranks = list(range(topology.world_size))
+        return [ring_all_reduce(seg, ranks, rank) for seg in segs]
+    node = topology.ranks_of(topology.node[rank])
+    if algorithm == "hierarchical":
+        leader, grid = topology.leader(topology.node[rank]), leader_grid(topology)
+        width = max(topology.ranks_per_node) - 1
+        return [leader_program(seg, node, leader, grid, rank, width) for seg in segs]
+    if algorithm == "hierarchical_rs":
+        grid = peer_grid(topology, topology.local_rank[rank])
+        if grid is None:
+            raise ValueError("hierarchical_rs needs the same number of ranks on every node")
+        programs = []
+        for seg in segs:
+            rs, (a, b) = ring_reduce_scatter(seg, node, rank)
+            programs.append(rs + matrix_all_reduce(seg[a:b], grid, rank) + ring_all_gather(seg, node, rank))
+        return programs
+    raise ValueError(f"no step program for {algorithm!r} (allowed: ring, hierarchical, hierarchical_rs)")

@@ -1,0 +1,53 @@
+"""Run step programs (comm.steps) for several segments of a message at once.
+
+Segment k's step j + 1 is posted the moment its step j completes, while the other segments' transfers
+are still queued on the link, so the link never idles for a step's wake-up and hand-shake (gloo sends a
+message only once the receiver has posted for it). Each (segment, step) has its own tag, so messages on
+one connection cannot be matched to the wrong receive whatever order the segments progress in.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from gearshift.comm.steps import Step
+
+TAG_STRIDE = 1 << 10  # tag = segment * TAG_STRIDE + step
+
+
+def run_segments(programs: list[list[Step]], down=None) -> None:
+    """Run programs[k] for every segment k; every peer runs programs whose step (k, j) is the other end
+    of this rank's step (k, j) (comm.programs builds them so).
+
+    Messages to a higher rank use the default group and to a lower rank `down` (a second world group),
+    so each TCP connection carries one direction: gloo serialises a two-way exchange on one socket."""
+    me = dist.get_rank()
+    if any(len(p) >= TAG_STRIDE for p in programs):
+        raise ValueError(f"run_segments: a program has more than {TAG_STRIDE - 1} steps")
+    pending: dict[int, tuple[list, torch.Tensor | None]] = {}
+
+    def post(k: int, j: int) -> None:
+        st = programs[k][j]
+        tag, works, buf = k * TAG_STRIDE + j, [], None
+        if st.send.numel():
+            works.append(dist.isend(st.send, st.dst, group=down if st.dst < me else None, tag=tag))
+        if st.recv.numel():
+            buf = torch.empty_like(st.recv) if st.reduce else st.recv
+            works.append(dist.irecv(buf, st.src, group=down if me < st.src else None, tag=tag))
+        pending[k] = (works, buf)
+
+    for k, prog in enumerate(programs):
+        if prog:
+            post(k, 0)
+    for j in range(max((len(p) for p in programs), default=0)):
+        for k, prog in enumerate(programs):
+            if j >= len(prog):
+                continue
+            works, buf = pending.pop(k)
+            for w in works:
+                w.wait()
+            if prog[j].reduce and buf is not None:
+                prog[j].recv.add_(buf)
+            if j + 1 < len(prog):
+                post(k, j + 1)
