@@ -29,95 +29,6 @@ TESTBED_RATE = "200mbit"
 
 
 # ---------------------------------------------------------------- worker (one rank)
-def _calibrate(counts: list[int], shaped: bool, groups):
-    """Link costs measured in the actual setting (all ranks of the job running, same process count on
-    the same cores), so they include per-step process wake-up, not just wire latency.
-
-    alpha (per step): inter = 20 back-to-back 4-byte exchange steps done the way our rings do them
-    (isend to the next rank, irecv from the previous: a one-step program run by comm.stream) in one ring over all
-    ranks, divided by 20; intra = 20 back-to-back 4-byte node-group reduce + broadcast pairs (gloo's
-    C++ collectives, which price a one-node run) in every node at once, per step;
-    intra_p2p_alpha = 20 back-to-back 4-byte exchange steps in a ring inside every node at once (our
-    point-to-point intra steps: the leader design's gather and send back, the reduce-scatter form's
-    rings), divided by 20.
-    gloo_alpha: a 1 KiB dist.all_reduce over the world (4 bytes would leave most ring chunks empty,
-    which gloo skips) divided by its 2 (n - 1) ring steps (gloo's C++
-    step is cheaper than a Python-driven one); used only to predict gloo.
-    beta: a concurrent neighbour exchange of 1 MiB (4 MiB on loopback), like one ring step, intra (rings
-    inside every node at once) and inter (a ring over node leaders), minus the wire latency of a 4-byte
-    ping-pong."""
-    import torch
-    import torch.distributed as dist
-
-    from gearshift.cluster.topology import Topology
-    from gearshift.comm.steps import Step
-    from gearshift.comm.stream import run_segments
-    from gearshift.sim.collectives import LinkCosts
-
-    topo = Topology.from_ranks_per_node(counts)
-    rank, world = dist.get_rank(), dist.get_world_size()
-
-    def step_time(rings: list[list[int]], n: int, reps: int, steps: int = 1) -> float:
-        """Median over reps of (time for `steps` back-to-back exchange steps) / steps, max over ranks."""
-        x, y = torch.zeros(max(1, n // 4)), torch.zeros(max(1, n // 4))
-        me = next((r for r in rings if rank in r), None)
-        times = []
-        for _ in range(reps):
-            dist.barrier()
-            t0 = time.perf_counter()
-            if me and len(me) > 1:
-                i = me.index(rank)
-                for _ in range(steps):
-                    run_segments([[Step(x, me[(i + 1) % len(me)], y, me[(i - 1) % len(me)], False)]], groups.down)
-            t = torch.tensor([(time.perf_counter() - t0) / steps])
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            times.append(t.item())
-        return statistics.median(times)
-
-    def node_step(reps: int = 11, iters: int = 20) -> float:
-        """Per step of a 4-byte reduce + broadcast in every node group at once (gloo C++ collectives, as
-        a one-node run uses): time / (2 ceil(log2 L))."""
-        x = torch.zeros(1)
-        leader = topo.leader(topo.node[rank])
-        times = []
-        for _ in range(reps):
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                dist.reduce(x, dst=leader, group=groups.node_group)
-                dist.broadcast(x, src=leader, group=groups.node_group)
-            t = torch.tensor([(time.perf_counter() - t0) / iters])
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            times.append(t.item())
-        return statistics.median(times) / (2 * max(1, (max(counts) - 1).bit_length()))
-
-    def gloo_step(reps: int = 11, iters: int = 20) -> float:
-        x = torch.zeros(256)  # 1 KiB: every chunk of gloo's ring non-empty (gloo skips empty ones)
-        times = []
-        for _ in range(reps):
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                dist.all_reduce(x)
-            t = torch.tensor([(time.perf_counter() - t0) / iters])
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            times.append(t.item())
-        return statistics.median(times) / (2 * (world - 1))
-
-    big = 1 * MIB if shaped else 4 * MIB
-    L = counts[0]
-    node_rings = [topo.ranks_of(k) for k in range(topo.num_nodes)]
-    wire_i = step_time([[0, 1]], 4, 20)
-    wire_e = step_time([[0, L]], 4, 20)
-    a_i = node_step()
-    a_p = step_time(node_rings, 4, 11, steps=20)
-    a_e = step_time([list(range(world))], 4, 11, steps=20)
-    b_i = max(step_time(node_rings, big, 5) - wire_i, 1e-12) / big
-    b_e = max(step_time([topo.leaders], big, 3) - wire_e, 1e-12) / big
-    nic = 1 / b_e if shaped else float("inf")  # on the testbed one flow fills the host link
-    return LinkCosts(a_i, b_i, a_e, b_e, nic, a_p, gloo_step())
-
-
 def worker(args: argparse.Namespace) -> None:
     """Time every algorithm at every size; rank 0 writes the timings and the calibration."""
     import torch
@@ -125,6 +36,7 @@ def worker(args: argparse.Namespace) -> None:
 
     from gearshift.cluster.topology import Topology
     from gearshift.comm import CommGroups, all_reduce
+    from gearshift.comm.calibrate import measure_link_costs
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -132,7 +44,7 @@ def worker(args: argparse.Namespace) -> None:
     topo = Topology.from_ranks_per_node(counts)
     groups = CommGroups.build(topo)
     shaped = args.setting.startswith("testbed")
-    costs = _calibrate(counts, shaped, groups)
+    costs = measure_link_costs(groups)  # the package's own calibration, as training's `auto` uses
     budget = 0.25 if not shaped else 0.5  # seconds of timed work per point and repetition
     rows = []
     for size in [int(s) for s in args.sizes.split(",")]:
@@ -304,15 +216,12 @@ def main() -> int:
     Console().print(table)
     RESULTS.mkdir(exist_ok=True)
     out = {"rows": rows, "predictions": preds, "calibration": calib,
-           "notes": "alpha: per-step cost of 20 back-to-back 4-byte steps with every rank of the setting "
-                    "running, so it includes process wake-up on the shared cores (intra: node-group gloo "
-                    "reduce+broadcast in every node; intra_p2p: our p2p exchange in a ring inside every node, "
-                    "which prices the leader design's gather/send-back and the rs form's rings; "
-                    "inter: our p2p exchange in one ring over all ranks); beta: a concurrent 1-4 MiB neighbour "
-                    "exchange minus wire latency; gloo is predicted with its pipelined ring, "
-                    "2(n-1) max(alpha, S/n beta), and its own per-step alpha (1 KiB dist.all_reduce / 2(n-1)); "
-                    "all measured once per setting in the same run, no per-point fitting; times are medians of "
-                    "interleaved repetitions, max over ranks",
+           "notes": "costs: gearshift.comm.calibrate.measure_link_costs, measured once per setting in the same "
+                    "run with every rank running (per-step costs from tiny runs of our ring and gloo's ring, so "
+                    "they include process wake-up on the shared cores; per-byte costs from 1 MiB exchanges inside "
+                    "nodes, between leaders and between all peers at once); no per-point fitting; the streamed "
+                    "algorithms are priced by sim.collectives with the same segments the runtime uses; times are "
+                    "medians of interleaved repetitions, max over ranks",
            "quick": args.quick, "testbed_rate": TESTBED_RATE}
     (RESULTS / "allreduce.json").write_text(json.dumps(out, indent=1))
     _plot(rows, preds, RESULTS / "allreduce.png")

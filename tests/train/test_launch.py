@@ -48,15 +48,17 @@ def test_failing_worker_stops_job_with_its_error(tmp_path):
 
 
 def test_data_parallel_allreduce_algorithms_train_alike(tmp_path):
-    """parallel.allreduce only changes how gradients travel: ring and hierarchical give gloo's losses."""
+    """parallel.allreduce only changes how gradients travel: ring, hierarchical and auto (which measures the
+    links first and says what it chose) give gloo's losses."""
     losses = {}
-    for algo in ("gloo", "ring", "hierarchical"):
+    for algo in ("gloo", "ring", "hierarchical", "auto"):
         out = tmp_path / algo
         r = _gearshift("train", *TINY, "--cluster.workers=4", "--cluster.ranks_per_node=2", "--parallel.stages=1",
                        f"--parallel.allreduce={algo}", "--train.steps=3", f"--output.dir={out}")
         assert r.returncode == 0, r.stderr
+        assert ("all-reduce auto (2 nodes):" in r.stdout) == (algo == "auto"), r.stdout
         losses[algo] = [json.loads(ln)["loss"] for ln in (out / "metrics.jsonl").read_text().splitlines()]
-    for algo in ("ring", "hierarchical"):
+    for algo in ("ring", "hierarchical", "auto"):
         assert losses[algo] == pytest.approx(losses["gloo"], rel=1e-6), algo
 
 

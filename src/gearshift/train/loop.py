@@ -80,7 +80,19 @@ def _grad_sync_factory(cfg: JobConfig):
 
     def factory(params, group):
         topo = Topology.from_env(gather=_gather)
-        sync = GradientSync(params, cfg.parallel.allreduce, int(cfg.parallel.bucket_mb * (1 << 20)), topo)
+        groups = costs = None
+        if cfg.parallel.allreduce == "auto" and topo.num_nodes > 1:  # price the links this job really has
+            from gearshift.comm import CommGroups
+            from gearshift.comm.calibrate import describe, measure_link_costs
+
+            groups = CommGroups.build(topo)
+            costs = measure_link_costs(groups)
+        sync = GradientSync(params, cfg.parallel.allreduce, int(cfg.parallel.bucket_mb * (1 << 20)), topo,
+                            groups, costs)
+        if costs is not None and dist.get_rank() == 0:
+            chosen = ", ".join(f"{b.numel * b.params[0].element_size() / 2**20:.1f} MiB: {b.algorithm}"
+                               for b in sync.buckets)
+            print(f"all-reduce auto ({topo.num_nodes} nodes): {chosen}; measured {describe(costs)}", flush=True)
         return sync.sync
 
     return factory

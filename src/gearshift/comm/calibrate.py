@@ -1,0 +1,108 @@
+"""Measure this job's LinkCosts with every rank taking part, so the cost model (and `auto`) prices the
+links, card sharing and per-step wake-ups the job actually has. A collective: all ranks call it."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from gearshift.comm.groups import CommGroups
+from gearshift.comm.steps import Step, ring_all_reduce
+from gearshift.comm.stream import run_segments
+from gearshift.sim.collectives import LinkCosts
+
+MIB = 1 << 20
+
+
+def _max_over_ranks(seconds: float) -> float:
+    t = torch.tensor([seconds])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def _timed(fn, reps: int, iters: int) -> float:
+    """Median over reps of the slowest rank's time per call of fn (barrier before each rep)."""
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        times.append(_max_over_ranks((time.perf_counter() - t0) / iters))
+    return statistics.median(times)
+
+
+def measure_link_costs(groups: CommGroups, beta_bytes: int = MIB, reps: int = 7) -> LinkCosts:
+    """LinkCosts of this job, measured (about a second on slow links).
+
+    Per-step costs come from tiny runs of the same engine the algorithms use, with every rank running:
+    inter_alpha = a flat ring all-reduce of one item per chunk over all ranks / its 2 (n - 1) steps;
+    intra_p2p_alpha = the same ring inside every node at once; intra_alpha = gloo's reduce + broadcast in
+    every node group (what a one-node job runs); gloo_alpha = gloo's own 1 KiB all-reduce / 2 (n - 1).
+    Per-byte costs: the slope between exchanges of beta_bytes and 2 beta_bytes, with a ring inside every node
+    (intra_beta), over the node leaders (inter_beta: one flow per card), and over all same-local-rank
+    peers at once (L flows per card: a card cap when that is slower, nic_bandwidth)."""
+    topo, rank, world = groups.topology, groups.rank, dist.get_world_size()
+    node_rings = [topo.ranks_of(k) for k in range(topo.num_nodes)]
+    peer_rings = [[topo.ranks_of(k)[i] for k in range(topo.num_nodes) if i < len(topo.ranks_of(k))]
+                  for i in range(max(topo.ranks_per_node))]
+
+    def exchange(rings: list[list[int]], nbytes: int):
+        x, y = torch.zeros(max(1, nbytes // 4)), torch.zeros(max(1, nbytes // 4))
+        ring = next((r for r in rings if rank in r), [])
+
+        def fn() -> None:
+            if len(ring) > 1:
+                i = ring.index(rank)
+                run_segments([[Step(x, ring[(i + 1) % len(ring)], y, ring[(i - 1) % len(ring)], False)]], groups.down)
+        return fn
+
+    def ring_steps(rings: list[list[int]]) -> float:
+        ring = next((r for r in rings if rank in r), [])
+        x = torch.zeros(2 * max(len(r) for r in rings))
+
+        def fn() -> None:
+            if len(ring) > 1:
+                run_segments([ring_all_reduce(x, ring, rank)], groups.down)
+        longest = max(len(r) for r in rings)
+        return _timed(fn, reps, 10) / max(1, 2 * (longest - 1) if longest > 2 else 1)
+
+    def node_collectives() -> None:
+        leader = topo.leader(topo.node[rank])
+        x = torch.zeros(1)
+        dist.reduce(x, dst=leader, group=groups.node_group)
+        dist.broadcast(x, src=leader, group=groups.node_group)
+
+    gloo_x = torch.zeros(256)
+    gloo_alpha = _timed(lambda: dist.all_reduce(gloo_x), reps, 10) / max(1, 2 * (world - 1))
+    inter_alpha = ring_steps([list(range(world))])
+    p2p_alpha = ring_steps(node_rings) if max(topo.ranks_per_node) > 1 else inter_alpha
+    intra_alpha = _timed(node_collectives, reps, 10) / (2 * max(1, (max(topo.ranks_per_node) - 1).bit_length()))
+
+    def beta(rings: list[list[int]]) -> float:
+        """Slope between exchanges of beta_bytes and twice that (latency cancels); if noise makes it
+        non-positive, the larger exchange's time per byte (an upper bound)."""
+        if max(len(r) for r in rings) < 2:
+            return 0.0
+        n = max(3, reps // 2)
+        t1, t2 = _timed(exchange(rings, beta_bytes), n, 1), _timed(exchange(rings, 2 * beta_bytes), n, 1)
+        return (t2 - t1) / beta_bytes if t2 > t1 else t2 / (2 * beta_bytes)
+
+    intra_beta = beta(node_rings) or 1 / 100e9
+    inter_beta = beta([topo.leaders]) or intra_beta
+    shared = beta(peer_rings) if max(topo.ranks_per_node) > 1 and topo.num_nodes > 1 else 0.0
+    flows = max(topo.ranks_per_node)
+    nic = flows / shared if shared > 1.2 * inter_beta else float("inf")  # L flows slower than one: a card cap
+    return LinkCosts(intra_alpha, intra_beta, inter_alpha, inter_beta, nic, p2p_alpha, gloo_alpha)
+
+
+def describe(costs: LinkCosts) -> str:
+    """One line for logs: per-step costs in ms, bandwidths in MB/s."""
+    nic = "no card cap" if costs.nic_bandwidth == float("inf") else f"card {costs.nic_bandwidth / 1e6:.0f} MB/s"
+    return (f"inter {1 / costs.inter_beta / 1e6:.0f} MB/s, {costs.inter_alpha * 1e3:.2f} ms/step; "
+            f"intra {1 / costs.intra_beta / 1e6:.0f} MB/s, {costs.p2p_alpha * 1e3:.2f} ms/step; {nic}; "
+            f"gloo {(costs.gloo_alpha or 0) * 1e3:.2f} ms/step")
+
