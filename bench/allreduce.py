@@ -58,7 +58,7 @@ def worker(args: argparse.Namespace) -> None:
         t = torch.tensor([max(est.values())])
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         iters = max(1, min(50, int(budget / max(t.item(), 1e-6))))
-        reps = 3 if t.item() < 0.5 else 1
+        reps = 3  # interleaved repetitions (median), at every size: one 5 s sample is too noisy
         times = {a: [] for a in ALGOS}
         for _ in range(reps):
             for algo in ALGOS:  # interleaved, so background load hits every algorithm alike

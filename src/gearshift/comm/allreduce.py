@@ -23,10 +23,14 @@ def _one_node(groups: CommGroups) -> bool:
     return groups.topology.num_nodes == 1
 
 
-def flat_ring_all_reduce(flat: torch.Tensor, down=None, costs: LinkCosts | None = None) -> None:
+def flat_ring_all_reduce(flat: torch.Tensor, groups: CommGroups | None, costs: LinkCosts | None = None) -> None:
     """Our own ring over all ranks in rank order, segments streamed (comm.stream)."""
     topology = Topology.from_ranks_per_node([dist.get_world_size()])
-    run_segments(build("ring", flat, topology, dist.get_rank(), costs), down)
+    programs = build("ring", flat, topology, dist.get_rank(), costs)
+    if groups is None:
+        run_segments(programs)
+    else:
+        run_segments(programs, groups.down, groups.node_group, groups.node_ranks)
 
 
 def leader_all_reduce(flat: torch.Tensor, groups: CommGroups, costs: LinkCosts | None = None) -> None:
@@ -38,7 +42,8 @@ def leader_all_reduce(flat: torch.Tensor, groups: CommGroups, costs: LinkCosts |
     if _one_node(groups):
         dist.all_reduce(flat, group=groups.node_group)
         return
-    run_segments(build("hierarchical", flat, groups.topology, groups.rank, costs), groups.down)
+    run_segments(build("hierarchical", flat, groups.topology, groups.rank, costs), groups.down, groups.node_group,
+                 groups.node_ranks)
 
 
 def rs_all_reduce(flat: torch.Tensor, groups: CommGroups, costs: LinkCosts | None = None) -> None:
@@ -49,7 +54,8 @@ def rs_all_reduce(flat: torch.Tensor, groups: CommGroups, costs: LinkCosts | Non
     if groups.peer_grid is None or _one_node(groups):
         leader_all_reduce(flat, groups, costs)
         return
-    run_segments(build("hierarchical_rs", flat, groups.topology, groups.rank, costs), groups.down)
+    run_segments(build("hierarchical_rs", flat, groups.topology, groups.rank, costs), groups.down,
+                 groups.node_group, groups.node_ranks)
 
 
 def resolve(algorithm: str, size_bytes: int, topology: Topology, costs: LinkCosts | None = None) -> str:
@@ -81,7 +87,7 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "auto", topology: Topology
         return tensor
     flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1).clone()
     if algo == "ring":
-        flat_ring_all_reduce(flat, groups.down if groups else None, costs)
+        flat_ring_all_reduce(flat, groups, costs)
     else:
         if groups is None:
             raise ValueError(f"all_reduce({algo!r}) needs groups=CommGroups.build(topology), built once on all ranks")

@@ -16,13 +16,22 @@ from gearshift.comm.steps import Step
 TAG_STRIDE = 1 << 10  # tag = segment * TAG_STRIDE + step
 
 
-def run_segments(programs: list[list[Step]], down=None) -> None:
+def run_segments(programs: list[list[Step]], down=None, node_group=None, node_ranks: list[int] = ()) -> None:
     """Run programs[k] for every segment k; every peer runs programs whose step (k, j) is the other end
     of this rank's step (k, j) (comm.programs builds them so).
 
-    Messages to a higher rank use the default group and to a lower rank `down` (a second world group),
-    so each TCP connection carries one direction: gloo serialises a two-way exchange on one socket."""
+    Messages between nodes go to a higher rank over the default group and to a lower rank over `down`
+    (a second world group), so each TCP connection carries one direction: gloo serialises a two-way
+    exchange on one socket. Messages to ranks of this node (node_ranks) use node_group: another gloo
+    context with its own I/O thread, so bursts on loopback do not hold up the inter-node sockets."""
     me = dist.get_rank()
+    local = set(node_ranks) if node_group is not None else set()
+
+    def group(peer: int, towards_lower: bool):
+        if peer in local:
+            return node_group
+        return down if towards_lower else None
+
     if any(len(p) >= TAG_STRIDE for p in programs):
         raise ValueError(f"run_segments: a program has more than {TAG_STRIDE - 1} steps")
     pending: dict[int, tuple[list, torch.Tensor | None]] = {}
@@ -31,10 +40,10 @@ def run_segments(programs: list[list[Step]], down=None) -> None:
         st = programs[k][j]
         tag, works, buf = k * TAG_STRIDE + j, [], None
         if st.send.numel():
-            works.append(dist.isend(st.send, st.dst, group=down if st.dst < me else None, tag=tag))
+            works.append(dist.isend(st.send, st.dst, group=group(st.dst, st.dst < me), tag=tag))
         if st.recv.numel():
             buf = torch.empty_like(st.recv) if st.reduce else st.recv
-            works.append(dist.irecv(buf, st.src, group=down if me < st.src else None, tag=tag))
+            works.append(dist.irecv(buf, st.src, group=group(st.src, me < st.src), tag=tag))
         pending[k] = (works, buf)
 
     for k, prog in enumerate(programs):
