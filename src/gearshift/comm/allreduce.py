@@ -26,11 +26,7 @@ def _one_node(groups: CommGroups) -> bool:
 def flat_ring_all_reduce(flat: torch.Tensor, groups: CommGroups | None, costs: LinkCosts | None = None) -> None:
     """Our own ring over all ranks in rank order, segments streamed (comm.stream)."""
     topology = Topology.from_ranks_per_node([dist.get_world_size()])
-    programs = build("ring", flat, topology, dist.get_rank(), costs)
-    if groups is None:
-        run_segments(programs)
-    else:
-        run_segments(programs, groups.down, groups.node_group, groups.node_ranks)
+    run_segments(build("ring", flat, topology, dist.get_rank(), costs), groups)
 
 
 def leader_all_reduce(flat: torch.Tensor, groups: CommGroups, costs: LinkCosts | None = None) -> None:
@@ -42,8 +38,7 @@ def leader_all_reduce(flat: torch.Tensor, groups: CommGroups, costs: LinkCosts |
     if _one_node(groups):
         dist.all_reduce(flat, group=groups.node_group)
         return
-    run_segments(build("hierarchical", flat, groups.topology, groups.rank, costs), groups.down, groups.node_group,
-                 groups.node_ranks)
+    run_segments(build("hierarchical", flat, groups.topology, groups.rank, costs), groups)
 
 
 def rs_all_reduce(flat: torch.Tensor, groups: CommGroups, costs: LinkCosts | None = None) -> None:
@@ -54,8 +49,7 @@ def rs_all_reduce(flat: torch.Tensor, groups: CommGroups, costs: LinkCosts | Non
     if groups.peer_grid is None or _one_node(groups):
         leader_all_reduce(flat, groups, costs)
         return
-    run_segments(build("hierarchical_rs", flat, groups.topology, groups.rank, costs), groups.down,
-                 groups.node_group, groups.node_ranks)
+    run_segments(build("hierarchical_rs", flat, groups.topology, groups.rank, costs), groups)
 
 
 def resolve(algorithm: str, size_bytes: int, topology: Topology, costs: LinkCosts | None = None) -> str:

@@ -58,7 +58,7 @@ def measure_link_costs(groups: CommGroups, beta_bytes: int = MIB, reps: int = 7)
             if len(ring) > 1:
                 i = ring.index(rank)
                 step = Step(x, ring[(i + 1) % len(ring)], y, ring[(i - 1) % len(ring)], False)
-                run_segments([[step]], groups.down, groups.node_group, groups.node_ranks)
+                run_segments([[step]], groups)
         return fn
 
     def ring_steps(rings: list[list[int]]) -> float:
@@ -67,7 +67,7 @@ def measure_link_costs(groups: CommGroups, beta_bytes: int = MIB, reps: int = 7)
 
         def fn() -> None:
             if len(ring) > 1:
-                run_segments([ring_all_reduce(x, ring, rank)], groups.down, groups.node_group, groups.node_ranks)
+                run_segments([ring_all_reduce(x, ring, rank)], groups)
         longest = max(len(r) for r in rings)
         return _timed(fn, reps, 10) / max(1, 2 * (longest - 1) if longest > 2 else 1)
 

@@ -11,26 +11,29 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from gearshift.comm.groups import CommGroups
 from gearshift.comm.steps import Step
 
 TAG_STRIDE = 1 << 10  # tag = segment * TAG_STRIDE + step
 
 
-def run_segments(programs: list[list[Step]], down=None, node_group=None, node_ranks: list[int] = ()) -> None:
+def run_segments(programs: list[list[Step]], groups: CommGroups | None = None) -> None:
     """Run programs[k] for every segment k; every peer runs programs whose step (k, j) is the other end
     of this rank's step (k, j) (comm.programs builds them so).
 
-    Messages between nodes go to a higher rank over the default group and to a lower rank over `down`
-    (a second world group), so each TCP connection carries one direction: gloo serialises a two-way
-    exchange on one socket. Messages to ranks of this node (node_ranks) use node_group: another gloo
-    context with its own I/O thread, so bursts on loopback do not hold up the inter-node sockets."""
+    With groups, messages between nodes go to a higher rank over the default group and to a lower rank
+    over groups.down (a second world group), so each TCP connection carries one direction: gloo
+    serialises a two-way exchange on one socket. Messages inside this node use groups.node_group: another
+    gloo context with its own I/O thread, so bursts on loopback do not hold up the inter-node sockets."""
     me = dist.get_rank()
-    local = set(node_ranks) if node_group is not None else set()
+    local = set(groups.node_ranks) if groups is not None else set()
 
     def group(peer: int, towards_lower: bool):
+        if groups is None:
+            return None
         if peer in local:
-            return node_group
-        return down if towards_lower else None
+            return groups.node_group
+        return groups.down if towards_lower else None
 
     if any(len(p) >= TAG_STRIDE for p in programs):
         raise ValueError(f"run_segments: a program has more than {TAG_STRIDE - 1} steps")
