@@ -8,6 +8,8 @@ one connection cannot be matched to the wrong receive whatever order the segment
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import torch
 import torch.distributed as dist
 
@@ -15,6 +17,15 @@ from gearshift.comm.groups import CommGroups
 from gearshift.comm.steps import Step
 
 TAG_STRIDE = 1 << 10  # tag = segment * TAG_STRIDE + step
+_scratch: dict[torch.dtype, torch.Tensor] = {}  # kept between calls: fresh pages cost a fault and a zeroing
+
+
+def scratch(dtype: torch.dtype, numel: int) -> torch.Tensor:
+    """A reused buffer of at least numel items (grown, never shrunk; one per dtype)."""
+    buf = _scratch.get(dtype)
+    if buf is None or buf.numel() < numel:
+        buf = _scratch[dtype] = torch.empty(numel, dtype=dtype)
+    return buf[:numel]
 
 
 def run_segments(programs: list[list[Step]], groups: CommGroups | None = None) -> None:
@@ -38,6 +49,11 @@ def run_segments(programs: list[list[Step]], groups: CommGroups | None = None) -
     if any(len(p) >= TAG_STRIDE for p in programs):
         raise ValueError(f"run_segments: a program has more than {TAG_STRIDE - 1} steps")
     pending: dict[int, tuple[list, torch.Tensor | None]] = {}
+    # segment k's pending reduce step receives into its own slice of one reused buffer
+    sizes = [max((st.recv.numel() for st in prog if st.reduce), default=0) for prog in programs]
+    offsets = [0, *accumulate(sizes)]
+    dtype = next((st.recv.dtype for prog in programs for st in prog if st.reduce), None)
+    space = scratch(dtype, offsets[-1]) if dtype is not None else None
 
     def post(k: int, j: int) -> None:
         st = programs[k][j]
@@ -45,7 +61,10 @@ def run_segments(programs: list[list[Step]], groups: CommGroups | None = None) -
         if st.send.numel():
             works.append(dist.isend(st.send, st.dst, group=group(st.dst, st.dst < me), tag=tag))
         if st.recv.numel():
-            buf = torch.empty_like(st.recv) if st.reduce else st.recv
+            if st.reduce:
+                buf = space[offsets[k]:offsets[k] + st.recv.numel()].view_as(st.recv)
+            else:
+                buf = st.recv
             works.append(dist.irecv(buf, st.src, group=group(st.src, me < st.src), tag=tag))
         pending[k] = (works, buf)
 
