@@ -4,7 +4,8 @@ the runtime can pick an algorithm per message size and the planner can predict a
 Notation: S bytes, N nodes, L ranks per node (max over nodes when uneven), n = N * L ranks.
 A message of m bytes over a link costs alpha + m * beta. Intra-node links use (a_i, b_i), inter-node
 links (a_e, b_e) where b_e = max(inter_beta, k / nic_bandwidth) when k flows of a node share its card.
-The node matrix is R x C (see cluster.topology.matrix_shape).
+The node matrix is R x C (see cluster.topology.matrix_shape). Our algorithms run in segments
+(segment_bounds, shared with gearshift.comm), priced as a pipeline of per-segment stages (_flow_shop).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def segment_bytes(c: LinkCosts) -> float:
 
 def segment_bounds(numel: int, itemsize: int, c: LinkCosts | None = None) -> list[tuple[int, int]]:
     """How comm streams a message of numel items: segments doubling from FIRST_SEGMENT_BYTES (the first
-    one's node-level reduce is not hidden) up to segment_bytes(c), then equal ones of about that size,
+    one's gather to the node leader is not hidden) up to segment_bytes(c), then equal ones of about that size,
     at most MAX_SEGMENTS; one segment when the message is no larger. Same on every rank."""
     target = segment_bytes(c or LinkCosts())
     total = numel * itemsize
@@ -99,8 +100,8 @@ def _segments(size: float, c: LinkCosts) -> list[float]:
 
 def _flow_shop(stage_times: list[list[float]]) -> float:
     """Finish time of segments through stages in order, each stage serving one segment at a time:
-    done[k][j] = max(done[k - 1][j], done[k][j - 1]) + t[k][j] (a stage is a node's reduce, its card,
-    its broadcast)."""
+    done[k][j] = max(done[k - 1][j], done[k][j - 1]) + t[k][j] (the stages: the node's gather to its
+    leader, the leader's card, the send back)."""
     done: list[float] = []
     for times in stage_times:
         prev, row = 0.0, []
