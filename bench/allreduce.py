@@ -73,14 +73,52 @@ def worker(args: argparse.Namespace) -> None:
         for algo in ALGOS:
             rows.append({"size_bytes": size, "algorithm": algo, "time_s": statistics.median(times[algo]),
                          "samples": times[algo], "iters": iters})
+    timeline = _timeline(int(args.trace), groups, costs, rows) if args.trace else None
     if dist.get_rank() == 0:
-        Path(args.out).write_text(json.dumps({"rows": rows, "costs": costs.__dict__}))
+        Path(args.out).write_text(json.dumps({"rows": rows, "costs": costs.__dict__, "timeline": timeline}))
     dist.barrier()
     dist.destroy_process_group()
 
 
+def _timeline(size: int, groups, costs, rows: list[dict]) -> dict | None:
+    """One traced hierarchical all-reduce of `size` bytes: every rank's steps, gathered on rank 0 as a
+    Perfetto trace, plus where the time went: the first step's wait (the node gather, process wake-up
+    included), and the leaders' inter-node byte rate against gloo's own in the timed rows."""
+    import torch
+    import torch.distributed as dist
+
+    from gearshift.comm import all_reduce
+
+    x, events = torch.full((size // 4,), 1e-3), []
+    dist.barrier()
+    t0 = time.perf_counter()
+    all_reduce(x, "hierarchical", groups=groups, costs=costs, trace=events)
+    t1 = time.perf_counter()
+    box = [None] * dist.get_world_size()
+    dist.all_gather_object(box, (t0, t1, events))
+    if dist.get_rank() != 0:
+        return None
+    from gearshift.report.trace import chrome_trace, write_trace
+
+    topo, start = groups.topology, min(b[0] for b in box)
+    tracks = {f"rank {r}{' (leader)' if r in topo.leaders else ''}":
+              [(n, a - start, b - start, args) for n, a, b, args in ev] for r, (_, _, ev) in enumerate(box)}
+    write_trace(RESULTS / "allreduce_trace.json", chrome_trace(tracks, f"hierarchical all-reduce, {size} bytes"))
+    inter = [(a, b, args["sent_bytes"]) for r in topo.leaders for _, a, b, args in box[r][2]
+             if args["sent_bytes"] and topo.node[args["to"]] != topo.node[r]]
+    busy = max(b for _, b, _ in inter) - min(a for a, _, _ in inter)
+    leader_rate = sum(n for *_, n in inter) / len(topo.leaders) / busy
+    gloo = next((r["time_s"] for r in rows if r["algorithm"] == "gloo" and r["size_bytes"] == size), None)
+    world = topo.world_size
+    gloo_rate = 2 * (world - 1) / world * size / gloo if gloo else None  # bytes one rank sends in its ring
+    return {"size_bytes": size, "total_s": max(b[1] for b in box) - start,
+            "first_step_done_s": {r: ev[0][2] - start for r, (_, _, ev) in enumerate(box) if ev},
+            "leader_inter_bytes_per_s": leader_rate, "gloo_bytes_per_s": gloo_rate,
+            "leader_rate_vs_gloo": leader_rate / gloo_rate if gloo_rate else None}
+
+
 # ---------------------------------------------------------------- driver
-def run_setting(setting: str, sizes: list[int], tb=None) -> dict:
+def run_setting(setting: str, sizes: list[int], tb=None, trace: int | None = None) -> dict:
     """Start the ranks of one setting (inside testbed namespaces when tb is given) and read rank 0's file."""
     from gearshift.comm.launch import free_port
 
@@ -88,7 +126,8 @@ def run_setting(setting: str, sizes: list[int], tb=None) -> dict:
     world = sum(counts)
     out = tempfile.NamedTemporaryFile(prefix=f"gs-bench-{setting}-", suffix=".json", delete=False).name
     port = free_port() if tb is None else 29611
-    argv = [sys.executable, __file__, "--worker", "--setting", setting, "--counts", ",".join(map(str, counts)),
+    argv = [sys.executable, __file__, "--worker", "--setting", setting, "--trace", str(trace or 0),
+            "--counts", ",".join(map(str, counts)),
             "--sizes", ",".join(map(str, sizes)), "--out", out]
     procs, rank = [], 0
     for node, c in enumerate(counts):
@@ -160,6 +199,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer sizes (4 KiB .. 4 MiB)")
     ap.add_argument("--settings", default=",".join(SETTINGS))
     ap.add_argument("--sizes-list", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--trace", type=int, default=0, metavar="BYTES",
+                    help="also trace one hierarchical all-reduce of BYTES (the last setting's goes to "
+                         "results/allreduce_trace.json, for ui.perfetto.dev) and report where its time went")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--setting", help=argparse.SUPPRESS)
     ap.add_argument("--counts", help=argparse.SUPPRESS)
@@ -179,7 +221,7 @@ def main() -> int:
     sizes = QUICK_SIZES if args.quick else FULL_SIZES
     if args.sizes_list:
         sizes = [int(x) for x in args.sizes_list.split(",")]
-    rows, calib = [], {}
+    rows, calib, timelines = [], {}, {}
     t_start = time.time()
     for setting in args.settings.split(","):
         if setting.startswith("testbed"):
@@ -187,11 +229,17 @@ def main() -> int:
                 if not tb.emulated:
                     print(f"{setting}: skipped (the testbed needs root)")
                     continue
-                data = run_setting(setting, sizes, tb)
+                data = run_setting(setting, sizes, tb, args.trace)
         else:
-            data = run_setting(setting, sizes)
+            data = run_setting(setting, sizes, trace=args.trace)
         costs = LinkCosts(**data["costs"])  # gloo is priced with its own per-step cost, costs.gloo_alpha
         calib[setting] = data["costs"]
+        if data.get("timeline"):
+            tl = timelines[setting] = data["timeline"]
+            print(f"{setting}: traced hierarchical {_fmt_size(tl['size_bytes'])}: {tl['total_s'] * 1e3:.1f} ms; "
+                  f"first step done after {max(tl['first_step_done_s'].values()) * 1e3:.1f} ms (slowest rank); "
+                  f"leaders send between nodes at {tl['leader_inter_bytes_per_s'] / 1e6:.2f} MB/s, "
+                  f"{tl['leader_rate_vs_gloo'] or float('nan'):.3f}x the rate of a rank in gloo's ring")
         world = sum(SETTINGS[setting])
         for r in data["rows"]:
             pred = predict(r["algorithm"], r["size_bytes"], SETTINGS[setting], costs)
@@ -215,7 +263,7 @@ def main() -> int:
                       f"{err:+.0%}")
     Console().print(table)
     RESULTS.mkdir(exist_ok=True)
-    out = {"rows": rows, "predictions": preds, "calibration": calib,
+    out = {"rows": rows, "predictions": preds, "calibration": calib, "timelines": timelines,
            "notes": "costs: gearshift.comm.calibrate.measure_link_costs, measured once per setting in the same "
                     "run with every rank running (per-step costs from tiny runs of our ring and gloo's ring, so "
                     "they include process wake-up on the shared cores; per-byte costs from 1 MiB exchanges inside "

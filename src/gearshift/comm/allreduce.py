@@ -23,13 +23,15 @@ def _one_node(groups: CommGroups) -> bool:
     return groups.topology.num_nodes == 1
 
 
-def flat_ring_all_reduce(flat: torch.Tensor, groups: CommGroups | None, costs: LinkCosts | None = None) -> None:
+def flat_ring_all_reduce(flat: torch.Tensor, groups: CommGroups | None, costs: LinkCosts | None = None,
+                         trace: list | None = None) -> None:
     """Our own ring over all ranks in rank order, segments streamed (comm.stream)."""
     topology = Topology.from_ranks_per_node([dist.get_world_size()])
-    run_segments(build("ring", flat, topology, dist.get_rank(), costs), groups)
+    run_segments(build("ring", flat, topology, dist.get_rank(), costs), groups, trace)
 
 
-def leader_all_reduce(flat: torch.Tensor, groups: CommGroups, costs: LinkCosts | None = None) -> None:
+def leader_all_reduce(flat: torch.Tensor, groups: CommGroups, costs: LinkCosts | None = None,
+                      trace: list | None = None) -> None:
     """Gather to the node leader, leaders' matrix all-reduce, send back from the leader inside the node,
     all as point-to-point steps of one program per segment (comm.steps.leader_program), streamed: the
     leader adds segment k + 1 from its node while segment k is on the wire, and sends segment k back to
@@ -38,18 +40,19 @@ def leader_all_reduce(flat: torch.Tensor, groups: CommGroups, costs: LinkCosts |
     if _one_node(groups):
         dist.all_reduce(flat, group=groups.node_group)
         return
-    run_segments(build("hierarchical", flat, groups.topology, groups.rank, costs), groups)
+    run_segments(build("hierarchical", flat, groups.topology, groups.rank, costs), groups, trace)
 
 
-def rs_all_reduce(flat: torch.Tensor, groups: CommGroups, costs: LinkCosts | None = None) -> None:
+def rs_all_reduce(flat: torch.Tensor, groups: CommGroups, costs: LinkCosts | None = None,
+                  trace: list | None = None) -> None:
     """Reduce-scatter form: intra-node ring reduce-scatter (local rank l owns shard l), matrix all-reduce
     of that shard among the same-local-rank peers of all nodes, intra-node ring all-gather; one step
     program per segment, streamed, so one segment's intra-node steps overlap another's inter-node ones.
     Uneven nodes fall back to the leader design; one node is gloo's all-reduce on the node group."""
     if groups.peer_grid is None or _one_node(groups):
-        leader_all_reduce(flat, groups, costs)
+        leader_all_reduce(flat, groups, costs, trace)
         return
-    run_segments(build("hierarchical_rs", flat, groups.topology, groups.rank, costs), groups)
+    run_segments(build("hierarchical_rs", flat, groups.topology, groups.rank, costs), groups, trace)
 
 
 def resolve(algorithm: str, size_bytes: int, topology: Topology, costs: LinkCosts | None = None) -> str:
@@ -62,11 +65,13 @@ def resolve(algorithm: str, size_bytes: int, topology: Topology, costs: LinkCost
 
 
 def all_reduce(tensor: torch.Tensor, algorithm: str = "auto", topology: Topology | None = None,
-               groups: CommGroups | None = None, costs: LinkCosts | None = None) -> torch.Tensor:
+               groups: CommGroups | None = None, costs: LinkCosts | None = None,
+               trace: list | None = None) -> torch.Tensor:
     """Sum `tensor` over all ranks in place with the named algorithm and return it (caller averages).
 
     topology/groups default to one node holding every rank; pass CommGroups.build(topology) once and
-    reuse it. Every rank must call with the same algorithm, shape and dtype.
+    reuse it. Every rank must call with the same algorithm, shape and dtype. A `trace` list collects this
+    rank's steps (comm.stream.run_segments) for a Perfetto timeline.
     """
     if groups is not None:
         topology = groups.topology
@@ -81,11 +86,11 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "auto", topology: Topology
         return tensor
     flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1).clone()
     if algo == "ring":
-        flat_ring_all_reduce(flat, groups, costs)
+        flat_ring_all_reduce(flat, groups, costs, trace)
     else:
         if groups is None:
             raise ValueError(f"all_reduce({algo!r}) needs groups=CommGroups.build(topology), built once on all ranks")
-        (leader_all_reduce if algo == "hierarchical" else rs_all_reduce)(flat, groups, costs)
+        (leader_all_reduce if algo == "hierarchical" else rs_all_reduce)(flat, groups, costs, trace)
     if flat.data_ptr() != tensor.data_ptr():
         tensor.copy_(flat.view_as(tensor))
     return tensor

@@ -8,6 +8,7 @@ one connection cannot be matched to the wrong receive whatever order the segment
 
 from __future__ import annotations
 
+import time
 from itertools import accumulate
 
 import torch
@@ -28,9 +29,10 @@ def scratch(dtype: torch.dtype, numel: int) -> torch.Tensor:
     return buf[:numel]
 
 
-def run_segments(programs: list[list[Step]], groups: CommGroups | None = None) -> None:
+def run_segments(programs: list[list[Step]], groups: CommGroups | None = None, trace: list | None = None) -> None:
     """Run programs[k] for every segment k; every peer runs programs whose step (k, j) is the other end
-    of this rank's step (k, j) (comm.programs builds them so).
+    of this rank's step (k, j) (comm.programs builds them so). With a trace list, each step appends
+    (name, posted s, done s, args) in report.trace's Event form (perf_counter clock).
 
     With groups, messages between nodes go to a higher rank over the default group and to a lower rank
     over groups.down (a second world group), so each TCP connection carries one direction: gloo
@@ -48,7 +50,7 @@ def run_segments(programs: list[list[Step]], groups: CommGroups | None = None) -
 
     if any(len(p) >= TAG_STRIDE for p in programs):
         raise ValueError(f"run_segments: a program has more than {TAG_STRIDE - 1} steps")
-    pending: dict[int, tuple[list, torch.Tensor | None]] = {}
+    pending: dict[int, tuple[list, torch.Tensor | None, float]] = {}
     # segment k's pending reduce step receives into its own slice of one reused buffer
     sizes = [max((st.recv.numel() for st in prog if st.reduce), default=0) for prog in programs]
     offsets = [0, *accumulate(sizes)]
@@ -66,7 +68,7 @@ def run_segments(programs: list[list[Step]], groups: CommGroups | None = None) -
             else:
                 buf = st.recv
             works.append(dist.irecv(buf, st.src, group=group(st.src, me < st.src), tag=tag))
-        pending[k] = (works, buf)
+        pending[k] = (works, buf, time.perf_counter())
 
     for k, prog in enumerate(programs):
         if prog:
@@ -75,9 +77,15 @@ def run_segments(programs: list[list[Step]], groups: CommGroups | None = None) -
         for k, prog in enumerate(programs):
             if j >= len(prog):
                 continue
-            works, buf = pending.pop(k)
+            works, buf, posted = pending.pop(k)
             for w in works:
                 w.wait()
+            if trace is not None:
+                st = prog[j]
+                trace.append((f"s{k}.{j}", posted, time.perf_counter(),
+                              {"segment": k, "step": j, "to": st.dst, "from": st.src,
+                               "sent_bytes": st.send.numel() * st.send.element_size(),
+                               "received_bytes": st.recv.numel() * st.recv.element_size()}))
             if prog[j].reduce and buf is not None:
                 prog[j].recv.add_(buf)
             if j + 1 < len(prog):
