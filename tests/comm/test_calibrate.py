@@ -1,17 +1,19 @@
 """measure_link_costs: plausible, finite costs on every rank, identical after the collective, so `auto`
-picks the same algorithm everywhere."""
+picks the same algorithm everywhere; a traced all-reduce records every step it ran."""
 
 from __future__ import annotations
 
 import math
 
+import torch
 import torch.distributed as dist
 
 from gearshift.cluster.topology import Topology
-from gearshift.comm import CommGroups
+from gearshift.comm import CommGroups, all_reduce
 from gearshift.comm.allreduce import resolve
 from gearshift.comm.calibrate import describe, measure_link_costs
 from gearshift.comm.launch import spawn
+from gearshift.comm.programs import build
 
 
 def _worker(rank: int, world: int) -> tuple:
@@ -20,12 +22,18 @@ def _worker(rank: int, world: int) -> tuple:
     box = [None] * world
     dist.all_gather_object(box, costs)
     choices = [resolve("auto", 4 << k, topo, box[0]) for k in range(0, 26, 5)]
-    return costs, box[0], choices, describe(costs)
+    x, events = torch.ones(1000), []
+    all_reduce(x, "hierarchical", groups=CommGroups.build(topo), trace=events)
+    steps = sum(len(p) for p in build("hierarchical", torch.ones(1000), topo, rank))
+    traced = (len(events) == steps and all(a <= b for _, a, b, _ in events) and bool(torch.all(x == world))
+              and sum(e[3]["sent_bytes"] for e in events) > 0)
+    return costs, box[0], choices, describe(costs), traced
 
 
 def test_costs_are_plausible_and_shared() -> None:
     results = spawn(_worker, 4)
-    for mine, shared, choices, line in results:
+    for mine, shared, choices, line, traced in results:
+        assert traced
         for v in (mine.intra_alpha, mine.intra_beta, mine.inter_alpha, mine.inter_beta, mine.p2p_alpha,
                   mine.gloo_alpha):
             assert 0 < v < 1 and math.isfinite(v)
