@@ -34,34 +34,32 @@ def chunk_bounds(numel: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def _ring(flat: torch.Tensor, ranks: list[int], me: int, lag: int, reduce: bool) -> tuple[list[Step], list]:
+    """The p - 1 steps of a ring pass: at step s position i sends chunk (i - s - lag) to the next rank and
+    receives chunk (i - s - lag - 1) from the previous one (added when reduce). Also returns the chunks."""
+    p = len(ranks)
+    bounds = chunk_bounds(flat.numel(), p)
+    i = ranks.index(me)
+    nxt, prv = ranks[(i + 1) % p], ranks[(i - 1) % p]
+    steps = []
+    for s in range(p - 1):
+        ss, se = bounds[(i - s - lag) % p]
+        rs, re_ = bounds[(i - s - lag - 1) % p]
+        steps.append(Step(flat[ss:se], nxt, flat[rs:re_], prv, reduce))
+    return steps, bounds
+
+
 def ring_reduce_scatter(flat: torch.Tensor, ranks: list[int], me: int) -> tuple[list[Step], tuple[int, int]]:
     """Ring reduce-scatter over `ranks` (in ring order) and the range this rank owns, summed, at the end.
 
     Position i owns chunk i: at step s it sends chunk (i - s - 1) and adds chunk (i - s - 2)."""
-    p = len(ranks)
-    bounds = chunk_bounds(flat.numel(), p)
-    i = ranks.index(me)
-    nxt, prv = ranks[(i + 1) % p], ranks[(i - 1) % p]
-    steps = []
-    for s in range(p - 1):
-        ss, se = bounds[(i - s - 1) % p]
-        rs, re_ = bounds[(i - s - 2) % p]
-        steps.append(Step(flat[ss:se], nxt, flat[rs:re_], prv, True))
-    return steps, bounds[i]
+    steps, bounds = _ring(flat, ranks, me, lag=1, reduce=True)
+    return steps, bounds[ranks.index(me)]
 
 
 def ring_all_gather(flat: torch.Tensor, ranks: list[int], me: int) -> list[Step]:
     """Ring all-gather after ring_reduce_scatter: position i starts owning chunk i; ends with all chunks."""
-    p = len(ranks)
-    bounds = chunk_bounds(flat.numel(), p)
-    i = ranks.index(me)
-    nxt, prv = ranks[(i + 1) % p], ranks[(i - 1) % p]
-    steps = []
-    for s in range(p - 1):
-        ss, se = bounds[(i - s) % p]
-        rs, re_ = bounds[(i - s - 1) % p]
-        steps.append(Step(flat[ss:se], nxt, flat[rs:re_], prv, False))
-    return steps
+    return _ring(flat, ranks, me, lag=0, reduce=False)[0]
 
 
 def ring_all_reduce(flat: torch.Tensor, ranks: list[int], me: int) -> list[Step]:
