@@ -50,15 +50,18 @@ def worker(args: argparse.Namespace) -> None:
     for size in [int(s) for s in args.sizes.split(",")]:
         x = torch.full((size // 4,), 1e-3)
         est = {}
-        for algo in ALGOS:  # one warm-up each, which also sizes the timed loop
-            dist.barrier()
-            t0 = time.perf_counter()
-            all_reduce(x, algo, groups=groups, costs=costs)
-            est[algo] = time.perf_counter() - t0
+        for algo in ALGOS:  # warm-up (two on loopback: shared-memory staging alternates between two
+            for _ in range(1 if shaped else 2):  # regions, whose pages fault in once), sizing the timed loop
+                dist.barrier()
+                t0 = time.perf_counter()
+                all_reduce(x, algo, groups=groups, costs=costs)
+                est[algo] = time.perf_counter() - t0
         t = torch.tensor([max(est.values())])
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        iters = max(1, min(50, int(budget / max(t.item(), 1e-6))))
-        reps = 3  # interleaved repetitions (median), at every size: one 5 s sample is too noisy
+        # interleaved repetitions (median), at every size; on loopback at least 3 calls per sample and 5
+        # samples, as 4-8 processes on 2 cores make single calls vary by 2x
+        iters = max(1 if shaped else 3, min(50, int(budget / max(t.item(), 1e-6))))
+        reps = 3 if shaped else 5
         times = {a: [] for a in ALGOS}
         for _ in range(reps):
             for algo in ALGOS:  # interleaved, so background load hits every algorithm alike

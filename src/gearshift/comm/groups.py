@@ -3,11 +3,13 @@ create groups on the hot path (dist.new_group is collective: every rank calls it
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
 from gearshift.cluster.topology import Topology
+from gearshift.comm.shm import ShmTransport
 
 
 @dataclass
@@ -24,6 +26,7 @@ class CommGroups:
     peer_grid: list[list[int]] | None  # None when nodes are uneven (hierarchical_rs falls back)
     down: object | None = None  # a second world group: p2p towards lower ranks (one direction per socket)
     all_node_groups: list[object] = field(default_factory=list, repr=False)
+    shm: ShmTransport | None = field(default=None, repr=False)  # node-peer messages through shared memory
 
     @property
     def leader(self) -> int:
@@ -34,8 +37,11 @@ class CommGroups:
         return self.rank == self.leader
 
     @classmethod
-    def build(cls, topology: Topology, rank: int | None = None) -> CommGroups:
-        """Create the groups (all ranks must call this, with the same topology) and this rank's roles."""
+    def build(cls, topology: Topology, rank: int | None = None, shm: bool | None = None) -> CommGroups:
+        """Create the groups (all ranks must call this, with the same topology) and this rank's roles.
+
+        shm: carry messages between ranks of a node through shared memory (comm.shm); default on unless the
+        environment sets GEARSHIFT_SHM=0. Falls back to TCP by itself where shared memory cannot be opened."""
         rank = dist.get_rank() if rank is None else rank
         if dist.is_initialized() and dist.get_world_size() != topology.world_size:
             raise ValueError(f"topology has {topology.world_size} ranks but the job has {dist.get_world_size()}")
@@ -43,9 +49,13 @@ class CommGroups:
         leader_group = dist.new_group(topology.leaders)
         down = dist.new_group(list(range(topology.world_size)))
         me = topology.node[rank]
+        if shm is None:
+            shm = os.environ.get("GEARSHIFT_SHM", "1") != "0"
+        transport = ShmTransport.create(topology.ranks_of(me), node_groups[me], rank) if shm else None
         return cls(topology, rank, topology.ranks_of(me), node_groups[me],
                    leader_group if rank in topology.leaders else None,
-                   leader_grid(topology), peer_grid(topology, topology.local_rank[rank]), down, node_groups)
+                   leader_grid(topology), peer_grid(topology, topology.local_rank[rank]), down, node_groups,
+                   transport)
 
 
 def leader_grid(topology: Topology) -> list[list[int]]:
