@@ -35,7 +35,7 @@ def test_costs_are_plausible_and_shared() -> None:
     for mine, shared, choices, line, traced in results:
         assert traced
         for v in (mine.intra_alpha, mine.intra_beta, mine.inter_alpha, mine.inter_beta, mine.p2p_alpha,
-                  mine.gloo_alpha):
+                  mine.gloo_alpha, mine.hierarchical_alpha, mine.rs_alpha):
             assert 0 < v < 1 and math.isfinite(v)
         assert 1e-12 <= mine.inter_beta < 1e-6  # loopback moves more than 1 MB/s
         assert shared == results[0][1]

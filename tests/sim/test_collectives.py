@@ -118,3 +118,15 @@ def test_segments_hide_the_node_steps_on_slow_links() -> None:
     streamed = predict("hierarchical", size, (4, 2), c)
     link = _matrix(size, *matrix_shape(4), 0.0, c.inter_beta)
     assert link < streamed < unstreamed
+
+
+def test_measured_algorithm_alpha_prices_every_step() -> None:
+    """A tiny message costs its step count times the algorithm's measured per-step cost, when given."""
+    base = LinkCosts(intra_alpha=1e-4, intra_beta=1e-9, inter_alpha=1e-3, inter_beta=4e-8, intra_p2p_alpha=2e-3)
+    hier = LinkCosts(**{**base.__dict__, "hierarchical_alpha": 5e-4})
+    rs = LinkCosts(**{**base.__dict__, "rs_alpha": 7e-4})
+    # 4 nodes x 2: a 2 x 2 leader matrix (two swaps) between the gather and the send back: 4 steps
+    assert predict("hierarchical", 4, (4, 2), hier) == pytest.approx(4 * 5e-4, rel=1e-3)
+    assert predict("hierarchical_rs", 4, (4, 2), rs) == pytest.approx(4 * 7e-4, rel=1e-3)
+    assert predict("hierarchical", 4, (4, 2), base) == pytest.approx(2 * 2e-3 + 2 * 1e-3, rel=1e-3)
+    assert predict("ring", 4, (4, 2), hier) == predict("ring", 4, (4, 2), base)  # other algorithms unchanged

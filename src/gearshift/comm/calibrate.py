@@ -9,7 +9,9 @@ import time
 import torch
 import torch.distributed as dist
 
+from gearshift.comm.allreduce import all_reduce
 from gearshift.comm.groups import CommGroups
+from gearshift.comm.programs import build
 from gearshift.comm.steps import Step, ring_all_reduce
 from gearshift.comm.stream import run_segments
 from gearshift.sim.collectives import LinkCosts
@@ -44,7 +46,8 @@ def measure_link_costs(groups: CommGroups, beta_bytes: int = MIB, reps: int = 7)
     Per-step costs come from tiny runs of the same engine the algorithms use, with every rank running:
     inter_alpha = a flat ring all-reduce of one item per chunk over all ranks / its 2 (n - 1) steps;
     intra_p2p_alpha = the same ring inside every node at once; intra_alpha = gloo's reduce + broadcast in
-    every node group (what a one-node job runs); gloo_alpha = gloo's own 1 KiB all-reduce / 2 (n - 1).
+    every node group (what a one-node job runs); gloo_alpha = gloo's own 1 KiB all-reduce / 2 (n - 1);
+    hierarchical_alpha / rs_alpha = a tiny run of that algorithm / its step count (multi-node jobs).
     Per-byte costs: the slope between exchanges of beta_bytes and 2 beta_bytes, with a ring inside every node
     (intra_beta), over the node leaders (inter_beta: one flow per card), and over all same-local-rank
     peers at once (L flows per card: a card cap when that is slower, nic_bandwidth)."""
@@ -86,6 +89,15 @@ def measure_link_costs(groups: CommGroups, beta_bytes: int = MIB, reps: int = 7)
     p2p_alpha = ring_steps(node_rings) if max(topo.ranks_per_node) > 1 else inter_alpha
     intra_alpha = _timed(node_collectives, reps, 10) / (2 * max(1, (max(topo.ranks_per_node) - 1).bit_length()))
 
+    def algorithm_alpha(algorithm: str) -> float | None:
+        if topo.num_nodes == 1 or (algorithm == "hierarchical_rs" and groups.peer_grid is None):
+            return None  # runs gloo (one node) or the leader design (uneven nodes)
+        x = torch.zeros(2 * world)
+        steps = len(build(algorithm, x, topo, rank)[0])  # the same on every rank (padded programs)
+        return _timed(lambda: all_reduce(x, algorithm, groups=groups), reps, 10) / steps
+
+    hierarchical_alpha, rs_alpha = algorithm_alpha("hierarchical"), algorithm_alpha("hierarchical_rs")
+
     def beta(rings: list[list[int]]) -> float:
         """Slope between exchanges of beta_bytes and twice that (latency cancels); if noise makes it
         non-positive, the larger exchange's time per byte (an upper bound)."""
@@ -100,7 +112,8 @@ def measure_link_costs(groups: CommGroups, beta_bytes: int = MIB, reps: int = 7)
     shared = beta(peer_rings) if max(topo.ranks_per_node) > 1 and topo.num_nodes > 1 else 0.0
     flows = max(topo.ranks_per_node)
     nic = flows / shared if shared > 1.2 * inter_beta else float("inf")  # L flows slower than one: a card cap
-    return LinkCosts(intra_alpha, intra_beta, inter_alpha, inter_beta, nic, p2p_alpha, gloo_alpha)
+    return LinkCosts(intra_alpha, intra_beta, inter_alpha, inter_beta, nic, p2p_alpha, gloo_alpha,
+                     hierarchical_alpha, rs_alpha)
 
 
 def describe(costs: LinkCosts) -> str:
@@ -108,5 +121,7 @@ def describe(costs: LinkCosts) -> str:
     nic = "no card cap" if costs.nic_bandwidth == float("inf") else f"card {costs.nic_bandwidth / 1e6:.0f} MB/s"
     return (f"inter {1 / costs.inter_beta / 1e6:.0f} MB/s, {costs.inter_alpha * 1e3:.2f} ms/step; "
             f"intra {1 / costs.intra_beta / 1e6:.0f} MB/s, {costs.p2p_alpha * 1e3:.2f} ms/step; {nic}; "
-            f"gloo {(costs.gloo_alpha or 0) * 1e3:.2f} ms/step")
+            f"gloo {(costs.gloo_alpha or 0) * 1e3:.2f} ms/step"
+            + "".join(f"; {name} {a * 1e3:.2f} ms/step" for name, a in
+                      (("leader design", costs.hierarchical_alpha), ("rs form", costs.rs_alpha)) if a is not None))
 

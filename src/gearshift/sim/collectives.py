@@ -28,7 +28,10 @@ class LinkCosts:
     card bandwidth (B/s) that all of a node's concurrent inter-node flows share (inf = no limit).
     intra_alpha prices gloo's collectives inside one node; intra_p2p_alpha, when given, our point-to-point
     steps inside a node (the leader design's gather / send back, the reduce-scatter form's rings);
-    gloo_alpha, when given, a step of gloo's own ring all-reduce (its C++ step is cheaper than ours)."""
+    gloo_alpha, when given, a step of gloo's own ring all-reduce (its C++ step is cheaper than ours);
+    hierarchical_alpha / rs_alpha, when given, every step of that algorithm (measured from a tiny run of
+    it: where ranks share cores a step costs the wake-ups of the processes it involves, which differs by
+    algorithm; on a real cluster these come out near the link's alpha)."""
 
     intra_alpha: float = 5e-6
     intra_beta: float = 1 / 100e9
@@ -37,6 +40,8 @@ class LinkCosts:
     nic_bandwidth: float = float("inf")
     intra_p2p_alpha: float | None = None  # per-step cost of a point-to-point intra step, if not intra_alpha
     gloo_alpha: float | None = None  # per-step cost of gloo's own C++ ring, if not the link's alpha
+    hierarchical_alpha: float | None = None  # per-step cost of the leader design, if measured
+    rs_alpha: float | None = None  # per-step cost of the reduce-scatter form, if measured
 
     @property
     def p2p_alpha(self) -> float:
@@ -151,10 +156,10 @@ def matrix2d(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
     return _matrix(size, rows, cols, a, b)
 
 
-def _gather(size: float, per_node: int, c: LinkCosts) -> float:
+def _gather(size: float, per_node: int, c: LinkCosts, a_p: float | None = None) -> float:
     """The other L - 1 ranks of a node send S to the leader, received one after another (or the leader
     sends S back to each): (L - 1) (a_p + S b_i), a_p the per-step cost of a point-to-point intra step."""
-    return (per_node - 1) * (c.p2p_alpha + size * c.intra_beta)
+    return (per_node - 1) * ((c.p2p_alpha if a_p is None else a_p) + size * c.intra_beta)
 
 
 def hierarchical(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
@@ -162,31 +167,34 @@ def hierarchical(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
     (_gather), the leaders' R x C matrix on the leader's card, bandwidth part of _matrix(s_k, R, C, 0,
     b_e(1)), and the send back (_gather), in a flow shop (_flow_shop); plus the matrix's step fixed costs
     once, _matrix(0, R, C, a_e, 0) (the other segments' transfers hide them). One segment gives
-    2 (L - 1) (a_p + S b_i) + _matrix(S, R, C, a_e, b_e(1))."""
+    2 (L - 1) (a_p + S b_i) + _matrix(S, R, C, a_e, b_e(1)). With hierarchical_alpha, a_p = a_e = it."""
     if nodes == 1:  # one node: gloo's all-reduce on the node group
         return _ring_ar(size, per_node, c.intra_alpha, c.intra_beta)
     rows, cols = matrix_shape(nodes)
     b_e = c.inter_beta_shared(1)
-    stages = [[_gather(s, per_node, c), _matrix(s, rows, cols, 0.0, b_e), _gather(s, per_node, c)]
+    a_e, a_p = (c.inter_alpha, c.p2p_alpha) if c.hierarchical_alpha is None else (c.hierarchical_alpha,) * 2
+    stages = [[_gather(s, per_node, c, a_p), _matrix(s, rows, cols, 0.0, b_e), _gather(s, per_node, c, a_p)]
               for s in _segments(size, c)]
-    return _matrix(0.0, rows, cols, c.inter_alpha, 0.0) + _flow_shop(stages)
+    return _matrix(0.0, rows, cols, a_e, 0.0) + _flow_shop(stages)
 
 
 def hierarchical_rs(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
     """Reduce-scatter form, streamed in segments s_k: intra ring reduce-scatter (L - 1)(a_p + s_k / L b_i),
     L concurrent matrices of s_k / L sharing the card, bandwidth part of _matrix(s_k / L, R, C, 0, b_e(L)),
     intra ring all-gather like the reduce-scatter, in a flow shop; plus the matrix's step fixed costs
-    once. a_p is the per-step cost of a point-to-point intra step (intra_p2p_alpha, default intra_alpha)."""
+    once. a_p is the per-step cost of a point-to-point intra step (intra_p2p_alpha, default intra_alpha);
+    with rs_alpha, a_p = a_e = it."""
     if nodes == 1:
         return _ring_ar(size, per_node, c.intra_alpha, c.intra_beta)
     rows, cols = matrix_shape(nodes)
     b_e = c.inter_beta_shared(per_node)
+    a_e, a_p = (c.inter_alpha, c.p2p_alpha) if c.rs_alpha is None else (c.rs_alpha,) * 2
 
     def intra(s: float) -> float:  # a ring reduce-scatter (or all-gather) of s inside the node
-        return (per_node - 1) * (c.p2p_alpha + s / per_node * c.intra_beta) if per_node > 1 else 0.0
+        return (per_node - 1) * (a_p + s / per_node * c.intra_beta) if per_node > 1 else 0.0
 
     stages = [[intra(s), _matrix(s / per_node, rows, cols, 0.0, b_e), intra(s)] for s in _segments(size, c)]
-    return _matrix(0.0, rows, cols, c.inter_alpha, 0.0) + _flow_shop(stages)
+    return _matrix(0.0, rows, cols, a_e, 0.0) + _flow_shop(stages)
 
 
 _FORMULAS = {"ring": ring, "gloo": gloo, "tree": tree, "matrix2d": matrix2d, "hierarchical": hierarchical,
