@@ -82,6 +82,22 @@ def run_segments(programs: list[list[Step]], groups: CommGroups | None = None, t
         shm.begin(staged_bytes)
     offsets_shm: dict[tuple[int, int], int] = {}
     pending: dict[int, tuple] = {}
+    # A step waits only for what it receives: sends complete in the background. Segment k's gloo sends
+    # stay here as (first byte, end, work) until memory they read is about to be written (settle);
+    # shared-memory sends are staged copies, so only their offset messages are kept alive until the end.
+    sending: list[list[tuple[int, int, object]]] = [[] for _ in programs]
+    signals: list[tuple[object, torch.Tensor]] = []
+
+    def settle(k: int, t: torch.Tensor) -> None:
+        lo = t.data_ptr()
+        hi = lo + t.numel() * t.element_size()
+        keep = []
+        for a, b, w in sending[k]:
+            if a < hi and lo < b:
+                w.wait()
+            else:
+                keep.append((a, b, w))
+        sending[k] = keep
     # segment k's pending reduce step over gloo receives into its own slice of one reused buffer
     sizes = [max((st.recv.numel() for st in prog if st.reduce and not via_shm(st.src)), default=0)
              for prog in programs]
@@ -91,15 +107,17 @@ def run_segments(programs: list[list[Step]], groups: CommGroups | None = None, t
 
     def post(k: int, j: int) -> None:
         st = programs[k][j]
-        tag, works, buf, signals = k * TAG_STRIDE + j, [], None, []
+        tag, works, buf = k * TAG_STRIDE + j, [], None
         if st.send.numel():
             if plan[k][j] is None:
-                works.append(dist.isend(st.send, st.dst, group=group(st.dst, st.dst < me), tag=tag))
+                start = st.send.data_ptr()
+                work = dist.isend(st.send, st.dst, group=group(st.dst, st.dst < me), tag=tag)
+                sending[k].append((start, start + st.send.numel() * st.send.element_size(), work))
             else:
                 if plan[k][j] == j:
                     offsets_shm[(k, j)] = shm.stage(st.send)
-                signals.append(torch.tensor([offsets_shm[(k, plan[k][j])]], dtype=torch.int64))
-                works.append(dist.isend(signals[-1], st.dst, group=groups.node_group, tag=tag))
+                offset = torch.tensor([offsets_shm[(k, plan[k][j])]], dtype=torch.int64)
+                signals.append((dist.isend(offset, st.dst, group=groups.node_group, tag=tag), offset))
         if st.recv.numel():
             if via_shm(st.src):
                 buf = torch.empty(1, dtype=torch.int64)  # the offset of the payload in the sender's arena
@@ -108,9 +126,10 @@ def run_segments(programs: list[list[Step]], groups: CommGroups | None = None, t
                 if st.reduce:
                     buf = space[offsets[k]:offsets[k] + st.recv.numel()].view_as(st.recv)
                 else:
+                    settle(k, st.recv)
                     buf = st.recv
                 works.append(dist.irecv(buf, st.src, group=group(st.src, me < st.src), tag=tag))
-        pending[k] = (works, buf, time.perf_counter(), signals)
+        pending[k] = (works, buf, time.perf_counter())
 
     for k, prog in enumerate(programs):
         if prog:
@@ -120,13 +139,15 @@ def run_segments(programs: list[list[Step]], groups: CommGroups | None = None, t
             if j >= len(prog):
                 continue
             st = prog[j]
-            works, buf, posted, _ = pending.pop(k)
+            works, buf, posted = pending.pop(k)
             for w in works:
                 w.wait()
             if st.recv.numel() and via_shm(st.src):
+                settle(k, st.recv)
                 payload = shm.view(st.src, int(buf[0]), st.recv)
                 st.recv.add_(payload) if st.reduce else st.recv.copy_(payload)
             elif st.reduce and buf is not None:
+                settle(k, st.recv)
                 st.recv.add_(buf)
             if trace is not None:
                 trace.append((f"s{k}.{j}", posted, time.perf_counter(),
@@ -136,3 +157,5 @@ def run_segments(programs: list[list[Step]], groups: CommGroups | None = None, t
                                "shared_memory": via_shm(st.dst) or via_shm(st.src)}))
             if j + 1 < len(prog):
                 post(k, j + 1)
+    for work in [w for seg in sending for *_, w in seg] + [w for w, _ in signals]:
+        work.wait()
