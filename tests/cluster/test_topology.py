@@ -64,3 +64,13 @@ GPU1\tNV12\t X \tPIX\t0-31
 NIC0\tSYS\tPIX\t X
 """
     assert parse_topo_matrix(text) == {0: 4, 1: 0}
+
+
+def test_subset_renumbers_nodes_and_local_ranks() -> None:
+    t = Topology.from_ranks_per_node([3, 2, 2], nic_hops=[[2, 0, 1], [1, 0], [0, 0]])
+    s = t.subset([2, 3, 4, 1])  # node 0: ranks 2 and 1; node 1: ranks 3 and 4
+    assert s.node == [0, 1, 1, 0] and s.local_rank == [1, 0, 1, 0] and s.nic_hops == [1, 1, 0, 0]
+    assert s.leaders == [3, 2]  # the old ranks 1 and 4, nearest their cards
+    assert t.subset([6]).ranks_per_node == [1]
+    with pytest.raises(SpecError, match="distinct"):
+        t.subset([1, 1])

@@ -62,6 +62,21 @@ def test_data_parallel_allreduce_algorithms_train_alike(tmp_path):
         assert losses[algo] == pytest.approx(losses["gloo"], rel=1e-6), algo
 
 
+def test_replicated_pipeline_allreduce_algorithms_train_alike(tmp_path):
+    """2 stages x 2 replicas: each stage's replicas sync with parallel.allreduce over their own group, and
+    every algorithm gives the losses of the runtime's flat gloo all-reduce."""
+    losses = {}
+    for algo in ("gloo", "hierarchical", "auto"):
+        out = tmp_path / algo
+        r = _gearshift("train", *TINY, "--cluster.workers=4", "--cluster.ranks_per_node=2", "--parallel.stages=2",
+                       f"--parallel.allreduce={algo}", "--train.steps=3", f"--output.dir={out}")
+        assert r.returncode == 0, r.stderr
+        assert ("all-reduce auto (2 nodes, each stage's 2 replicas):" in r.stdout) == (algo == "auto"), r.stdout
+        losses[algo] = [json.loads(ln)["loss"] for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    for algo in ("hierarchical", "auto"):
+        assert losses[algo] == pytest.approx(losses["gloo"], rel=1e-6), algo
+
+
 def test_ctrl_c_stops_every_worker(tmp_path):
     """SIGINT to the launcher (Ctrl-C) stops all workers cleanly: exit 130, nothing left running."""
     import signal

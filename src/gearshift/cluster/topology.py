@@ -88,6 +88,19 @@ class Topology:
                             "pass gather= to exchange layouts")
         return cls.from_ranks_per_node([local_world] * (world // local_world))
 
+    def subset(self, ranks: list[int]) -> Topology:
+        """The topology of a group of these ranks (e.g. one stage's replicas), indexed 0..len(ranks) - 1 in
+        the given order: nodes renumbered by first appearance, local ranks re-counted by the old order."""
+        if len(set(ranks)) != len(ranks) or any(not 0 <= r < self.world_size for r in ranks):
+            raise SpecError(f"topology: subset ranks must be distinct ranks of 0..{self.world_size - 1}, got {ranks}")
+        ids: dict[int, int] = {}
+        for r in ranks:
+            ids.setdefault(self.node[r], len(ids))
+        node = [ids[self.node[r]] for r in ranks]
+        local = [sum(1 for q in ranks if self.node[q] == self.node[r] and self.local_rank[q] < self.local_rank[r])
+                 for r in ranks]
+        return Topology(node, local, [self.nic_hops[r] for r in ranks])
+
     # ---- queries ----
     @property
     def world_size(self) -> int:

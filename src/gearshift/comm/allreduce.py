@@ -25,9 +25,13 @@ def _one_node(groups: CommGroups) -> bool:
 
 def flat_ring_all_reduce(flat: torch.Tensor, groups: CommGroups | None, costs: LinkCosts | None = None,
                          trace: list | None = None) -> None:
-    """Our own ring over all ranks in rank order, segments streamed (comm.stream)."""
-    topology = Topology.from_ranks_per_node([dist.get_world_size()])
-    run_segments(build("ring", flat, topology, dist.get_rank(), costs), groups, trace)
+    """Our own ring over all ranks (of the group) in rank order, segments streamed (comm.stream)."""
+    if groups is None:
+        topology, rank, members = Topology.from_ranks_per_node([dist.get_world_size()]), dist.get_rank(), None
+    else:
+        topology, rank, members = groups.topology, groups.rank, groups.members
+        topology = Topology.from_ranks_per_node([topology.world_size])
+    run_segments(build("ring", flat, topology, rank, costs, members), groups, trace)
 
 
 def leader_all_reduce(flat: torch.Tensor, groups: CommGroups, costs: LinkCosts | None = None,
@@ -40,7 +44,7 @@ def leader_all_reduce(flat: torch.Tensor, groups: CommGroups, costs: LinkCosts |
     if _one_node(groups):
         dist.all_reduce(flat, group=groups.node_group)
         return
-    run_segments(build("hierarchical", flat, groups.topology, groups.rank, costs), groups, trace)
+    run_segments(build("hierarchical", flat, groups.topology, groups.rank, costs, groups.members), groups, trace)
 
 
 def rs_all_reduce(flat: torch.Tensor, groups: CommGroups, costs: LinkCosts | None = None,
@@ -52,7 +56,8 @@ def rs_all_reduce(flat: torch.Tensor, groups: CommGroups, costs: LinkCosts | Non
     if groups.peer_grid is None or _one_node(groups):
         leader_all_reduce(flat, groups, costs, trace)
         return
-    run_segments(build("hierarchical_rs", flat, groups.topology, groups.rank, costs), groups, trace)
+    run_segments(build("hierarchical_rs", flat, groups.topology, groups.rank, costs, groups.members), groups,
+                 trace)
 
 
 def resolve(algorithm: str, size_bytes: int, topology: Topology, costs: LinkCosts | None = None) -> str:
@@ -70,19 +75,20 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "auto", topology: Topology
     """Sum `tensor` over all ranks in place with the named algorithm and return it (caller averages).
 
     topology/groups default to one node holding every rank; pass CommGroups.build(topology) once and
-    reuse it. Every rank must call with the same algorithm, shape and dtype. A `trace` list collects this
-    rank's steps (comm.stream.run_segments) for a Perfetto timeline.
+    reuse it (or CommGroups.partition(...): then the sum is over this rank's part). Every rank (of the
+    group) must call with the same algorithm, shape and dtype. A `trace` list collects this rank's steps
+    (comm.stream.run_segments) for a Perfetto timeline.
     """
     if groups is not None:
         topology = groups.topology
-    world = dist.get_world_size()
+    world = topology.world_size if topology is not None else dist.get_world_size()
     if topology is None:
         topology = Topology.from_ranks_per_node([world])
     algo = resolve(algorithm, tensor.numel() * tensor.element_size(), topology, costs)
     if world == 1 or tensor.numel() == 0:
         return tensor
     if algo == "gloo":
-        dist.all_reduce(tensor)
+        dist.all_reduce(tensor, group=groups.group if groups is not None else None)
         return tensor
     flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1).clone()
     if algo == "ring":

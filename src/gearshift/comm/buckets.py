@@ -25,7 +25,8 @@ class Bucket:
 
 @dataclass
 class GradientSync:
-    """Average .grad of `params` over all ranks; a parameter without a grad counts as zeros.
+    """Average .grad of `params` over all ranks (or those of `groups`, e.g. a pipeline stage's replicas:
+    CommGroups.partition); a parameter without a grad counts as zeros.
 
     algorithm: "auto" (cost model per bucket size, identical on every rank), "gloo", "ring",
     "hierarchical" or "hierarchical_rs". topology defaults to one node; groups are built from it when
@@ -71,9 +72,9 @@ class GradientSync:
     @torch.no_grad()
     def sync(self) -> None:
         """Flatten each bucket's grads, all-reduce (SUM), divide by world size, copy back."""
-        if not dist.is_initialized() or dist.get_world_size() == 1:
+        world = self.topology.world_size if dist.is_initialized() else 1  # the group's size (a partition's part)
+        if world == 1:
             return
-        world = dist.get_world_size()
         for b in self.buckets:
             flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
                               for p in b.params])

@@ -19,24 +19,24 @@ from gearshift.sim.collectives import LinkCosts
 MIB = 1 << 20
 
 
-def _max_over_ranks(seconds: float) -> float:
+def _max_over_ranks(seconds: float, group=None) -> float:
     t = torch.tensor([seconds])
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return t.item()
 
 
-def _timed(fn, reps: int, iters: int) -> float:
+def _timed(fn, reps: int, iters: int, group=None) -> float:
     """Median over reps of the slowest rank's time per call of fn (barrier before each rep), after two
     untimed calls: shared-memory staging alternates between two regions whose pages fault in once."""
     fn()
     fn()
     times = []
     for _ in range(reps):
-        dist.barrier()
+        dist.barrier(group=group)
         t0 = time.perf_counter()
         for _ in range(iters):
             fn()
-        times.append(_max_over_ranks((time.perf_counter() - t0) / iters))
+        times.append(_max_over_ranks((time.perf_counter() - t0) / iters, group))
     return statistics.median(times)
 
 
@@ -50,11 +50,15 @@ def measure_link_costs(groups: CommGroups, beta_bytes: int = MIB, reps: int = 7)
     hierarchical_alpha / rs_alpha = a tiny run of that algorithm / its step count (multi-node jobs).
     Per-byte costs: the slope between exchanges of beta_bytes and 2 beta_bytes, with a ring inside every node
     (intra_beta), over the node leaders (inter_beta: one flow per card), and over all same-local-rank
-    peers at once (L flows per card: a card cap when that is slower, nic_bandwidth)."""
-    topo, rank, world = groups.topology, groups.rank, dist.get_world_size()
-    node_rings = [topo.ranks_of(k) for k in range(topo.num_nodes)]
-    peer_rings = [[topo.ranks_of(k)[i] for k in range(topo.num_nodes) if i < len(topo.ranks_of(k))]
+    peers at once (L flows per card: a card cap when that is slower, nic_bandwidth). With groups of one
+    part of a partition, the part's members measure among themselves (rings below are global ranks)."""
+    topo, world, g, rank = groups.topology, groups.topology.world_size, groups.global_rank, dist.get_rank()
+    node_rings = [[g(i) for i in topo.ranks_of(k)] for k in range(topo.num_nodes)]
+    peer_rings = [[g(topo.ranks_of(k)[i]) for k in range(topo.num_nodes) if i < len(topo.ranks_of(k))]
                   for i in range(max(topo.ranks_per_node))]
+
+    def timed(fn, reps: int, iters: int) -> float:
+        return _timed(fn, reps, iters, groups.group)
 
     def exchange(rings: list[list[int]], nbytes: int):
         x, y = torch.zeros(max(1, nbytes // 4)), torch.zeros(max(1, nbytes // 4))
@@ -75,26 +79,26 @@ def measure_link_costs(groups: CommGroups, beta_bytes: int = MIB, reps: int = 7)
             if len(ring) > 1:
                 run_segments([ring_all_reduce(x, ring, rank)], groups)
         longest = max(len(r) for r in rings)
-        return _timed(fn, reps, 10) / max(1, 2 * (longest - 1) if longest > 2 else 1)
+        return timed(fn, reps, 10) / max(1, 2 * (longest - 1) if longest > 2 else 1)
 
     def node_collectives() -> None:
-        leader = topo.leader(topo.node[rank])
+        leader = g(topo.leader(topo.node[groups.rank]))
         x = torch.zeros(1)
         dist.reduce(x, dst=leader, group=groups.node_group)
         dist.broadcast(x, src=leader, group=groups.node_group)
 
     gloo_x = torch.zeros(256)
-    gloo_alpha = _timed(lambda: dist.all_reduce(gloo_x), reps, 10) / max(1, 2 * (world - 1))
-    inter_alpha = ring_steps([list(range(world))])
+    gloo_alpha = timed(lambda: dist.all_reduce(gloo_x, group=groups.group), reps, 10) / max(1, 2 * (world - 1))
+    inter_alpha = ring_steps([[g(i) for i in range(world)]])
     p2p_alpha = ring_steps(node_rings) if max(topo.ranks_per_node) > 1 else inter_alpha
-    intra_alpha = _timed(node_collectives, reps, 10) / (2 * max(1, (max(topo.ranks_per_node) - 1).bit_length()))
+    intra_alpha = timed(node_collectives, reps, 10) / (2 * max(1, (max(topo.ranks_per_node) - 1).bit_length()))
 
     def algorithm_alpha(algorithm: str) -> float | None:
         if topo.num_nodes == 1 or (algorithm == "hierarchical_rs" and groups.peer_grid is None):
             return None  # runs gloo (one node) or the leader design (uneven nodes)
         x = torch.zeros(2 * world)
-        steps = len(build(algorithm, x, topo, rank)[0])  # the same on every rank (padded programs)
-        return _timed(lambda: all_reduce(x, algorithm, groups=groups), reps, 10) / steps
+        steps = len(build(algorithm, x, topo, groups.rank)[0])  # the same on every rank (padded programs)
+        return timed(lambda: all_reduce(x, algorithm, groups=groups), reps, 10) / steps
 
     hierarchical_alpha, rs_alpha = algorithm_alpha("hierarchical"), algorithm_alpha("hierarchical_rs")
 
@@ -104,11 +108,11 @@ def measure_link_costs(groups: CommGroups, beta_bytes: int = MIB, reps: int = 7)
         if max(len(r) for r in rings) < 2:
             return 0.0
         n = max(3, reps // 2)
-        t1, t2 = _timed(exchange(rings, beta_bytes), n, 1), _timed(exchange(rings, 2 * beta_bytes), n, 1)
+        t1, t2 = timed(exchange(rings, beta_bytes), n, 1), timed(exchange(rings, 2 * beta_bytes), n, 1)
         return (t2 - t1) / beta_bytes if t2 > t1 else t2 / (2 * beta_bytes)
 
     intra_beta = beta(node_rings) or 1 / 100e9
-    inter_beta = beta([topo.leaders]) or intra_beta
+    inter_beta = beta([[g(i) for i in topo.leaders]]) or intra_beta
     shared = beta(peer_rings) if max(topo.ranks_per_node) > 1 and topo.num_nodes > 1 else 0.0
     flows = max(topo.ranks_per_node)
     nic = flows / shared if shared > 1.2 * inter_beta else float("inf")  # L flows slower than one: a card cap

@@ -14,8 +14,10 @@ from gearshift.comm.shm import ShmTransport
 
 @dataclass
 class CommGroups:
-    """This rank's node group (for intra-node reduce/broadcast), the leaders' group, and the two R x C
-    grids of global ranks: leaders (one per node) and peers (same local rank on every node)."""
+    """This rank's node group, the leaders' group, and the two R x C grids (leaders: one per node; peers:
+    the same local rank on every node) of one group of ranks: the whole job, or one part of a partition
+    (e.g. a pipeline stage's replicas). topology, rank and the grids use the group's own indices 0..m-1;
+    node_ranks and everything passed to torch.distributed use global ranks (members[i])."""
 
     topology: Topology
     rank: int
@@ -24,9 +26,11 @@ class CommGroups:
     leader_group: object | None
     leader_grid: list[list[int]]
     peer_grid: list[list[int]] | None  # None when nodes are uneven (hierarchical_rs falls back)
-    down: object | None = None  # a second world group: p2p towards lower ranks (one direction per socket)
+    down: object | None = None  # a second group of the members: p2p towards lower ranks (one direction per socket)
     all_node_groups: list[object] = field(default_factory=list, repr=False)
     shm: ShmTransport | None = field(default=None, repr=False)  # node-peer messages through shared memory
+    members: list[int] | None = None  # global rank of each index; None: the whole job, in rank order
+    group: object | None = None  # process group of the members for collectives (None: the default group)
 
     @property
     def leader(self) -> int:
@@ -36,26 +40,56 @@ class CommGroups:
     def is_leader(self) -> bool:
         return self.rank == self.leader
 
+    def global_rank(self, index: int) -> int:
+        return index if self.members is None else self.members[index]
+
     @classmethod
     def build(cls, topology: Topology, rank: int | None = None, shm: bool | None = None) -> CommGroups:
-        """Create the groups (all ranks must call this, with the same topology) and this rank's roles.
+        """Create the groups of the whole job (all ranks must call this, with the same topology) and this
+        rank's roles.
 
         shm: carry messages between ranks of a node through shared memory (comm.shm); default on unless the
         environment sets GEARSHIFT_SHM=0. Falls back to TCP by itself where shared memory cannot be opened."""
         rank = dist.get_rank() if rank is None else rank
         if dist.is_initialized() and dist.get_world_size() != topology.world_size:
             raise ValueError(f"topology has {topology.world_size} ranks but the job has {dist.get_world_size()}")
-        node_groups = [dist.new_group(topology.ranks_of(k)) for k in range(topology.num_nodes)]
-        leader_group = dist.new_group(topology.leaders)
-        down = dist.new_group(list(range(topology.world_size)))
-        me = topology.node[rank]
+        return cls._create(topology, list(range(topology.world_size)), rank, shm, whole=True)
+
+    @classmethod
+    def partition(cls, topology: Topology, parts: list[list[int]], shm: bool | None = None) -> CommGroups:
+        """Groups for every part of a partition of the job's ranks (all ranks call this with the same parts,
+        which cover every rank once), returning this rank's: each part all-reduces on its own."""
+        flat = sorted(r for part in parts for r in part)
+        if flat != list(range(topology.world_size)):
+            raise ValueError(f"CommGroups.partition: parts must cover ranks 0..{topology.world_size - 1} once, "
+                             f"got {parts}")
+        me, mine = dist.get_rank(), None
+        for part in parts:  # every rank creates every part's groups, in the same order
+            made = cls._create(topology.subset(part), part, me, shm, whole=False)
+            if me in part:
+                mine = made
+        return mine
+
+    @classmethod
+    def _create(cls, topology: Topology, members: list[int], me: int, shm: bool | None, whole: bool) -> CommGroups:
+        """Collective over the job: new_group for the members' nodes, leaders and (for a part) all of them;
+        shared memory for this rank's node when it is one of the members."""
+        node_groups = [dist.new_group([members[i] for i in topology.ranks_of(k)]) for k in range(topology.num_nodes)]
+        leader_group = dist.new_group([members[i] for i in topology.leaders])
+        down = dist.new_group(members)
+        group = None if whole else dist.new_group(members)
+        if me not in members:
+            return None
+        rank = members.index(me)
+        node = topology.node[rank]
+        node_ranks = [members[i] for i in topology.ranks_of(node)]
         if shm is None:
             shm = os.environ.get("GEARSHIFT_SHM", "1") != "0"
-        transport = ShmTransport.create(topology.ranks_of(me), node_groups[me], rank) if shm else None
-        return cls(topology, rank, topology.ranks_of(me), node_groups[me],
+        transport = ShmTransport.create(node_ranks, node_groups[node], me) if shm else None
+        return cls(topology, rank, node_ranks, node_groups[node],
                    leader_group if rank in topology.leaders else None,
                    leader_grid(topology), peer_grid(topology, topology.local_rank[rank]), down, node_groups,
-                   transport)
+                   transport, None if whole else list(members), group)
 
 
 def leader_grid(topology: Topology) -> list[list[int]]:

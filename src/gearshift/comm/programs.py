@@ -3,6 +3,8 @@ comm.allreduce runs them with comm.stream, and tests replay them in one process 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from gearshift.cluster.topology import Topology
@@ -25,10 +27,19 @@ def segments(flat: torch.Tensor, costs: LinkCosts | None) -> list[tuple[int, int
 
 
 def build(algorithm: str, flat: torch.Tensor, topology: Topology, rank: int,
-          costs: LinkCosts | None = None) -> list[list[Step]]:
+          costs: LinkCosts | None = None, members: list[int] | None = None) -> list[list[Step]]:
     """One program per segment of `flat` for `rank`: "ring" (all ranks in rank order), "hierarchical"
     (leader design) or "hierarchical_rs" (reduce-scatter form; needs equal nodes). Multi-node only for
-    the hierarchical forms: one node runs gloo's own all-reduce instead."""
+    the hierarchical forms: one node runs gloo's own all-reduce instead. Peers are topology indices, or
+    with `members` (a group of the job's ranks) the global rank of each index."""
+    programs = _build(algorithm, flat, topology, rank, costs)
+    if members is None:
+        return programs
+    return [[replace(st, dst=members[st.dst], src=members[st.src]) for st in prog] for prog in programs]
+
+
+def _build(algorithm: str, flat: torch.Tensor, topology: Topology, rank: int,
+           costs: LinkCosts | None) -> list[list[Step]]:
     segs = [flat[s:e] for s, e in segments(flat, costs)]
     if algorithm == "ring":
         ranks = list(range(topology.world_size))

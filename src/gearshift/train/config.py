@@ -226,9 +226,6 @@ def validate(cfg: JobConfig) -> JobConfig:
     rpn = c.ranks_per_node or c.workers
     _check(c.ranks_per_node >= 0 and c.workers % rpn == 0,
            f"cluster.ranks_per_node: must divide cluster.workers ({c.workers}), got {c.ranks_per_node}")
-    if p.allreduce not in ("auto", "gloo") and p.stages > 1:
-        raise ConfigError(f"parallel.allreduce: {p.allreduce!r} needs parallel.stages = 1 (replicated pipelines "
-                          "sync each stage over its replica group with gloo; allowed here: auto, gloo)")
     _check(p.stages >= 1, f"parallel.stages: must be >= 1, got {p.stages}")
     _check(
         c.workers % p.stages == 0,

@@ -71,28 +71,40 @@ def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None,
 
 
 def _grad_sync_factory(cfg: JobConfig):
-    """Pure data parallelism (one stage): gradients go through GradientSync with parallel.allreduce over the
-    job's topology. Replicated pipelines sync each stage over its replica group (gloo; the runtime default)."""
-    if cfg.parallel.stages != 1 or cfg.cluster.workers == 1:
-        return None
+    """Gradient sync through GradientSync with parallel.allreduce: over the whole job for pure data
+    parallelism, over each stage's replica group for replicated pipelines (a partition of the job). With
+    `auto` and more than one node, the links are measured first and rank 0 prints the choice. Groups and
+    measured costs are made once; a re-planned layout only re-buckets its new parameters."""
+    R, workers = cfg.parallel.stages, cfg.cluster.workers
+    if workers == 1 or (R > 1 and (cfg.parallel.allreduce == "gloo" or workers == R)):
+        return None  # the runtime's own flat gloo all_reduce over the replica group
     from gearshift.cluster.topology import Topology
-    from gearshift.comm import GradientSync
+    from gearshift.comm import CommGroups, GradientSync
+
+    made: dict = {}
 
     def factory(params, group):
-        topo = Topology.from_env(gather=_gather)
-        groups = costs = None
-        if cfg.parallel.allreduce == "auto" and topo.num_nodes > 1:  # price the links this job really has
-            from gearshift.comm import CommGroups
-            from gearshift.comm.calibrate import describe, measure_link_costs
+        if not made:
+            topo = Topology.from_env(gather=_gather)
+            groups = costs = None
+            if R > 1:  # schedule rank p of replica d is global rank d * R + p
+                groups = CommGroups.partition(topo, [list(range(p, workers, R)) for p in range(R)])
+            part = groups.topology if groups is not None else topo
+            if cfg.parallel.allreduce == "auto" and part.num_nodes > 1:  # price the links this job really has
+                from gearshift.comm.calibrate import describe, measure_link_costs
 
-            groups = CommGroups.build(topo)
-            costs = measure_link_costs(groups)
-        sync = GradientSync(params, cfg.parallel.allreduce, int(cfg.parallel.bucket_mb * (1 << 20)), topo,
-                            groups, costs)
-        if costs is not None and dist.get_rank() == 0:
+                groups = groups or CommGroups.build(topo)
+                costs = measure_link_costs(groups)
+            made.update(topo=part, groups=groups, costs=costs, describe=costs is not None)
+        sync = GradientSync(params, cfg.parallel.allreduce, int(cfg.parallel.bucket_mb * (1 << 20)), made["topo"],
+                            made["groups"], made["costs"])
+        if made["groups"] is None:
+            made["groups"] = sync.groups  # built by GradientSync (collective): reuse after a re-plan
+        if made.pop("describe", False) and dist.get_rank() == 0:
             chosen = ", ".join(f"{b.numel * b.params[0].element_size() / 2**20:.1f} MiB: {b.algorithm}"
                                for b in sync.buckets)
-            print(f"all-reduce auto ({topo.num_nodes} nodes): {chosen}; measured {describe(costs)}", flush=True)
+            scope = f"{made['topo'].num_nodes} nodes" + (f", each stage's {workers // R} replicas" if R > 1 else "")
+            print(f"all-reduce auto ({scope}): {chosen}; measured {describe(made['costs'])}", flush=True)
         return sync.sync
 
     return factory
