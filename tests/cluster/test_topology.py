@@ -46,6 +46,10 @@ def test_from_env() -> None:
     assert t.ranks_per_node == [2, 3] and t.leaders == [0, 3]
     with pytest.raises(SpecError):
         Topology.from_env({"WORLD_SIZE": "5", "LOCAL_WORLD_SIZE": "2"})
+    # no LOCAL_RANK (ranks started by mp.spawn): every rank sends None and each node counts up in rank order
+    sent = []
+    t = Topology.from_env({"WORLD_SIZE": "3"}, gather=lambda row: sent.append(row) or [row] * 3)
+    assert sent[0][1] is None and t.node == [0, 0, 0] and t.local_rank == [0, 1, 2]
 
 
 def test_rejects_bad_layouts() -> None:

@@ -80,9 +80,11 @@ class Topology:
         local_rank = int(env.get("LOCAL_RANK", env.get("RANK", "0")))
         node_rank = int(env.get("GROUP_RANK", env.get("NODE_RANK", "0")))
         hops = nic_hops_for(local_rank)
-        if gather is not None:
-            rows = gather((node_rank, local_rank, hops))
-            return cls([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
+        if gather is not None:  # without LOCAL_RANK (e.g. mp.spawn) each node's ranks count up in rank order
+            rows = gather((node_rank, local_rank if "LOCAL_RANK" in env else None, hops))
+            node = [r[0] for r in rows]
+            local = [r[1] if r[1] is not None else node[:i].count(node[i]) for i, r in enumerate(rows)]
+            return cls(node, local, [r[2] for r in rows])
         if world % local_world:
             raise SpecError(f"topology: WORLD_SIZE {world} is not a multiple of LOCAL_WORLD_SIZE {local_world}; "
                             "pass gather= to exchange layouts")

@@ -96,7 +96,10 @@ def _grad_sync_factory(cfg: JobConfig):
                 groups = groups or CommGroups.build(topo)
                 costs = measure_link_costs(groups)
             made.update(topo=part, groups=groups, costs=costs, describe=costs is not None)
-        sync = GradientSync(params, cfg.parallel.allreduce, int(cfg.parallel.bucket_mb * (1 << 20)), made["topo"],
+        algorithm = cfg.parallel.allreduce
+        if R > 1 and algorithm == "auto" and made["topo"].num_nodes == 1:
+            algorithm = "gloo"  # replicas on one node: gloo's all-reduce on the replica group, as without sync
+        sync = GradientSync(params, algorithm, int(cfg.parallel.bucket_mb * (1 << 20)), made["topo"],
                             made["groups"], made["costs"])
         if made["groups"] is None:
             made["groups"] = sync.groups  # built by GradientSync (collective): reuse after a re-plan
