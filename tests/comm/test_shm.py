@@ -16,8 +16,7 @@ from gearshift.comm import CommGroups, all_reduce
 from gearshift.comm import shm as shm_mod
 from gearshift.comm.launch import spawn
 from gearshift.comm.programs import build
-from gearshift.comm.shm import MIN_CAPACITY, align, next_region
-from gearshift.comm.stream import _shm_plan
+from gearshift.comm.shm import MIN_CAPACITY, align, next_region, staging_plan
 
 
 @given(st.integers(0, 1000), st.integers(0, 1000), st.integers(1, 2000), st.integers(1, 3000))
@@ -34,12 +33,12 @@ def test_leader_stages_its_sum_once_for_all_peers() -> None:
     topo = Topology.from_ranks_per_node([4, 4])
     x = torch.zeros(1000)
     leader = build("hierarchical", x, topo, 0)  # one segment: gather 3, matrix, send back to 3
-    plan, total = _shm_plan(leader, lambda peer: peer in (1, 2, 3))
+    plan, total = staging_plan(leader, lambda peer: peer in (1, 2, 3))
     sends = [j for j, src in enumerate(plan[0]) if src is not None]
     assert len(sends) == 3 and {plan[0][j] for j in sends} == {sends[0]}
     assert total == align(4000)
     other = build("hierarchical", x, topo, 2)
-    plan, total = _shm_plan(other, lambda peer: peer in (0, 1, 3))
+    plan, total = staging_plan(other, lambda peer: peer in (0, 1, 3))
     assert total == align(4000) and sum(src is not None for src in plan[0]) == 1
 
 
@@ -48,7 +47,7 @@ def test_a_view_received_into_is_staged_again() -> None:
 
     x = torch.zeros(10)
     swap = [Step(x, 1, x, 1, True), Step(x, 1, x[:0], 1, False)]
-    plan, total = _shm_plan([swap], lambda peer: True)
+    plan, total = staging_plan([swap], lambda peer: True)
     assert plan == [[0, 1]] and total == 2 * 64
 
 

@@ -43,6 +43,28 @@ def next_region(prev: tuple[int, int], nbytes: int, capacity: int) -> tuple[int,
     return after, after + nbytes
 
 
+def staging_plan(programs: list, via_shm) -> tuple[list[list[int | None]], int]:
+    """Per step of each program (comm.steps.Step lists) that sends to a node peer through shared memory:
+    the step whose staged copy it sends (itself, or an earlier step of its segment sending the same view
+    with nothing received since: the leader stages each sum once for all its peers); None for steps sent
+    over gloo. Also the bytes to stage (begin())."""
+    plan, total = [], 0
+    for prog in programs:
+        seen, row = {}, []
+        for j, st in enumerate(prog):
+            src = None
+            if st.send.numel() and via_shm(st.dst):
+                key = (st.send.data_ptr(), st.send.numel(), st.send.dtype)
+                src = seen.setdefault(key, j)
+                if src == j:
+                    total += align(st.send.numel() * st.send.element_size())
+            if st.recv.numel():
+                seen.clear()
+            row.append(src)
+        plan.append(row)
+    return plan, total
+
+
 def _map(fd: int) -> tuple[mmap.mmap, torch.Tensor]:
     size = os.fstat(fd).st_size
     mm = mmap.mmap(fd, size)
