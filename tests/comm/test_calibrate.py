@@ -42,3 +42,11 @@ def test_costs_are_plausible_and_shared() -> None:
         assert choices == results[0][2] and all(c in ("gloo", "ring", "hierarchical", "hierarchical_rs")
                                                 for c in choices)
         assert "MB/s" in line and "ms/step" in line
+
+
+def test_describe_leaves_out_what_was_not_measured() -> None:
+    from gearshift.sim.collectives import LinkCosts
+
+    assert "intra" not in describe(LinkCosts(), Topology.from_ranks_per_node([1, 1]))
+    assert "intra" in describe(LinkCosts(), Topology.from_ranks_per_node([2, 2]))
+    assert "leader design" in describe(LinkCosts(hierarchical_alpha=1e-3))

@@ -9,6 +9,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from gearshift.cluster.topology import Topology
 from gearshift.comm.allreduce import all_reduce
 from gearshift.comm.groups import CommGroups
 from gearshift.comm.programs import build
@@ -120,11 +121,13 @@ def measure_link_costs(groups: CommGroups, beta_bytes: int = MIB, reps: int = 7)
                      hierarchical_alpha, rs_alpha)
 
 
-def describe(costs: LinkCosts) -> str:
-    """One line for logs: per-step costs in ms, bandwidths in MB/s."""
+def describe(costs: LinkCosts, topology: Topology | None = None) -> str:
+    """One line for logs: per-step costs in ms, bandwidths in MB/s (no intra-node part when `topology`
+    has one rank per node: nothing was measured there)."""
     nic = "no card cap" if costs.nic_bandwidth == float("inf") else f"card {costs.nic_bandwidth / 1e6:.0f} MB/s"
-    return (f"inter {1 / costs.inter_beta / 1e6:.0f} MB/s, {costs.inter_alpha * 1e3:.2f} ms/step; "
-            f"intra {1 / costs.intra_beta / 1e6:.0f} MB/s, {costs.p2p_alpha * 1e3:.2f} ms/step; {nic}; "
+    intra = "" if topology is not None and max(topology.ranks_per_node) == 1 else \
+        f"intra {1 / costs.intra_beta / 1e6:.0f} MB/s, {costs.p2p_alpha * 1e3:.2f} ms/step; "
+    return (f"inter {1 / costs.inter_beta / 1e6:.0f} MB/s, {costs.inter_alpha * 1e3:.2f} ms/step; {intra}{nic}; "
             f"gloo {(costs.gloo_alpha or 0) * 1e3:.2f} ms/step"
             + "".join(f"; {name} {a * 1e3:.2f} ms/step" for name, a in
                       (("leader design", costs.hierarchical_alpha), ("rs form", costs.rs_alpha)) if a is not None))

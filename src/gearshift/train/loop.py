@@ -107,7 +107,7 @@ def _grad_sync_factory(cfg: JobConfig):
             chosen = ", ".join(f"{b.numel * b.params[0].element_size() / 2**20:.1f} MiB: {b.algorithm}"
                                for b in sync.buckets)
             scope = f"{made['topo'].num_nodes} nodes" + (f", each stage's {workers // R} replicas" if R > 1 else "")
-            print(f"all-reduce auto ({scope}): {chosen}; measured {describe(made['costs'])}", flush=True)
+            print(f"all-reduce auto ({scope}): {chosen}; measured {describe(made['costs'], made['topo'])}", flush=True)
         return sync.sync
 
     return factory
