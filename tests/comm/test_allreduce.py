@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 import gearshift.sim.collectives as coll
 from gearshift.cluster.topology import Topology
-from gearshift.comm import CommGroups, GradientSync, all_reduce
+from gearshift.comm import CommGroups, GradientSync, all_reduce, shm
 from gearshift.comm.launch import spawn
 from gearshift.comm.steps import chunk_bounds
 
@@ -85,6 +85,7 @@ def _train(rank: int, algo: str, groups: CommGroups | None) -> list[float]:
 def _worker(rank: int, world: int, layouts: list, train: bool) -> list[str]:
     coll.segment_bytes = lambda c: 2048  # exercise the segmented (streamed) path with small tensors
     coll.FIRST_SEGMENT_BYTES = 512
+    shm.MIN_BYTES = 0  # and shared memory inside nodes for every message
     bad = []
     for i, lay in enumerate(layouts):
         topo = lay if isinstance(lay, Topology) else Topology.from_ranks_per_node(lay)
@@ -125,8 +126,8 @@ def test_matches_dist_all_reduce(world: int) -> None:
 
 
 def test_world_of_one_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("segment_bytes", "FIRST_SEGMENT_BYTES"):  # _worker shrinks them: restore afterwards
-        monkeypatch.setattr(coll, name, getattr(coll, name))
+    for mod, name in ((coll, "segment_bytes"), (coll, "FIRST_SEGMENT_BYTES"), (shm, "MIN_BYTES")):
+        monkeypatch.setattr(mod, name, getattr(mod, name))  # _worker changes them: restore afterwards
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         assert _worker(0, 1, [[1]], False) == []

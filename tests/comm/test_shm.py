@@ -33,12 +33,12 @@ def test_leader_stages_its_sum_once_for_all_peers() -> None:
     topo = Topology.from_ranks_per_node([4, 4])
     x = torch.zeros(1000)
     leader = build("hierarchical", x, topo, 0)  # one segment: gather 3, matrix, send back to 3
-    plan, total = staging_plan(leader, lambda peer: peer in (1, 2, 3))
+    plan, total = staging_plan(leader, lambda peer, t: peer in (1, 2, 3))
     sends = [j for j, src in enumerate(plan[0]) if src is not None]
     assert len(sends) == 3 and {plan[0][j] for j in sends} == {sends[0]}
     assert total == align(4000)
     other = build("hierarchical", x, topo, 2)
-    plan, total = staging_plan(other, lambda peer: peer in (0, 1, 3))
+    plan, total = staging_plan(other, lambda peer, t: peer in (0, 1, 3))
     assert total == align(4000) and sum(src is not None for src in plan[0]) == 1
 
 
@@ -47,7 +47,7 @@ def test_a_view_received_into_is_staged_again() -> None:
 
     x = torch.zeros(10)
     swap = [Step(x, 1, x, 1, True), Step(x, 1, x[:0], 1, False)]
-    plan, total = staging_plan([swap], lambda peer: True)
+    plan, total = staging_plan([swap], lambda peer, t: True)
     assert plan == [[0, 1]] and total == 2 * 64
 
 
@@ -63,11 +63,12 @@ def _worker(rank: int, world: int) -> dict:
             ok &= torch.equal(x, torch.arange(n, dtype=torch.float32) * sum(range(1, world + 1)))
     out["exact"] = ok
     out["grew"] = groups.shm.arena.numel() > MIN_CAPACITY
-    events = []
-    all_reduce(torch.ones(100), "hierarchical", groups=groups, trace=events)
     local = set(groups.node_ranks) - {rank}
-    intra = [e[3] for e in events if e[3]["to"] in local or e[3]["from"] in local]
-    out["intra_via_shm"] = bool(intra) and all(e["shared_memory"] for e in intra)
+    for n, name in ((100_000, "intra_via_shm"), (100, "tiny_via_gloo")):  # 400 KB, and 400 B < MIN_BYTES
+        events = []
+        all_reduce(torch.ones(n), "hierarchical", groups=groups, trace=events)
+        intra = [e[3] for e in events if e[3]["to"] in local or e[3]["from"] in local]
+        out[name] = bool(intra) and all(e["shared_memory"] == (n == 100_000) for e in intra)
     # rank 1 cannot open its peer's arena: its whole node (ranks 0, 1) falls back to TCP, node 1 keeps shm
     real_open = os.open
     if rank == 1:
@@ -87,5 +88,6 @@ def _worker(rank: int, world: int) -> dict:
 def test_transport_end_to_end() -> None:
     results = spawn(_worker, 4)
     for rank, r in enumerate(results):
-        assert r["shm"] and r["tcp"] and r["exact"] and r["grew"] and r["intra_via_shm"], (rank, r)
+        assert r["shm"] and r["tcp"] and r["exact"] and r["grew"] and r["intra_via_shm"] and r["tiny_via_gloo"], \
+            (rank, r)
         assert r["fallback"] == (rank in (0, 1)) and r["fallback_exact"], (rank, r)

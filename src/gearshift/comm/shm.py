@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -23,6 +24,7 @@ import torch.distributed as dist
 
 ALIGN = 64
 MIN_CAPACITY = 1 << 20
+MIN_BYTES = 64 << 10  # smaller messages go over gloo: staging plus an offset message cost more there
 
 
 def align(n: int) -> int:
@@ -43,7 +45,7 @@ def next_region(prev: tuple[int, int], nbytes: int, capacity: int) -> tuple[int,
     return after, after + nbytes
 
 
-def staging_plan(programs: list, via_shm) -> tuple[list[list[int | None]], int]:
+def staging_plan(programs: list, via_shm: Callable[[int, torch.Tensor], bool]) -> tuple[list[list[int | None]], int]:
     """Per step of each program (comm.steps.Step lists) that sends to a node peer through shared memory:
     the step whose staged copy it sends (itself, or an earlier step of its segment sending the same view
     with nothing received since: the leader stages each sum once for all its peers); None for steps sent
@@ -53,7 +55,7 @@ def staging_plan(programs: list, via_shm) -> tuple[list[list[int | None]], int]:
         seen, row = {}, []
         for j, st in enumerate(prog):
             src = None
-            if st.send.numel() and via_shm(st.dst):
+            if st.send.numel() and via_shm(st.dst, st.send):
                 key = (st.send.data_ptr(), st.send.numel(), st.send.dtype)
                 src = seen.setdefault(key, j)
                 if src == j:
@@ -82,6 +84,7 @@ class ShmTransport:
     peers: dict[int, list] = field(default_factory=dict)  # rank -> [fd, mmap, uint8 view]
     region: tuple[int, int] = (0, 0)
     cursor: int = 0
+    min_bytes: int = field(default_factory=lambda: MIN_BYTES)  # smaller messages go over gloo
 
     @classmethod
     def create(cls, node_ranks: list[int], node_group, rank: int) -> ShmTransport | None:

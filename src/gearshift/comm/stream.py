@@ -65,14 +65,16 @@ class _Run:
         self.sending: list[list[tuple[int, int, object]]] = [[] for _ in programs]
         self.signals: list[tuple[object, torch.Tensor]] = []
         # segment k's reduce steps over gloo receive into its own slice of one reused buffer
-        sizes = [max((st.recv.numel() for st in prog if st.reduce and not self.via_shm(st.src)), default=0)
+        sizes = [max((st.recv.numel() for st in prog if st.reduce and not self.via_shm(st.src, st.recv)), default=0)
                  for prog in programs]
         self.offsets = [0, *accumulate(sizes)]
         dtype = next((st.recv.dtype for prog in programs for st in prog if st.reduce), None)
         self.space = scratch(dtype, self.offsets[-1]) if dtype is not None and self.offsets[-1] else None
 
-    def via_shm(self, peer: int) -> bool:
-        return self.shm is not None and peer in self.local and peer != self.me
+    def via_shm(self, peer: int, t: torch.Tensor) -> bool:
+        """Whether the message t to or from peer goes through shared memory (both ends decide alike)."""
+        return (self.shm is not None and peer in self.local and peer != self.me
+                and t.numel() * t.element_size() >= self.shm.min_bytes)
 
     def group(self, peer: int, downward: bool):
         """The group carrying a message to or from peer; downward: it goes to the lower of the two ranks."""
@@ -109,7 +111,7 @@ class _Run:
                 offset = torch.tensor([self.staged[(k, self.plan[k][j])]], dtype=torch.int64)
                 self.signals.append((dist.isend(offset, st.dst, group=self.groups.node_group, tag=tag), offset))
         if st.recv.numel():
-            if self.via_shm(st.src):
+            if self.via_shm(st.src, st.recv):
                 buf = torch.empty(1, dtype=torch.int64)  # the offset of the payload in the sender's arena
             elif st.reduce:
                 buf = self.space[self.offsets[k]:self.offsets[k] + st.recv.numel()].view_as(st.recv)
@@ -124,7 +126,7 @@ class _Run:
         works, buf, posted = self.pending.pop(k)
         for w in works:
             w.wait()
-        if st.recv.numel() and self.via_shm(st.src):
+        if st.recv.numel() and self.via_shm(st.src, st.recv):
             self.settle(k, st.recv)
             payload = self.shm.view(st.src, int(buf[0]), st.recv)
             st.recv.add_(payload) if st.reduce else st.recv.copy_(payload)
@@ -136,7 +138,7 @@ class _Run:
                                {"segment": k, "step": j, "to": st.dst, "from": st.src,
                                 "sent_bytes": st.send.numel() * st.send.element_size(),
                                 "received_bytes": st.recv.numel() * st.recv.element_size(),
-                                "shared_memory": self.via_shm(st.dst) or self.via_shm(st.src)}))
+                                "shared_memory": self.via_shm(st.dst, st.send) or self.via_shm(st.src, st.recv)}))
 
     def settle(self, k: int, t: torch.Tensor) -> None:
         """Wait for segment k's gloo sends that read any of t's memory, which is about to be written."""
