@@ -26,12 +26,9 @@ def _one_node(groups: CommGroups) -> bool:
 def flat_ring_all_reduce(flat: torch.Tensor, groups: CommGroups | None, costs: LinkCosts | None = None,
                          trace: list | None = None) -> None:
     """Our own ring over all ranks (of the group) in rank order, segments streamed (comm.stream)."""
-    if groups is None:
-        topology, rank, members = Topology.from_ranks_per_node([dist.get_world_size()]), dist.get_rank(), None
-    else:
-        topology, rank, members = groups.topology, groups.rank, groups.members
-        topology = Topology.from_ranks_per_node([topology.world_size])
-    run_segments(build("ring", flat, topology, rank, costs, members), groups, trace)
+    world, rank, members = ((dist.get_world_size(), dist.get_rank(), None) if groups is None
+                            else (groups.topology.world_size, groups.rank, groups.members))
+    run_segments(build("ring", flat, Topology.from_ranks_per_node([world]), rank, costs, members), groups, trace)
 
 
 def leader_all_reduce(flat: torch.Tensor, groups: CommGroups, costs: LinkCosts | None = None,
