@@ -269,8 +269,9 @@ def main() -> int:
     out = {"rows": rows, "predictions": preds, "calibration": calib, "timelines": timelines,
            "notes": "costs: gearshift.comm.calibrate.measure_link_costs, measured once per setting in the same "
                     "run with every rank running (per-step costs from tiny runs of our ring and gloo's ring, so "
-                    "they include process wake-up on the shared cores; per-byte costs from 1 MiB exchanges inside "
-                    "nodes, between leaders and between all peers at once); no per-point fitting; the streamed "
+                    "they include process wake-up on the shared cores; per-byte costs from exchanges inside nodes, "
+                    "between leaders, between all peers at once and around all ranks over TCP, each at the "
+                    "smallest size from 1 MiB where bytes dominate); no per-point fitting; the streamed "
                     "algorithms are priced by sim.collectives with the same segments the runtime uses; times are "
                     "medians of interleaved repetitions, max over ranks",
            "quick": args.quick, "testbed_rate": TESTBED_RATE}

@@ -42,7 +42,8 @@ def _worker(rank: int, world: int) -> list[str]:
         GradientSync([w], "hierarchical", groups=groups).sync()
         if not torch.allclose(w.grad, torch.full((3,), sum(part) / len(part), dtype=torch.float32)):
             bad.append(f"{parts} GradientSync {w.grad.tolist()}")
-    costs = measure_link_costs(CommGroups.partition(topo, PARTITIONS[0]), beta_bytes=1 << 14, reps=3)
+    costs = measure_link_costs(CommGroups.partition(topo, PARTITIONS[0]), beta_bytes=1 << 14, reps=3,
+                               max_beta_bytes=4 << 20)
     if not (math.isfinite(costs.inter_alpha) and costs.inter_alpha > 0 and costs.hierarchical_alpha > 0):
         bad.append(f"calibration {costs}")
     return bad

@@ -125,8 +125,38 @@ def test_measured_algorithm_alpha_prices_every_step() -> None:
     base = LinkCosts(intra_alpha=1e-4, intra_beta=1e-9, inter_alpha=1e-3, inter_beta=4e-8, intra_p2p_alpha=2e-3)
     hier = LinkCosts(**{**base.__dict__, "hierarchical_alpha": 5e-4})
     rs = LinkCosts(**{**base.__dict__, "rs_alpha": 7e-4})
-    # 4 nodes x 2: a 2 x 2 leader matrix (two swaps) between the gather and the send back: 4 steps
-    assert predict("hierarchical", 4, (4, 2), hier) == pytest.approx(4 * 5e-4, rel=1e-3)
-    assert predict("hierarchical_rs", 4, (4, 2), rs) == pytest.approx(4 * 7e-4, rel=1e-3)
-    assert predict("hierarchical", 4, (4, 2), base) == pytest.approx(2 * 2e-3 + 2 * 1e-3, rel=1e-3)
+    # 4 nodes x 2: gather, the 2 x 2 leader matrix (row reduce-scatter, column swap, row all-gather), send back
+    assert predict("hierarchical", 4, (4, 2), hier) == pytest.approx(5 * 5e-4, rel=1e-3)
+    assert predict("hierarchical_rs", 4, (4, 2), rs) == pytest.approx(5 * 7e-4, rel=1e-3)
+    assert predict("hierarchical", 4, (4, 2), base) == pytest.approx(2 * 2e-3 + 3 * 1e-3, rel=1e-3)
     assert predict("ring", 4, (4, 2), hier) == predict("ring", 4, (4, 2), base)  # other algorithms unchanged
+
+
+@pytest.mark.parametrize("nodes", [2, 3, 4, 5, 6, 8, 9, 12])
+@pytest.mark.parametrize("per_node", [1, 2, 3])
+def test_model_counts_the_steps_the_runtime_runs(nodes: int, per_node: int) -> None:
+    """With one unit of cost per step and free bytes, the model's price is the length of the program
+    comm.programs builds, for every matrix shape (rows or columns of two included)."""
+    import torch
+
+    from gearshift.cluster.topology import Topology
+    from gearshift.comm.programs import build
+
+    unit = LinkCosts(intra_beta=0.0, inter_beta=1e-30, hierarchical_alpha=1.0, rs_alpha=1.0)
+    topo = Topology.from_ranks_per_node([per_node] * nodes)
+    for algorithm in ("hierarchical", "hierarchical_rs"):
+        steps = len(build(algorithm, torch.zeros(4), topo, 0)[0])
+        assert predict(algorithm, 4, (nodes, per_node), unit) == pytest.approx(steps)
+
+
+def test_flat_rings_use_the_rate_measured_for_their_pattern() -> None:
+    """flat_beta (every rank sending to its successor at once, as gloo's ring does) prices gloo and our flat
+    ring when measured; the leader design keeps the per-link costs."""
+    base = LinkCosts(inter_alpha=1e-3, inter_beta=1 / 25e6)
+    flat = LinkCosts(**{**base.__dict__, "flat_beta": 2 / 25e6})  # half the leaders' rate per rank
+    size = 64 << 20
+    assert predict("gloo", size, (4, 2), flat) == pytest.approx(2 * 7 * size / 8 * 2 / 25e6)
+    assert predict("gloo", size, (4, 2), base) == pytest.approx(2 * 7 * size / 8 / 25e6)
+    assert predict("ring", size, (4, 2), flat) - predict("ring", 0.5, (4, 2), flat) == pytest.approx(
+        2 * 7 * size / 8 * 2 / 25e6, rel=1e-6)
+    assert predict("hierarchical", size, (4, 2), flat) == predict("hierarchical", size, (4, 2), base)

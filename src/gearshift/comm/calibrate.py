@@ -3,8 +3,10 @@ links, card sharing and per-step wake-ups the job actually has. A collective: al
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -18,6 +20,9 @@ from gearshift.comm.stream import run_segments
 from gearshift.sim.collectives import LinkCosts
 
 MIB = 1 << 20
+BYTES_OVER_STEP = 5  # a slope is taken where bytes are at least ~80% of an exchange's time
+SLOPE_BUDGET_S = 0.5  # seconds of samples per slope (at least 3 samples of each size)
+MAX_SLOPE_SAMPLES = 15
 
 
 def _max_over_ranks(seconds: float, group=None) -> float:
@@ -29,19 +34,46 @@ def _max_over_ranks(seconds: float, group=None) -> float:
 def _timed(fn, reps: int, iters: int, group=None) -> float:
     """Median over reps of the slowest rank's time per call of fn (barrier before each rep), after two
     untimed calls: shared-memory staging alternates between two regions whose pages fault in once."""
-    fn()
-    fn()
-    times = []
+    return _interleaved([fn], reps, iters, group)[0]
+
+
+def _interleaved(fns: list, reps: int, iters: int, group=None) -> list[float]:
+    """_timed of several fns, their repetitions interleaved so drift in the machine's load hits all alike."""
+    for fn in fns:
+        fn()
+        fn()
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(reps):
-        dist.barrier(group=group)
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        times.append(_max_over_ranks((time.perf_counter() - t0) / iters, group))
-    return statistics.median(times)
+        for fn, out in zip(fns, times):
+            dist.barrier(group=group)
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            out.append(_max_over_ranks((time.perf_counter() - t0) / iters, group))
+    return [statistics.median(t) for t in times]
 
 
-def measure_link_costs(groups: CommGroups, beta_bytes: int = MIB, reps: int = 7) -> LinkCosts:
+def slope(make: Callable[[int], Callable[[], None]], timed: Callable[[list, int], list[float]],
+          start: int, limit: int) -> float:
+    """Per-byte time of the pattern make(nbytes) runs: the slope between m and 2 m bytes (latency cancels).
+
+    m doubles from `start` (2 m at most `limit`) until the pattern takes BYTES_OVER_STEP times its tiny run: below
+    that the slope is lost in a step's jitter (on loopback 1 MiB moves in a fraction of a process wake-up;
+    on a 200 Mbit/s link 1 MiB already takes 15 steps). timed(fns, n) gives the median of n interleaved
+    samples of each fn; the slope uses as many as fit in SLOPE_BUDGET_S. If noise makes it non-positive,
+    the larger run's time per byte (an upper bound)."""
+    step = timed([make(4)], 3)[0]
+    m, t1 = start, timed([make(start)], 3)[0]
+    while t1 < BYTES_OVER_STEP * step and 4 * m <= limit:
+        m *= 2
+        t1 = timed([make(m)], 3)[0]
+    n = max(3, min(MAX_SLOPE_SAMPLES, int(SLOPE_BUDGET_S / (3 * max(t1, 1e-9)))))
+    t1, t2 = timed([make(m), make(2 * m)], n)
+    return (t2 - t1) / m if t2 > t1 else t2 / (2 * m)
+
+
+def measure_link_costs(groups: CommGroups, beta_bytes: int = MIB, reps: int = 7,
+                       max_beta_bytes: int = 32 * MIB) -> LinkCosts:
     """LinkCosts of this job, measured (about a second on slow links).
 
     Per-step costs come from tiny runs of the same engine the algorithms use, with every rank running:
@@ -49,9 +81,10 @@ def measure_link_costs(groups: CommGroups, beta_bytes: int = MIB, reps: int = 7)
     intra_p2p_alpha = the same ring inside every node at once; intra_alpha = gloo's reduce + broadcast in
     every node group (what a one-node job runs); gloo_alpha = gloo's own 1 KiB all-reduce / 2 (n - 1);
     hierarchical_alpha / rs_alpha = a tiny run of that algorithm / its step count (multi-node jobs).
-    Per-byte costs: the slope between exchanges of beta_bytes and 2 beta_bytes, with a ring inside every node
-    (intra_beta), over the node leaders (inter_beta: one flow per card), and over all same-local-rank
-    peers at once (L flows per card: a card cap when that is slower, nic_bandwidth). With groups of one
+    Per-byte costs (slope: sizes from beta_bytes up to max_beta_bytes, where bytes dominate): exchanges with
+    a ring inside every node (intra_beta), over the node leaders (inter_beta: one flow per card), over all
+    same-local-rank peers at once (L flows per card: a card cap when that is slower, nic_bandwidth), and
+    over all ranks in rank order through TCP, the pattern of gloo's own ring (flat_beta). With groups of one
     part of a partition, the part's members measure among themselves (rings below are global ranks)."""
     topo, world, g, rank = groups.topology, groups.topology.world_size, groups.global_rank, dist.get_rank()
     node_rings = [[g(i) for i in topo.ranks_of(k)] for k in range(topo.num_nodes)]
@@ -61,16 +94,19 @@ def measure_link_costs(groups: CommGroups, beta_bytes: int = MIB, reps: int = 7)
     def timed(fn, reps: int, iters: int) -> float:
         return _timed(fn, reps, iters, groups.group)
 
-    def exchange(rings: list[list[int]], nbytes: int):
-        x, y = torch.zeros(max(1, nbytes // 4)), torch.zeros(max(1, nbytes // 4))
+    def exchange(rings: list[list[int]], via: CommGroups = groups):
+        """Every ring at once: each member sends nbytes to the next while receiving from the previous."""
         ring = next((r for r in rings if rank in r), [])
 
-        def fn() -> None:
-            if len(ring) > 1:
-                i = ring.index(rank)
-                step = Step(x, ring[(i + 1) % len(ring)], y, ring[(i - 1) % len(ring)], False)
-                run_segments([[step]], groups)
-        return fn
+        def make(nbytes: int):
+            x, y = torch.zeros(max(1, nbytes // 4)), torch.zeros(max(1, nbytes // 4))
+
+            def fn() -> None:
+                if len(ring) > 1:
+                    i = ring.index(rank)
+                    run_segments([[Step(x, ring[(i + 1) % len(ring)], y, ring[(i - 1) % len(ring)], False)]], via)
+            return fn
+        return make
 
     def ring_steps(rings: list[list[int]]) -> float:
         ring = next((r for r in rings if rank in r), [])
@@ -103,22 +139,19 @@ def measure_link_costs(groups: CommGroups, beta_bytes: int = MIB, reps: int = 7)
 
     hierarchical_alpha, rs_alpha = algorithm_alpha("hierarchical"), algorithm_alpha("hierarchical_rs")
 
-    def beta(rings: list[list[int]]) -> float:
-        """Slope between exchanges of beta_bytes and twice that (latency cancels); if noise makes it
-        non-positive, the larger exchange's time per byte (an upper bound)."""
-        if max(len(r) for r in rings) < 2:
-            return 0.0
-        n = max(3, reps // 2)
-        t1, t2 = timed(exchange(rings, beta_bytes), n, 1), timed(exchange(rings, 2 * beta_bytes), n, 1)
-        return (t2 - t1) / beta_bytes if t2 > t1 else t2 / (2 * beta_bytes)
+    def beta(make) -> float:
+        return slope(make, lambda fns, n: _interleaved(fns, n, 1, groups.group), beta_bytes, max_beta_bytes)
 
-    intra_beta = beta(node_rings) or 1 / 100e9
-    inter_beta = beta([[g(i) for i in topo.leaders]]) or intra_beta
-    shared = beta(peer_rings) if max(topo.ranks_per_node) > 1 and topo.num_nodes > 1 else 0.0
+    intra = max(topo.ranks_per_node) > 1
+    intra_beta = (beta(exchange(node_rings)) if intra else 0.0) or 1 / 100e9
+    inter_beta = (beta(exchange([[g(i) for i in topo.leaders]])) if topo.num_nodes > 1 else 0.0) or intra_beta
+    shared = beta(exchange(peer_rings)) if intra and topo.num_nodes > 1 else 0.0
     flows = max(topo.ranks_per_node)
     nic = flows / shared if shared > 1.2 * inter_beta else float("inf")  # L flows slower than one: a card cap
+    tcp = dataclasses.replace(groups, shm=None)  # gloo's own ring sends every hop over TCP
+    flat_beta = beta(exchange([[g(i) for i in range(world)]], tcp)) if world > 1 else None
     return LinkCosts(intra_alpha, intra_beta, inter_alpha, inter_beta, nic, p2p_alpha, gloo_alpha,
-                     hierarchical_alpha, rs_alpha)
+                     hierarchical_alpha, rs_alpha, flat_beta)
 
 
 def describe(costs: LinkCosts, topology: Topology | None = None) -> str:
@@ -129,6 +162,7 @@ def describe(costs: LinkCosts, topology: Topology | None = None) -> str:
         f"intra {1 / costs.intra_beta / 1e6:.0f} MB/s, {costs.p2p_alpha * 1e3:.2f} ms/step; "
     return (f"inter {1 / costs.inter_beta / 1e6:.0f} MB/s, {costs.inter_alpha * 1e3:.2f} ms/step; {intra}{nic}; "
             f"gloo {(costs.gloo_alpha or 0) * 1e3:.2f} ms/step"
+            + ("" if costs.flat_beta is None else f", {1 / costs.flat_beta / 1e6:.0f} MB/s per rank")
             + "".join(f"; {name} {a * 1e3:.2f} ms/step" for name, a in
                       (("leader design", costs.hierarchical_alpha), ("rs form", costs.rs_alpha)) if a is not None))
 

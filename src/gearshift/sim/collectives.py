@@ -4,6 +4,8 @@ the runtime can pick an algorithm per message size and the planner can predict a
 Notation: S bytes, N nodes, L ranks per node (max over nodes when uneven), n = N * L ranks.
 A message of m bytes over a link costs alpha + m * beta. Intra-node links use (a_i, b_i), inter-node
 links (a_e, b_e) where b_e = max(inter_beta, k / nic_bandwidth) when k flows of a node share its card.
+The flat rings (gloo's and ours) use b_f = flat_beta where it was measured for their own pattern (every
+rank sending to its successor at once: the card or, where ranks share cores, the CPU), else b_e(1).
 The node matrix is R x C (see cluster.topology.matrix_shape). Our algorithms run in segments
 (segment_bounds, shared with gearshift.comm), priced as a pipeline of per-segment stages (_flow_shop).
 """
@@ -31,7 +33,9 @@ class LinkCosts:
     gloo_alpha, when given, a step of gloo's own ring all-reduce (its C++ step is cheaper than ours);
     hierarchical_alpha / rs_alpha, when given, every step of that algorithm (measured from a tiny run of
     it: where ranks share cores a step costs the wake-ups of the processes it involves, which differs by
-    algorithm; on a real cluster these come out near the link's alpha)."""
+    algorithm; on a real cluster these come out near the link's alpha). flat_beta, when given, the
+    per-byte time of a rank in a ring over all ranks with every rank sending at once (what gloo's ring
+    does): on a real cluster the card's b_e(1); where ranks share cores, what the CPU leaves each."""
 
     intra_alpha: float = 5e-6
     intra_beta: float = 1 / 100e9
@@ -42,6 +46,7 @@ class LinkCosts:
     gloo_alpha: float | None = None  # per-step cost of gloo's own C++ ring, if not the link's alpha
     hierarchical_alpha: float | None = None  # per-step cost of the leader design, if measured
     rs_alpha: float | None = None  # per-step cost of the reduce-scatter form, if measured
+    flat_beta: float | None = None  # per-byte cost when every rank sends to its successor at once, if measured
 
     @property
     def p2p_alpha(self) -> float:
@@ -62,8 +67,9 @@ def _ring_ar(m: float, p: int, a: float, b: float) -> float:
 
 def _matrix(m: float, rows: int, cols: int, a: float, b: float) -> float:
     """Row reduce-scatter + column ring all-reduce + row all-gather of m bytes on a rows x cols grid:
-    2 (C - 1) (a + m / C * b) + 2 (R - 1) (a + m / (R C) * b)."""
-    return _ring_ar(m, cols, a, b) + _ring_ar(m / cols, rows, a, b)
+    2 (C - 1) (a + m / C * b) + _ring_ar(m / C, R) (the row keeps its two passes even for C = 2, as
+    comm.steps.matrix_all_reduce runs them; a column of two swaps its chunk in one step)."""
+    return 2 * (cols - 1) * (a + m / cols * b) + _ring_ar(m / cols, rows, a, b)
 
 
 def segment_bytes(c: LinkCosts) -> float:
@@ -117,12 +123,19 @@ def _flow_shop(stage_times: list[list[float]]) -> float:
     return done[-1] if done else 0.0
 
 
+def _flat(nodes: int, c: LinkCosts) -> tuple[float, float]:
+    """Step cost and per-byte cost of a ring over all ranks in rank order: the slowest link's (inter-node
+    with one flow per card when N > 1), or flat_beta where that pattern was measured as a whole."""
+    a, b = (c.inter_alpha, c.inter_beta_shared(1)) if nodes > 1 else (c.intra_alpha, c.intra_beta)
+    return a, b if c.flat_beta is None else c.flat_beta
+
+
 def ring(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
     """Flat ring over n ranks in rank order, streamed in segments: the step fixed costs of one segment,
     2 (n - 1) a, plus every segment's transfers, 2 (n - 1) / n S b (each step has one inter-node hop
     per node boundary when N > 1, so the slowest link sets each step)."""
     n = nodes * per_node
-    a, b = (c.inter_alpha, c.inter_beta_shared(1)) if nodes > 1 else (c.intra_alpha, c.intra_beta)
+    a, b = _flat(nodes, c)
     return _ring_ar(0.0, n, a, b) + _ring_ar(size, n, 0.0, b)
 
 
@@ -133,7 +146,7 @@ def gloo(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
     n = nodes * per_node
     if n <= 1:
         return 0.0
-    a, b = (c.inter_alpha, c.inter_beta_shared(1)) if nodes > 1 else (c.intra_alpha, c.intra_beta)
+    a, b = _flat(nodes, c)
     a = a if c.gloo_alpha is None else c.gloo_alpha
     return 2 * (n - 1) * max(a, size / n * b)
 
