@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,8 +34,9 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     from gearshift.cluster.topology import Topology
-    from gearshift.comm import CommGroups, all_reduce
+    from gearshift.comm import CommGroups
     from gearshift.comm.calibrate import measure_link_costs
+    from gearshift.comm.measure import time_algorithms
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -45,37 +45,12 @@ def worker(args: argparse.Namespace) -> None:
     groups = CommGroups.build(topo)
     shaped = args.setting.startswith("testbed")
     costs = measure_link_costs(groups)  # the package's own calibration, as training's `auto` uses
-    budget = 0.25 if not shaped else 0.5  # seconds of timed work per point and repetition
-    rows = []
-    for size in [int(s) for s in args.sizes.split(",")]:
-        x = torch.full((size // 4,), 1e-3)
-        est = {}
-        for algo in ALGOS:  # warm-up (two on loopback: shared-memory staging alternates between two
-            for _ in range(1 if shaped else 2):  # regions, whose pages fault in once), sizing the timed loop
-                dist.barrier()
-                t0 = time.perf_counter()
-                all_reduce(x, algo, groups=groups, costs=costs)
-                est[algo] = time.perf_counter() - t0
-        t = torch.tensor([max(est.values())])
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        # interleaved repetitions (median), at every size; on loopback at least 3 calls per sample and 5
-        # samples, as 4-8 processes on 2 cores make single calls vary by 2x
-        iters = max(1 if shaped else 3, min(50, int(budget / max(t.item(), 1e-6))))
-        reps = 3 if shaped else 5
-        times = {a: [] for a in ALGOS}
-        for _ in range(reps):
-            for algo in ALGOS:  # interleaved, so background load hits every algorithm alike
-                x.fill_(1e-3)
-                dist.barrier()
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    all_reduce(x, algo, groups=groups, costs=costs)
-                dt = torch.tensor([(time.perf_counter() - t0) / iters])
-                dist.all_reduce(dt, op=dist.ReduceOp.MAX)
-                times[algo].append(dt.item())
-        for algo in ALGOS:
-            rows.append({"size_bytes": size, "algorithm": algo, "time_s": statistics.median(times[algo]),
-                         "samples": times[algo], "iters": iters})
+    # warm-ups: two on loopback (shared-memory staging alternates between two regions, whose pages fault
+    # in once); on loopback at least 3 calls per sample and 5 samples, as 4-8 processes on 2 cores make
+    # single calls vary by 2x
+    rows = time_algorithms(groups, [int(s) for s in args.sizes.split(",")], costs, tuple(ALGOS),
+                           reps=3 if shaped else 5, warmups=1 if shaped else 2, min_iters=1 if shaped else 3,
+                           budget_s=0.5 if shaped else 0.25)
     timeline = _timeline(int(args.trace), groups, costs, rows) if args.trace else None
     if dist.get_rank() == 0:
         Path(args.out).write_text(json.dumps({"rows": rows, "costs": costs.__dict__, "timeline": timeline}))

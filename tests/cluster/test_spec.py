@@ -32,6 +32,18 @@ def test_network_defaults():
     assert (n.intra_bandwidth, n.inter_bandwidth) == pytest.approx((d.intra_bandwidth, d.inter_bandwidth))
     assert (n.intra_latency, n.inter_latency) == pytest.approx((d.intra_latency, d.inter_latency))
     assert [d.nic_hops for d in spec.devices] == [0, 0]
+    assert n.nic_bandwidth == float("inf")  # no card cap unless nic_gbps is given
+
+
+def test_card_bandwidth_prices_shared_flows():
+    from gearshift.sim.collectives import LinkCosts
+
+    spec = parse_spec({"types": TYPES, "nodes": [{"devices": ["A"]}],
+                       "network": {"inter_gbps": 100, "nic_gbps": 200, "inter_latency_us": 10}})
+    c = LinkCosts.from_network(spec.network)
+    assert c.nic_bandwidth == 200 * GB / 8 and c.inter_alpha == pytest.approx(10e-6)
+    assert c.inter_beta_shared(1) == pytest.approx(8 / (100 * GB))  # one flow: its own rate
+    assert c.inter_beta_shared(4) == pytest.approx(4 * 8 / (200 * GB))  # four flows share the card
 
 
 def test_constructors():
@@ -59,6 +71,8 @@ def test_constructors():
      r"nodes\[0\].devices: unknown type 'C' \(defined: A, B\)"),
     ({"types": TYPES, "nodes": [{"devices": ["A"]}], "network": {"inter_gbps": -5}},
      r"network.inter_gbps: must be > 0"),
+    ({"types": TYPES, "nodes": [{"devices": ["A"]}], "network": {"nic_gbs": 100}},
+     r"network.nic_gbs: unknown key \(allowed: .*nic_gbps"),
 ])
 def test_errors_name_the_field(data, msg):
     with pytest.raises(SpecError, match=msg):

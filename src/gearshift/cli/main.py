@@ -14,6 +14,7 @@ COMMANDS = {
     "profile": ("profile", "measure per-layer time, FLOPs, bytes and memory; write a ModelProfile"),
     "simulate": ("simulate", "predict iteration time and bubbles of the configured pipeline"),
     "plan": ("plan", "partition a model over a cluster; compare with baselines"),
+    "allreduce": ("allreduce", "all-reduce algorithm per message size: predicted for a spec, or measured"),
     "testbed": ("testbed", "emulated multi-host network (Linux namespaces + tc)"),
 }
 

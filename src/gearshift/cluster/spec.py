@@ -32,6 +32,7 @@ class Network:
     inter_bandwidth: float = 10 * GB / 8
     intra_latency: float = 5e-6
     inter_latency: float = 20e-6
+    nic_bandwidth: float = float("inf")  # a node's card, shared by all its concurrent inter-node flows
 
 
 @dataclass
@@ -91,7 +92,8 @@ def parse_spec(data: dict) -> ClusterSpec:
 
     [types.A100]  speed = 1.0, memory_gb = 40
     [[nodes]]     devices = ["A100", "T4"], nic_hops = [0, 1]   (nic_hops optional)
-    [network]     intra_gbps, inter_gbps (Gbit/s), intra_latency_us, inter_latency_us
+    [network]     intra_gbps, inter_gbps (Gbit/s, one flow), intra_latency_us, inter_latency_us,
+                  nic_gbps (optional: a node's card, shared by all its flows; default no cap)
     """
     known = {"types", "nodes", "network"}
     for k in data:
@@ -122,12 +124,17 @@ def parse_spec(data: dict) -> ClusterSpec:
             speed, mem = kinds[name]
             devices.append(Device(name, speed, mem, node=ni, local_rank=li, nic_hops=h))
     net = data.get("network", {})
+    allowed = ("intra_gbps", "inter_gbps", "intra_latency_us", "inter_latency_us", "nic_gbps")
+    for k in net:
+        if k not in allowed:
+            raise SpecError(f"network.{k}: unknown key (allowed: {', '.join(allowed)})")
     d = Network()
     network = Network(
         intra_bandwidth=_num(net, "intra_gbps", "network", d.intra_bandwidth * 8 / GB) * GB / 8,
         inter_bandwidth=_num(net, "inter_gbps", "network", d.inter_bandwidth * 8 / GB) * GB / 8,
         intra_latency=_num(net, "intra_latency_us", "network", d.intra_latency * 1e6) * 1e-6,
         inter_latency=_num(net, "inter_latency_us", "network", d.inter_latency * 1e6) * 1e-6,
+        nic_bandwidth=_num(net, "nic_gbps", "network", float("inf")) * GB / 8,
     )
     return ClusterSpec(devices, network)
 

@@ -48,6 +48,13 @@ class LinkCosts:
     rs_alpha: float | None = None  # per-step cost of the reduce-scatter form, if measured
     flat_beta: float | None = None  # per-byte cost when every rank sends to its successor at once, if measured
 
+    @classmethod
+    def from_network(cls, network) -> LinkCosts:
+        """The costs a cluster.spec.Network describes (latencies, one flow's bandwidths, the card's)."""
+        return cls(intra_alpha=network.intra_latency, intra_beta=1 / network.intra_bandwidth,
+                   inter_alpha=network.inter_latency, inter_beta=1 / network.inter_bandwidth,
+                   nic_bandwidth=network.nic_bandwidth)
+
     @property
     def p2p_alpha(self) -> float:
         return self.intra_alpha if self.intra_p2p_alpha is None else self.intra_p2p_alpha

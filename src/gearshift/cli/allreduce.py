@@ -1,0 +1,169 @@
+"""`gearshift allreduce`: which all-reduce `auto` picks per message size, and why.
+
+With --spec, the cost model's prediction for that cluster (any size, nothing runs). Without it, the job
+measures its links (comm.calibrate) and times every algorithm next to the model: on local workers
+(--workers, --ranks-per-node emulate the nodes), or one process per rank under torchrun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+
+from rich.console import Console
+from rich.table import Table
+
+from gearshift.errors import ConfigError
+
+DEFAULT_SIZES = "4KiB,64KiB,1MiB,16MiB,64MiB"
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1 << 10, "m": 1e6, "mb": 1e6, "mib": 1 << 20,
+          "g": 1e9, "gb": 1e9, "gib": 1 << 30}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments of `gearshift allreduce`."""
+    p.add_argument("--spec", help="cluster spec TOML: predict for it (default: measure this job)")
+    p.add_argument("--sizes", default=DEFAULT_SIZES, help=f"message sizes (default {DEFAULT_SIZES})")
+    p.add_argument("--workers", type=int, default=4, help="local worker processes when measuring (default 4)")
+    p.add_argument("--ranks-per-node", type=int, default=2,
+                   help="local workers per emulated node when measuring (default 2)")
+    p.add_argument("--reps", type=int, default=3, help="timed repetitions per size and algorithm (default 3)")
+
+
+def parse_sizes(text: str) -> list[int]:
+    """'4KiB,1MiB,4096' -> byte counts; a bad entry is a one-line error naming --sizes."""
+    sizes = []
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", part)
+        unit = m and _UNITS.get(m.group(2).lower())
+        if not m or unit is None or float(m.group(1)) * unit < 1:
+            raise ConfigError(f"--sizes: {part.strip()!r} is not a size (e.g. 4096, 64KiB, 16MiB, 1GiB)")
+        sizes.append(int(float(m.group(1)) * unit))
+    return sizes
+
+
+def _fmt_size(n: int) -> str:
+    for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= k and n % k == 0:
+            return f"{n // k} {unit}"
+    return f"{n} B"
+
+
+def _ms(s: float) -> str:
+    """Seconds as milliseconds, four significant digits."""
+    return f"{s * 1e3:,.0f}" if s >= 1 else f"{s * 1e3:.4g}"
+
+
+def prediction_table(counts: list[int], costs, sizes: list[int], title: str) -> Table:
+    """Predicted ms of every algorithm the model knows at each size; `auto` = the runnable one it picks."""
+    from gearshift.sim.collectives import ALGORITHMS, RUNNABLE, busbw, choose, predict
+
+    algos = [a for a in RUNNABLE] + [a for a in ALGORITHMS if a not in RUNNABLE]
+    t = Table(title=title)
+    for col in ("size", *algos, "auto", "busbw Gbit/s"):
+        t.add_column(col, justify="right")
+    for size in sizes:
+        times = {a: predict(a, size, counts, costs) for a in algos}
+        pick = choose(size, counts, costs)
+        t.add_row(_fmt_size(size), *(f"[bold]{_ms(times[a])}[/bold]" if a == pick else _ms(times[a]) for a in algos),
+                  pick, f"{busbw(size, times[pick], sum(counts)) * 8 / 1e9:.2f}")
+    return t
+
+
+def measured_table(counts: list[int], costs, rows: list[dict], title: str) -> Table:
+    """Measured ms of every runnable algorithm (the model's in brackets), auto's pick and the fastest."""
+    from gearshift.sim.collectives import RUNNABLE, choose, predict
+
+    t = Table(title=title)
+    for col in ("size", *RUNNABLE, "auto", "fastest"):
+        t.add_column(col, justify="right")
+    for size in sorted({r["size_bytes"] for r in rows}):
+        got = {r["algorithm"]: r["time_s"] for r in rows if r["size_bytes"] == size}
+        fastest = min(got, key=got.get)
+        t.add_row(_fmt_size(size), *(f"{_ms(got[a])} ({_ms(predict(a, size, counts, costs))})" for a in RUNNABLE),
+                  choose(size, counts, costs), fastest)
+    return t
+
+
+def _measure(rank: int, world: int, counts: list[int] | None, sizes: list[int], reps: int) -> tuple | None:
+    """One rank: calibrate, time every algorithm at every size; rank 0 returns (counts, costs, rows)."""
+    import torch.distributed as dist
+
+    from gearshift.cluster.topology import Topology
+    from gearshift.comm import CommGroups
+    from gearshift.comm.calibrate import measure_link_costs
+    from gearshift.comm.measure import time_algorithms
+
+    topo = Topology.from_ranks_per_node(counts) if counts else Topology.from_env(gather=_gather)
+    groups = CommGroups.build(topo)
+    costs = measure_link_costs(groups)
+    console = Console(stderr=True)
+    if rank == 0:
+        console.print(f"[dim]{len(topo.ranks_per_node)} nodes x {topo.ranks_per_node}: calibrated; timing "
+                      f"{len(sizes)} sizes x 4 algorithms[/dim]")
+
+    def progress(size: int) -> None:
+        if rank == 0:
+            console.print(f"[dim]  {_fmt_size(size)} done[/dim]")
+    rows = time_algorithms(groups, sizes, costs, reps=reps, on_size=progress)
+    dist.barrier()
+    return (topo.ranks_per_node, costs, rows) if rank == 0 else None
+
+
+def _gather(obj) -> list:
+    import torch.distributed as dist
+
+    box = [None] * dist.get_world_size()
+    dist.all_gather_object(box, obj)
+    return box
+
+
+def run(args: argparse.Namespace) -> int:
+    """Predict for --spec, or measure on local workers / under torchrun, and print the table."""
+    from gearshift.cluster.spec import load_spec
+    from gearshift.sim.collectives import LinkCosts
+
+    if args.overrides:
+        raise ConfigError(f"allreduce: unknown arguments {' '.join(args.overrides)}")
+    sizes = parse_sizes(args.sizes)
+    console = Console() if Console().is_terminal else Console(width=160)  # piped: no truncated columns
+    if args.spec:
+        from gearshift.cluster.topology import Topology
+
+        spec = load_spec(args.spec)
+        counts = Topology.from_spec(spec).ranks_per_node
+        title = (f"predicted all-reduce ms, {len(counts)} nodes x {counts} ranks ({args.spec}); "
+                 f"bold = auto's pick")
+        console.print(prediction_table(counts, LinkCosts.from_network(spec.network), sizes, title))
+        return 0
+    if args.workers < 1 or args.ranks_per_node < 1:
+        raise ConfigError(f"--workers and --ranks-per-node: must be >= 1, got {args.workers} and "
+                          f"{args.ranks_per_node}")
+    if args.reps < 1:
+        raise ConfigError(f"--reps: must be >= 1, got {args.reps}")
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun: this process is one rank
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo")  # the algorithms run on CPU tensors over torch.distributed p2p
+        result = _measure(dist.get_rank(), dist.get_world_size(), None, sizes, args.reps)
+        dist.destroy_process_group()
+    else:
+        from gearshift.comm.launch import spawn
+
+        w, per = args.workers, args.ranks_per_node
+        counts = [per] * (w // per) + ([w % per] if w % per else [])
+        result = spawn(_measure, w, counts, sizes, args.reps, timeout_s=900)[0]
+    if result is None:
+        return 0
+    from gearshift.cluster.topology import Topology
+    from gearshift.comm.calibrate import describe
+
+    counts, costs, rows = result
+
+    console.print(f"measured: {describe(costs, Topology.from_ranks_per_node(counts))}")
+    console.print(measured_table(counts, costs, rows, f"all-reduce ms measured (model), {len(counts)} nodes x "
+                                                      f"{counts} ranks"))
+    return 0

@@ -1,0 +1,55 @@
+"""Time every all-reduce algorithm at several sizes on the running job, the way bench/allreduce.py and
+`gearshift allreduce` report them: interleaved repetitions (so drift in the machine's load hits every
+algorithm alike), the slowest rank's time per call, the median over repetitions. A collective."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from gearshift.comm.allreduce import all_reduce
+from gearshift.comm.groups import CommGroups
+from gearshift.sim.collectives import RUNNABLE, LinkCosts
+
+
+def time_algorithms(groups: CommGroups, sizes: list[int], costs: LinkCosts | None = None,
+                    algorithms: tuple[str, ...] = RUNNABLE, reps: int = 3, warmups: int = 1,
+                    min_iters: int = 1, budget_s: float = 0.25,
+                    on_size: Callable[[int], None] | None = None) -> list[dict]:
+    """One row per (size, algorithm): time_s (median over reps of the slowest rank's time per call),
+    samples, iters. Each sample runs back-to-back calls, as many as fit in budget_s (at least min_iters,
+    at most 50), after `warmups` untimed calls of every algorithm. on_size(size) after each size."""
+    group = groups.group
+    rows = []
+    for size in sizes:
+        x = torch.full((max(1, size // 4),), 1e-3)
+        est = {}
+        for algo in algorithms:
+            for _ in range(warmups):
+                dist.barrier(group=group)
+                t0 = time.perf_counter()
+                all_reduce(x, algo, groups=groups, costs=costs)
+                est[algo] = time.perf_counter() - t0
+        slowest = torch.tensor([max(est.values(), default=0.0)])
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
+        iters = max(min_iters, min(50, int(budget_s / max(slowest.item(), 1e-6))))
+        samples: dict[str, list[float]] = {a: [] for a in algorithms}
+        for _ in range(reps):
+            for algo in algorithms:
+                x.fill_(1e-3)
+                dist.barrier(group=group)
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    all_reduce(x, algo, groups=groups, costs=costs)
+                dt = torch.tensor([(time.perf_counter() - t0) / iters])
+                dist.all_reduce(dt, op=dist.ReduceOp.MAX, group=group)
+                samples[algo].append(dt.item())
+        rows += [{"size_bytes": size, "algorithm": a, "time_s": statistics.median(samples[a]),
+                  "samples": samples[a], "iters": iters} for a in algorithms]
+        if on_size is not None:
+            on_size(size)
+    return rows
