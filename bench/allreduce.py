@@ -143,6 +143,22 @@ def scale_predictions() -> list[dict]:
     return sorted(rows, key=lambda r: (r["gpus"], r["size_bytes"], r["algorithm"]))
 
 
+def auto_regret(rows: list[dict], calib: dict) -> list[dict]:
+    """Per setting and size: the algorithm `auto` picks with that setting's calibration, the fastest one
+    measured, and the pick's measured time over the fastest's (what a wrong pick costs)."""
+    from gearshift.sim.collectives import LinkCosts, choose
+
+    out = []
+    for setting in sorted({r["setting"] for r in rows}, key=list(SETTINGS).index):
+        costs = LinkCosts(**calib[setting])
+        for size in sorted({r["size_bytes"] for r in rows if r["setting"] == setting}):
+            got = {r["algorithm"]: r["time_s"] for r in rows if r["setting"] == setting and r["size_bytes"] == size}
+            pick, fastest = choose(size, SETTINGS[setting], costs), min(got, key=got.get)
+            out.append({"setting": setting, "size_bytes": size, "pick": pick, "fastest": fastest,
+                        "ratio": got[pick] / got[fastest]})
+    return out
+
+
 def _plot(rows: list[dict], preds: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -240,8 +256,15 @@ def main() -> int:
                       f"{r['busbw_gbps']:.3f}", f"{g / r['time_s']:.2f}", f"{r['predicted_time_s'] * 1e3:.3f}",
                       f"{err:+.0%}")
     Console().print(table)
+    auto = auto_regret(rows, calib)
+    picks = Table(title="auto: the model's pick against the fastest measured (time ratio; 1.00 = it picked the best)")
+    for col in ("setting", "size", "auto picks", "fastest", "ratio"):
+        picks.add_column(col, justify="right")
+    for a in auto:
+        picks.add_row(a["setting"], _fmt_size(a["size_bytes"]), a["pick"], a["fastest"], f"{a['ratio']:.2f}")
+    Console().print(picks)
     RESULTS.mkdir(exist_ok=True)
-    out = {"rows": rows, "predictions": preds, "calibration": calib, "timelines": timelines,
+    out = {"rows": rows, "predictions": preds, "calibration": calib, "timelines": timelines, "auto": auto,
            "notes": "costs: gearshift.comm.calibrate.measure_link_costs, measured once per setting in the same "
                     "run with every rank running (per-step costs from tiny runs of our ring and gloo's ring, so "
                     "they include process wake-up on the shared cores; per-byte costs from exchanges inside nodes, "
