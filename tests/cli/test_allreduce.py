@@ -59,10 +59,10 @@ def test_spec_table_is_the_models_prediction(tmp_path) -> None:
         pick = choose(size, (4, 4), costs)
         assert pick in row and f"{predict('gloo', size, (4, 4), costs) * 1e3:.4g}" in row
     # one 100 Gbit/s card per node: both hierarchical forms carry 1.5 S through it, gloo's ring 1.75 S;
-    # the reduce-scatter form also moves less inside the node than the gather to one leader
+    # the reduce-scatter form also moves a little less inside the node, too little to beat the margin
     big = {a: predict(a, 256 << 20, (4, 4), costs) for a in ("gloo", "hierarchical", "hierarchical_rs")}
     assert big["hierarchical_rs"] < big["hierarchical"] < big["gloo"] / 1.1
-    assert choose(256 << 20, (4, 4), costs) == "hierarchical_rs"
+    assert choose(256 << 20, (4, 4), costs) == "hierarchical"
 
 
 def test_bad_input_is_one_line(tmp_path) -> None:

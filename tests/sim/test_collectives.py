@@ -9,6 +9,7 @@ import pytest
 from gearshift.cluster.topology import matrix_shape
 from gearshift.sim.collectives import (
     ALGORITHMS,
+    AUTO_MARGIN,
     MAX_SEGMENTS,
     RUNNABLE,
     LinkCosts,
@@ -61,6 +62,22 @@ def test_choose_is_deterministic_and_known() -> None:
         assert a == choose(size, (16, 8)) and a in RUNNABLE
     with pytest.raises(ValueError):
         predict("carrier-pigeon", 1, (1, 1))
+
+
+@pytest.mark.parametrize("size", [4 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20])
+def test_choose_takes_the_earliest_within_the_margin(size: int) -> None:
+    """A later (less simple) candidate is chosen only when it is predicted faster by more than the margin;
+    margin 0 is the plain argmin."""
+    testbed = LinkCosts(intra_alpha=1.6e-3, intra_beta=1e-9, inter_alpha=2.5e-3, inter_beta=1 / 23e6,
+                        nic_bandwidth=23.8e6, intra_p2p_alpha=3.3e-3, gloo_alpha=1.5e-3, hierarchical_alpha=1.7e-3,
+                        rs_alpha=3.1e-3, flat_beta=1 / 23.5e6)
+    times = {a: predict(a, size, (4, 2), testbed) for a in RUNNABLE}
+    best = min(times.values())
+    pick = choose(size, (4, 2), testbed)
+    assert times[pick] <= best * (1 + AUTO_MARGIN)
+    assert all(times[a] > best * (1 + AUTO_MARGIN) for a in RUNNABLE[:RUNNABLE.index(pick)])
+    assert choose(size, (4, 2), testbed, margin=0.0) == min(RUNNABLE, key=times.get)
+    assert choose(size, (4, 2), testbed, margin=10.0) == "gloo"
 
 
 def test_scales_to_thousands_instantly() -> None:

@@ -20,6 +20,7 @@ from gearshift.cluster.topology import matrix_shape
 ALGORITHMS = ("ring", "tree", "matrix2d", "hierarchical", "hierarchical_rs")
 RUNNABLE = ("gloo", "ring", "hierarchical", "hierarchical_rs")  # what gearshift.comm runs (gloo: torch's own)
 MAX_SEGMENTS = 16
+AUTO_MARGIN = 0.05  # choose(): predictions closer than this are a tie (the model's error at >= 1 MiB)
 FIRST_SEGMENT_BYTES = 64 << 10
 MIN_SEGMENT_BYTES = 256 << 10
 
@@ -239,12 +240,15 @@ def predict(algorithm: str, size_bytes: float, ranks_per_node: list[int] | tuple
 
 
 def choose(size_bytes: float, ranks_per_node: list[int] | tuple[int, int], costs: LinkCosts | None = None,
-           candidates: tuple[str, ...] = RUNNABLE) -> str:
-    """The candidate with the lowest predicted time (ties: earliest in `candidates`); deterministic, so
-    all ranks agree given the same sizes, topology and costs."""
+           candidates: tuple[str, ...] = RUNNABLE, margin: float = AUTO_MARGIN) -> str:
+    """The earliest candidate predicted within `margin` of the fastest: closer predictions are inside the
+    model's error, and the earlier candidates are the simpler ones (gloo's own; then fewer flows per card).
+    Deterministic, so all ranks agree given the same sizes, topology and costs."""
     _, _, uniform = _shape(ranks_per_node)
     cands = [a for a in candidates if a != "hierarchical_rs" or uniform] or list(candidates)
-    return min(cands, key=lambda a: (predict(a, size_bytes, ranks_per_node, costs), cands.index(a)))
+    times = [predict(a, size_bytes, ranks_per_node, costs) for a in cands]
+    best = min(times)
+    return next(a for a, t in zip(cands, times) if t <= best * (1 + margin))
 
 
 def _shape(ranks_per_node: list[int] | tuple[int, int]) -> tuple[int, int, bool]:
