@@ -74,7 +74,7 @@ def slope(make: Callable[[int], Callable[[], None]], timed: Callable[[list, int]
 
 def measure_link_costs(groups: CommGroups, beta_bytes: int = MIB, reps: int = 7,
                        max_beta_bytes: int = 32 * MIB) -> LinkCosts:
-    """LinkCosts of this job, measured (about a second on slow links).
+    """LinkCosts of this job, measured (a few seconds).
 
     Per-step costs come from tiny runs of the same engine the algorithms use, with every rank running:
     inter_alpha = a flat ring all-reduce of one item per chunk over all ranks / its 2 (n - 1) steps;
