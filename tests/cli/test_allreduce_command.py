@@ -3,12 +3,14 @@ auto's pick; measuring on local workers times every algorithm next to the model.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
 import pytest
 
 from gearshift.cli.allreduce import parse_sizes
+from gearshift.cluster.testbed import is_root
 from gearshift.errors import ConfigError
 
 SPEC = """
@@ -73,6 +75,8 @@ def test_bad_input_is_one_line(tmp_path) -> None:
     bad.write_text(SPEC.replace("nic_gbps", "nic_gbs"))
     r = _gs("--spec", str(bad))
     assert r.returncode == 2 and "network.nic_gbs: unknown key" in r.stderr and len(r.stderr.splitlines()) == 1
+    r = _gs("--workers", "5", "--ranks-per-node", "2")
+    assert r.returncode == 2 and "--workers, --ranks-per-node" in r.stderr and "got 5 and 2" in r.stderr
 
 
 def test_measures_every_algorithm_on_local_workers() -> None:
@@ -85,3 +89,14 @@ def test_measures_every_algorithm_on_local_workers() -> None:
         assert len(cells) == 7 and all("(" in c and ")" in c for c in cells[1:5])  # measured (model), each
         assert cells[5] in ("gloo", "ring", "hierarchical", "hierarchical_rs")
         assert cells[6] in ("gloo", "ring", "hierarchical", "hierarchical_rs")
+
+
+@pytest.mark.skipif(not is_root(), reason="the testbed needs root")
+def test_measures_on_the_testbed_over_shaped_links() -> None:
+    """--testbed runs each node's ranks in its namespace: the calibrated inter-node rate is the cap."""
+    r = _gs("--testbed", "--workers", "4", "--ranks-per-node", "2", "--bandwidth", "400mbit", "--sizes", "64KiB",
+            "--reps", "1")
+    assert r.returncode == 0, r.stderr
+    inter = float(re.search(r"measured: inter (\d+) MB/s", r.stdout).group(1))
+    assert 20 < inter < 52  # 400 Mbit/s is 50 MB/s; loopback moves hundreds
+    assert "cannot be retrieved" not in r.stderr  # c10d's host-name warning in namespaces is silenced

@@ -2,7 +2,8 @@
 
 With --spec, the cost model's prediction for that cluster (any size, nothing runs). Without it, the job
 measures its links (comm.calibrate) and times every algorithm next to the model: on local workers
-(--workers, --ranks-per-node emulate the nodes), or one process per rank under torchrun.
+(--workers, --ranks-per-node emulate the nodes; --testbed puts each node in its own network namespace
+behind a shaped link), or one process per rank under torchrun.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks-per-node", type=int, default=2,
                    help="local workers per emulated node when measuring (default 2)")
     p.add_argument("--reps", type=int, default=3, help="timed repetitions per size and algorithm (default 3)")
+    p.add_argument("--testbed", action="store_true",
+                   help="run the local workers as emulated hosts on shaped links (gearshift testbed; needs root)")
+    p.add_argument("--bandwidth", default="200mbit", help="testbed: every host link's cap (default 200mbit)")
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -86,29 +90,39 @@ def measured_table(counts: list[int], costs, rows: list[dict], title: str) -> Ta
     return t
 
 
-def _measure(rank: int, world: int, counts: list[int] | None, sizes: list[int], reps: int) -> tuple | None:
-    """One rank: calibrate, time every algorithm at every size; rank 0 returns (counts, costs, rows)."""
+def _measure(sizes: list[int], reps: int) -> None:
+    """One rank of the job (env://, as under torchrun): calibrate, time every algorithm at every size;
+    rank 0 prints the measured costs and the table."""
     import torch.distributed as dist
 
     from gearshift.cluster.topology import Topology
     from gearshift.comm import CommGroups
-    from gearshift.comm.calibrate import measure_link_costs
+    from gearshift.comm.calibrate import describe, measure_link_costs
     from gearshift.comm.measure import time_algorithms
 
-    topo = Topology.from_ranks_per_node(counts) if counts else Topology.from_env(gather=_gather)
+    if os.environ.get("MASTER_ADDR") == "127.0.0.1":
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # keep every byte on loopback
+    dist.init_process_group("gloo")  # the algorithms run on CPU tensors over torch.distributed p2p
+    rank = dist.get_rank()
+    topo = Topology.from_env(gather=_gather)
     groups = CommGroups.build(topo)
     costs = measure_link_costs(groups)
+    counts = topo.ranks_per_node
     console = Console(stderr=True)
     if rank == 0:
-        console.print(f"[dim]{len(topo.ranks_per_node)} nodes x {topo.ranks_per_node}: calibrated; timing "
-                      f"{len(sizes)} sizes x 4 algorithms[/dim]")
+        console.print(f"[dim]{len(counts)} nodes x {counts}: calibrated; timing {len(sizes)} sizes x "
+                      f"4 algorithms[/dim]")
 
     def progress(size: int) -> None:
         if rank == 0:
             console.print(f"[dim]  {_fmt_size(size)} done[/dim]")
     rows = time_algorithms(groups, sizes, costs, reps=reps, on_size=progress)
+    if rank == 0:
+        out = _console()
+        out.print(f"measured: {describe(costs, topo)}")
+        out.print(measured_table(counts, costs, rows, f"all-reduce ms measured (model), {len(counts)} nodes x "
+                                                      f"{counts} ranks"))
     dist.barrier()
-    return (topo.ranks_per_node, costs, rows) if rank == 0 else None
 
 
 def _gather(obj) -> list:
@@ -119,51 +133,53 @@ def _gather(obj) -> list:
     return box
 
 
-def run(args: argparse.Namespace) -> int:
-    """Predict for --spec, or measure on local workers / under torchrun, and print the table."""
-    from gearshift.cluster.spec import load_spec
-    from gearshift.sim.collectives import LinkCosts
+def _console() -> Console:
+    return Console() if Console().is_terminal else Console(width=160)  # piped: no truncated columns
 
+
+def run(args: argparse.Namespace) -> int:
+    """Predict for --spec; be one rank under torchrun (or our launcher); or launch the local workers."""
     if args.overrides:
         raise ConfigError(f"allreduce: unknown arguments {' '.join(args.overrides)}")
     sizes = parse_sizes(args.sizes)
-    console = Console() if Console().is_terminal else Console(width=160)  # piped: no truncated columns
+    if args.reps < 1:
+        raise ConfigError(f"--reps: must be >= 1, got {args.reps}")
     if args.spec:
+        from gearshift.cluster.spec import load_spec
         from gearshift.cluster.topology import Topology
+        from gearshift.sim.collectives import LinkCosts
 
         spec = load_spec(args.spec)
         counts = Topology.from_spec(spec).ranks_per_node
         title = (f"predicted all-reduce ms, {len(counts)} nodes x {counts} ranks ({args.spec}); "
                  f"bold = auto's pick")
-        console.print(prediction_table(counts, LinkCosts.from_network(spec.network), sizes, title))
+        _console().print(prediction_table(counts, LinkCosts.from_network(spec.network), sizes, title))
         return 0
-    if args.workers < 1 or args.ranks_per_node < 1:
-        raise ConfigError(f"--workers and --ranks-per-node: must be >= 1, got {args.workers} and "
-                          f"{args.ranks_per_node}")
-    if args.reps < 1:
-        raise ConfigError(f"--reps: must be >= 1, got {args.reps}")
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun: this process is one rank
-        import torch
-        import torch.distributed as dist
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # one rank of a job (torchrun or ours)
+        from gearshift.train.worker import run_as_worker
 
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo")  # the algorithms run on CPU tensors over torch.distributed p2p
-        result = _measure(dist.get_rank(), dist.get_world_size(), None, sizes, args.reps)
-        dist.destroy_process_group()
-    else:
-        from gearshift.comm.launch import spawn
-
-        w, per = args.workers, args.ranks_per_node
-        counts = [per] * (w // per) + ([w % per] if w % per else [])
-        result = spawn(_measure, w, counts, sizes, args.reps, timeout_s=900)[0]
-    if result is None:
+        run_as_worker(lambda: _measure(sizes, args.reps))
         return 0
-    from gearshift.cluster.topology import Topology
-    from gearshift.comm.calibrate import describe
+    w, per = args.workers, args.ranks_per_node
+    if w < 1 or per < 1 or w % per:
+        raise ConfigError(f"--workers, --ranks-per-node: need workers >= 1, a multiple of ranks-per-node >= 1; "
+                          f"got {w} and {per}")
+    return _launch(args, w, per)
 
-    counts, costs, rows = result
 
-    console.print(f"measured: {describe(costs, Topology.from_ranks_per_node(counts))}")
-    console.print(measured_table(counts, costs, rows, f"all-reduce ms measured (model), {len(counts)} nodes x "
-                                                      f"{counts} ranks"))
-    return 0
+def _launch(args: argparse.Namespace, workers: int, per_node: int) -> int:
+    """Start `workers` ranks of this command (on the testbed's emulated hosts with --testbed)."""
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from gearshift.train.launch import run_ranks
+
+    cmd = [sys.executable, "-m", "gearshift.cli.main", "allreduce", "--sizes", args.sizes, "--reps", str(args.reps)]
+    with tempfile.TemporaryDirectory(prefix="gs-allreduce-") as run_dir:
+        if not args.testbed:
+            return run_ranks(cmd, workers, per_node, Path(run_dir))
+        from gearshift.cluster.testbed import Testbed, TestbedConfig
+
+        with Testbed(TestbedConfig(workers // per_node, per_node, args.bandwidth)) as tb:
+            return run_ranks(cmd, workers, per_node, Path(run_dir), tb if tb.emulated else None)

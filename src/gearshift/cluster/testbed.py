@@ -144,9 +144,12 @@ class Testbed:
         return ["ip", "netns", "exec", self.namespace(node), *argv] if self.emulated else list(argv)
 
     def worker_env(self, node: int, port: int, rank: int | None = None, world: int | None = None) -> dict:
-        """Environment for a gloo worker on `node`: bind to the node's interface, rendezvous at node 0."""
+        """Environment for a gloo worker on `node`: bind to the node's interface, rendezvous at node 0.
+        c10d warns once per rank that it cannot resolve the namespace address's host name (there is
+        none); its C++ log level is ERROR unless the caller's environment sets one."""
         env = {"GLOO_SOCKET_IFNAME": self.ifname, "MASTER_ADDR": self.address(0), "MASTER_PORT": str(port),
-               "GEARSHIFT_NODE": str(node), "GEARSHIFT_NODE_ADDR": self.address(node)}
+               "GEARSHIFT_NODE": str(node), "GEARSHIFT_NODE_ADDR": self.address(node),
+               "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR")}
         if rank is not None:
             env["RANK"] = str(rank)
         if world is not None:

@@ -74,34 +74,39 @@ def launch(
     `env` adds variables to every worker. With a `testbed` (gearshift.cluster.testbed.Testbed, up), each
     node's ranks run inside that node's network namespace and talk over its shaped link."""
     n = cfg.cluster.workers
-    rpn = cfg.cluster.ranks_per_node or n
     run_dir = Path(cfg.output.dir) / ".launch"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg_path = run_dir / "config.json"
+    cfg_path.write_text(json.dumps(cfg.to_dict(), indent=1))
+    cmd = [sys.executable, "-m", "gearshift.train", "--from-json", str(cfg_path)] + (["--resume"] if resume else [])
+    return run_ranks(cmd, n, cfg.cluster.ranks_per_node or n, run_dir, testbed, env, quiet)
+
+
+def run_ranks(cmd: list[str], n: int, ranks_per_node: int, run_dir: Path, testbed=None,
+              env: dict[str, str] | None = None, quiet: bool = False) -> int:
+    """Run `cmd` as ranks 0..n-1 with torchrun's variables (node-major, `ranks_per_node` to a node), inside
+    the testbed's namespaces when given; returns 0, or 1 when a rank failed (the others stopped, the
+    earliest error shown). Ranks report errors through GEARSHIFT_ERROR_FILE (train.worker.run_as_worker)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     for f in run_dir.glob("error-rank*.json"):
         f.unlink()
-    cfg_path = run_dir / "config.json"
-    cfg_path.write_text(json.dumps(cfg.to_dict(), indent=1))
     port = free_port()
     procs: list[subprocess.Popen] = []
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     for r in range(n):
         wenv = dict(base)
-        node = r // rpn
+        node = r // ranks_per_node
         wenv.update(
-            RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r % rpn), LOCAL_WORLD_SIZE=str(rpn),
+            RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r % ranks_per_node), LOCAL_WORLD_SIZE=str(ranks_per_node),
             GROUP_RANK=str(node), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
             GEARSHIFT_ERROR_FILE=str(run_dir / f"error-rank{r}.json"), GEARSHIFT_PARENT_PID=str(os.getpid()),
         )
         if testbed is not None:
             wenv.update(testbed.worker_env(node, port))
         wenv.update(env or {})
-        cmd = [sys.executable, "-m", "gearshift.train", "--from-json", str(cfg_path)]
-        if resume:
-            cmd.append("--resume")
-        if testbed is not None:
-            cmd = testbed.command(node, cmd)
         # Own session per worker: Ctrl-C reaches only this launcher, which then stops them in order.
-        procs.append(subprocess.Popen(cmd, env=wenv, start_new_session=True))
+        procs.append(subprocess.Popen(testbed.command(node, cmd) if testbed is not None else cmd, env=wenv,
+                                      start_new_session=True))
     try:
         return _watch(procs, run_dir, quiet)
     except KeyboardInterrupt:

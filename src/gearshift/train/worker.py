@@ -9,6 +9,7 @@ import os
 import threading
 import time
 import traceback
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -45,14 +46,23 @@ def init_distributed(cfg: JobConfig) -> None:
 
 def run_worker(cfg: JobConfig, resume: bool) -> None:
     """Run the job in this process; report a failure to the launcher and re-raise it."""
-    _watch_parent()
-    torch.set_num_threads(1)
-    try:
+
+    def job() -> None:
         init_distributed(cfg)
         from gearshift.train.loop import train
 
         train(cfg, resume=resume)
         dist.barrier()
+    run_as_worker(job)
+
+
+def run_as_worker(body: Callable[[], None]) -> None:
+    """Run body() as one rank of a launcher (train.launch.run_ranks): exit when the launcher is gone, and
+    leave a failure's traceback in GEARSHIFT_ERROR_FILE for the launcher to show once."""
+    _watch_parent()
+    torch.set_num_threads(1)
+    try:
+        body()
     except BaseException:
         err = os.environ.get("GEARSHIFT_ERROR_FILE")
         if err:
