@@ -36,6 +36,9 @@ def test_parse_rate() -> None:
             parse_rate(bad)
     with pytest.raises(ConfigError):
         TestbedConfig(2, per_node_bandwidth=["1gbit"])
+    for bad in (100, 1 << 20):
+        with pytest.raises(ConfigError, match="testbed.max_packet: expected 1500..65536 bytes"):
+            TestbedConfig(2, max_packet=bad)
 
 
 def test_fallback_without_root(monkeypatch, capsys) -> None:
@@ -55,6 +58,9 @@ def test_up_shapes_and_down_cleans() -> None:
         assert st["namespaces"]["gt-n1"]["address"] == f"{SUBNET}.2/24"
         env = tb.worker_env(1, 29500)
         assert env["GLOO_SOCKET_IFNAME"] == "gt-eth" and env["MASTER_ADDR"] == f"{SUBNET}.1"
+        for cmd in (tb.command(0, ["ip", "-d", "link", "show", "dev", "gt-eth"]),
+                    ["ip", "-d", "link", "show", "dev", tb.host_veth(0)]):  # both directions: 16 KiB packets
+            assert f"gso_max_size {16 << 10} " in subprocess.run(cmd, capture_output=True, text=True).stdout
         srv = tb.popen(1, [sys.executable, "-c", SERVER, tb.address(1)], stdout=subprocess.PIPE, text=True)
         try:
             assert srv.stdout.readline().strip() == "ready"

@@ -50,6 +50,9 @@ class TestbedConfig:
     per_node_bandwidth: list[str] | None = None
     prefix: str = "gs-"
     subnet: str = "10.213.7"  # the /24 used only inside these namespaces
+    # largest packet the shaper sees (GSO): a smaller one bursts less past the cap, a larger one costs
+    # less CPU (1,500-byte packets slowed a 64 MiB gloo all-reduce at 200 Mbit/s from 4.9 s to 6.8 s)
+    max_packet: int = 16 << 10
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.nodes > 250:
@@ -61,6 +64,8 @@ class TestbedConfig:
                               f"got {len(self.per_node_bandwidth)}")
         for r in [self.bandwidth, *(self.per_node_bandwidth or [])]:
             parse_rate(r)
+        if not 1500 <= self.max_packet <= 65536:
+            raise ConfigError(f"testbed.max_packet: expected 1500..65536 bytes, got {self.max_packet}")
         if not re.fullmatch(r"[a-z0-9]{1,4}-", self.prefix):
             raise ConfigError(f"testbed.prefix: expected 1-4 lowercase letters/digits and '-', got {self.prefix!r}")
 
@@ -120,8 +125,8 @@ class Testbed:
             _sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
             # collectives send in bursts: do not fall back to slow start between steps
             _sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.tcp_slow_start_after_idle=0")
-            _shape(["ip", "netns", "exec", ns], self.ifname, c.rate_bits(k))  # host -> network
-            _shape([], hv, c.rate_bits(k))  # network -> host
+            _shape(["ip", "netns", "exec", ns], self.ifname, c.rate_bits(k), c.max_packet)  # host -> network
+            _shape([], hv, c.rate_bits(k), c.max_packet)  # network -> host
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         (STATE_DIR / f"testbed-{c.prefix}json").write_text(json.dumps(asdict(c)))
         return self
@@ -161,11 +166,14 @@ class Testbed:
         return subprocess.Popen(self.command(node, argv), env={**os.environ, **(env or {})}, **kw)
 
 
-def _shape(prefix: list[str], dev: str, bits: float) -> None:
+def _shape(prefix: list[str], dev: str, bits: float, max_packet: int) -> None:
     """htb on dev's egress capped at `bits`/s: small packets (pure ACKs, < 128 B) in a priority class,
     bulk data in a class over a byte fifo holding ~20 ms. Without this, ACKs of the opposite direction
-    wait behind seconds of queued 64 KiB GSO packets and a two-way exchange runs at half the cap."""
+    wait behind seconds of queued GSO packets and a two-way exchange runs at half the cap. GSO packets
+    are capped at `max_packet` bytes: htb charges a packet after sending it, so a rested link passes one
+    whole packet at once (64 KiB by default: 2.6 ms of a 200 Mbit/s wire in no time)."""
     rate, tc = f"{int(bits)}bit", [*prefix, "tc"]
+    _sh(*prefix, "ip", "link", "set", "dev", dev, "gso_max_size", str(max_packet))
     limit = max(64 << 10, int(bits / 8 * 0.02))
     _sh(*tc, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "20", "r2q", "100")
     _sh(*tc, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", rate, "ceil", rate)
