@@ -63,7 +63,7 @@ def prediction_table(counts: list[int], costs, sizes: list[int], title: str) -> 
     """Predicted ms of every algorithm the model knows at each size; `auto` = the runnable one it picks."""
     from gearshift.sim.collectives import ALGORITHMS, RUNNABLE, busbw, choose, predict
 
-    algos = [a for a in RUNNABLE] + [a for a in ALGORITHMS if a not in RUNNABLE]
+    algos = list(RUNNABLE) + [a for a in ALGORITHMS if a not in RUNNABLE]
     t = Table(title=title)
     for col in ("size", *algos, "auto", "busbw Gbit/s"):
         t.add_column(col, justify="right")
