@@ -3,6 +3,7 @@ auto's pick; measuring on local workers times every algorithm next to the model.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -53,9 +54,15 @@ def test_spec_table_is_the_models_prediction(tmp_path) -> None:
 
     spec_path = tmp_path / "cluster.toml"
     spec_path.write_text(SPEC)
-    r = _gs("--spec", str(spec_path), "--sizes", "4KiB,256MiB")
+    out = tmp_path / "pred.json"
+    r = _gs("--spec", str(spec_path), "--sizes", "4KiB,256MiB", "--out", str(out))
     assert r.returncode == 0, r.stderr
     costs = LinkCosts.from_network(load_spec(spec_path).network)
+    saved = json.loads(out.read_text())
+    assert saved["mode"] == "predicted" and saved["ranks_per_node"] == [4, 4, 4, 4]
+    assert all(row["predicted_time_s"] == predict(row["algorithm"], row["size_bytes"], (4, 4), costs)
+               for row in saved["rows"]) and len(saved["rows"]) == 8
+    assert [a["algorithm"] for a in saved["auto"]] == [choose(s, (4, 4), costs) for s in (4 << 10, 256 << 20)]
     for size, label in ((4 << 10, "4 KiB"), (256 << 20, "256 MiB")):
         row = next(line for line in r.stdout.splitlines() if line.strip("│ ").startswith(label))
         pick = choose(size, (4, 4), costs)
@@ -79,9 +86,14 @@ def test_bad_input_is_one_line(tmp_path) -> None:
     assert r.returncode == 2 and "--workers, --ranks-per-node" in r.stderr and "got 5 and 2" in r.stderr
 
 
-def test_measures_every_algorithm_on_local_workers() -> None:
-    r = _gs("--workers", "4", "--ranks-per-node", "2", "--sizes", "4KiB,256KiB", "--reps", "1")
+def test_measures_every_algorithm_on_local_workers(tmp_path) -> None:
+    out = tmp_path / "measured.json"
+    r = _gs("--workers", "4", "--ranks-per-node", "2", "--sizes", "4KiB,256KiB", "--reps", "1", "--out", str(out))
     assert r.returncode == 0, r.stderr
+    saved = json.loads(out.read_text())
+    assert saved["mode"] == "measured" and len(saved["rows"]) == 8 and len(saved["auto"]) == 2
+    assert all(row["time_s"] > 0 and row["predicted_time_s"] > 0 and len(row["samples_s"]) == 1
+               for row in saved["rows"])
     assert "measured: inter" in r.stdout and "2 nodes x [2, 2] ranks" in r.stdout
     for label in ("4 KiB", "256 KiB"):
         row = next(line for line in r.stdout.splitlines() if line.strip("│ ").startswith(label))

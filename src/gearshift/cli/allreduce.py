@@ -33,6 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--testbed", action="store_true",
                    help="run the local workers as emulated hosts on shaped links (gearshift testbed; needs root)")
     p.add_argument("--bandwidth", default="200mbit", help="testbed: every host link's cap (default 200mbit)")
+    p.add_argument("--out", help="also write the table as JSON (costs, one row per size and algorithm, auto's picks)")
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -90,7 +91,7 @@ def measured_table(counts: list[int], costs, rows: list[dict], title: str) -> Ta
     return t
 
 
-def _measure(sizes: list[int], reps: int) -> None:
+def _measure(sizes: list[int], reps: int, out_path: str | None = None) -> None:
     """One rank of the job (env://, as under torchrun): calibrate, time every algorithm at every size;
     rank 0 prints the measured costs and the table."""
     import torch.distributed as dist
@@ -122,7 +123,31 @@ def _measure(sizes: list[int], reps: int) -> None:
         out.print(f"measured: {describe(costs, topo)}")
         out.print(measured_table(counts, costs, rows, f"all-reduce ms measured (model), {len(counts)} nodes x "
                                                       f"{counts} ranks"))
+        if out_path:
+            write_json(out_path, counts, costs, sizes, rows)
     dist.barrier()
+
+
+def write_json(path: str, counts: list[int], costs, sizes: list[int], measured: list[dict] | None = None) -> None:
+    """The table as JSON, written atomically: costs, a row per size and algorithm (predicted_time_s, and
+    time_s / samples when measured) and auto's pick per size."""
+    import dataclasses
+    import json
+    from pathlib import Path
+
+    from gearshift.sim.collectives import RUNNABLE, choose, predict
+
+    got = {(r["size_bytes"], r["algorithm"]): r for r in measured or []}
+    rows = [{"size_bytes": size, "algorithm": a, "predicted_time_s": predict(a, size, counts, costs),
+             **({"time_s": got[(size, a)]["time_s"], "samples_s": got[(size, a)]["samples"]}
+                if (size, a) in got else {})}
+            for size in sizes for a in RUNNABLE]
+    out = {"mode": "measured" if measured else "predicted", "ranks_per_node": counts,
+           "costs": dataclasses.asdict(costs), "rows": rows,
+           "auto": [{"size_bytes": size, "algorithm": choose(size, counts, costs)} for size in sizes]}
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(json.dumps(out, indent=1))
+    tmp.replace(path)
 
 
 def _gather(obj) -> list:
@@ -153,12 +178,15 @@ def run(args: argparse.Namespace) -> int:
         counts = Topology.from_spec(spec).ranks_per_node
         title = (f"predicted all-reduce ms, {len(counts)} nodes x {counts} ranks ({args.spec}); "
                  f"bold = auto's pick")
-        _console().print(prediction_table(counts, LinkCosts.from_network(spec.network), sizes, title))
+        costs = LinkCosts.from_network(spec.network)
+        _console().print(prediction_table(counts, costs, sizes, title))
+        if args.out:
+            write_json(args.out, counts, costs, sizes)
         return 0
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # one rank of a job (torchrun or ours)
         from gearshift.train.worker import run_as_worker
 
-        run_as_worker(lambda: _measure(sizes, args.reps))
+        run_as_worker(lambda: _measure(sizes, args.reps, args.out))
         return 0
     w, per = args.workers, args.ranks_per_node
     if w < 1 or per < 1 or w % per:
@@ -176,6 +204,8 @@ def _launch(args: argparse.Namespace, workers: int, per_node: int) -> int:
     from gearshift.train.launch import run_ranks
 
     cmd = [sys.executable, "-m", "gearshift.cli.main", "allreduce", "--sizes", args.sizes, "--reps", str(args.reps)]
+    if args.out:
+        cmd += ["--out", str(Path(args.out).resolve())]
     with tempfile.TemporaryDirectory(prefix="gs-allreduce-") as run_dir:
         if not args.testbed:
             return run_ranks(cmd, workers, per_node, Path(run_dir))
