@@ -177,3 +177,14 @@ def test_flat_rings_use_the_rate_measured_for_their_pattern() -> None:
     assert predict("ring", size, (4, 2), flat) - predict("ring", 0.5, (4, 2), flat) == pytest.approx(
         2 * 7 * size / 8 * 2 / 25e6, rel=1e-6)
     assert predict("hierarchical", size, (4, 2), flat) == predict("hierarchical", size, (4, 2), base)
+
+
+def test_one_node_hierarchical_is_priced_as_the_gloo_it_runs() -> None:
+    """On one node both hierarchical forms run gloo's all-reduce on the node group: the same price, so auto
+    keeps gloo; our ring's steps there cost a point-to-point intra step."""
+    c = LinkCosts(intra_alpha=1e-4, intra_beta=1e-9, intra_p2p_alpha=5e-4, gloo_alpha=1e-3)
+    for size in (4 << 10, 1 << 20, 64 << 20):
+        g = predict("gloo", size, (1, 4), c)
+        assert predict("hierarchical", size, (1, 4), c) == g == predict("hierarchical_rs", size, (1, 4), c)
+        assert choose(size, (1, 4), c) in ("gloo", "ring")
+    assert predict("ring", 4, (1, 4), c) == pytest.approx(6 * 5e-4, rel=1e-3)

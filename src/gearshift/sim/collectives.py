@@ -133,8 +133,9 @@ def _flow_shop(stage_times: list[list[float]]) -> float:
 
 def _flat(nodes: int, c: LinkCosts) -> tuple[float, float]:
     """Step cost and per-byte cost of a ring over all ranks in rank order: the slowest link's (inter-node
-    with one flow per card when N > 1), or flat_beta where that pattern was measured as a whole."""
-    a, b = (c.inter_alpha, c.inter_beta_shared(1)) if nodes > 1 else (c.intra_alpha, c.intra_beta)
+    with one flow per card when N > 1; on one node our point-to-point step), or flat_beta where that
+    pattern was measured as a whole."""
+    a, b = (c.inter_alpha, c.inter_beta_shared(1)) if nodes > 1 else (c.p2p_alpha, c.intra_beta)
     return a, b if c.flat_beta is None else c.flat_beta
 
 
@@ -190,7 +191,7 @@ def hierarchical(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
     once, _matrix(0, R, C, a_e, 0) (the other segments' transfers hide them). One segment gives
     2 (L - 1) (a_p + S b_i) + _matrix(S, R, C, a_e, b_e(1)). With hierarchical_alpha, a_p = a_e = it."""
     if nodes == 1:  # one node: gloo's all-reduce on the node group
-        return _ring_ar(size, per_node, c.intra_alpha, c.intra_beta)
+        return gloo(size, 1, per_node, c)
     rows, cols = matrix_shape(nodes)
     b_e = c.inter_beta_shared(1)
     a_e, a_p = (c.inter_alpha, c.p2p_alpha) if c.hierarchical_alpha is None else (c.hierarchical_alpha,) * 2
@@ -205,8 +206,8 @@ def hierarchical_rs(size: float, nodes: int, per_node: int, c: LinkCosts) -> flo
     intra ring all-gather like the reduce-scatter, in a flow shop; plus the matrix's step fixed costs
     once. a_p is the per-step cost of a point-to-point intra step (intra_p2p_alpha, default intra_alpha);
     with rs_alpha, a_p = a_e = it."""
-    if nodes == 1:
-        return _ring_ar(size, per_node, c.intra_alpha, c.intra_beta)
+    if nodes == 1:  # one node: gloo's all-reduce on the node group
+        return gloo(size, 1, per_node, c)
     rows, cols = matrix_shape(nodes)
     b_e = c.inter_beta_shared(per_node)
     a_e, a_p = (c.inter_alpha, c.p2p_alpha) if c.rs_alpha is None else (c.rs_alpha,) * 2
