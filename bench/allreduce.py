@@ -209,6 +209,7 @@ def main() -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from gearshift.cli.allreduce import fmt_size
     from gearshift.cluster.testbed import Testbed, TestbedConfig
     from gearshift.sim.collectives import LinkCosts, busbw, predict
 
@@ -230,7 +231,7 @@ def main() -> int:
         calib[setting] = data["costs"]
         if data.get("timeline"):
             tl = timelines[setting] = data["timeline"]
-            print(f"{setting}: traced hierarchical {_fmt_size(tl['size_bytes'])}: {tl['total_s'] * 1e3:.1f} ms; "
+            print(f"{setting}: traced hierarchical {fmt_size(tl['size_bytes'])}: {tl['total_s'] * 1e3:.1f} ms; "
                   f"first step done after {max(tl['first_step_done_s'].values()) * 1e3:.1f} ms (slowest rank); "
                   f"leaders send between nodes at {tl['leader_inter_bytes_per_s'] / 1e6:.2f} MB/s, "
                   f"{tl['leader_rate_vs_gloo'] or float('nan'):.3f}x the rate of a rank in gloo's ring")
@@ -252,7 +253,7 @@ def main() -> int:
     for r in rows:
         g = gloo[(r["setting"], r["size_bytes"])]
         err = r["time_s"] / r["predicted_time_s"] - 1 if r["predicted_time_s"] else 0.0
-        table.add_row(r["setting"], _fmt_size(r["size_bytes"]), r["algorithm"], f"{r['time_s'] * 1e3:.3f}",
+        table.add_row(r["setting"], fmt_size(r["size_bytes"]), r["algorithm"], f"{r['time_s'] * 1e3:.3f}",
                       f"{r['busbw_gbps']:.3f}", f"{g / r['time_s']:.2f}", f"{r['predicted_time_s'] * 1e3:.3f}",
                       f"{err:+.0%}")
     Console().print(table)
@@ -261,7 +262,7 @@ def main() -> int:
     for col in ("setting", "size", "auto picks", "fastest", "ratio"):
         picks.add_column(col, justify="right")
     for a in auto:
-        picks.add_row(a["setting"], _fmt_size(a["size_bytes"]), a["pick"], a["fastest"], f"{a['ratio']:.2f}")
+        picks.add_row(a["setting"], fmt_size(a["size_bytes"]), a["pick"], a["fastest"], f"{a['ratio']:.2f}")
     Console().print(picks)
     RESULTS.mkdir(exist_ok=True)
     out = {"rows": rows, "predictions": preds, "calibration": calib, "timelines": timelines, "auto": auto,
@@ -277,10 +278,6 @@ def main() -> int:
     _plot(rows, preds, RESULTS / "allreduce.png")
     print(f"wrote {RESULTS / 'allreduce.json'} and allreduce.png in {time.time() - t_start:.0f}s")
     return 0
-
-
-def _fmt_size(n: int) -> str:
-    return f"{n // MIB} MiB" if n >= MIB else f"{n // KIB} KiB"
 
 
 if __name__ == "__main__":

@@ -48,7 +48,8 @@ def parse_sizes(text: str) -> list[int]:
     return sizes
 
 
-def _fmt_size(n: int) -> str:
+def fmt_size(n: int) -> str:
+    """Bytes as '4 KiB', '16 MiB' (exact binary units), else '1500 B'."""
     for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= k and n % k == 0:
             return f"{n // k} {unit}"
@@ -71,7 +72,7 @@ def prediction_table(counts: list[int], costs, sizes: list[int], title: str) -> 
     for size in sizes:
         times = {a: predict(a, size, counts, costs) for a in algos}
         pick = choose(size, counts, costs)
-        t.add_row(_fmt_size(size), *(f"[bold]{_ms(times[a])}[/bold]" if a == pick else _ms(times[a]) for a in algos),
+        t.add_row(fmt_size(size), *(f"[bold]{_ms(times[a])}[/bold]" if a == pick else _ms(times[a]) for a in algos),
                   pick, f"{busbw(size, times[pick], sum(counts)) * 8 / 1e9:.2f}")
     return t
 
@@ -86,7 +87,7 @@ def measured_table(counts: list[int], costs, rows: list[dict], title: str) -> Ta
     for size in sorted({r["size_bytes"] for r in rows}):
         got = {r["algorithm"]: r["time_s"] for r in rows if r["size_bytes"] == size}
         fastest = min(got, key=got.get)
-        t.add_row(_fmt_size(size), *(f"{_ms(got[a])} ({_ms(predict(a, size, counts, costs))})" for a in RUNNABLE),
+        t.add_row(fmt_size(size), *(f"{_ms(got[a])} ({_ms(predict(a, size, counts, costs))})" for a in RUNNABLE),
                   choose(size, counts, costs), fastest)
     return t
 
@@ -116,7 +117,7 @@ def _measure(sizes: list[int], reps: int, out_path: str | None = None) -> None:
 
     def progress(size: int) -> None:
         if rank == 0:
-            console.print(f"[dim]  {_fmt_size(size)} done[/dim]")
+            console.print(f"[dim]  {fmt_size(size)} done[/dim]")
     rows = time_algorithms(groups, sizes, costs, reps=reps, on_size=progress)
     if rank == 0:
         out = _console()
@@ -159,7 +160,8 @@ def _gather(obj) -> list:
 
 
 def _console() -> Console:
-    return Console() if Console().is_terminal else Console(width=160)  # piped: no truncated columns
+    console = Console()
+    return console if console.is_terminal else Console(width=160)  # piped: no truncated columns
 
 
 def run(args: argparse.Namespace) -> int:
