@@ -222,7 +222,7 @@ def main() -> int:
         if setting.startswith("testbed"):
             with Testbed(TestbedConfig(4, 2, bandwidth=TESTBED_RATE)) as tb:
                 if not tb.emulated:
-                    print(f"{setting}: skipped (the testbed needs root)")
+                    print(f"{setting}: skipped (no testbed on this machine: see the line above)")
                     continue
                 data = run_setting(setting, sizes, tb, args.trace)
         else:

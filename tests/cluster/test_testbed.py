@@ -49,6 +49,15 @@ def test_fallback_without_root(monkeypatch, capsys) -> None:
     assert len(capsys.readouterr().out.strip().splitlines()) == 1
 
 
+def test_fallback_without_iproute2(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(tbm, "is_root", lambda: True)
+    monkeypatch.setattr(tbm.shutil, "which", lambda name: None if name == "tc" else f"/usr/bin/{name}")
+    with Testbed(TestbedConfig(2, prefix=PREFIX, subnet=SUBNET)) as tb:
+        assert not tb.emulated and tb.address(1) == "127.0.0.1"
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "needs iproute2 (tc not found)" in out[0]
+
+
 @pytest.mark.skipif(not tbm.is_root(), reason="the testbed needs root")
 def test_up_shapes_and_down_cleans() -> None:
     cfg = TestbedConfig(2, 2, bandwidth="80mbit", prefix=PREFIX, subnet=SUBNET)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,6 +29,11 @@ def parse_rate(text: str) -> float:
 
 def is_root() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def missing_tools() -> list[str]:
+    """The iproute2 commands the testbed runs that are not on PATH (a minimal image may lack them)."""
+    return [t for t in ("ip", "tc") if shutil.which(t) is None]
 
 
 def _sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -105,8 +111,10 @@ class Testbed:
     # ---- lifecycle ----
     def up(self) -> Testbed:
         """Clean leftovers with our prefix, then build namespaces, veths, bridge and shaping."""
-        if not is_root():
-            print("gearshift testbed: needs root (ip netns, tc); falling back to the local cluster on 127.0.0.1")
+        missing = missing_tools()
+        if not is_root() or missing:
+            why = "needs root (ip netns, tc)" if not is_root() else f"needs iproute2 ({', '.join(missing)} not found)"
+            print(f"gearshift testbed: {why}; falling back to the local cluster on 127.0.0.1")
             self.emulated = False
             return self
         cleanup(self.config.prefix)

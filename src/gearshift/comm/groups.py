@@ -4,6 +4,7 @@ create groups on the hot path (dist.new_group is collective: every rank calls it
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass, field
 
 import torch.distributed as dist
@@ -31,6 +32,7 @@ class CommGroups:
     shm: ShmTransport | None = field(default=None, repr=False)  # node-peer messages through shared memory
     members: list[int] | None = None  # global rank of each index; None: the whole job, in rank order
     group: object | None = None  # process group of the members for collectives (None: the default group)
+    send_thread: bool = False  # large sends from a second thread (comm.sender): this machine has a core to spare
 
     @property
     def leader(self) -> int:
@@ -53,7 +55,9 @@ class CommGroups:
         rank = dist.get_rank() if rank is None else rank
         if dist.is_initialized() and dist.get_world_size() != topology.world_size:
             raise ValueError(f"topology has {topology.world_size} ranks but the job has {dist.get_world_size()}")
-        return cls._create(topology, list(range(topology.world_size)), rank, shm, whole=True)
+        made = cls._create(topology, list(range(topology.world_size)), rank, shm, whole=True)
+        made.send_thread = spare_cores()
+        return made
 
     @classmethod
     def partition(cls, topology: Topology, parts: list[list[int]], shm: bool | None = None) -> CommGroups:
@@ -68,6 +72,9 @@ class CommGroups:
             made = cls._create(topology.subset(part), part, me, shm, whole=False)
             if me in part:
                 mine = made
+        spare = spare_cores()  # collective: every rank asks
+        if mine is not None:
+            mine.send_thread = spare
         return mine
 
     @classmethod
@@ -90,6 +97,28 @@ class CommGroups:
                    leader_group if rank in topology.leaders else None,
                    leader_grid(topology), peer_grid(topology, topology.local_rank[rank]), down, node_groups,
                    transport, None if whole else list(members), group)
+
+
+def spare_cores() -> bool:
+    """Whether this machine has at least two usable cores per rank of the job running on it (a collective:
+    ranks tell each other their machine, so emulated hosts in network namespaces of one machine count
+    as one). GEARSHIFT_SEND_THREAD=0/1 overrides."""
+    forced = os.environ.get("GEARSHIFT_SEND_THREAD")
+    machine = f"{socket.gethostname()}/{_boot_id()}"
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, machine)
+    if forced in ("0", "1"):
+        return forced == "1"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return cores >= 2 * everyone.count(machine)
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def leader_grid(topology: Topology) -> list[list[int]]:

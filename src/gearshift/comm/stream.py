@@ -15,6 +15,7 @@ from itertools import accumulate
 import torch
 import torch.distributed as dist
 
+from gearshift.comm import sender
 from gearshift.comm.groups import CommGroups
 from gearshift.comm.shm import staging_plan
 from gearshift.comm.steps import Step
@@ -40,7 +41,9 @@ def run_segments(programs: list[list[Step]], groups: CommGroups | None = None, t
     over groups.down (a second group of the ranks), so each TCP connection carries one direction: gloo
     serialises a two-way exchange on one socket. Messages inside this node go through groups.shm (shared
     memory; gloo carries only the offset, over groups.node_group) or, without it, over groups.node_group:
-    another gloo context with its own I/O thread, so bursts on loopback do not hold up inter-node sockets."""
+    another gloo context with its own I/O thread, so bursts on loopback do not hold up inter-node sockets.
+    Where the machine has a core to spare per rank (groups.send_thread), large gloo sends are issued from
+    comm.sender's thread, which copies them into the socket while this one reduces."""
     if any(len(p) >= TAG_STRIDE for p in programs):
         raise ValueError(f"run_segments: a program has more than {TAG_STRIDE - 1} steps")
     _Run(programs, groups, trace).run()
@@ -103,7 +106,8 @@ class _Run:
         if st.send.numel():
             if self.plan[k][j] is None:
                 start = st.send.data_ptr()
-                work = dist.isend(st.send, st.dst, group=self.group(st.dst, st.dst < self.me), tag=tag)
+                work = sender.isend(st.send, st.dst, group=self.group(st.dst, st.dst < self.me), tag=tag,
+                                    threaded=self.groups is not None and self.groups.send_thread)
                 self.sending[k].append((start, start + st.send.numel() * st.send.element_size(), work))
             else:
                 if self.plan[k][j] == j:
