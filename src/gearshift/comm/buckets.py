@@ -11,6 +11,7 @@ import torch.distributed as dist
 from gearshift.cluster.topology import Topology
 from gearshift.comm.allreduce import ALGORITHMS, all_reduce, resolve
 from gearshift.comm.groups import CommGroups
+from gearshift.comm.measure import fastest
 from gearshift.sim.collectives import LinkCosts
 
 
@@ -31,6 +32,9 @@ class GradientSync:
     algorithm: "auto" (cost model per bucket size, identical on every rank), "gloo", "ring",
     "hierarchical" or "hierarchical_rs". topology defaults to one node; groups are built from it when
     not given (a collective call: construct GradientSync on every rank at the same point).
+    tune: with "auto", time the model's candidates once at each bucket size (comm.measure.fastest) and
+    keep the fastest measured. `tuned` (bytes -> (pick, times)) holds what was measured: pass the same
+    dict to the GradientSync that replaces this one (after a re-plan) and known sizes are not timed again.
     """
 
     params: list[torch.nn.Parameter]
@@ -39,6 +43,8 @@ class GradientSync:
     topology: Topology | None = None
     groups: CommGroups | None = None
     costs: LinkCosts | None = None
+    tune: bool = False
+    tuned: dict[int, tuple[str, dict[str, float]]] = field(default_factory=dict)
     buckets: list[Bucket] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -53,6 +59,15 @@ class GradientSync:
                 and dist.get_world_size() > 1:
             self.groups = CommGroups.build(self.topology)  # collective: every rank builds its GradientSync
         self.buckets = self._make_buckets()
+        if self.tune and self.algorithm == "auto" and self.groups is not None and self.topology.world_size > 1:
+            new = sorted({self._nbytes(b) for b in self.buckets} - set(self.tuned))
+            self.tuned.update(fastest(self.groups, new, self.costs))
+            for b in self.buckets:
+                b.algorithm = self.tuned[self._nbytes(b)][0]
+
+    @staticmethod
+    def _nbytes(b: Bucket) -> int:
+        return b.numel * b.params[0].element_size()
 
     def _make_buckets(self) -> list[Bucket]:
         """Greedy packing in parameter order; a new bucket on dtype change or when bucket_bytes is reached."""
@@ -66,7 +81,7 @@ class GradientSync:
             b.params.append(p)
             b.numel += p.numel()
         for b in buckets:
-            b.algorithm = resolve(self.algorithm, b.numel * b.params[0].element_size(), self.topology, self.costs)
+            b.algorithm = resolve(self.algorithm, self._nbytes(b), self.topology, self.costs)
         return buckets
 
     @torch.no_grad()

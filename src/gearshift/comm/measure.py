@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from gearshift.comm.allreduce import all_reduce
 from gearshift.comm.groups import CommGroups
-from gearshift.sim.collectives import RUNNABLE, LinkCosts
+from gearshift.sim.collectives import RUNNABLE, LinkCosts, predict
 
 
 def time_algorithms(groups: CommGroups, sizes: list[int], costs: LinkCosts | None = None,
@@ -53,3 +53,23 @@ def time_algorithms(groups: CommGroups, sizes: list[int], costs: LinkCosts | Non
         if on_size is not None:
             on_size(size)
     return rows
+
+
+def fastest(groups: CommGroups, sizes: list[int], costs: LinkCosts | None = None,
+            within: float = 2.0) -> dict[int, tuple[str, dict[str, float]]]:
+    """For each size, the algorithm that measured fastest on this job and every candidate's time: one
+    timed call each after a warm-up, among those the cost model predicts within `within` x of its best
+    (so a slow link is not spent on hopeless candidates). The model misses what it does not price (a
+    leader's reductions where links are memory copies, packet loss on a shared card); a measurement at
+    the size that runs does not. A collective; every rank gets the same answer (times are max over ranks)."""
+    topo = groups.topology
+    out = {}
+    for size in sizes:
+        preds = {a: predict(a, size, topo.ranks_per_node, costs) for a in RUNNABLE
+                 if a != "hierarchical_rs" or topo.uniform}
+        best = min(preds.values())
+        cands = tuple(a for a, t in preds.items() if t <= within * best)
+        rows = time_algorithms(groups, [size], costs, cands, reps=1, warmups=1, min_iters=1, budget_s=0.0)
+        times = {r["algorithm"]: r["time_s"] for r in rows}
+        out[size] = (min(times, key=times.get), times)
+    return out

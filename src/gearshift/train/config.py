@@ -63,6 +63,7 @@ class ParallelConfig:
     k: int = 1
     partition: Any = "uniform"  # "uniform" | "params" | "adaptive" | [[start, end], ...]
     allreduce: str = "auto"
+    tune_allreduce: bool = True  # "auto" across nodes: time the model's candidates once per bucket size
     bucket_mb: float = 25.0
 
 

@@ -99,13 +99,15 @@ def _grad_sync_factory(cfg: JobConfig):
         algorithm = cfg.parallel.allreduce
         if R > 1 and algorithm == "auto" and made["topo"].num_nodes == 1:
             algorithm = "gloo"  # replicas on one node: gloo's all-reduce on the replica group, as without sync
+        tune = cfg.parallel.tune_allreduce and made["costs"] is not None  # auto across nodes: measure once
         sync = GradientSync(params, algorithm, int(cfg.parallel.bucket_mb * (1 << 20)), made["topo"],
-                            made["groups"], made["costs"])
+                            made["groups"], made["costs"], tune=tune, tuned=made.setdefault("tuned", {}))
         if made["groups"] is None:
             made["groups"] = sync.groups  # built by GradientSync (collective): reuse after a re-plan
         if made.pop("describe", False) and dist.get_rank() == 0:
-            chosen = ", ".join(f"{b.numel * b.params[0].element_size() / 2**20:.1f} MiB: {b.algorithm}"
-                               for b in sync.buckets)
+            chosen = ", ".join(sorted({f"{n / 2**20:.1f} MiB: {b.algorithm}" + (
+                f" (measured {', '.join(f'{a} {t * 1e3:.1f} ms' for a, t in sync.tuned[n][1].items())})"
+                if n in sync.tuned else "") for b in sync.buckets for n in [sync._nbytes(b)]}))
             scope = f"{made['topo'].num_nodes} nodes" + (f", each stage's {workers // R} replicas" if R > 1 else "")
             print(f"all-reduce auto ({scope}): {chosen}; measured {describe(made['costs'], made['topo'])}", flush=True)
         return sync.sync
