@@ -188,6 +188,12 @@ def _plot(rows: list[dict], preds: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _torch() -> str:
+    import torch
+
+    return torch.__version__
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer sizes (4 KiB .. 4 MiB)")
@@ -196,6 +202,8 @@ def main() -> int:
     ap.add_argument("--trace", type=int, default=0, metavar="BYTES",
                     help="also trace one hierarchical all-reduce of BYTES (the last setting's goes to "
                          "results/allreduce_trace.json, for ui.perfetto.dev) and report where its time went")
+    ap.add_argument("--name", default="allreduce",
+                    help="results/NAME.json and NAME.png (e.g. allreduce_16cores for another machine's run)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--setting", help=argparse.SUPPRESS)
     ap.add_argument("--counts", help=argparse.SUPPRESS)
@@ -273,10 +281,11 @@ def main() -> int:
                     "smallest size from 1 MiB where bytes dominate); no per-point fitting; the streamed "
                     "algorithms are priced by sim.collectives with the same segments the runtime uses; times are "
                     "medians of interleaved repetitions, max over ranks",
-           "quick": args.quick, "testbed_rate": TESTBED_RATE}
-    (RESULTS / "allreduce.json").write_text(json.dumps(out, indent=1))
-    _plot(rows, preds, RESULTS / "allreduce.png")
-    print(f"wrote {RESULTS / 'allreduce.json'} and allreduce.png in {time.time() - t_start:.0f}s")
+           "quick": args.quick, "testbed_rate": TESTBED_RATE,
+           "machine": {"cpus": len(os.sched_getaffinity(0)), "python": sys.version.split()[0], "torch": _torch()}}
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(out, indent=1))
+    _plot(rows, preds, RESULTS / f"{args.name}.png")
+    print(f"wrote {RESULTS / args.name}.json and {args.name}.png in {time.time() - t_start:.0f}s")
     return 0
 
 
