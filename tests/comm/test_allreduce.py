@@ -68,7 +68,7 @@ def _train(rank: int, algo: str, groups: CommGroups | None) -> list[float]:
         picks = [None] * dist.get_world_size()
         dist.all_gather_object(picks, [b.algorithm for b in sync.buckets])
         assert sync.tuned and all(p == picks[0] for p in picks), picks
-        assert all(b.algorithm == sync.tuned[b.numel * 4][0] for b in sync.buckets)
+        assert all(b.algorithm == sync.tuned[b.nbytes][0] for b in sync.buckets)
     g = torch.Generator().manual_seed(rank)
     losses = []
     for _ in range(3):

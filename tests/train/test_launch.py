@@ -58,6 +58,7 @@ def _losses_by_allreduce(tmp_path, stages: int, algos: tuple[str, ...], auto_lin
                        f"--output.dir={out}")
         assert r.returncode == 0, r.stderr
         assert (auto_line in r.stdout) == (algo == "auto"), r.stdout
+        assert ("(measured " in r.stdout) == (algo == "auto"), r.stdout  # auto timed its candidates
         losses[algo] = [json.loads(ln)["loss"] for ln in (out / "metrics.jsonl").read_text().splitlines()]
     return losses
 

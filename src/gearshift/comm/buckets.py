@@ -23,6 +23,10 @@ class Bucket:
     numel: int
     algorithm: str = "ring"
 
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.params[0].element_size()
+
 
 @dataclass
 class GradientSync:
@@ -60,14 +64,10 @@ class GradientSync:
             self.groups = CommGroups.build(self.topology)  # collective: every rank builds its GradientSync
         self.buckets = self._make_buckets()
         if self.tune and self.algorithm == "auto" and self.groups is not None and self.topology.world_size > 1:
-            new = sorted({self._nbytes(b) for b in self.buckets} - set(self.tuned))
+            new = sorted({b.nbytes for b in self.buckets} - set(self.tuned))
             self.tuned.update(fastest(self.groups, new, self.costs))
             for b in self.buckets:
-                b.algorithm = self.tuned[self._nbytes(b)][0]
-
-    @staticmethod
-    def _nbytes(b: Bucket) -> int:
-        return b.numel * b.params[0].element_size()
+                b.algorithm = self.tuned[b.nbytes][0]
 
     def _make_buckets(self) -> list[Bucket]:
         """Greedy packing in parameter order; a new bucket on dtype change or when bucket_bytes is reached."""
@@ -81,7 +81,7 @@ class GradientSync:
             b.params.append(p)
             b.numel += p.numel()
         for b in buckets:
-            b.algorithm = resolve(self.algorithm, self._nbytes(b), self.topology, self.costs)
+            b.algorithm = resolve(self.algorithm, b.nbytes, self.topology, self.costs)
         return buckets
 
     @torch.no_grad()

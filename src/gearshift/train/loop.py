@@ -105,14 +105,19 @@ def _grad_sync_factory(cfg: JobConfig):
         if made["groups"] is None:
             made["groups"] = sync.groups  # built by GradientSync (collective): reuse after a re-plan
         if made.pop("describe", False) and dist.get_rank() == 0:
-            chosen = ", ".join(sorted({f"{n / 2**20:.1f} MiB: {b.algorithm}" + (
-                f" (measured {', '.join(f'{a} {t * 1e3:.1f} ms' for a, t in sync.tuned[n][1].items())})"
-                if n in sync.tuned else "") for b in sync.buckets for n in [sync._nbytes(b)]}))
+            chosen = ", ".join(sorted({_bucket_choice(b, sync.tuned) for b in sync.buckets}))
             scope = f"{made['topo'].num_nodes} nodes" + (f", each stage's {workers // R} replicas" if R > 1 else "")
             print(f"all-reduce auto ({scope}): {chosen}; measured {describe(made['costs'], made['topo'])}", flush=True)
         return sync.sync
 
     return factory
+
+
+def _bucket_choice(b, tuned: dict) -> str:
+    """'25.0 MiB: hierarchical (measured gloo 1930.1 ms, ...)' for the start-up line of auto's choice."""
+    times = tuned.get(b.nbytes, (None, {}))[1]
+    measured = f" (measured {', '.join(f'{a} {t * 1e3:.1f} ms' for a, t in times.items())})" if times else ""
+    return f"{b.nbytes / 2**20:.1f} MiB: {b.algorithm}{measured}"
 
 
 def build_adapter(cfg: JobConfig, corpus: ByteCorpus) -> Adapter | None:
