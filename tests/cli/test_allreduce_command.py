@@ -72,6 +72,12 @@ def test_spec_table_is_the_models_prediction(tmp_path) -> None:
     big = {a: predict(a, 256 << 20, (4, 4), costs) for a in ("gloo", "hierarchical", "hierarchical_rs")}
     assert big["hierarchical_rs"] < big["hierarchical"] < big["gloo"] / 1.1
     assert choose(256 << 20, (4, 4), costs) == "hierarchical"
+    # the leaders' matrix: 2 x 2 for 4 KiB (steps matter), a ring of the 4 nodes for 256 MiB (bytes do)
+    shapes = {(row["size_bytes"], row["algorithm"]): row.get("node_matrix") for row in saved["rows"]}
+    assert shapes[(4 << 10, "hierarchical")] == [2, 2] and shapes[(256 << 20, "hierarchical")] == [1, 4]
+    assert shapes[(4 << 10, "gloo")] is None
+    assert [line.rstrip(" │").endswith(want) for line in r.stdout.splitlines() for label, want in
+            (("4 KiB", "2 x 2"), ("256 MiB", "1 x 4")) if line.strip("│ ").startswith(label)] == [True, True]
 
 
 def test_bad_input_is_one_line(tmp_path) -> None:

@@ -78,3 +78,10 @@ def test_subset_renumbers_nodes_and_local_ranks() -> None:
     assert t.subset([6]).ranks_per_node == [1]
     with pytest.raises(SpecError, match="distinct"):
         t.subset([1, 1])
+
+
+def test_node_grid_takes_any_exact_shape() -> None:
+    t = Topology.from_ranks_per_node([2, 2, 2, 2])
+    assert t.node_grid() == [[0, 1], [2, 3]] and t.node_grid((1, 4)) == [[0, 1, 2, 3]]
+    with pytest.raises(ValueError, match="does not hold 4 nodes"):
+        t.node_grid((3, 3))

@@ -69,6 +69,31 @@ def test_programs_sum_exactly(layout: list[int], algorithm: str, numel: int) -> 
             assert torch.equal(x, want), f"rank {r} wrong"
 
 
+def test_bandwidth_bound_messages_ring_the_leaders() -> None:
+    """Where sim.collectives.node_matrix takes the ring of nodes, the leader sends every inter-node step to
+    the next leader (2 (N - 1) steps); in the 2 x 2 matrix it sends to its row and its column partner."""
+    topo = Topology.from_ranks_per_node([2, 2, 2, 2])  # leaders 0, 2, 4, 6
+    x = torch.zeros(5003, dtype=torch.float64)
+    for costs, peers, steps in ((SLOW, {2}, 6), (None, {2, 4}, 3)):
+        shape = coll.node_matrix("hierarchical", x.numel() * 8, topo.ranks_per_node, costs)
+        assert shape == ((1, 4) if costs is SLOW else (2, 2))
+        inter = [st for st in build("hierarchical", x, topo, 0, costs)[0] if st.send.numel() and st.dst % 2 == 0]
+        assert {st.dst for st in inter} == peers and len(inter) == steps
+
+
+def test_node_matrix_can_be_forced_for_a_comparison(monkeypatch: pytest.MonkeyPatch) -> None:
+    topo = Topology.from_ranks_per_node([2, 2, 2, 2])
+    x = torch.zeros(5003, dtype=torch.float64)
+    for forced, peers in (("square", {2, 4}), ("ring", {2})):
+        monkeypatch.setenv("GEARSHIFT_NODE_MATRIX", forced)
+        assert {st.dst for st in build("hierarchical", x, topo, 0, SLOW)[0] if st.send.numel() and st.dst % 2 == 0} \
+            == peers
+        assert torch.equal(replay("hierarchical_rs", topo, 1000, SLOW)[3], replay("hierarchical", topo, 1000, None)[3])
+    monkeypatch.setenv("GEARSHIFT_NODE_MATRIX", "cube")
+    with pytest.raises(ValueError, match="GEARSHIFT_NODE_MATRIX='cube': allowed ring, square"):
+        build("hierarchical", x, topo, 0)
+
+
 def test_slow_links_stream_several_segments() -> None:
     x = torch.zeros(5003, dtype=torch.float64)
     assert len(build("hierarchical", x, Topology.from_ranks_per_node([2, 2]), 0, SLOW)) > 1

@@ -15,9 +15,12 @@ from gearshift.sim.collectives import (
     LinkCosts,
     _flow_shop,
     _gather,
+    _leader_design,
     _matrix,
+    _rs_form,
     busbw,
     choose,
+    node_matrix,
     predict,
     segment_bounds,
     segment_bytes,
@@ -78,6 +81,35 @@ def test_choose_takes_the_earliest_within_the_margin(size: int) -> None:
     assert all(times[a] > best * (1 + AUTO_MARGIN) for a in RUNNABLE[:RUNNABLE.index(pick)])
     assert choose(size, (4, 2), testbed, margin=0.0) == min(RUNNABLE, key=times.get)
     assert choose(size, (4, 2), testbed, margin=10.0) == "gloo"
+
+
+TESTBED = LinkCosts(intra_alpha=1.6e-3, intra_beta=1e-9, inter_alpha=2.5e-3, inter_beta=1 / 23e6, nic_bandwidth=23.8e6,
+                    intra_p2p_alpha=3.3e-3, gloo_alpha=1.5e-3, hierarchical_alpha=1.7e-3, rs_alpha=3.1e-3,
+                    flat_beta=1 / 23.5e6)  # the 200 Mbit/s testbed, as calibrated on the 2-core machine
+
+
+@pytest.mark.parametrize("size", [4 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20])
+def test_node_matrix_rings_the_nodes_only_where_the_model_cannot_tell_the_shapes_apart(size: int) -> None:
+    """Both shapes move 1.5 S through each card; the 2 x 2 matrix takes 3 steps, the ring of 4 nodes 6.
+    node_matrix takes the ring (one stream per card) when its price is within the margin, and predict()
+    prices the shape it takes."""
+    for algorithm, price in (("hierarchical", _leader_design), ("hierarchical_rs", _rs_form)):
+        ring, square = (price(size, 4, 2, TESTBED, shape) for shape in ((1, 4), (2, 2)))
+        assert ring > square  # more steps, same bytes
+        shape = node_matrix(algorithm, size, (4, 2), TESTBED)
+        assert shape == ((1, 4) if ring <= square * (1 + AUTO_MARGIN) else (2, 2))
+        assert predict(algorithm, size, (4, 2), TESTBED) == pytest.approx(ring if shape == (1, 4) else square)
+    assert node_matrix("hierarchical", size, (4, 2), TESTBED) == ((2, 2) if size <= 1 << 20 else (1, 4))
+
+
+def test_node_matrix_keeps_the_square_at_scale_and_for_tiny_messages() -> None:
+    dc = LinkCosts(intra_alpha=5e-6, intra_beta=1 / 150e9, inter_alpha=10e-6, inter_beta=1 / 12.5e9,
+                   nic_bandwidth=4 * 12.5e9)
+    assert node_matrix("hierarchical", 256 << 20, (512, 8), dc) == matrix_shape(512)  # 1022 ring steps cost
+    assert node_matrix("hierarchical", 256 << 20, (16, 8), dc) == (1, 16)  # 30 steps hide behind 32 ms of bytes
+    assert node_matrix("hierarchical", 4, (16, 8), dc) == matrix_shape(16)
+    assert node_matrix("hierarchical", 64 << 20, (7, 2), TESTBED) == (1, 7)  # prime: the only shape
+    assert node_matrix("hierarchical_rs", 64 << 20, [2, 3], TESTBED) == (1, 2)  # uneven: the leader design's
 
 
 def test_scales_to_thousands_instantly() -> None:

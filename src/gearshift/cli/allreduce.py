@@ -63,18 +63,24 @@ def _ms(s: float) -> str:
 
 def prediction_table(counts: list[int], costs, sizes: list[int], title: str) -> Table:
     """Predicted ms of every algorithm the model knows at each size; `auto` = the runnable one it picks."""
-    from gearshift.sim.collectives import ALGORITHMS, RUNNABLE, busbw, choose, predict
+    from gearshift.sim.collectives import ALGORITHMS, RUNNABLE, busbw, choose, node_matrix, predict
 
     algos = list(RUNNABLE) + [a for a in ALGORITHMS if a not in RUNNABLE]
     t = Table(title=title)
-    for col in ("size", *algos, "auto", "busbw Gbit/s"):
+    for col in ("size", *algos, "auto", "busbw Gbit/s", "leaders"):
         t.add_column(col, justify="right")
     for size in sizes:
         times = {a: predict(a, size, counts, costs) for a in algos}
         pick = choose(size, counts, costs)
         t.add_row(fmt_size(size), *(f"[bold]{_ms(times[a])}[/bold]" if a == pick else _ms(times[a]) for a in algos),
-                  pick, f"{busbw(size, times[pick], sum(counts)) * 8 / 1e9:.2f}")
+                  pick, f"{busbw(size, times[pick], sum(counts)) * 8 / 1e9:.2f}",
+                  fmt_matrix(node_matrix("hierarchical", size, counts, costs)))
     return t
+
+
+def fmt_matrix(shape: tuple[int, int]) -> str:
+    """The leaders' arrangement for a table: "R x C" (1 x N: a ring of the nodes)."""
+    return f"{shape[0]} x {shape[1]}"
 
 
 def measured_table(counts: list[int], costs, rows: list[dict], title: str) -> Table:
@@ -136,10 +142,11 @@ def write_json(path: str, counts: list[int], costs, sizes: list[int], measured: 
     import json
     from pathlib import Path
 
-    from gearshift.sim.collectives import RUNNABLE, choose, predict
+    from gearshift.sim.collectives import RUNNABLE, choose, node_matrix, predict
 
     got = {(r["size_bytes"], r["algorithm"]): r for r in measured or []}
     rows = [{"size_bytes": size, "algorithm": a, "predicted_time_s": predict(a, size, counts, costs),
+             **({"node_matrix": list(node_matrix(a, size, counts, costs))} if a.startswith("hierarchical") else {}),
              **({"time_s": got[(size, a)]["time_s"], "samples_s": got[(size, a)]["samples"]}
                 if (size, a) in got else {})}
             for size in sizes for a in RUNNABLE]

@@ -138,9 +138,12 @@ class Topology:
         """R x C shape of the node matrix (see matrix_shape)."""
         return matrix_shape(self.num_nodes)
 
-    def node_grid(self) -> list[list[int]]:
-        """Nodes laid out row-major in the R x C matrix: grid[row][col] = node index."""
-        rows, cols = self.matrix
+    def node_grid(self, shape: tuple[int, int] | None = None) -> list[list[int]]:
+        """Nodes laid out row-major in the R x C matrix (`shape`, default the near-square one):
+        grid[row][col] = node index."""
+        rows, cols = shape or self.matrix
+        if rows * cols != self.num_nodes:
+            raise ValueError(f"node_grid: shape {rows} x {cols} does not hold {self.num_nodes} nodes")
         return [[i * cols + j for j in range(cols)] for i in range(rows)]
 
     def to_dict(self) -> dict:

@@ -121,13 +121,13 @@ def _boot_id() -> str:
         return ""
 
 
-def leader_grid(topology: Topology) -> list[list[int]]:
-    """grid[row][col] = leader rank of the node at that place in the R x C node matrix."""
-    return [[topology.leader(nd) for nd in row] for row in topology.node_grid()]
+def leader_grid(topology: Topology, shape: tuple[int, int] | None = None) -> list[list[int]]:
+    """grid[row][col] = leader rank of the node at that place in the R x C node matrix (default near-square)."""
+    return [[topology.leader(nd) for nd in row] for row in topology.node_grid(shape)]
 
 
-def peer_grid(topology: Topology, local_rank: int) -> list[list[int]] | None:
+def peer_grid(topology: Topology, local_rank: int, shape: tuple[int, int] | None = None) -> list[list[int]] | None:
     """grid[row][col] = the rank with `local_rank` on that node; None if nodes are uneven."""
     if not topology.uniform:
         return None
-    return [[topology.ranks_of(nd)[local_rank] for nd in row] for row in topology.node_grid()]
+    return [[topology.ranks_of(nd)[local_rank] for nd in row] for row in topology.node_grid(shape)]

@@ -3,6 +3,7 @@ comm.allreduce runs them with comm.stream, and tests replay them in one process 
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 import torch
@@ -17,7 +18,7 @@ from gearshift.comm.steps import (
     ring_all_reduce,
     ring_reduce_scatter,
 )
-from gearshift.sim.collectives import LinkCosts, segment_bounds
+from gearshift.sim.collectives import LinkCosts, node_matrix, segment_bounds
 
 
 def segments(flat: torch.Tensor, costs: LinkCosts | None) -> list[tuple[int, int]]:
@@ -26,10 +27,25 @@ def segments(flat: torch.Tensor, costs: LinkCosts | None) -> list[tuple[int, int
     return segment_bounds(flat.numel(), flat.element_size(), costs)
 
 
+def matrix_for(algorithm: str, size_bytes: int, topology: Topology, costs: LinkCosts | None) -> tuple[int, int]:
+    """The node matrix a hierarchical form runs in: sim.collectives.node_matrix (what the model prices),
+    unless GEARSHIFT_NODE_MATRIX=ring (1 x N) or square (the near-square R x C) forces one, to compare the
+    two on a live job. Every rank must see the same setting."""
+    forced = os.environ.get("GEARSHIFT_NODE_MATRIX", "")
+    if forced == "ring":
+        return 1, topology.num_nodes
+    if forced == "square":
+        return topology.matrix
+    if forced:
+        raise ValueError(f"GEARSHIFT_NODE_MATRIX={forced!r}: allowed ring, square (unset: the cost model picks)")
+    return node_matrix(algorithm, size_bytes, topology.ranks_per_node, costs)
+
+
 def build(algorithm: str, flat: torch.Tensor, topology: Topology, rank: int,
           costs: LinkCosts | None = None, members: list[int] | None = None) -> list[list[Step]]:
     """One program per segment of `flat` for `rank`: "ring" (all ranks in rank order), "hierarchical"
-    (leader design) or "hierarchical_rs" (reduce-scatter form; needs equal nodes). Multi-node only for
+    (leader design) or "hierarchical_rs" (reduce-scatter form; needs equal nodes), the nodes in the
+    matrix matrix_for() picks. Multi-node only for
     the hierarchical forms: one node runs gloo's own all-reduce instead. Peers are topology indices, or
     with `members` (a group of the job's ranks) the global rank of each index."""
     programs = _build(algorithm, flat, topology, rank, costs)
@@ -44,18 +60,19 @@ def _build(algorithm: str, flat: torch.Tensor, topology: Topology, rank: int,
     if algorithm == "ring":
         ranks = list(range(topology.world_size))
         return [ring_all_reduce(seg, ranks, rank) for seg in segs]
+    if algorithm not in ("hierarchical", "hierarchical_rs"):
+        raise ValueError(f"no step program for {algorithm!r} (allowed: ring, hierarchical, hierarchical_rs)")
     node = topology.ranks_of(topology.node[rank])
+    shape = matrix_for(algorithm, flat.numel() * flat.element_size(), topology, costs)
     if algorithm == "hierarchical":
-        leader, grid = topology.leader(topology.node[rank]), leader_grid(topology)
+        leader, grid = topology.leader(topology.node[rank]), leader_grid(topology, shape)
         width = max(topology.ranks_per_node) - 1
         return [leader_program(seg, node, leader, grid, rank, width) for seg in segs]
-    if algorithm == "hierarchical_rs":
-        grid = peer_grid(topology, topology.local_rank[rank])
-        if grid is None:
-            raise ValueError("hierarchical_rs needs the same number of ranks on every node")
-        programs = []
-        for seg in segs:
-            rs, (a, b) = ring_reduce_scatter(seg, node, rank)
-            programs.append(rs + matrix_all_reduce(seg[a:b], grid, rank) + ring_all_gather(seg, node, rank))
-        return programs
-    raise ValueError(f"no step program for {algorithm!r} (allowed: ring, hierarchical, hierarchical_rs)")
+    grid = peer_grid(topology, topology.local_rank[rank], shape)
+    if grid is None:
+        raise ValueError("hierarchical_rs needs the same number of ranks on every node")
+    programs = []
+    for seg in segs:
+        rs, (a, b) = ring_reduce_scatter(seg, node, rank)
+        programs.append(rs + matrix_all_reduce(seg[a:b], grid, rank) + ring_all_gather(seg, node, rank))
+    return programs

@@ -6,7 +6,8 @@ A message of m bytes over a link costs alpha + m * beta. Intra-node links use (a
 links (a_e, b_e) where b_e = max(inter_beta, k / nic_bandwidth) when k flows of a node share its card.
 The flat rings (gloo's and ours) use b_f = flat_beta where it was measured for their own pattern (every
 rank sending to its successor at once: the card or, where ranks share cores, the CPU), else b_e(1).
-The node matrix is R x C (see cluster.topology.matrix_shape). Our algorithms run in segments
+The node matrix is the near-square R x C (cluster.topology.matrix_shape) or, where the model cannot tell
+them apart, the ring of nodes 1 x N (node_matrix). Our algorithms run in segments
 (segment_bounds, shared with gearshift.comm), priced as a pipeline of per-segment stages (_flow_shop).
 """
 
@@ -184,15 +185,50 @@ def _gather(size: float, per_node: int, c: LinkCosts, a_p: float | None = None) 
     return (per_node - 1) * ((c.p2p_alpha if a_p is None else a_p) + size * c.intra_beta)
 
 
+def leader_shapes(nodes: int) -> list[tuple[int, int]]:
+    """Node-matrix shapes the leader design and the reduce-scatter form may run, in order of preference:
+    a ring of the nodes (1 x N: each card streams to one peer) and the near-square R x C (fewest steps)."""
+    square = matrix_shape(nodes)
+    return [(1, nodes)] if square == (1, nodes) else [(1, nodes), square]
+
+
+def node_matrix(algorithm: str, size_bytes: float, ranks_per_node: list[int] | tuple[int, int],
+                costs: LinkCosts | None = None) -> tuple[int, int]:
+    """The R x C shape `algorithm` arranges the nodes in for a message of size_bytes: the ring of nodes
+    when its price is within AUTO_MARGIN of the best shape's, else the near-square matrix. Both move the
+    same bytes through each card; the square saves steps (what wins on small messages and at scale),
+    the ring keeps one stream per card, where the matrix's row and column streams share the card and
+    each phase's messages queue behind the other's (what the alpha-beta model does not price: measured
+    on the testbed at >= 1 MiB the ring is 2-8% faster). Same answer on every rank; comm.programs runs it."""
+    nodes, per_node, uniform = _shape(ranks_per_node)
+    price = _rs_form if algorithm == "hierarchical_rs" and uniform else _leader_design
+    c = costs or LinkCosts()
+    times = [(price(float(size_bytes), nodes, per_node, c, shape), shape) for shape in leader_shapes(nodes)]
+    best = min(t for t, _ in times)
+    return next(shape for t, shape in times if t <= best * (1 + AUTO_MARGIN))
+
+
 def hierarchical(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
+    """Leader design in the node matrix node_matrix() picks (_leader_design)."""
+    if nodes == 1:  # one node: gloo's all-reduce on the node group
+        return gloo(size, 1, per_node, c)
+    return _leader_design(size, nodes, per_node, c, node_matrix("hierarchical", size, (nodes, per_node), c))
+
+
+def hierarchical_rs(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
+    """Reduce-scatter form in the node matrix node_matrix() picks (_rs_form)."""
+    if nodes == 1:  # one node: gloo's all-reduce on the node group
+        return gloo(size, 1, per_node, c)
+    return _rs_form(size, nodes, per_node, c, node_matrix("hierarchical_rs", size, (nodes, per_node), c))
+
+
+def _leader_design(size: float, nodes: int, per_node: int, c: LinkCosts, shape: tuple[int, int]) -> float:
     """Leader design, streamed in segments s_k: each segment goes through the gather to the leader
     (_gather), the leaders' R x C matrix on the leader's card, bandwidth part of _matrix(s_k, R, C, 0,
     b_e(1)), and the send back (_gather), in a flow shop (_flow_shop); plus the matrix's step fixed costs
     once, _matrix(0, R, C, a_e, 0) (the other segments' transfers hide them). One segment gives
     2 (L - 1) (a_p + S b_i) + _matrix(S, R, C, a_e, b_e(1)). With hierarchical_alpha, a_p = a_e = it."""
-    if nodes == 1:  # one node: gloo's all-reduce on the node group
-        return gloo(size, 1, per_node, c)
-    rows, cols = matrix_shape(nodes)
+    rows, cols = shape
     b_e = c.inter_beta_shared(1)
     a_e, a_p = (c.inter_alpha, c.p2p_alpha) if c.hierarchical_alpha is None else (c.hierarchical_alpha,) * 2
     stages = [[_gather(s, per_node, c, a_p), _matrix(s, rows, cols, 0.0, b_e), _gather(s, per_node, c, a_p)]
@@ -200,15 +236,13 @@ def hierarchical(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
     return _matrix(0.0, rows, cols, a_e, 0.0) + _flow_shop(stages)
 
 
-def hierarchical_rs(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
+def _rs_form(size: float, nodes: int, per_node: int, c: LinkCosts, shape: tuple[int, int]) -> float:
     """Reduce-scatter form, streamed in segments s_k: intra ring reduce-scatter (L - 1)(a_p + s_k / L b_i),
     L concurrent matrices of s_k / L sharing the card, bandwidth part of _matrix(s_k / L, R, C, 0, b_e(L)),
     intra ring all-gather like the reduce-scatter, in a flow shop; plus the matrix's step fixed costs
     once. a_p is the per-step cost of a point-to-point intra step (intra_p2p_alpha, default intra_alpha);
     with rs_alpha, a_p = a_e = it."""
-    if nodes == 1:  # one node: gloo's all-reduce on the node group
-        return gloo(size, 1, per_node, c)
-    rows, cols = matrix_shape(nodes)
+    rows, cols = shape
     b_e = c.inter_beta_shared(per_node)
     a_e, a_p = (c.inter_alpha, c.p2p_alpha) if c.rs_alpha is None else (c.rs_alpha,) * 2
 
