@@ -3,7 +3,7 @@ loopback (4 and 8 ranks) and on the namespace testbed (4 nodes x 2 ranks, 200 Mb
 point next to the cost model's prediction calibrated from a quick link measurement in the same run;
 plus model predictions for 16..4096 GPUs. Writes bench/results/allreduce.json and .png.
 
-Usage: .venv/bin/python bench/allreduce.py [--quick] [--settings loopback4,loopback8,testbed4x2] [--shapes]
+Usage: .venv/bin/python bench/allreduce.py [--quick] [--settings loopback4,loopback8,testbed4x2]
 """
 
 from __future__ import annotations
@@ -52,45 +52,10 @@ def worker(args: argparse.Namespace) -> None:
                            reps=3 if shaped else 5, warmups=1 if shaped else 2, min_iters=1 if shaped else 3,
                            budget_s=0.5 if shaped else 0.25)
     timeline = _timeline(int(args.trace), groups, costs, rows) if args.trace else None
-    big = [int(s) for s in args.sizes.split(",") if MIB <= int(s) <= 16 * MIB]
-    shapes = _shape_rows(groups, costs, big) if args.shapes and topo.matrix[0] > 1 and big else None
     if dist.get_rank() == 0:
-        Path(args.out).write_text(json.dumps({"rows": rows, "costs": costs.__dict__, "timeline": timeline,
-                                              "shapes": shapes}))
+        Path(args.out).write_text(json.dumps({"rows": rows, "costs": costs.__dict__, "timeline": timeline}))
     dist.barrier()
     dist.destroy_process_group()
-
-
-def _shape_rows(groups, costs, sizes: list[int], reps: int = 5) -> list[dict]:
-    """hierarchical with the leaders in a ring and in the near-square matrix (GEARSHIFT_NODE_MATRIX), next
-    to the model's pick and gloo, interleaved: median over reps of the slowest rank's time per call (2 calls)."""
-    import statistics
-
-    import torch
-    import torch.distributed as dist
-
-    from gearshift.comm import all_reduce
-
-    variants = {"gloo": None, "model's pick": "", "ring": "ring", "square": "square"}
-    out = []
-    for size in sizes:
-        x = torch.full((size // 4,), 1e-3)
-        times: dict[str, list[float]] = {v: [] for v in variants}
-        for rep in range(reps + 1):  # the first round warms up
-            for name, forced in variants.items():
-                os.environ["GEARSHIFT_NODE_MATRIX"] = forced or ""
-                dist.barrier()
-                t0 = time.perf_counter()
-                for _ in range(2):
-                    all_reduce(x, "gloo" if forced is None else "hierarchical", groups=groups, costs=costs)
-                dt = torch.tensor([(time.perf_counter() - t0) / 2])
-                dist.all_reduce(dt, op=dist.ReduceOp.MAX)
-                if rep:
-                    times[name].append(dt.item())
-        os.environ.pop("GEARSHIFT_NODE_MATRIX")
-        out += [{"size_bytes": size, "variant": v, "time_s": statistics.median(t), "samples_s": t}
-                for v, t in times.items()]
-    return out
 
 
 def _timeline(size: int, groups, costs, rows: list[dict]) -> dict | None:
@@ -131,17 +96,13 @@ def _timeline(size: int, groups, costs, rows: list[dict]) -> dict | None:
 
 
 # ---------------------------------------------------------------- driver
-def run_setting(setting: str, sizes: list[int], tb=None, trace: int | None = None, shapes: bool = False) -> dict:
-    """Start the ranks of one setting (inside testbed namespaces when tb is given) and read rank 0's file."""
+def spawn(setting: str, argv: list[str], tb=None) -> None:
+    """Run argv once per rank of `setting` (inside the testbed's namespaces when tb is given), rendezvous
+    at rank 0, and raise if any rank fails."""
     from gearshift.comm.launch import free_port
 
     counts = SETTINGS[setting]
-    world = sum(counts)
-    out = tempfile.NamedTemporaryFile(prefix=f"gs-bench-{setting}-", suffix=".json", delete=False).name
     port = free_port() if tb is None else 29611
-    argv = [sys.executable, __file__, "--worker", "--setting", setting, "--trace", str(trace or 0),
-            "--counts", ",".join(map(str, counts)), *(["--shapes"] if shapes else []),
-            "--sizes", ",".join(map(str, sizes)), "--out", out]
     procs, rank = [], 0
     for node, c in enumerate(counts):
         for _ in range(c):
@@ -150,12 +111,20 @@ def run_setting(setting: str, sizes: list[int], tb=None, trace: int | None = Non
                 cmd = argv
             else:
                 env, cmd = tb.worker_env(node, port), tb.command(node, argv)
-            env.update(RANK=str(rank), WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
+            env.update(RANK=str(rank), WORLD_SIZE=str(sum(counts)), OMP_NUM_THREADS="1")
             procs.append(subprocess.Popen(cmd, env={**os.environ, **env}))
             rank += 1
     codes = [p.wait(timeout=900) for p in procs]
     if any(codes):
         raise RuntimeError(f"{setting}: workers exited with {codes}")
+
+
+def run_setting(setting: str, sizes: list[int], tb=None, trace: int | None = None) -> dict:
+    """Start the ranks of one setting (inside testbed namespaces when tb is given) and read rank 0's file."""
+    out = tempfile.NamedTemporaryFile(prefix=f"gs-bench-{setting}-", suffix=".json", delete=False).name
+    spawn(setting, [sys.executable, __file__, "--worker", "--setting", setting, "--trace", str(trace or 0),
+                    "--counts", ",".join(map(str, SETTINGS[setting])), "--sizes", ",".join(map(str, sizes)),
+                    "--out", out], tb)
     data = json.loads(Path(out).read_text())
     os.unlink(out)
     return data
@@ -223,24 +192,6 @@ def _plot(rows: list[dict], preds: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def _shape_table(runs: list[dict]):
-    """The --shapes comparison: each variant's time and its speed-up over gloo, run for run."""
-    from rich.table import Table
-
-    from gearshift.cli.allreduce import fmt_matrix, fmt_size
-
-    t = Table(title="hierarchical: the leaders in a ring against the near-square matrix (x gloo, interleaved)")
-    variants = list(dict.fromkeys(r["variant"] for r in runs))
-    for col in ("setting", "size", "model picks", *variants):
-        t.add_column(col, justify="right")
-    for setting, size in dict.fromkeys((r["setting"], r["size_bytes"]) for r in runs):
-        got = {r["variant"]: r for r in runs if r["setting"] == setting and r["size_bytes"] == size}
-        g = got["gloo"]["time_s"]
-        t.add_row(setting, fmt_size(size), fmt_matrix(tuple(got["gloo"]["picked"])),
-                  *(f"{got[v]['time_s'] * 1e3:.1f} ms ({g / got[v]['time_s']:.3f}x)" for v in variants))
-    return t
-
-
 def _torch() -> str:
     import torch
 
@@ -257,9 +208,6 @@ def main() -> int:
                          "results/allreduce_trace.json, for ui.perfetto.dev) and report where its time went")
     ap.add_argument("--name", default="allreduce",
                     help="results/NAME.json and NAME.png (e.g. allreduce_16cores for another machine's run)")
-    ap.add_argument("--shapes", action="store_true",
-                    help="also time hierarchical with the leaders in a ring and in the near-square matrix at 1-16 MiB, "
-                         "interleaved with gloo and the model's pick (results: node_matrix_runs)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--setting", help=argparse.SUPPRESS)
     ap.add_argument("--counts", help=argparse.SUPPRESS)
@@ -280,7 +228,7 @@ def main() -> int:
     sizes = QUICK_SIZES if args.quick else FULL_SIZES
     if args.sizes_list:
         sizes = [int(x) for x in args.sizes_list.split(",")]
-    rows, calib, timelines, shape_runs = [], {}, {}, []
+    rows, calib, timelines = [], {}, {}
     t_start = time.time()
     for setting in args.settings.split(","):
         if setting.startswith("testbed"):
@@ -288,9 +236,9 @@ def main() -> int:
                 if not tb.emulated:
                     print(f"{setting}: skipped (no testbed on this machine: see the line above)")
                     continue
-                data = run_setting(setting, sizes, tb, args.trace, args.shapes)
+                data = run_setting(setting, sizes, tb, args.trace)
         else:
-            data = run_setting(setting, sizes, trace=args.trace, shapes=args.shapes)
+            data = run_setting(setting, sizes, trace=args.trace)
         costs = LinkCosts(**data["costs"])  # gloo is priced with its own per-step cost, costs.gloo_alpha
         calib[setting] = data["costs"]
         if data.get("timeline"):
@@ -301,9 +249,6 @@ def main() -> int:
                   f"{tl['leader_rate_vs_gloo'] or float('nan'):.3f}x the rate of a rank in gloo's ring")
         counts = SETTINGS[setting]
         world = sum(counts)
-        shape_runs += [{"setting": setting, **r,
-                        "picked": list(node_matrix("hierarchical", r["size_bytes"], counts, costs))}
-                       for r in data.get("shapes") or []]
         for r in data["rows"]:
             pred = predict(r["algorithm"], r["size_bytes"], counts, costs)
             rows.append({"setting": setting, "algorithm": r["algorithm"], "size_bytes": r["size_bytes"],
@@ -334,11 +279,8 @@ def main() -> int:
     for a in auto:
         picks.add_row(a["setting"], fmt_size(a["size_bytes"]), a["pick"], a["fastest"], f"{a['ratio']:.2f}")
     Console().print(picks)
-    if shape_runs:
-        Console().print(_shape_table(shape_runs))
     RESULTS.mkdir(exist_ok=True)
     out = {"rows": rows, "predictions": preds, "calibration": calib, "timelines": timelines, "auto": auto,
-           "node_matrix_runs": shape_runs,
            "notes": "costs: gearshift.comm.calibrate.measure_link_costs, measured once per setting in the same "
                     "run with every rank running (per-step costs from tiny runs of our ring and gloo's ring, so "
                     "they include process wake-up on the shared cores; per-byte costs from exchanges inside nodes, "

@@ -198,28 +198,33 @@ def node_matrix(algorithm: str, size_bytes: float, ranks_per_node: list[int] | t
     when its price is within AUTO_MARGIN of the best shape's, else the near-square matrix. Both move the
     same bytes through each card; the square saves steps (what wins on small messages and at scale),
     the ring keeps one stream per card, where the matrix's row and column streams share the card and
-    each phase's messages queue behind the other's (what the alpha-beta model does not price: measured
-    on the testbed at >= 1 MiB the ring is 2-8% faster). Same answer on every rank; comm.programs runs it."""
+    each phase's messages queue behind the other's (what the alpha-beta model does not price: on the
+    testbed the ring is 2-22% faster at 1-16 MiB, bench/allreduce_ab.py). Same answer on every rank;
+    comm.programs runs it."""
     nodes, per_node, uniform = _shape(ranks_per_node)
     price = _rs_form if algorithm == "hierarchical_rs" and uniform else _leader_design
-    c = costs or LinkCosts()
-    times = [(price(float(size_bytes), nodes, per_node, c, shape), shape) for shape in leader_shapes(nodes)]
-    best = min(t for t, _ in times)
-    return next(shape for t, shape in times if t <= best * (1 + AUTO_MARGIN))
+    return _priced_matrix(price, float(size_bytes), nodes, per_node, costs or LinkCosts())[1]
+
+
+def _priced_matrix(price, size: float, nodes: int, per_node: int, c: LinkCosts) -> tuple[float, tuple[int, int]]:
+    """(price, shape) of node_matrix's pick: the first of leader_shapes within AUTO_MARGIN of the cheapest."""
+    priced = [(price(size, nodes, per_node, c, shape), shape) for shape in leader_shapes(nodes)]
+    best = min(t for t, _ in priced)
+    return next((t, shape) for t, shape in priced if t <= best * (1 + AUTO_MARGIN))
 
 
 def hierarchical(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
     """Leader design in the node matrix node_matrix() picks (_leader_design)."""
     if nodes == 1:  # one node: gloo's all-reduce on the node group
         return gloo(size, 1, per_node, c)
-    return _leader_design(size, nodes, per_node, c, node_matrix("hierarchical", size, (nodes, per_node), c))
+    return _priced_matrix(_leader_design, size, nodes, per_node, c)[0]
 
 
 def hierarchical_rs(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
     """Reduce-scatter form in the node matrix node_matrix() picks (_rs_form)."""
     if nodes == 1:  # one node: gloo's all-reduce on the node group
         return gloo(size, 1, per_node, c)
-    return _rs_form(size, nodes, per_node, c, node_matrix("hierarchical_rs", size, (nodes, per_node), c))
+    return _priced_matrix(_rs_form, size, nodes, per_node, c)[0]
 
 
 def _leader_design(size: float, nodes: int, per_node: int, c: LinkCosts, shape: tuple[int, int]) -> float:
