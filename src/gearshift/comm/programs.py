@@ -45,9 +45,9 @@ def build(algorithm: str, flat: torch.Tensor, topology: Topology, rank: int,
           costs: LinkCosts | None = None, members: list[int] | None = None) -> list[list[Step]]:
     """One program per segment of `flat` for `rank`: "ring" (all ranks in rank order), "hierarchical"
     (leader design) or "hierarchical_rs" (reduce-scatter form; needs equal nodes), the nodes in the
-    matrix matrix_for() picks. Multi-node only for
-    the hierarchical forms: one node runs gloo's own all-reduce instead. Peers are topology indices, or
-    with `members` (a group of the job's ranks) the global rank of each index."""
+    matrix matrix_for() picks. Multi-node only for the hierarchical forms: one node runs gloo's own
+    all-reduce instead. Peers are topology indices, or with `members` (a group of the job's ranks) the
+    global rank of each index."""
     programs = _build(algorithm, flat, topology, rank, costs)
     if members is None:
         return programs

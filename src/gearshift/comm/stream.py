@@ -71,7 +71,8 @@ class _Run:
         # shared-memory sends are copies already, so only their offset messages are kept alive to the end
         self.sending: list[list[tuple[int, int, object]]] = [[] for _ in programs]
         self.signals: list[tuple[object, torch.Tensor]] = []
-        # segment k's reduce steps over gloo receive into its own slice of one reused buffer
+        # segment k's reduce steps over gloo receive into its own slice of one reused buffer, two slots
+        # of it so that step j + 1's receive can be posted while step j's is still pending
         self.sizes = [max((st.recv.numel() for st in prog if st.reduce and not self.via_shm(st.src, st.recv)),
                           default=0) for prog in programs]
         self.offsets = [0, *accumulate(2 * n for n in self.sizes)]  # two slots: step j uses slot j % 2
