@@ -105,7 +105,8 @@ def _grad_sync_factory(cfg: JobConfig):
         if made["groups"] is None:
             made["groups"] = sync.groups  # built by GradientSync (collective): reuse after a re-plan
         if made.pop("describe", False) and dist.get_rank() == 0:
-            chosen = ", ".join(sorted({_bucket_choice(b, sync.tuned) for b in sync.buckets}))
+            chosen = ", ".join(sorted({_bucket_choice(b, sync.tuned, made["topo"], made["costs"])
+                                       for b in sync.buckets}))
             scope = f"{made['topo'].num_nodes} nodes" + (f", each stage's {workers // R} replicas" if R > 1 else "")
             print(f"all-reduce auto ({scope}): {chosen}; measured {describe(made['costs'], made['topo'])}", flush=True)
         return sync.sync
@@ -113,11 +114,19 @@ def _grad_sync_factory(cfg: JobConfig):
     return factory
 
 
-def _bucket_choice(b, tuned: dict) -> str:
-    """'25.0 MiB: hierarchical (measured gloo 1930.1 ms, ...)' for the start-up line of auto's choice."""
+def _bucket_choice(b, tuned: dict, topo, costs) -> str:
+    """'25.0 MiB: hierarchical in a 1 x 4 node matrix (measured gloo 1930.1 ms, ...)' for the start-up line of
+    auto's choice (the matrix only where the node count allows more than one)."""
+    from gearshift.comm.programs import matrix_for
+    from gearshift.sim.collectives import leader_shapes
+
     times = tuned.get(b.nbytes, (None, {}))[1]
     measured = f" (measured {', '.join(f'{a} {t * 1e3:.1f} ms' for a, t in times.items())})" if times else ""
-    return f"{b.nbytes / 2**20:.1f} MiB: {b.algorithm}{measured}"
+    matrix = ""
+    if b.algorithm.startswith("hierarchical") and len(leader_shapes(topo.num_nodes)) > 1:
+        rows, cols = matrix_for(b.algorithm, b.nbytes, topo, costs)
+        matrix = f" in a {rows} x {cols} node matrix"
+    return f"{b.nbytes / 2**20:.1f} MiB: {b.algorithm}{matrix}{measured}"
 
 
 def build_adapter(cfg: JobConfig, corpus: ByteCorpus) -> Adapter | None:
