@@ -4,7 +4,7 @@ Segment k's step j + 1 is posted the moment its step j completes, while the othe
 are still queued on the link, so the link never idles for a step's wake-up and hand-shake (gloo sends a
 message only once the receiver has posted for it). Where it is safe, step j + 1's receive is posted
 already with step j: a reduce lands in a scratch slot of its own, a shared-memory step receives only an
-offset; so a sender does not wait for its receiver to wake up and post (4-64 KiB: 3-23% faster on
+offset; so a sender does not wait for its receiver to wake up and post (4-64 KiB: 3-18% faster on
 the testbed, bench/allreduce_ab.py). Each (segment, step) has its own tag, so messages on one
 connection cannot be matched to the wrong receive whatever order the segments progress in. A step
 waits only for what it receives: sends finish in the background until memory they read is written.
