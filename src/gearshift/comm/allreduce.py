@@ -50,7 +50,7 @@ def rs_all_reduce(flat: torch.Tensor, groups: CommGroups, costs: LinkCosts | Non
     of that shard among the same-local-rank peers of all nodes, intra-node ring all-gather; one step
     program per segment, streamed, so one segment's intra-node steps overlap another's inter-node ones.
     Uneven nodes fall back to the leader design; one node is gloo's all-reduce on the node group."""
-    if groups.peer_grid is None or _one_node(groups):
+    if not groups.topology.uniform or _one_node(groups):
         leader_all_reduce(flat, groups, costs, trace)
         return
     run_segments(build("hierarchical_rs", flat, groups.topology, groups.rank, costs, groups.members), groups,

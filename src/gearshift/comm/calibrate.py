@@ -131,7 +131,7 @@ def measure_link_costs(groups: CommGroups, beta_bytes: int = MIB, reps: int = 7,
     intra_alpha = timed(node_collectives, reps, 10) / (2 * max(1, (max(topo.ranks_per_node) - 1).bit_length()))
 
     def algorithm_alpha(algorithm: str) -> float | None:
-        if topo.num_nodes == 1 or (algorithm == "hierarchical_rs" and groups.peer_grid is None):
+        if topo.num_nodes == 1 or (algorithm == "hierarchical_rs" and not groups.topology.uniform):
             return None  # runs gloo (one node) or the leader design (uneven nodes)
         x = torch.zeros(2 * world)
         steps = len(build(algorithm, x, topo, groups.rank)[0])  # the same on every rank (padded programs)

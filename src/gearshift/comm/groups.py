@@ -15,18 +15,16 @@ from gearshift.comm.shm import ShmTransport
 
 @dataclass
 class CommGroups:
-    """This rank's node group, the leaders' group, and the two R x C grids (leaders: one per node; peers:
-    the same local rank on every node) of one group of ranks: the whole job, or one part of a partition
-    (e.g. a pipeline stage's replicas). topology, rank and the grids use the group's own indices 0..m-1;
-    node_ranks and everything passed to torch.distributed use global ranks (members[i])."""
+    """This rank's node group and the leaders' group of one group of ranks: the whole job, or one part of
+    a partition (e.g. a pipeline stage's replicas). topology and rank use the group's own indices 0..m-1;
+    node_ranks and everything passed to torch.distributed use global ranks (members[i]). The node matrix
+    each message runs in is chosen per message (comm.programs.matrix_for), not kept here."""
 
     topology: Topology
     rank: int
     node_ranks: list[int]
     node_group: object | None
     leader_group: object | None
-    leader_grid: list[list[int]]
-    peer_grid: list[list[int]] | None  # None when nodes are uneven (hierarchical_rs falls back)
     down: object | None = None  # a second group of the members: p2p towards lower ranks (one direction per socket)
     all_node_groups: list[object] = field(default_factory=list, repr=False)
     shm: ShmTransport | None = field(default=None, repr=False)  # node-peer messages through shared memory
@@ -93,10 +91,8 @@ class CommGroups:
         if shm is None:
             shm = os.environ.get("GEARSHIFT_SHM", "1") != "0"
         transport = ShmTransport.create(node_ranks, node_groups[node], me) if shm else None
-        return cls(topology, rank, node_ranks, node_groups[node],
-                   leader_group if rank in topology.leaders else None,
-                   leader_grid(topology), peer_grid(topology, topology.local_rank[rank]), down, node_groups,
-                   transport, None if whole else list(members), group)
+        return cls(topology, rank, node_ranks, node_groups[node], leader_group if rank in topology.leaders else None,
+                   down, node_groups, transport, None if whole else list(members), group)
 
 
 def spare_cores() -> bool:
