@@ -123,15 +123,22 @@ def spawn(setting: str, argv: list[str], tb=None) -> None:
         raise RuntimeError(f"{setting}: workers exited with {codes}")
 
 
+def run_workers(setting: str, script: str, args: list[str], tb=None) -> dict:
+    """Run `script --worker ARGS --out FILE` once per rank of `setting` (spawn) and return the JSON rank 0
+    wrote to FILE."""
+    out = tempfile.NamedTemporaryFile(prefix=f"gs-bench-{setting}-", suffix=".json", delete=False).name
+    try:
+        spawn(setting, [sys.executable, script, "--worker", *args, "--out", out], tb)
+        return json.loads(Path(out).read_text())
+    finally:
+        os.unlink(out)
+
+
 def run_setting(setting: str, sizes: list[int], tb=None, trace: int | None = None) -> dict:
     """Start the ranks of one setting (inside testbed namespaces when tb is given) and read rank 0's file."""
-    out = tempfile.NamedTemporaryFile(prefix=f"gs-bench-{setting}-", suffix=".json", delete=False).name
-    spawn(setting, [sys.executable, __file__, "--worker", "--setting", setting, "--trace", str(trace or 0),
-                    "--counts", ",".join(map(str, SETTINGS[setting])), "--sizes", ",".join(map(str, sizes)),
-                    "--out", out], tb)
-    data = json.loads(Path(out).read_text())
-    os.unlink(out)
-    return data
+    return run_workers(setting, __file__, ["--setting", setting, "--trace", str(trace or 0), "--counts",
+                                           ",".join(map(str, SETTINGS[setting])), "--sizes",
+                                           ",".join(map(str, sizes))], tb)
 
 
 def scale_predictions() -> list[dict]:

@@ -15,11 +15,10 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from allreduce import RESULTS, SETTINGS, TESTBED_RATE, spawn
+from allreduce import RESULTS, SETTINGS, TESTBED_RATE, run_workers
 
 # name -> (GEARSHIFT_NODE_MATRIX, comm.stream.PREPOST); the first hierarchical variant is what ships
 VARIANTS = {"as shipped": ("", True), "square": ("square", True), "ring": ("ring", True),
@@ -85,20 +84,16 @@ def main() -> int:
     from gearshift.sim.collectives import LinkCosts, node_matrix
 
     args.sizes = ",".join(map(str, parse_sizes(args.sizes)))
-    out = tempfile.NamedTemporaryFile(prefix="gs-ab-", suffix=".json", delete=False).name
-    argv = [sys.executable, __file__, "--worker", "--setting", args.setting, "--sizes", args.sizes,
-            "--algorithm", args.algorithm, "--reps", str(args.reps), "--out", out]
+    argv = ["--setting", args.setting, "--sizes", args.sizes, "--algorithm", args.algorithm, "--reps", str(args.reps)]
     t0 = time.time()
     if args.setting.startswith("testbed"):
         with Testbed(TestbedConfig(4, 2, bandwidth=TESTBED_RATE)) as tb:
             if not tb.emulated:
                 print("no testbed on this machine (see the line above); try --setting loopback8")
                 return 1
-            spawn(args.setting, argv, tb)
+            data = run_workers(args.setting, __file__, argv, tb)
     else:
-        spawn(args.setting, argv)
-    data = json.loads(Path(out).read_text())
-    os.unlink(out)
+        data = run_workers(args.setting, __file__, argv)
     costs, counts = LinkCosts(**data["costs"]), SETTINGS[args.setting]
     table = Table(title=f"{args.algorithm} on {args.setting}: median ms (x gloo), variants interleaved")
     for col in ("size", "model's matrix", "gloo", *VARIANTS):

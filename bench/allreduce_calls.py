@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from allreduce import RESULTS, SETTINGS, TESTBED_RATE, spawn
+from allreduce import RESULTS, SETTINGS, TESTBED_RATE, run_workers
 
 SETTING = "testbed4x2"
 
@@ -102,16 +100,12 @@ def main() -> int:
     from gearshift.cluster.testbed import Testbed, TestbedConfig
 
     args.sizes = ",".join(map(str, parse_sizes(args.sizes)))
-    out = tempfile.NamedTemporaryFile(prefix="gs-calls-", suffix=".json", delete=False).name
-    argv = [sys.executable, __file__, "--worker", "--sizes", args.sizes, "--calls", str(args.calls), "--out", out]
     t0 = time.time()
     with Testbed(TestbedConfig(4, 2, bandwidth=TESTBED_RATE)) as tb:
         if not tb.emulated:
             print("no testbed on this machine (see the line above)")
             return 1
-        spawn(SETTING, argv, tb)
-    data = json.loads(Path(out).read_text())
-    os.unlink(out)
+        data = run_workers(SETTING, __file__, ["--sizes", args.sizes, "--calls", str(args.calls)], tb)
     rows = [summarize(run, data["leaders"]) for run in data["runs"]]
     table = Table(title=f"{args.calls} back-to-back calls on {SETTING}: mean ms")
     for col in ("size", "algorithm", "period", "a rank's call", "starts spread", "leader's card busy", "turn"):
