@@ -134,6 +134,18 @@ def run_workers(setting: str, script: str, args: list[str], tb=None) -> dict:
         os.unlink(out)
 
 
+def parse_or_work(ap: argparse.ArgumentParser, worker) -> argparse.Namespace | None:
+    """The other side of run_workers: add its hidden --worker / --out flags to ap and parse; in a worker
+    process run worker(args) and return None, else return the driver's args."""
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(args)
+        return None
+    return args
+
+
 def run_setting(setting: str, sizes: list[int], tb=None, trace: int | None = None) -> dict:
     """Start the ranks of one setting (inside testbed namespaces when tb is given) and read rank 0's file."""
     return run_workers(setting, __file__, ["--setting", setting, "--trace", str(trace or 0), "--counts",

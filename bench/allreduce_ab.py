@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from allreduce import RESULTS, SETTINGS, TESTBED_RATE, run_workers
+from allreduce import RESULTS, SETTINGS, TESTBED_RATE, parse_or_work, run_workers
 
 # name -> (GEARSHIFT_NODE_MATRIX, comm.stream.PREPOST); the first hierarchical variant is what ships
 VARIANTS = {"as shipped": ("", True), "square": ("square", True), "ring": ("ring", True),
@@ -69,11 +69,8 @@ def main() -> int:
     ap.add_argument("--sizes", default=DEFAULT_SIZES)
     ap.add_argument("--algorithm", default="hierarchical", choices=["hierarchical", "hierarchical_rs"])
     ap.add_argument("--reps", type=int, default=0, help="rounds per size (default 15 below 1 MiB, else 5)")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.worker:
-        worker(args)
+    args = parse_or_work(ap, worker)
+    if args is None:
         return 0
 
     from rich.console import Console

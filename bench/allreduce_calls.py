@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from allreduce import RESULTS, SETTINGS, TESTBED_RATE, run_workers
+from allreduce import RESULTS, SETTINGS, TESTBED_RATE, parse_or_work, run_workers
 
 SETTING = "testbed4x2"
 
@@ -84,11 +84,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="4MiB,16MiB")
     ap.add_argument("--calls", type=int, default=8, help="back-to-back calls per algorithm and size")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.worker:
-        worker(args)
+    args = parse_or_work(ap, worker)
+    if args is None:
         return 0
     if args.calls < 3:
         ap.error(f"--calls must be at least 3, got {args.calls}")
