@@ -6,8 +6,8 @@ A message of m bytes over a link costs alpha + m * beta. Intra-node links use (a
 links (a_e, b_e) where b_e = max(inter_beta, k / nic_bandwidth) when k flows of a node share its card.
 The flat rings (gloo's and ours) use b_f = flat_beta where it was measured for their own pattern (every
 rank sending to its successor at once: the card or, where ranks share cores, the CPU), else b_e(1).
-The node matrix is the near-square R x C (cluster.topology.matrix_shape) or, where the model cannot tell
-them apart, the ring of nodes 1 x N (node_matrix). Our algorithms run in segments
+The node matrix is the near-square R x C (cluster.topology.matrix_shape) or the ring of nodes 1 x N,
+whichever is priced lower, ties to the ring (node_matrix). Our algorithms run in segments
 (segment_bounds, shared with gearshift.comm), priced as a pipeline of per-segment stages (_flow_shop).
 """
 
@@ -198,9 +198,9 @@ def node_matrix(algorithm: str, size_bytes: float, ranks_per_node: list[int] | t
     when its price is within AUTO_MARGIN of the best shape's, else the near-square matrix. Both move the
     same bytes through each card; the square saves steps (what wins on small messages and at scale),
     the ring keeps one stream per card, where the matrix's row and column streams share the card and
-    each phase's messages queue behind the other's (what the alpha-beta model does not price: on the
-    testbed the ring is 2-22% faster at 1-16 MiB, bench/allreduce_ab.py). Same answer on every rank;
-    comm.programs runs it."""
+    wait on one another at phase changes (_two_streams prices that; on the testbed the ring is 2-22%
+    faster at 1-16 MiB, bench/allreduce_ab.py). Ties go to the ring: the margin covers what the model
+    still misses. Same answer on every rank; comm.programs runs it."""
     nodes, per_node, uniform = _shape(ranks_per_node)
     price = _rs_form if algorithm == "hierarchical_rs" and uniform else _leader_design
     return _priced_matrix(price, float(size_bytes), nodes, per_node, costs or LinkCosts())[1]
@@ -211,6 +211,17 @@ def _priced_matrix(price, size: float, nodes: int, per_node: int, c: LinkCosts) 
     priced = [(price(size, nodes, per_node, c, shape), shape) for shape in leader_shapes(nodes)]
     best = min(t for t, _ in priced)
     return next((t, shape) for t, shape in priced if t <= best * (1 + AUTO_MARGIN))
+
+
+def _two_streams(segment: float, shape: tuple[int, int], b: float) -> float:
+    """What a card carrying two streams costs beyond its bytes: in an R x C matrix with R > 1 every card
+    serves its row partner and its column partner; a segment's column step waits for its row
+    reduce-scatter, queued on the partner's card behind the other segments' row messages, so at the phase
+    changes the cards wait on one another. Priced as one phase of the largest segment on the card,
+    segment / C * b (on the testbed the 2 x 2 matrix is 21 / 16 / 21 ms slower than the ring of four at
+    1 / 4 / 16 MiB, bench/allreduce_ab.py; this gives 12 / 17 / 22 ms). The ring of nodes has one stream."""
+    rows, cols = shape
+    return segment / cols * b if rows > 1 else 0.0
 
 
 def hierarchical(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
@@ -231,22 +242,24 @@ def _leader_design(size: float, nodes: int, per_node: int, c: LinkCosts, shape: 
     """Leader design, streamed in segments s_k: each segment goes through the gather to the leader
     (_gather), the leaders' R x C matrix on the leader's card, bandwidth part of _matrix(s_k, R, C, 0,
     b_e(1)), and the send back (_gather), in a flow shop (_flow_shop); plus the matrix's step fixed costs
-    once, _matrix(0, R, C, a_e, 0) (the other segments' transfers hide them). One segment gives
-    2 (L - 1) (a_p + S b_i) + _matrix(S, R, C, a_e, b_e(1)). With hierarchical_alpha, a_p = a_e = it."""
+    once, _matrix(0, R, C, a_e, 0) (the other segments' transfers hide them), and the stall of two streams
+    per card when R > 1 (_two_streams). One segment in the ring of nodes gives
+    2 (L - 1) (a_p + S b_i) + _matrix(S, 1, N, a_e, b_e(1)). With hierarchical_alpha, a_p = a_e = it."""
     rows, cols = shape
     b_e = c.inter_beta_shared(1)
     a_e, a_p = (c.inter_alpha, c.p2p_alpha) if c.hierarchical_alpha is None else (c.hierarchical_alpha,) * 2
+    segs = _segments(size, c)
     stages = [[_gather(s, per_node, c, a_p), _matrix(s, rows, cols, 0.0, b_e), _gather(s, per_node, c, a_p)]
-              for s in _segments(size, c)]
-    return _matrix(0.0, rows, cols, a_e, 0.0) + _flow_shop(stages)
+              for s in segs]
+    return _matrix(0.0, rows, cols, a_e, 0.0) + _flow_shop(stages) + _two_streams(max(segs), shape, b_e)
 
 
 def _rs_form(size: float, nodes: int, per_node: int, c: LinkCosts, shape: tuple[int, int]) -> float:
     """Reduce-scatter form, streamed in segments s_k: intra ring reduce-scatter (L - 1)(a_p + s_k / L b_i),
     L concurrent matrices of s_k / L sharing the card, bandwidth part of _matrix(s_k / L, R, C, 0, b_e(L)),
     intra ring all-gather like the reduce-scatter, in a flow shop; plus the matrix's step fixed costs
-    once. a_p is the per-step cost of a point-to-point intra step (intra_p2p_alpha, default intra_alpha);
-    with rs_alpha, a_p = a_e = it."""
+    once and, when R > 1, _two_streams of the largest s_k / L. a_p is the per-step cost of a point-to-point
+    intra step (intra_p2p_alpha, default intra_alpha); with rs_alpha, a_p = a_e = it."""
     rows, cols = shape
     b_e = c.inter_beta_shared(per_node)
     a_e, a_p = (c.inter_alpha, c.p2p_alpha) if c.rs_alpha is None else (c.rs_alpha,) * 2
@@ -254,8 +267,9 @@ def _rs_form(size: float, nodes: int, per_node: int, c: LinkCosts, shape: tuple[
     def intra(s: float) -> float:  # a ring reduce-scatter (or all-gather) of s inside the node
         return (per_node - 1) * (a_p + s / per_node * c.intra_beta) if per_node > 1 else 0.0
 
-    stages = [[intra(s), _matrix(s / per_node, rows, cols, 0.0, b_e), intra(s)] for s in _segments(size, c)]
-    return _matrix(0.0, rows, cols, a_e, 0.0) + _flow_shop(stages)
+    segs = _segments(size, c)
+    stages = [[intra(s), _matrix(s / per_node, rows, cols, 0.0, b_e), intra(s)] for s in segs]
+    return _matrix(0.0, rows, cols, a_e, 0.0) + _flow_shop(stages) + _two_streams(max(segs) / per_node, shape, b_e)
 
 
 _FORMULAS = {"ring": ring, "gloo": gloo, "tree": tree, "matrix2d": matrix2d, "hierarchical": hierarchical,
