@@ -21,7 +21,8 @@ from gearshift.sim.collectives import LinkCosts
 
 MIB = 1 << 20
 BYTES_OVER_STEP = 5  # a slope is taken where bytes are at least ~80% of an exchange's time
-SLOPE_BUDGET_S = 0.5  # seconds of samples per slope (at least 3 samples of each size)
+SLOPE_BUDGET_S = 1.5  # seconds of samples per slope (at least 3 of each size): on a 200 Mbit/s link that is
+# 11 pairs of 1 and 2 MiB; with 3 (0.5 s) one job's calibrations read 13-24 MB/s for a 23.6 MB/s link
 MAX_SLOPE_SAMPLES = 15
 
 
