@@ -4,10 +4,12 @@ Segment k's step j + 1 is posted the moment its step j completes, while the othe
 are still queued on the link, so the link never idles for a step's wake-up and hand-shake (gloo sends a
 message only once the receiver has posted for it). Where it is safe, step j + 1's receive is posted
 already with step j: a reduce lands in a scratch slot of its own, a shared-memory step receives only an
-offset; so a sender does not wait for its receiver to wake up and post (4-64 KiB: 3-18% faster on
-the testbed, bench/allreduce_ab.py). Each (segment, step) has its own tag, so messages on one
-connection cannot be matched to the wrong receive whatever order the segments progress in. A step
-waits only for what it receives: sends finish in the background until memory they read is written.
+offset; so a sender does not wait for its receiver to wake up and post (on the 2-core testbed the
+gain at 4-64 KiB is within the noise of process wake-ups: 3-18% in one run of bench/allreduce_ab.py,
+none in later ones; it should show where a rank has a core of its own). Each (segment, step) has its
+own tag, so messages on one connection cannot be matched to the wrong receive whatever order the
+segments progress in. A step waits only for what it receives: sends finish in the background until
+memory they read is written.
 """
 
 from __future__ import annotations
