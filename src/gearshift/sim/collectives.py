@@ -218,8 +218,9 @@ def _two_streams(segment: float, shape: tuple[int, int], b: float) -> float:
     serves its row partner and its column partner; a segment's column step waits for its row
     reduce-scatter, queued on the partner's card behind the other segments' row messages, so at the phase
     changes the cards wait on one another. Priced as one phase of the largest segment on the card,
-    segment / C * b (on the testbed the 2 x 2 matrix is 21 / 16 / 21 ms slower than the ring of four at
-    1 / 4 / 16 MiB, bench/allreduce_ab.py; this gives 12 / 17 / 22 ms). The ring of nodes has one stream."""
+    segment / C * b (on the testbed the 2 x 2 matrix is 4-21 / 8-19 / 15-46 ms slower than the ring of
+    four at 1 / 4 / 16 MiB in four runs of bench/allreduce_ab.py, three at 16 MiB; this gives 13 / 17 /
+    28 ms). The ring of nodes has one stream per card."""
     rows, cols = shape
     return segment / cols * b if rows > 1 else 0.0
 
