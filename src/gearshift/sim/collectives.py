@@ -198,9 +198,9 @@ def node_matrix(algorithm: str, size_bytes: float, ranks_per_node: list[int] | t
     when its price is within AUTO_MARGIN of the best shape's, else the near-square matrix. Both move the
     same bytes through each card; the square saves steps (what wins on small messages and at scale),
     the ring keeps one stream per card, where the matrix's row and column streams share the card and
-    wait on one another at phase changes (_two_streams prices that; on the testbed the ring is 2-22%
-    faster at 1-16 MiB, bench/allreduce_ab.py). Ties go to the ring: the margin covers what the model
-    still misses. Same answer on every rank; comm.programs runs it."""
+    wait on one another at phase changes (_two_streams prices that; bench/allreduce_ab.py times both
+    shapes). Ties go to the ring: the margin covers what the model still misses. Same answer on every
+    rank; comm.programs runs it."""
     nodes, per_node, uniform = _shape(ranks_per_node)
     price = _rs_form if algorithm == "hierarchical_rs" and uniform else _leader_design
     return _priced_matrix(price, float(size_bytes), nodes, per_node, costs or LinkCosts())[1]
