@@ -47,12 +47,13 @@ def worker(args: argparse.Namespace) -> None:
     costs = measure_link_costs(groups)  # the package's own calibration, as training's `auto` uses
     # warm-ups: two on loopback (shared-memory staging alternates between two regions, whose pages fault
     # in once); on loopback at least 3 calls per sample and 5 samples, as 4-8 processes on 2 cores make
-    # single calls vary by 2x; on the testbed 7 samples where calls are step-bound and cheap (to 1 MiB), 3
-    # above (a 64 MiB call takes 5 s)
+    # single calls vary by 2x; on the testbed 7 samples where calls are step-bound and cheap (to 1 MiB), 5
+    # to 16 MiB (a single call there moves by 2-4% between samples), 3 above (a 64 MiB call takes 5 s)
     sizes = [int(s) for s in args.sizes.split(",")]
     rows = []
-    small, large = [s for s in sizes if s <= MIB], [s for s in sizes if s > MIB]
-    for part, reps in ((small, 7 if shaped else 5), (large, 3 if shaped else 5)):
+    parts = [([s for s in sizes if s <= MIB], 7 if shaped else 5), ([s for s in sizes if MIB < s <= 16 * MIB], 5),
+             ([s for s in sizes if s > 16 * MIB], 3 if shaped else 5)]
+    for part, reps in parts:
         rows += time_algorithms(groups, part, costs, tuple(ALGOS), reps=reps, warmups=1 if shaped else 2,
                                 min_iters=1 if shaped else 3, budget_s=0.5 if shaped else 0.25)
     timeline = _timeline(int(args.trace), groups, costs, rows) if args.trace else None
