@@ -3,6 +3,7 @@ leaves nothing; rate parsing and the non-root fallback need no privileges."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -27,6 +28,12 @@ while True:
 print(n, time.perf_counter() - t0)
 """
 CLIENT = "import socket, sys; s = socket.create_connection((sys.argv[1], 5599)); s.sendall(b'x' * (4 << 20))"
+TINY = """
+import socket, sys, time
+s = socket.create_connection((sys.argv[1], 5599)); s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+for _ in range(50):
+    s.send(b"12345678"); time.sleep(0.002)
+"""
 
 
 def test_parse_rate() -> None:
@@ -80,6 +87,18 @@ def test_up_shapes_and_down_cleans() -> None:
         rate = int(nbytes) * 8 / float(secs)
         assert int(nbytes) == 4 << 20
         assert 0.6 * 80e6 < rate < 1.1 * 80e6, f"measured {rate / 1e6:.1f} Mbit/s against an 80 Mbit/s cap"
+        # only payload-free segments (ACKs) take the priority class: tiny data stays in its flow's order
+        srv = tb.popen(1, [sys.executable, "-c", SERVER, tb.address(1)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert srv.stdout.readline().strip() == "ready"
+            subprocess.run(tb.command(0, [sys.executable, "-c", TINY, tb.address(1)]), check=True, timeout=30)
+            assert srv.communicate(timeout=30)[0].split()[0] == "400"
+        finally:
+            srv.kill()
+        classes = subprocess.run(tb.command(0, ["tc", "-s", "class", "show", "dev", "gt-eth"]), capture_output=True,
+                                 text=True).stdout
+        packets = {m[0]: int(m[1]) for m in re.findall(r"class htb (1:\d+) .*?\n Sent \d+ bytes (\d+) pkt", classes)}
+        assert packets["1:20"] > 50 and packets["1:10"] < 10, packets  # the 50 tiny sends went with the bulk
     time.sleep(0.2)
     st = status(PREFIX)
     assert not st["namespaces"] and not st["links"] and st["config"] is None
