@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 import gearshift.sim.collectives as coll
 from gearshift.cluster.topology import Topology
-from gearshift.comm import CommGroups, GradientSync, all_reduce, sender, shm
+from gearshift.comm import CommGroups, GradientSync, all_reduce, sender
 from gearshift.comm.launch import spawn
 from gearshift.comm.steps import chunk_bounds
 
@@ -92,7 +92,6 @@ def _train(rank: int, algo: str, groups: CommGroups | None) -> list[float]:
 def _worker(rank: int, world: int, layouts: list, train: bool) -> list[str]:
     coll.segment_bytes = lambda c: 2048  # exercise the segmented (streamed) path with small tensors
     coll.FIRST_SEGMENT_BYTES = 512
-    shm.MIN_BYTES = 0  # and shared memory inside nodes for every message
     sender.MIN_BYTES = 0  # even worlds send every message from the sender thread, odd ones inline
     os.environ["GEARSHIFT_SEND_THREAD"] = str(1 - world % 2)
     bad = []
@@ -136,8 +135,7 @@ def test_matches_dist_all_reduce(world: int) -> None:
 
 def test_world_of_one_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GEARSHIFT_SEND_THREAD", "0")
-    for mod, name in ((coll, "segment_bytes"), (coll, "FIRST_SEGMENT_BYTES"), (shm, "MIN_BYTES"),
-                      (sender, "MIN_BYTES")):
+    for mod, name in ((coll, "segment_bytes"), (coll, "FIRST_SEGMENT_BYTES"), (sender, "MIN_BYTES")):
         monkeypatch.setattr(mod, name, getattr(mod, name))  # _worker changes them: restore afterwards
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:

@@ -1,10 +1,11 @@
 """Shared-memory transport between the ranks of one node, for comm.stream.
 
-Each rank stages what it sends to a node peer in its own memfd-backed arena; the message that crosses
-gloo is only (offset, bytes), and the receiver reads (or adds) the payload straight from the sender's
-arena, opened through /proc/<pid>/fd. That is one copy instead of TCP's two plus a syscall per packet,
-and the leader design's node phases stop competing with the inter-node sockets for the CPU. memfds
-vanish with their last process, so a crash leaves nothing behind in /dev/shm.
+Each rank stages what it sends to a node peer in its own memfd-backed arena and rings the peer's
+doorbell (comm.doorbell: the offset in a shared-memory mailbox and a futex wake-up, no gloo message);
+the receiver reads (or adds) the payload straight from the sender's arena, opened through
+/proc/<pid>/fd. That is one copy instead of TCP's two plus a syscall per packet, and the leader design's
+node phases stop competing with the inter-node sockets for the CPU. memfds vanish with their last
+process, so a crash leaves nothing behind in /dev/shm.
 
 Reuse rule: a call's staging never overlaps the previous call's (next_region), because a peer may still
 be reading it. A rank cannot be two calls ahead of a local peer it sends to in any all-reduce (finishing
@@ -16,15 +17,19 @@ from __future__ import annotations
 
 import mmap
 import os
+import platform
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
+from gearshift.comm import doorbell
+from gearshift.comm.doorbell import Doorbells
+
 ALIGN = 64
 MIN_CAPACITY = 1 << 20
-MIN_BYTES = 64 << 10  # smaller messages go over gloo: staging plus an offset message cost more there
 
 
 def align(n: int) -> int:
@@ -81,10 +86,11 @@ class ShmTransport:
     fd: int
     mm: mmap.mmap
     arena: torch.Tensor  # uint8 view of mm
+    bells: Doorbells
+    index: dict[int, int]  # node peer's rank -> its place in the node (its box in a doorbell memfd)
     peers: dict[int, list] = field(default_factory=dict)  # rank -> [fd, mmap, uint8 view]
     region: tuple[int, int] = (0, 0)
     cursor: int = 0
-    min_bytes: int = field(default_factory=lambda: MIN_BYTES)  # smaller messages go over gloo
 
     @classmethod
     def create(cls, node_ranks: list[int], node_group, rank: int) -> ShmTransport | None:
@@ -92,19 +98,22 @@ class ShmTransport:
         when the node has one rank or any rank of it cannot open a peer's arena (e.g. separate /proc)."""
         if len(node_ranks) < 2:
             return None
-        me, err = None, ""
+        me, err = None, "" if doorbell.available() else f"no futex for {sys.platform}/{platform.machine()}"
         try:
+            if err:
+                raise OSError(err)
             fd = os.memfd_create(f"gearshift-comm-{rank}", os.MFD_CLOEXEC)
             os.ftruncate(fd, MIN_CAPACITY)
             mm, arena = _map(fd)
             arena[:8].view(torch.int64)[0] = rank  # a token peers check
-            me = cls(rank, fd, mm, arena)
+            index = {r: i for i, r in enumerate(node_ranks)}
+            me = cls(rank, fd, mm, arena, Doorbells(len(node_ranks), index[rank], f"gearshift-bell-{rank}"), index)
         except (OSError, AttributeError) as e:  # AttributeError: no memfd_create on this OS
             err = str(e)
         box: list = [None] * len(node_ranks)
-        dist.all_gather_object(box, (os.getpid(), me.fd if me else -1), group=node_group)
+        dist.all_gather_object(box, (os.getpid(), me.fd if me else -1, me.bells.fd if me else -1), group=node_group)
         ok = me is not None
-        for peer, (pid, pfd) in zip(node_ranks, box):
+        for peer, (pid, pfd, bfd) in zip(node_ranks, box):
             if peer == rank or not ok:
                 continue
             try:
@@ -112,6 +121,7 @@ class ShmTransport:
                 mm_p, view = _map(fd_p)
                 ok = int(view[:8].view(torch.int64)[0]) == peer
                 me.peers[peer] = [fd_p, mm_p, view]
+                me.bells.open_peer(me.index[peer], pid, bfd)
             except (OSError, ValueError) as e:
                 ok, err = False, str(e)
         flag = torch.tensor([int(ok)])
@@ -123,6 +133,18 @@ class ShmTransport:
                 print(f"gearshift.comm: shared memory inside the node is unavailable ({err}); using TCP", flush=True)
             return None
         return me
+
+    def next_call(self, peers: set[int]) -> None:
+        """Start a call that exchanges messages with these node peers (ranks); each of them does likewise."""
+        self.bells.next_call(self.index[p] for p in peers)
+
+    def notify(self, peer: int, tag: int, offset: int) -> None:
+        """Tell peer that its message `tag` of this call is staged at offset."""
+        self.bells.send(self.index[peer], tag, offset)
+
+    def wait(self, peer: int, tag: int) -> int:
+        """The offset of peer's message `tag` of this call, once it has been staged."""
+        return self.bells.recv(self.index[peer], tag)
 
     def begin(self, nbytes: int) -> None:
         """Reserve this call's staging (all bytes this rank will send to node peers), growing the arena."""
@@ -155,6 +177,7 @@ class ShmTransport:
         for fd_p, *_ in self.peers.values():
             os.close(fd_p)
         self.peers.clear()
+        self.bells.close()
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1

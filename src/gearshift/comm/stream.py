@@ -3,13 +3,13 @@
 Segment k's step j + 1 is posted the moment its step j completes, while the other segments' transfers
 are still queued on the link, so the link never idles for a step's wake-up and hand-shake (gloo sends a
 message only once the receiver has posted for it). Where it is safe, step j + 1's receive is posted
-already with step j: a reduce lands in a scratch slot of its own, a shared-memory step receives only an
-offset; so a sender does not wait for its receiver to wake up and post (on the 2-core testbed the
-gain at 4-64 KiB is within the noise of process wake-ups: 3-18% in one run of bench/allreduce_ab.py,
-none in later ones; it should show where a rank has a core of its own). Each (segment, step) has its
-own tag, so messages on one connection cannot be matched to the wrong receive whatever order the
-segments progress in. A step waits only for what it receives: sends finish in the background until
-memory they read is written.
+already with step j: a reduce lands in a scratch slot of its own; so a sender does not wait for its
+receiver to wake up and post (on the 2-core testbed the gain at 4-64 KiB is within the noise of process
+wake-ups: 3-18% in one run of bench/allreduce_ab.py, none in later ones; it should show where a rank has
+a core of its own). Shared-memory steps need no posting: the sender rings a doorbell (comm.doorbell).
+Each (segment, step) has its own tag, so messages on one connection cannot be matched to the wrong
+receive whatever order the segments progress in. A step waits only for what it receives: sends finish
+in the background until memory they read is written.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def run_segments(programs: list[list[Step]], groups: CommGroups | None = None, t
     With groups, messages between nodes go to a higher rank over the default group and to a lower rank
     over groups.down (a second group of the ranks), so each TCP connection carries one direction: gloo
     serialises a two-way exchange on one socket. Messages inside this node go through groups.shm (shared
-    memory; gloo carries only the offset, over groups.node_group) or, without it, over groups.node_group:
+    memory; the offset goes through a doorbell, comm.doorbell) or, without it, over groups.node_group:
     another gloo context with its own I/O thread, so bursts on loopback do not hold up inter-node sockets.
     Where the machine has a core to spare per rank (groups.send_thread), large gloo sends are issued from
     comm.sender's thread, which copies them into the socket while this one reduces."""
@@ -65,14 +65,15 @@ class _Run:
         self.shm = groups.shm if groups is not None else None
         # which steps stage their bytes in shared memory (once per view), and where each staged copy went
         self.plan, staged_bytes = staging_plan(programs, self.via_shm)
+        if self.shm is not None:
+            self.shm.next_call(self.shm_peers())
         if staged_bytes:
             self.shm.begin(staged_bytes)
         self.staged: dict[tuple[int, int], int] = {}
         self.pending: dict[int, tuple] = {}  # segment -> its current step's receive works, buffer, posted time
         # segment k's gloo sends as (first byte, end, work), until memory they read is written (settle);
-        # shared-memory sends are copies already, so only their offset messages are kept alive to the end
+        # shared-memory sends are copies already
         self.sending: list[list[tuple[int, int, object]]] = [[] for _ in programs]
-        self.signals: list[tuple[object, torch.Tensor]] = []
         # segment k's reduce steps over gloo receive into its own slice of one reused buffer, two slots
         # of it so that step j + 1's receive can be posted while step j's is still pending
         self.sizes = [max((st.recv.numel() for st in prog if st.reduce and not self.via_shm(st.src, st.recv)),
@@ -84,8 +85,13 @@ class _Run:
 
     def via_shm(self, peer: int, t: torch.Tensor) -> bool:
         """Whether the message t to or from peer goes through shared memory (both ends decide alike)."""
-        return (self.shm is not None and peer in self.local and peer != self.me
-                and t.numel() * t.element_size() >= self.shm.min_bytes)
+        return self.shm is not None and peer in self.local and peer != self.me and t.numel() > 0
+
+    def shm_peers(self) -> set[int]:
+        """The node peers this call exchanges shared-memory messages with (both ends find each other)."""
+        steps = [st for prog in self.programs for st in prog]
+        return ({st.dst for st in steps if self.via_shm(st.dst, st.send)}
+                | {st.src for st in steps if self.via_shm(st.src, st.recv)})
 
     def group(self, peer: int, downward: bool):
         """The group carrying a message to or from peer; downward: it goes to the lower of the two ranks."""
@@ -105,7 +111,7 @@ class _Run:
                     self.complete(k, j)
                     if j + 1 < len(prog):
                         self.post(k, j + 1)
-        for work in [w for seg in self.sending for *_, w in seg] + [w for w, _ in self.signals]:
+        for work in [w for seg in self.sending for *_, w in seg]:
             work.wait()
 
     def post(self, k: int, j: int) -> None:
@@ -120,23 +126,23 @@ class _Run:
             else:
                 if self.plan[k][j] == j:
                     self.staged[(k, j)] = self.shm.stage(st.send)
-                offset = torch.tensor([self.staged[(k, self.plan[k][j])]], dtype=torch.int64)
-                self.signals.append((dist.isend(offset, st.dst, group=self.groups.node_group, tag=tag), offset))
+                self.shm.notify(st.dst, tag, self.staged[(k, self.plan[k][j])])
         if (k, j) in self.early:
             works, buf = self.early.pop((k, j))
         elif st.recv.numel():
             works, buf = self.post_recv(k, j)
         self.pending[k] = (works, buf, time.perf_counter())
         nxt = self.programs[k][j + 1] if j + 1 < len(self.programs[k]) else None
-        if PREPOST and nxt is not None and nxt.recv.numel() and (nxt.reduce or self.via_shm(nxt.src, nxt.recv)):
+        if PREPOST and nxt is not None and nxt.recv.numel() and nxt.reduce and not self.via_shm(nxt.src, nxt.recv):
             self.early[(k, j + 1)] = self.post_recv(k, j + 1)
 
     def post_recv(self, k: int, j: int) -> tuple[list, torch.Tensor]:
-        """Post step (k, j)'s receive: into a scratch slot (reduce), an offset (shared memory) or its place."""
+        """Post step (k, j)'s receive: into a scratch slot (reduce) or its place; nothing for shared memory
+        (complete() waits for the doorbell)."""
         st = self.programs[k][j]
         if self.via_shm(st.src, st.recv):
-            buf = torch.empty(1, dtype=torch.int64)  # the offset of the payload in the sender's arena
-        elif st.reduce:
+            return [], None
+        if st.reduce:
             start = self.offsets[k] + (j % 2) * self.sizes[k]
             buf = self.space[start:start + st.recv.numel()].view_as(st.recv)
         else:
@@ -150,8 +156,9 @@ class _Run:
         for w in works:
             w.wait()
         if st.recv.numel() and self.via_shm(st.src, st.recv):
+            offset = self.shm.wait(st.src, k * TAG_STRIDE + j)
             self.settle(k, st.recv)
-            payload = self.shm.view(st.src, int(buf[0]), st.recv)
+            payload = self.shm.view(st.src, offset, st.recv)
             st.recv.add_(payload) if st.reduce else st.recv.copy_(payload)
         elif st.reduce and buf is not None:
             self.settle(k, st.recv)
