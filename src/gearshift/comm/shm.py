@@ -95,13 +95,14 @@ class ShmTransport:
     @classmethod
     def create(cls, node_ranks: list[int], node_group, rank: int) -> ShmTransport | None:
         """Collective over the node group: make this rank's arena and open every peer's. None (TCP is used)
-        when the node has one rank or any rank of it cannot open a peer's arena (e.g. separate /proc)."""
+        when the node has one rank, any rank of it cannot open a peer's memfds (e.g. separate /proc), or the
+        platform has no futex doorbells (comm.doorbell.available)."""
         if len(node_ranks) < 2:
             return None
-        me, err = None, "" if doorbell.available() else f"no futex for {sys.platform}/{platform.machine()}"
+        me, err = None, ""
         try:
-            if err:
-                raise OSError(err)
+            if not doorbell.available():
+                raise OSError(f"no futex doorbells on {sys.platform}/{platform.machine()}")
             fd = os.memfd_create(f"gearshift-comm-{rank}", os.MFD_CLOEXEC)
             os.ftruncate(fd, MIN_CAPACITY)
             mm, arena = _map(fd)
