@@ -12,7 +12,9 @@ from gearshift.sim.collectives import (
     AUTO_MARGIN,
     MAX_SEGMENTS,
     RUNNABLE,
+    SMALL_SEGMENTS,
     LinkCosts,
+    _exposed,
     _flow_shop,
     _gather,
     _leader_design,
@@ -20,6 +22,7 @@ from gearshift.sim.collectives import (
     _rs_form,
     busbw,
     choose,
+    hiding_bytes,
     node_matrix,
     predict,
     segment_bounds,
@@ -30,8 +33,9 @@ FLAT = LinkCosts(intra_alpha=1e-5, intra_beta=1e-9, inter_alpha=1e-5, inter_beta
 
 
 def test_ring_formula() -> None:
-    # 2 (n - 1) (a + S / n b) with n = 8
-    assert predict("ring", 8e6, (4, 2), FLAT) == pytest.approx(14 * (1e-5 + 1e6 * 1e-9))
+    # one segment: 2 (n - 1) (a + S / n b) with n = 8; streamed in 16, the transfers hide the step costs
+    assert predict("ring", 8e4, (4, 2), FLAT) == pytest.approx(14 * (1e-5 + 1e4 * 1e-9))
+    assert predict("ring", 8e6, (4, 2), FLAT) == pytest.approx(14 * 1e6 * 1e-9)
     assert predict("ring", 0, (4, 2), FLAT) == 0.0
     assert predict("ring", 1e6, (1, 1), FLAT) == 0.0
 
@@ -108,7 +112,7 @@ def test_the_square_pays_one_phase_of_its_largest_segment() -> None:
     """_two_streams: the ring of nodes has one stream per card; an R x C matrix with R > 1 pays one row
     phase of its largest segment on the card."""
     one = LinkCosts(intra_alpha=0.0, intra_beta=0.0, inter_alpha=0.0, inter_beta=1e-8)  # bytes only, no steps
-    size = 1 << 16  # one segment
+    size = 16 << 10  # one segment
     assert _leader_design(size, 4, 1, one, (1, 4)) == pytest.approx(1.5 * size * 1e-8)
     assert _leader_design(size, 4, 1, one, (2, 2)) == pytest.approx(1.5 * size * 1e-8 + size / 2 * 1e-8)
 
@@ -116,7 +120,10 @@ def test_the_square_pays_one_phase_of_its_largest_segment() -> None:
 def test_node_matrix_keeps_the_square_at_scale_and_for_tiny_messages() -> None:
     dc = LinkCosts(intra_alpha=5e-6, intra_beta=1 / 150e9, inter_alpha=10e-6, inter_beta=1 / 12.5e9,
                    nic_bandwidth=4 * 12.5e9)
-    assert node_matrix("hierarchical", 256 << 20, (512, 8), dc) == matrix_shape(512)  # 1022 ring steps cost
+    # 512 nodes: 1022 ring steps take 10 ms, against 2.7 ms of bytes at 16 MiB; at 256 MiB the segments' 43 ms
+    # of bytes hide them (_exposed) and both shapes cost the same
+    assert node_matrix("hierarchical", 16 << 20, (512, 8), dc) == matrix_shape(512)
+    assert node_matrix("hierarchical", 256 << 20, (512, 8), dc) == (1, 512)
     assert node_matrix("hierarchical", 256 << 20, (16, 8), dc) == (1, 16)  # 30 steps hide behind 32 ms of bytes
     assert node_matrix("hierarchical", 4, (16, 8), dc) == matrix_shape(16)
     assert node_matrix("hierarchical", 64 << 20, (7, 2), TESTBED) == (1, 7)  # prime: the only shape
@@ -144,16 +151,43 @@ def test_segments_cover_the_message_in_order(numel: int, itemsize: int) -> None:
     b = segment_bounds(numel, itemsize, slow)
     assert b[0][0] == 0 and b[-1][1] == numel and len(b) <= MAX_SEGMENTS
     assert all(x[1] == y[0] and x[0] <= x[1] for x, y in zip(b, b[1:]))
-    if numel * itemsize <= segment_bytes(slow):
-        assert len(b) == 1
+    if numel * itemsize <= segment_bytes(slow):  # a few equal segments
+        assert len(b) <= SMALL_SEGMENTS and max(e - s for s, e in b) - min(e - s for s, e in b) <= 1
     else:  # a small first segment starts the pipeline; the rest are about the target size or larger
         assert (b[0][1] - b[0][0]) * itemsize == 64 << 10
         assert len(b) > 1
 
 
-def test_fast_links_are_not_segmented() -> None:
-    loopback = LinkCosts(inter_alpha=1e-3, inter_beta=1 / 2e9)  # 16 steps of 1 ms hide 32 MB
-    assert len(segment_bounds(4 << 20, 4, loopback)) == 1
+def test_small_messages_split_where_a_segment_hides_a_step() -> None:
+    """Up to segment_bytes, about one segment per step's worth of link time (here 25 KB), at most four."""
+    slow = LinkCosts(inter_alpha=1e-3, inter_beta=1 / 25e6)
+    assert hiding_bytes(slow) == pytest.approx(25e3)
+    assert [len(segment_bounds(size // 4, 4, slow)) for size in (4 << 10, 16 << 10, 64 << 10, 256 << 10)] == \
+        [1, 1, 3, 4]
+
+
+def test_segments_in_flight_hide_step_costs() -> None:
+    assert _exposed(6, 1e-3, 6e-3, 1) == pytest.approx(6e-3)  # one segment: every step's cost shows
+    assert _exposed(6, 1e-3, 6e-3, 2) == pytest.approx(3e-3)  # the other segment's half covers half of it
+    assert _exposed(6, 1e-3, 60e-3, 4) == 0.0  # transfers much longer than the step costs hide them all
+    assert _exposed(0, 1e-3, 1.0, 4) == 0.0
+
+
+def test_gloo_keeps_two_segments_in_flight() -> None:
+    """gloo's ring: 2 (n - 1) rounds of max(a + t, 2 t), t = S / 2n b (two segments per chunk)."""
+    c = LinkCosts(inter_alpha=1e-3, inter_beta=1 / 25e6, gloo_alpha=1e-3)
+    t = (256 << 10) / 16 / 25e6  # 0.66 ms: a + t > 2 t, the step cost shows
+    assert predict("gloo", 256 << 10, (4, 2), c) == pytest.approx(14 * (1e-3 + t))
+    t = (4 << 20) / 16 / 25e6  # 10.5 ms: the link is the bound
+    assert predict("gloo", 4 << 20, (4, 2), c) == pytest.approx(14 * 2 * t)
+
+
+def test_fast_links_do_not_split_small_messages() -> None:
+    """A step's worth of loopback is 2 MB, more than MIN_SEGMENT_BYTES: no idle wire to hide steps behind."""
+    loopback = LinkCosts(inter_alpha=1e-3, inter_beta=1 / 2e9)
+    assert len(segment_bounds(4 << 20, 4, loopback)) == 1  # 16 MiB, under segment_bytes (32 MB)
+    slow = LinkCosts(inter_alpha=1e-3, inter_beta=1 / 25e6)
+    assert len(segment_bounds(64 << 10, 4, slow)) == 4 and len(segment_bounds(64 << 10, 4, slow, False)) == 1
 
 
 def test_flow_shop() -> None:
@@ -165,8 +199,8 @@ def test_flow_shop() -> None:
 
 def test_one_segment_is_the_closed_form() -> None:
     c = LinkCosts(intra_alpha=1e-4, intra_beta=1e-9, inter_alpha=1e-3, inter_beta=4e-8)
-    size, rows_cols = 64 << 10, matrix_shape(4)
-    assert size <= segment_bytes(c)
+    size, rows_cols = 16 << 10, matrix_shape(4)
+    assert len(segment_bounds(size, 1, c)) == 1
     want = 2 * _gather(size, 2, c) + _matrix(size, *rows_cols, c.inter_alpha, c.inter_beta)
     stall = size / rows_cols[1] * c.inter_beta  # the square's two streams per card (_two_streams)
     assert node_matrix("hierarchical", size, (4, 2), c) == rows_cols
@@ -219,8 +253,8 @@ def test_flat_rings_use_the_rate_measured_for_their_pattern() -> None:
     size = 64 << 20
     assert predict("gloo", size, (4, 2), flat) == pytest.approx(2 * 7 * size / 8 * 2 / 25e6)
     assert predict("gloo", size, (4, 2), base) == pytest.approx(2 * 7 * size / 8 / 25e6)
-    assert predict("ring", size, (4, 2), flat) - predict("ring", 0.5, (4, 2), flat) == pytest.approx(
-        2 * 7 * size / 8 * 2 / 25e6, rel=1e-6)
+    # our ring streams 16 segments: their transfers hide every step's fixed cost
+    assert predict("ring", size, (4, 2), flat) == pytest.approx(2 * 7 * size / 8 * 2 / 25e6, rel=1e-6)
     assert predict("hierarchical", size, (4, 2), flat) == predict("hierarchical", size, (4, 2), base)
 
 

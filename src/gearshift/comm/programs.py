@@ -21,10 +21,10 @@ from gearshift.comm.steps import (
 from gearshift.sim.collectives import LinkCosts, node_matrix, segment_bounds
 
 
-def segments(flat: torch.Tensor, costs: LinkCosts | None) -> list[tuple[int, int]]:
+def segments(flat: torch.Tensor, costs: LinkCosts | None, split_small: bool = True) -> list[tuple[int, int]]:
     """Segment bounds, the same on every rank: sim.collectives.segment_bounds, so the cost model prices
-    exactly what runs."""
-    return segment_bounds(flat.numel(), flat.element_size(), costs)
+    exactly what runs (small messages split for the hierarchical forms only)."""
+    return segment_bounds(flat.numel(), flat.element_size(), costs, split_small)
 
 
 def matrix_for(algorithm: str, size_bytes: int, topology: Topology, costs: LinkCosts | None) -> tuple[int, int]:
@@ -56,7 +56,7 @@ def build(algorithm: str, flat: torch.Tensor, topology: Topology, rank: int,
 
 def _build(algorithm: str, flat: torch.Tensor, topology: Topology, rank: int,
            costs: LinkCosts | None) -> list[list[Step]]:
-    segs = [flat[s:e] for s, e in segments(flat, costs)]
+    segs = [flat[s:e] for s, e in segments(flat, costs, split_small=algorithm != "ring")]
     if algorithm == "ring":
         ranks = list(range(topology.world_size))
         return [ring_all_reduce(seg, ranks, rank) for seg in segs]

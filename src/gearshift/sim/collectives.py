@@ -8,7 +8,9 @@ The flat rings (gloo's and ours) use b_f = flat_beta where it was measured for t
 rank sending to its successor at once: the card or, where ranks share cores, the CPU), else b_e(1).
 The node matrix is the near-square R x C (cluster.topology.matrix_shape) or the ring of nodes 1 x N,
 whichever is priced lower, ties to the ring (node_matrix). Our algorithms run in segments
-(segment_bounds, shared with gearshift.comm), priced as a pipeline of per-segment stages (_flow_shop).
+(segment_bounds, shared with gearshift.comm), priced as a pipeline of per-segment stages (_flow_shop) plus
+the step fixed costs the segments in flight leave exposed (_exposed): for k segments whose link transfers
+take W over s steps of fixed cost a, max(s a + W / k, W): one segment's path, or the link's total.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ MAX_SEGMENTS = 16
 AUTO_MARGIN = 0.05  # choose(): predictions closer than this are a tie (the model's error at >= 1 MiB)
 FIRST_SEGMENT_BYTES = 64 << 10
 MIN_SEGMENT_BYTES = 256 << 10
+SMALL_SEGMENTS = 4  # at most this many segments for a message up to segment_bytes (measured: 2 and 4)
+MIN_SMALL_SEGMENT_BYTES = 16 << 10  # smaller segments cost more in messages than they hide
 
 
 @dataclass(frozen=True)
@@ -87,14 +91,32 @@ def segment_bytes(c: LinkCosts) -> float:
     return max(MIN_SEGMENT_BYTES, 16 * c.inter_alpha / c.inter_beta_shared(1))
 
 
-def segment_bounds(numel: int, itemsize: int, c: LinkCosts | None = None) -> list[tuple[int, int]]:
-    """How comm streams a message of numel items: segments doubling from FIRST_SEGMENT_BYTES (the first
-    one's gather to the node leader is not hidden) up to segment_bytes(c), then equal ones of about that size,
-    at most MAX_SEGMENTS; one segment when the message is no larger. Same on every rank."""
-    target = segment_bytes(c or LinkCosts())
-    total = numel * itemsize
+def hiding_bytes(c: LinkCosts) -> float:
+    """Segment size whose transfer over an inter-node link takes one step's fixed cost: from two such
+    segments in flight on, one segment's transfers hide the other's step costs (_exposed)."""
+    return max(MIN_SMALL_SEGMENT_BYTES, c.inter_alpha / c.inter_beta_shared(1))
+
+
+def segment_bounds(numel: int, itemsize: int, c: LinkCosts | None = None,
+                   split_small: bool = True) -> list[tuple[int, int]]:
+    """How comm streams a message of numel items. Up to segment_bytes(c), with split_small on a slow link
+    (hiding_bytes(c) under MIN_SEGMENT_BYTES): about one segment per hiding_bytes(c), at most SMALL_SEGMENTS
+    equal ones, else one. Larger: segments doubling from FIRST_SEGMENT_BYTES (the first one's gather to the
+    node leader is not hidden) up to segment_bytes(c), then equal ones of about that size, at most
+    MAX_SEGMENTS. Same on every rank.
+
+    Why small splits only there, and only for the hierarchical forms (bench/allreduce.py, testbed and
+    loopback): each segment adds its own messages, which cost CPU. On the 200 Mbit/s testbed the leader
+    design at 256 KiB took 20.8 ms in four segments against 25.4-25.7 in one, and the reduce-scatter form at
+    64 KiB 8.3 ms in two against 14.7-17.3; but our flat ring, whose 8 ranks all share 2 cores at every
+    step, took 26.1 ms at 64 KiB in two against 12.6-14.4 in one. On loopback the "link" is a CPU copy with
+    no idle wire to hide behind: two to four segments at 4-16 MiB were 7-32% slower."""
+    c = c or LinkCosts()
+    target, total = segment_bytes(c), numel * itemsize
     if total <= target:
-        return [(0, numel)]
+        hide = hiding_bytes(c)
+        k = min(SMALL_SEGMENTS, max(1, round(total / hide))) if split_small and hide < MIN_SEGMENT_BYTES else 1
+        return _equal(0, numel, min(k, max(1, numel)))
     sizes, k = [], max(1, FIRST_SEGMENT_BYTES // itemsize)  # in items from here on
     while k * itemsize < target and sum(sizes) + 2 * k < numel and len(sizes) < MAX_SEGMENTS // 2:
         sizes.append(k)
@@ -103,19 +125,23 @@ def segment_bounds(numel: int, itemsize: int, c: LinkCosts | None = None) -> lis
     for k in sizes:
         bounds.append((pos, pos + k))
         pos += k
-    rest = numel - pos
-    n = min(MAX_SEGMENTS - len(sizes), max(1, math.ceil(rest * itemsize / target)))
-    q, r = divmod(rest, n)
+    n = min(MAX_SEGMENTS - len(sizes), max(1, math.ceil((numel - pos) * itemsize / target)))
+    return bounds + _equal(pos, numel, n)
+
+
+def _equal(start: int, end: int, n: int) -> list[tuple[int, int]]:
+    """[start, end) in n nearly equal consecutive parts (the first ones one item larger)."""
+    q, r = divmod(end - start, n)
+    bounds, pos = [], start
     for i in range(n):
-        k = q + (1 if i < r else 0)
-        bounds.append((pos, pos + k))
-        pos += k
+        bounds.append((pos, pos + q + (1 if i < r else 0)))
+        pos = bounds[-1][1]
     return bounds
 
 
-def _segments(size: float, c: LinkCosts) -> list[float]:
+def _segments(size: float, c: LinkCosts, split_small: bool = True) -> list[float]:
     """Segment sizes in bytes (segment_bounds on a byte array)."""
-    return [float(e - s) for s, e in segment_bounds(int(size), 1, c)]
+    return [float(e - s) for s, e in segment_bounds(int(size), 1, c, split_small)]
 
 
 def _flow_shop(stage_times: list[list[float]]) -> float:
@@ -132,6 +158,16 @@ def _flow_shop(stage_times: list[list[float]]) -> float:
     return done[-1] if done else 0.0
 
 
+def _exposed(steps: float, a: float, transfer: float, k: int) -> float:
+    """Step fixed costs left exposed with k segments in flight (comm.stream posts every segment's next
+    step as soon as its last one completes): each of `steps` steps costs a, less what the other k - 1
+    segments' transfers on the link cover meanwhile (transfer: all segments' link time over the steps):
+    steps * max(0, a - (k - 1) / k * transfer / steps). All of them with one segment."""
+    if steps <= 0:
+        return 0.0
+    return steps * max(0.0, a - (k - 1) / k * transfer / steps)
+
+
 def _flat(nodes: int, c: LinkCosts) -> tuple[float, float]:
     """Step cost and per-byte cost of a ring over all ranks in rank order: the slowest link's (inter-node
     with one flow per card when N > 1; on one node our point-to-point step), or flat_beta where that
@@ -141,24 +177,29 @@ def _flat(nodes: int, c: LinkCosts) -> tuple[float, float]:
 
 
 def ring(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
-    """Flat ring over n ranks in rank order, streamed in segments: the step fixed costs of one segment,
-    2 (n - 1) a, plus every segment's transfers, 2 (n - 1) / n S b (each step has one inter-node hop
-    per node boundary when N > 1, so the slowest link sets each step)."""
+    """Flat ring over n ranks in rank order, streamed in segments: every segment's transfers,
+    2 (n - 1) / n S b, plus the step fixed costs 2 (n - 1) a the other segments' transfers leave exposed
+    (_exposed; each step has one inter-node hop per node boundary when N > 1, so the slowest link sets
+    each step)."""
     n = nodes * per_node
     a, b = _flat(nodes, c)
-    return _ring_ar(0.0, n, a, b) + _ring_ar(size, n, 0.0, b)
+    transfer = _ring_ar(size, n, 0.0, b)
+    return _exposed(_ring_ar(0.0, n, 1.0, 0.0), a, transfer, len(_segments(size, c, False))) + transfer
 
 
 def gloo(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
-    """gloo's own ring all-reduce (what dist.all_reduce runs): 2 (n - 1) steps of S / n, but gloo keeps
-    the next chunk's send and receive posted while it reduces the current one, so a step's fixed cost
-    hides behind its transfer: 2 (n - 1) max(a, S / n * b). Price it with gloo's own per-step alpha."""
+    """gloo's own ring all-reduce (what dist.all_reduce runs; gloo/allreduce.cc): each rank's chunk S / n
+    goes as two segments of S / 2n, with two in flight, so a segment moves one hop every two rounds while
+    the link carries one segment per round. Each of the 2 (n - 1) hops per segment costs the step's fixed
+    cost a plus its transfer t = S / 2n b; the link carries both segments' transfers meanwhile:
+    2 (n - 1) max(a + t, 2 t). Priced with gloo's own per-step alpha."""
     n = nodes * per_node
     if n <= 1:
         return 0.0
     a, b = _flat(nodes, c)
     a = a if c.gloo_alpha is None else c.gloo_alpha
-    return 2 * (n - 1) * max(a, size / n * b)
+    t = size / (2 * n) * b
+    return 2 * (n - 1) * max(a + t, 2 * t)
 
 
 def tree(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
@@ -243,8 +284,8 @@ def _leader_design(size: float, nodes: int, per_node: int, c: LinkCosts, shape: 
     """Leader design, streamed in segments s_k: each segment goes through the gather to the leader
     (_gather), the leaders' R x C matrix on the leader's card, bandwidth part of _matrix(s_k, R, C, 0,
     b_e(1)), and the send back (_gather), in a flow shop (_flow_shop); plus the matrix's step fixed costs
-    once, _matrix(0, R, C, a_e, 0) (the other segments' transfers hide them), and the stall of two streams
-    per card when R > 1 (_two_streams). One segment in the ring of nodes gives
+    _matrix(0, R, C, a_e, 0) less what the other segments' transfers hide (_exposed), and the stall of two
+    streams per card when R > 1 (_two_streams). One segment in the ring of nodes gives
     2 (L - 1) (a_p + S b_i) + _matrix(S, 1, N, a_e, b_e(1)). With hierarchical_alpha, a_p = a_e = it."""
     rows, cols = shape
     b_e = c.inter_beta_shared(1)
@@ -252,15 +293,17 @@ def _leader_design(size: float, nodes: int, per_node: int, c: LinkCosts, shape: 
     segs = _segments(size, c)
     stages = [[_gather(s, per_node, c, a_p), _matrix(s, rows, cols, 0.0, b_e), _gather(s, per_node, c, a_p)]
               for s in segs]
-    return _matrix(0.0, rows, cols, a_e, 0.0) + _flow_shop(stages) + _two_streams(max(segs), shape, b_e)
+    fixed = _exposed(_matrix(0.0, rows, cols, 1.0, 0.0), a_e, sum(st[1] for st in stages), len(segs))
+    return fixed + _flow_shop(stages) + _two_streams(max(segs), shape, b_e)
 
 
 def _rs_form(size: float, nodes: int, per_node: int, c: LinkCosts, shape: tuple[int, int]) -> float:
     """Reduce-scatter form, streamed in segments s_k: intra ring reduce-scatter (L - 1)(a_p + s_k / L b_i),
     L concurrent matrices of s_k / L sharing the card, bandwidth part of _matrix(s_k / L, R, C, 0, b_e(L)),
     intra ring all-gather like the reduce-scatter, in a flow shop; plus the matrix's step fixed costs
-    once and, when R > 1, _two_streams of the largest s_k / L. a_p is the per-step cost of a point-to-point
-    intra step (intra_p2p_alpha, default intra_alpha); with rs_alpha, a_p = a_e = it."""
+    the other segments leave exposed (_exposed) and, when R > 1, _two_streams of the largest s_k / L. a_p is
+    the per-step cost of a point-to-point intra step (intra_p2p_alpha, default intra_alpha); with rs_alpha,
+    a_p = a_e = it."""
     rows, cols = shape
     b_e = c.inter_beta_shared(per_node)
     a_e, a_p = (c.inter_alpha, c.p2p_alpha) if c.rs_alpha is None else (c.rs_alpha,) * 2
@@ -270,7 +313,8 @@ def _rs_form(size: float, nodes: int, per_node: int, c: LinkCosts, shape: tuple[
 
     segs = _segments(size, c)
     stages = [[intra(s), _matrix(s / per_node, rows, cols, 0.0, b_e), intra(s)] for s in segs]
-    return _matrix(0.0, rows, cols, a_e, 0.0) + _flow_shop(stages) + _two_streams(max(segs) / per_node, shape, b_e)
+    fixed = _exposed(_matrix(0.0, rows, cols, 1.0, 0.0), a_e, sum(st[1] for st in stages), len(segs))
+    return fixed + _flow_shop(stages) + _two_streams(max(segs) / per_node, shape, b_e)
 
 
 _FORMULAS = {"ring": ring, "gloo": gloo, "tree": tree, "matrix2d": matrix2d, "hierarchical": hierarchical,
