@@ -116,7 +116,7 @@ def segment_bounds(numel: int, itemsize: int, c: LinkCosts | None = None,
     if total <= target:
         hide = hiding_bytes(c)
         k = min(SMALL_SEGMENTS, max(1, round(total / hide))) if split_small and hide < MIN_SEGMENT_BYTES else 1
-        return _equal(0, numel, min(k, max(1, numel)))
+        return _equal(0, numel, k)
     sizes, k = [], max(1, FIRST_SEGMENT_BYTES // itemsize)  # in items from here on
     while k * itemsize < target and sum(sizes) + 2 * k < numel and len(sizes) < MAX_SEGMENTS // 2:
         sizes.append(k)
@@ -168,6 +168,14 @@ def _exposed(steps: float, a: float, transfer: float, k: int) -> float:
     return steps * max(0.0, a - (k - 1) / k * transfer / steps)
 
 
+def _streamed(stages: list[list[float]], shape: tuple[int, int], a: float) -> float:
+    """A hierarchical form's segments (node stage, matrix transfers, node stage) through the flow shop, plus
+    the matrix's step fixed costs a they leave exposed."""
+    rows, cols = shape
+    return _exposed(_matrix(0.0, rows, cols, 1.0, 0.0), a, sum(st[1] for st in stages), len(stages)) \
+        + _flow_shop(stages)
+
+
 def _flat(nodes: int, c: LinkCosts) -> tuple[float, float]:
     """Step cost and per-byte cost of a ring over all ranks in rank order: the slowest link's (inter-node
     with one flow per card when N > 1; on one node our point-to-point step), or flat_beta where that
@@ -184,7 +192,7 @@ def ring(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
     n = nodes * per_node
     a, b = _flat(nodes, c)
     transfer = _ring_ar(size, n, 0.0, b)
-    return _exposed(_ring_ar(0.0, n, 1.0, 0.0), a, transfer, len(_segments(size, c, False))) + transfer
+    return _exposed(_ring_ar(0.0, n, 1.0, 0.0), a, transfer, len(_segments(size, c, split_small=False))) + transfer
 
 
 def gloo(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
@@ -293,8 +301,7 @@ def _leader_design(size: float, nodes: int, per_node: int, c: LinkCosts, shape: 
     segs = _segments(size, c)
     stages = [[_gather(s, per_node, c, a_p), _matrix(s, rows, cols, 0.0, b_e), _gather(s, per_node, c, a_p)]
               for s in segs]
-    fixed = _exposed(_matrix(0.0, rows, cols, 1.0, 0.0), a_e, sum(st[1] for st in stages), len(segs))
-    return fixed + _flow_shop(stages) + _two_streams(max(segs), shape, b_e)
+    return _streamed(stages, shape, a_e) + _two_streams(max(segs), shape, b_e)
 
 
 def _rs_form(size: float, nodes: int, per_node: int, c: LinkCosts, shape: tuple[int, int]) -> float:
@@ -313,8 +320,7 @@ def _rs_form(size: float, nodes: int, per_node: int, c: LinkCosts, shape: tuple[
 
     segs = _segments(size, c)
     stages = [[intra(s), _matrix(s / per_node, rows, cols, 0.0, b_e), intra(s)] for s in segs]
-    fixed = _exposed(_matrix(0.0, rows, cols, 1.0, 0.0), a_e, sum(st[1] for st in stages), len(segs))
-    return fixed + _flow_shop(stages) + _two_streams(max(segs) / per_node, shape, b_e)
+    return _streamed(stages, shape, a_e) + _two_streams(max(segs) / per_node, shape, b_e)
 
 
 _FORMULAS = {"ring": ring, "gloo": gloo, "tree": tree, "matrix2d": matrix2d, "hierarchical": hierarchical,
