@@ -12,7 +12,7 @@ import torch.distributed as dist
 from gearshift.cluster.topology import Topology
 from gearshift.comm import CommGroups, all_reduce
 from gearshift.comm.allreduce import resolve
-from gearshift.comm.calibrate import BYTES_OVER_STEP, MIB, describe, measure_link_costs, slope
+from gearshift.comm.calibrate import BYTES_OVER_STEP, MIB, cores_busy, describe, measure_link_costs, slope
 from gearshift.comm.launch import spawn
 from gearshift.comm.programs import build
 
@@ -39,10 +39,19 @@ def test_costs_are_plausible_and_shared() -> None:
                   mine.gloo_alpha, mine.hierarchical_alpha, mine.rs_alpha, mine.flat_beta):
             assert 0 < v < 1 and math.isfinite(v)
         assert 1e-12 <= mine.inter_beta < 1e-6  # loopback moves more than 1 MB/s
+        assert mine.cpu_bound  # loopback "links" are copies on the ranks' own cores
         assert shared == results[0][1]
         assert choices == results[0][2] and all(c in ("gloo", "ring", "hierarchical", "hierarchical_rs")
                                                 for c in choices)
         assert "MB/s" in line and "ms/step" in line
+
+
+def test_cores_busy_is_the_busiest_hosts_share_of_its_usable_cores() -> None:
+    # host a: 4 ranks on 2 cores, 1.5 CPU seconds over 1 s; host b: 2 ranks on 16 cores, 0.2 CPU seconds
+    samples = [("a", 0.5, 1.0, 2), ("a", 0.4, 0.9, 2), ("a", 0.3, 1.0, 2), ("a", 0.3, 0.8, 2),
+               ("b", 0.1, 1.0, 16), ("b", 0.1, 2.0, 16)]
+    assert cores_busy(samples) == pytest.approx(0.75)
+    assert cores_busy(samples[4:]) == pytest.approx(0.05)  # min(cores, ranks) = 2; the slowest took 2 s
 
 
 def test_describe_leaves_out_what_was_not_measured() -> None:
@@ -52,6 +61,7 @@ def test_describe_leaves_out_what_was_not_measured() -> None:
     assert "intra" in describe(LinkCosts(), Topology.from_ranks_per_node([2, 2]))
     assert "leader design" in describe(LinkCosts(hierarchical_alpha=1e-3))
     assert "per rank" not in describe(LinkCosts()) and "50 MB/s per rank" in describe(LinkCosts(flat_beta=2e-8))
+    assert "copies on the cores" in describe(LinkCosts(cpu_bound=True)) and "copies" not in describe(LinkCosts())
 
 
 def _linear(alpha: float, rate: float):

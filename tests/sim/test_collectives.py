@@ -216,6 +216,24 @@ def test_segments_hide_the_node_steps_on_slow_links() -> None:
     assert link < streamed < unstreamed
 
 
+def test_stages_on_shared_cores_do_not_overlap() -> None:
+    """Where links are copies on the cores (cpu_bound) a hierarchical form costs the sum of its stages over
+    every segment plus every step, and the leader design's gather and send back 1 / L of the node's copying."""
+    wire = LinkCosts(intra_alpha=1e-4, intra_beta=1e-9, inter_alpha=2e-4, inter_beta=1e-9, hierarchical_alpha=3e-4,
+                     rs_alpha=4e-4)
+    cores = LinkCosts(**{**wire.__dict__, "cpu_bound": True})
+    size, shape = 64 << 20, (1, 4)
+    segs = [float(e - s) for s, e in segment_bounds(size, 1, cores)]
+    assert len(segs) > 1
+    steps = _matrix(0.0, *shape, 1.0, 0.0)
+    leader = sum(2 * _gather(s / 2, 2, cores, 3e-4) + _matrix(s, *shape, 0.0, 1e-9) for s in segs)
+    assert _leader_design(size, 4, 2, cores, shape) == pytest.approx(steps * 3e-4 + leader)
+    intra = sum(2 * (4e-4 + s / 2 * 1e-9) + _matrix(s / 2, *shape, 0.0, 1e-9) for s in segs)
+    assert _rs_form(size, 4, 2, cores, shape) == pytest.approx(steps * 4e-4 + intra)
+    assert _rs_form(size, 4, 2, cores, shape) > _rs_form(size, 4, 2, wire, shape)  # the flow shop overlaps them
+    assert predict("gloo", size, (4, 2), cores) == predict("gloo", size, (4, 2), wire)  # one pattern, as measured
+
+
 def test_measured_algorithm_alpha_prices_every_step() -> None:
     """A tiny message costs its step count times the algorithm's measured per-step cost, when given."""
     base = LinkCosts(intra_alpha=1e-4, intra_beta=1e-9, inter_alpha=1e-3, inter_beta=4e-8, intra_p2p_alpha=2e-3)

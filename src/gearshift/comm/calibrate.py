@@ -4,6 +4,8 @@ links, card sharing and per-step wake-ups the job actually has. A collective: al
 from __future__ import annotations
 
 import dataclasses
+import os
+import socket
 import statistics
 import time
 from collections.abc import Callable
@@ -24,6 +26,9 @@ BYTES_OVER_STEP = 5  # a slope is taken where bytes are at least ~80% of an exch
 SLOPE_BUDGET_S = 1.5  # seconds of samples per slope (at least 3 of each size): on a 200 Mbit/s link that is
 # 11 pairs of 1 and 2 MiB; with 3 (0.5 s) one job's calibrations read 13-24 MB/s for a 23.6 MB/s link
 MAX_SLOPE_SAMPLES = 15
+PROBE_BYTES = 4 * MIB  # per rank, for the CPU probe: bytes dominate on loopback, 2 x 0.17 s on a 200 Mbit/s link
+CPU_BOUND_SHARE = 0.35  # this probe kept 55-80% of the usable cores busy on loopback (4 and 8 ranks, 2 cores)
+# and 12-14% on the 200 Mbit/s testbed (4 x 2 ranks), three runs each
 
 
 def _max_over_ranks(seconds: float, group=None) -> float:
@@ -73,6 +78,30 @@ def slope(make: Callable[[int], Callable[[], None]], timed: Callable[[list, int]
     return (t2 - t1) / m if t2 > t1 else t2 / (2 * m)
 
 
+def cores_busy(samples: list[tuple[str, float, float, int]]) -> float:
+    """The share of usable cores the ranks kept busy while a pattern ran, from each rank's (host, CPU seconds,
+    wall seconds, cores): per host, the ranks' CPU seconds over the slowest one's wall seconds, over
+    min(cores, ranks there); the busiest host's."""
+    hosts: dict[str, list[tuple[float, float, int]]] = {}
+    for host, cpu, wall, cores in samples:
+        hosts.setdefault(host, []).append((cpu, wall, cores))
+    return max(sum(c for c, _, _ in rs) / max(max(w for _, w, _ in rs), 1e-9) / min(rs[0][2], len(rs))
+               for rs in hosts.values())
+
+
+def _cpu_share(fn: Callable[[], None], calls: int, group=None) -> float:
+    """cores_busy while every rank runs fn `calls` times (after one untimed call)."""
+    fn()
+    dist.barrier(group=group)
+    t0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(calls):
+        fn()
+    sample = (socket.gethostname(), time.process_time() - c0, time.perf_counter() - t0, len(os.sched_getaffinity(0)))
+    box: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(box, sample, group=group)
+    return cores_busy(box)
+
+
 def measure_link_costs(groups: CommGroups, beta_bytes: int = MIB, reps: int = 7,
                        max_beta_bytes: int = 32 * MIB) -> LinkCosts:
     """LinkCosts of this job, measured (a few seconds).
@@ -85,8 +114,10 @@ def measure_link_costs(groups: CommGroups, beta_bytes: int = MIB, reps: int = 7,
     Per-byte costs (slope: sizes from beta_bytes up to max_beta_bytes, where bytes dominate): exchanges with
     a ring inside every node (intra_beta), over the node leaders (inter_beta: one flow per card), over all
     same-local-rank peers at once (L flows per card: a card cap when that is slower, nic_bandwidth), and
-    over all ranks in rank order through TCP, the pattern of gloo's own ring (flat_beta). With groups of one
-    part of a partition, the part's members measure among themselves (rings below are global ranks)."""
+    over all ranks in rank order through TCP, the pattern of gloo's own ring (flat_beta). cpu_bound: that ring
+    of PROBE_BYTES kept at least CPU_BOUND_SHARE of the host's usable cores busy (cores_busy), so the links
+    are copies on the cores (loopback; one host), not wires. With groups of one part of a partition, the
+    part's members measure among themselves (rings below are global ranks)."""
     topo, world, g, rank = groups.topology, groups.topology.world_size, groups.global_rank, dist.get_rank()
     node_rings = [[g(i) for i in topo.ranks_of(k)] for k in range(topo.num_nodes)]
     peer_rings = [[g(topo.ranks_of(k)[i]) for k in range(topo.num_nodes) if i < len(topo.ranks_of(k))]
@@ -150,9 +181,11 @@ def measure_link_costs(groups: CommGroups, beta_bytes: int = MIB, reps: int = 7,
     flows = max(topo.ranks_per_node)
     nic = flows / shared if shared > 1.2 * inter_beta else float("inf")  # L flows slower than one: a card cap
     tcp = dataclasses.replace(groups, shm=None)  # gloo's own ring sends every hop over TCP
-    flat_beta = beta(exchange([[g(i) for i in range(world)]], tcp)) if world > 1 else None
+    flat = exchange([[g(i) for i in range(world)]], tcp)
+    flat_beta = beta(flat) if world > 1 else None
+    cpu_bound = world > 1 and _cpu_share(flat(PROBE_BYTES), 2, groups.group) >= CPU_BOUND_SHARE
     return LinkCosts(intra_alpha, intra_beta, inter_alpha, inter_beta, nic, p2p_alpha, gloo_alpha,
-                     hierarchical_alpha, rs_alpha, flat_beta)
+                     hierarchical_alpha, rs_alpha, flat_beta, cpu_bound)
 
 
 def describe(costs: LinkCosts, topology: Topology | None = None) -> str:
@@ -165,5 +198,6 @@ def describe(costs: LinkCosts, topology: Topology | None = None) -> str:
             f"gloo {(costs.gloo_alpha or 0) * 1e3:.2f} ms/step"
             + ("" if costs.flat_beta is None else f", {1 / costs.flat_beta / 1e6:.0f} MB/s per rank")
             + "".join(f"; {name} {a * 1e3:.2f} ms/step" for name, a in
-                      (("leader design", costs.hierarchical_alpha), ("rs form", costs.rs_alpha)) if a is not None))
+                      (("leader design", costs.hierarchical_alpha), ("rs form", costs.rs_alpha)) if a is not None)
+            + ("; links are copies on the cores" if costs.cpu_bound else ""))
 

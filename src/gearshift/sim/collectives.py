@@ -11,6 +11,9 @@ whichever is priced lower, ties to the ring (node_matrix). Our algorithms run in
 (segment_bounds, shared with gearshift.comm), priced as a pipeline of per-segment stages (_flow_shop) plus
 the step fixed costs the segments in flight leave exposed (_exposed): for k segments whose link transfers
 take W over s steps of fixed cost a, max(s a + W / k, W): one segment's path, or the link's total.
+Where the "links" are copies through the cores the ranks share (LinkCosts.cpu_bound: loopback, one host),
+the stages compete for those cores instead of overlapping: the hierarchical forms are priced as the sum of
+their stages (_streamed), each charged its share of the copying the per-byte costs were measured under.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class LinkCosts:
     hierarchical_alpha: float | None = None  # per-step cost of the leader design, if measured
     rs_alpha: float | None = None  # per-step cost of the reduce-scatter form, if measured
     flat_beta: float | None = None  # per-byte cost when every rank sends to its successor at once, if measured
+    cpu_bound: bool = False  # the measured links are copies on the ranks' own cores (no wire): _streamed
 
     @classmethod
     def from_network(cls, network) -> LinkCosts:
@@ -168,10 +172,13 @@ def _exposed(steps: float, a: float, transfer: float, k: int) -> float:
     return steps * max(0.0, a - (k - 1) / k * transfer / steps)
 
 
-def _streamed(stages: list[list[float]], shape: tuple[int, int], a: float) -> float:
+def _streamed(stages: list[list[float]], shape: tuple[int, int], a: float, cpu_bound: bool = False) -> float:
     """A hierarchical form's segments (node stage, matrix transfers, node stage) through the flow shop, plus
-    the matrix's step fixed costs a they leave exposed."""
+    the matrix's step fixed costs a they leave exposed. Where the links are copies on the cores (cpu_bound)
+    the stages draw on the same cores, so nothing overlaps: every stage of every segment, plus every step."""
     rows, cols = shape
+    if cpu_bound:
+        return _matrix(0.0, rows, cols, a, 0.0) + sum(map(sum, stages))
     return _exposed(_matrix(0.0, rows, cols, 1.0, 0.0), a, sum(st[1] for st in stages), len(stages)) \
         + _flow_shop(stages)
 
@@ -294,14 +301,17 @@ def _leader_design(size: float, nodes: int, per_node: int, c: LinkCosts, shape: 
     b_e(1)), and the send back (_gather), in a flow shop (_flow_shop); plus the matrix's step fixed costs
     _matrix(0, R, C, a_e, 0) less what the other segments' transfers hide (_exposed), and the stall of two
     streams per card when R > 1 (_two_streams). One segment in the ring of nodes gives
-    2 (L - 1) (a_p + S b_i) + _matrix(S, 1, N, a_e, b_e(1)). With hierarchical_alpha, a_p = a_e = it."""
+    2 (L - 1) (a_p + S b_i) + _matrix(S, 1, N, a_e, b_e(1)). With hierarchical_alpha, a_p = a_e = it.
+    Where links are copies on the cores (cpu_bound), b_i was measured with all n ranks copying at once and
+    a gather step has one sender and the leader per node copying, 1 / L of that work: S b_i / L per step."""
     rows, cols = shape
     b_e = c.inter_beta_shared(1)
     a_e, a_p = (c.inter_alpha, c.p2p_alpha) if c.hierarchical_alpha is None else (c.hierarchical_alpha,) * 2
     segs = _segments(size, c)
-    stages = [[_gather(s, per_node, c, a_p), _matrix(s, rows, cols, 0.0, b_e), _gather(s, per_node, c, a_p)]
-              for s in segs]
-    return _streamed(stages, shape, a_e) + _two_streams(max(segs), shape, b_e)
+    node = 1 / per_node if c.cpu_bound else 1.0  # b_i: all n ranks copying; a gather step: N pairs
+    stages = [[_gather(s * node, per_node, c, a_p), _matrix(s, rows, cols, 0.0, b_e),
+               _gather(s * node, per_node, c, a_p)] for s in segs]
+    return _streamed(stages, shape, a_e, c.cpu_bound) + _two_streams(max(segs), shape, b_e)
 
 
 def _rs_form(size: float, nodes: int, per_node: int, c: LinkCosts, shape: tuple[int, int]) -> float:
@@ -320,7 +330,7 @@ def _rs_form(size: float, nodes: int, per_node: int, c: LinkCosts, shape: tuple[
 
     segs = _segments(size, c)
     stages = [[intra(s), _matrix(s / per_node, rows, cols, 0.0, b_e), intra(s)] for s in segs]
-    return _streamed(stages, shape, a_e) + _two_streams(max(segs) / per_node, shape, b_e)
+    return _streamed(stages, shape, a_e, c.cpu_bound) + _two_streams(max(segs) / per_node, shape, b_e)
 
 
 _FORMULAS = {"ring": ring, "gloo": gloo, "tree": tree, "matrix2d": matrix2d, "hierarchical": hierarchical,
