@@ -309,7 +309,8 @@ def main() -> int:
                     "run with every rank running (per-step costs from tiny runs of our ring and gloo's ring, so "
                     "they include process wake-up on the shared cores; per-byte costs from exchanges inside nodes, "
                     "between leaders, between all peers at once and around all ranks over TCP, each at the "
-                    "smallest size from 1 MiB where bytes dominate); no per-point fitting; the streamed "
+                    "smallest size from 1 MiB where bytes dominate; cpu_bound where a ring over TCP kept the "
+                    "host's cores busy, so the links are copies on the cores); no per-point fitting; the streamed "
                     "algorithms are priced by sim.collectives with the same segments the runtime uses; times are "
                     "medians of interleaved repetitions, max over ranks",
            "quick": args.quick, "testbed_rate": TESTBED_RATE,
