@@ -26,7 +26,7 @@ BYTES_OVER_STEP = 5  # a slope is taken where bytes are at least ~80% of an exch
 SLOPE_BUDGET_S = 1.5  # seconds of samples per slope (at least 3 of each size): on a 200 Mbit/s link that is
 # 11 pairs of 1 and 2 MiB; with 3 (0.5 s) one job's calibrations read 13-24 MB/s for a 23.6 MB/s link
 MAX_SLOPE_SAMPLES = 15
-PROBE_BYTES = 4 * MIB  # per rank, for the CPU probe: bytes dominate on loopback, 2 x 0.17 s on a 200 Mbit/s link
+PROBE_BYTES = 4 * MIB  # per rank, for the CPU probe: bytes dominate on loopback; 3 calls of 0.17 s at 200 Mbit/s
 CPU_BOUND_SHARE = 0.35  # this probe kept 55-80% of the usable cores busy on loopback (4 and 8 ranks, 2 cores)
 # and 12-14% on the 200 Mbit/s testbed (4 x 2 ranks), three runs each
 
