@@ -25,6 +25,7 @@ KIB, MIB = 1 << 10, 1 << 20
 FULL_SIZES = [4 * KIB * 4**k for k in range(8)]  # 4 KiB .. 64 MiB
 QUICK_SIZES = [4 * KIB, 64 * KIB, 1 * MIB, 4 * MIB]
 TESTBED_RATE = "200mbit"
+AGAIN = ("hierarchical",)  # timed twice per repetition: an A/A test of the measurement's repeatability
 
 
 # ---------------------------------------------------------------- worker (one rank)
@@ -55,10 +56,12 @@ def worker(args: argparse.Namespace) -> None:
              ([s for s in sizes if s > 16 * MIB], 3 if shaped else 5)]
     for part, reps in parts:
         rows += time_algorithms(groups, part, costs, tuple(ALGOS), reps=reps, warmups=1 if shaped else 2,
-                                min_iters=1 if shaped else 3, budget_s=0.5 if shaped else 0.25)
+                                min_iters=1 if shaped else 3, budget_s=0.5 if shaped else 0.25, again=AGAIN)
     timeline = _timeline(int(args.trace), groups, costs, rows) if args.trace else None
+    again = measure_link_costs(groups)  # an A/A of the calibration: the model's input, measured again at the end
     if dist.get_rank() == 0:
-        Path(args.out).write_text(json.dumps({"rows": rows, "costs": costs.__dict__, "timeline": timeline}))
+        Path(args.out).write_text(json.dumps({"rows": rows, "costs": costs.__dict__, "costs_again": again.__dict__,
+                                              "timeline": timeline}))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -187,6 +190,34 @@ def auto_regret(rows: list[dict], calib: dict) -> list[dict]:
     return out
 
 
+def accuracy(rows: list[dict], within: float = 0.2) -> list[str]:
+    """Per setting: cells where the model is off by more than `within`, and two A/A tests that bound what any
+    model can show on this machine: the same algorithm timed twice in every repetition (how far its two
+    medians land apart), and the costs calibrated again after the timings (how far their predictions land
+    from the first calibration's)."""
+    def spread(ratios: list[float]) -> str:
+        devs = sorted(abs(x - 1) for x in ratios)
+        return f"up to {devs[-1]:.0%} (median {devs[len(devs) // 2]:.0%}; > {within:.0%} in {off(ratios)})"
+
+    def off(ratios: list[float]) -> str:
+        return f"{sum(abs(x - 1) > within for x in ratios)} of {len(ratios)}"
+
+    out = []
+    for setting in sorted({r["setting"] for r in rows}, key=list(SETTINGS).index):
+        mine = [r for r in rows if r["setting"] == setting and r["predicted_time_s"]]
+        errs = [r["time_s"] / r["predicted_time_s"] for r in mine]
+        line = f"{setting}: model off by > {within:.0%} in {off(errs)} cells, worst " \
+               f"{max(errs, key=lambda e: abs(e - 1)) - 1:+.0%}"
+        timed = [r["again_time_s"] / r["time_s"] for r in mine if "again_time_s" in r]
+        if timed:
+            line += f"; A/A, {'/'.join(AGAIN)} timed twice: {spread(timed)}"
+        if all("predicted_again_time_s" in r for r in mine):
+            again = [r["predicted_again_time_s"] / r["predicted_time_s"] for r in mine]
+            line += f"; A/A, calibrated twice: {spread(again)}"
+        out.append(line)
+    return out
+
+
 def _plot(rows: list[dict], preds: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -252,7 +283,7 @@ def main() -> int:
     sizes = QUICK_SIZES if args.quick else FULL_SIZES
     if args.sizes_list:
         sizes = [int(x) for x in args.sizes_list.split(",")]
-    rows, calib, timelines = [], {}, {}
+    rows, calib, calib_again, timelines = [], {}, {}, {}
     t_start = time.time()
     for setting in args.settings.split(","):
         if setting.startswith("testbed"):
@@ -264,7 +295,8 @@ def main() -> int:
         else:
             data = run_setting(setting, sizes, trace=args.trace)
         costs = LinkCosts(**data["costs"])  # gloo is priced with its own per-step cost, costs.gloo_alpha
-        calib[setting] = data["costs"]
+        costs_again = LinkCosts(**data["costs_again"])
+        calib[setting], calib_again[setting] = data["costs"], data["costs_again"]
         if data.get("timeline"):
             tl = timelines[setting] = data["timeline"]
             print(f"{setting}: traced hierarchical {fmt_size(tl['size_bytes'])}: {tl['total_s'] * 1e3:.1f} ms; "
@@ -278,24 +310,31 @@ def main() -> int:
             rows.append({"setting": setting, "algorithm": r["algorithm"], "size_bytes": r["size_bytes"],
                          "time_s": r["time_s"], "busbw_gbps": busbw(r["size_bytes"], r["time_s"], world) * 8 / 1e9,
                          "predicted_time_s": pred,
+                         "predicted_again_time_s": predict(r["algorithm"], r["size_bytes"], counts, costs_again),
                          **({"node_matrix": list(node_matrix(r["algorithm"], r["size_bytes"], counts, costs))}
                             if r["algorithm"].startswith("hierarchical") else {}),
                          "predicted_busbw_gbps": busbw(r["size_bytes"], pred, world) * 8 / 1e9,
-                         "samples_s": r["samples"], "iters": r["iters"]})
+                         "samples_s": r["samples"], "iters": r["iters"],
+                         **({"again_time_s": r["again_s"], "again_samples_s": r["again_samples"]}
+                            if "again_s" in r else {})})
         print(f"{setting}: done after {time.time() - t_start:.0f}s", flush=True)
     preds = scale_predictions()
 
     table = Table(title="all-reduce: time, bus bandwidth, speed-up vs gloo, model")
-    for col in ("setting", "size", "algorithm", "time ms", "busbw Gbit/s", "x gloo", "model ms", "model err"):
+    for col in ("setting", "size", "algorithm", "time ms", "busbw Gbit/s", "x gloo", "model ms", "model err",
+                "A/A timed", "A/A model"):
         table.add_column(col, justify="right")
     gloo = {(r["setting"], r["size_bytes"]): r["time_s"] for r in rows if r["algorithm"] == "gloo"}
     for r in rows:
         g = gloo[(r["setting"], r["size_bytes"])]
-        err = r["time_s"] / r["predicted_time_s"] - 1 if r["predicted_time_s"] else 0.0
+        pred = r["predicted_time_s"] or float("nan")
         table.add_row(r["setting"], fmt_size(r["size_bytes"]), r["algorithm"], f"{r['time_s'] * 1e3:.3f}",
-                      f"{r['busbw_gbps']:.3f}", f"{g / r['time_s']:.2f}", f"{r['predicted_time_s'] * 1e3:.3f}",
-                      f"{err:+.0%}")
+                      f"{r['busbw_gbps']:.3f}", f"{g / r['time_s']:.2f}", f"{pred * 1e3:.3f}",
+                      f"{r['time_s'] / pred - 1:+.0%}", f"{r['again_time_s'] / r['time_s'] - 1:+.0%}"
+                      if "again_time_s" in r else "", f"{r['predicted_again_time_s'] / pred - 1:+.0%}")
     Console().print(table)
+    for line in accuracy(rows):
+        print(line)
     auto = auto_regret(rows, calib)
     picks = Table(title="auto: the model's pick against the fastest measured (time ratio; 1.00 = it picked the best)")
     for col in ("setting", "size", "auto picks", "fastest", "ratio"):
@@ -304,7 +343,8 @@ def main() -> int:
         picks.add_row(a["setting"], fmt_size(a["size_bytes"]), a["pick"], a["fastest"], f"{a['ratio']:.2f}")
     Console().print(picks)
     RESULTS.mkdir(exist_ok=True)
-    out = {"rows": rows, "predictions": preds, "calibration": calib, "timelines": timelines, "auto": auto,
+    out = {"rows": rows, "predictions": preds, "calibration": calib, "calibration_again": calib_again,
+           "timelines": timelines, "auto": auto,
            "notes": "costs: gearshift.comm.calibrate.measure_link_costs, measured once per setting in the same "
                     "run with every rank running (per-step costs from tiny runs of our ring and gloo's ring, so "
                     "they include process wake-up on the shared cores; per-byte costs from exchanges inside nodes, "
@@ -312,7 +352,10 @@ def main() -> int:
                     "smallest size from 1 MiB where bytes dominate; cpu_bound where a ring over TCP kept the "
                     "host's cores busy, so the links are copies on the cores); no per-point fitting; the streamed "
                     "algorithms are priced by sim.collectives with the same segments the runtime uses; times are "
-                    "medians of interleaved repetitions, max over ranks",
+                    "medians of interleaved repetitions, max over ranks; again_time_s: the same algorithm "
+                    "timed a second time in every repetition (an A/A test of the measurement's repeatability); "
+                    "calibration_again, predicted_again_time_s: the costs measured again after the timings, and "
+                    "what they predict (an A/A test of the model's input; predicted_time_s uses the first)",
            "quick": args.quick, "testbed_rate": TESTBED_RATE,
            "machine": {"cpus": len(os.sched_getaffinity(0)), "python": sys.version.split()[0], "torch": _torch()}}
     (RESULTS / f"{args.name}.json").write_text(json.dumps(out, indent=1))

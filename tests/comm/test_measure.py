@@ -32,3 +32,20 @@ def test_uneven_nodes_do_not_time_the_reduce_scatter_form(monkeypatch) -> None:
     groups = SimpleNamespace(topology=Topology.from_ranks_per_node([2, 1]))
     pick, times = measure.fastest(groups, [4096])[4096]
     assert pick == "gloo" and "hierarchical_rs" not in times
+
+
+def _timing_worker(rank: int, world: int) -> list[dict]:
+    from gearshift.comm import CommGroups
+
+    groups = CommGroups.build(Topology.from_ranks_per_node([1, 1]))
+    return measure.time_algorithms(groups, [4096], None, ("gloo", "ring"), reps=3, again=("ring",))
+
+
+def test_again_times_an_algorithm_as_a_second_series_of_its_own() -> None:
+    from gearshift.comm.launch import spawn
+
+    for rows in spawn(_timing_worker, 2):
+        gloo, ring = rows
+        assert (gloo["algorithm"], ring["algorithm"]) == ("gloo", "ring") and "again_s" not in gloo
+        assert len(ring["samples"]) == len(ring["again_samples"]) == 3 and ring["samples"] != ring["again_samples"]
+        assert ring["again_s"] == sorted(ring["again_samples"])[1] > 0

@@ -18,11 +18,14 @@ from gearshift.sim.collectives import RUNNABLE, LinkCosts, predict
 
 def time_algorithms(groups: CommGroups, sizes: list[int], costs: LinkCosts | None = None,
                     algorithms: tuple[str, ...] = RUNNABLE, reps: int = 3, warmups: int = 1,
-                    min_iters: int = 1, budget_s: float = 0.25,
+                    min_iters: int = 1, budget_s: float = 0.25, again: tuple[str, ...] = (),
                     on_size: Callable[[int], None] | None = None) -> list[dict]:
     """One row per (size, algorithm): time_s (median over reps of the slowest rank's time per call),
     samples, iters. Each sample runs back-to-back calls, as many as fit in budget_s (at least min_iters,
-    at most 50), after `warmups` untimed calls of every algorithm. on_size(size) after each size."""
+    at most 50), after `warmups` untimed calls of every algorithm. The algorithms in `again` are timed a
+    second time in every repetition, as a series of their own (the row's again_s, again_samples): an A/A
+    test, how far two medians of the same calls land apart, the measurement's own repeatability.
+    on_size(size) after each size."""
     group = groups.group
     rows = []
     for size in sizes:
@@ -37,9 +40,10 @@ def time_algorithms(groups: CommGroups, sizes: list[int], costs: LinkCosts | Non
         slowest = torch.tensor([max(est.values(), default=0.0)])
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
         iters = max(min_iters, min(50, int(budget_s / max(slowest.item(), 1e-6))))
-        samples: dict[str, list[float]] = {a: [] for a in algorithms}
+        series = [(a, a) for a in algorithms] + [(a, f"{a} again") for a in again if a in algorithms]
+        samples: dict[str, list[float]] = {key: [] for _, key in series}
         for _ in range(reps):
-            for algo in algorithms:
+            for algo, key in series:
                 x.fill_(1e-3)
                 dist.barrier(group=group)
                 t0 = time.perf_counter()
@@ -47,9 +51,12 @@ def time_algorithms(groups: CommGroups, sizes: list[int], costs: LinkCosts | Non
                     all_reduce(x, algo, groups=groups, costs=costs)
                 dt = torch.tensor([(time.perf_counter() - t0) / iters])
                 dist.all_reduce(dt, op=dist.ReduceOp.MAX, group=group)
-                samples[algo].append(dt.item())
-        rows += [{"size_bytes": size, "algorithm": a, "time_s": statistics.median(samples[a]),
-                  "samples": samples[a], "iters": iters} for a in algorithms]
+                samples[key].append(dt.item())
+        for a in algorithms:
+            rows.append({"size_bytes": size, "algorithm": a, "time_s": statistics.median(samples[a]),
+                         "samples": samples[a], "iters": iters})
+            if f"{a} again" in samples:
+                rows[-1].update(again_s=statistics.median(samples[f"{a} again"]), again_samples=samples[f"{a} again"])
         if on_size is not None:
             on_size(size)
     return rows
