@@ -27,6 +27,12 @@ SLOPE_BUDGET_S = 1.5  # seconds of samples per slope (at least 3 of each size): 
 # 11 pairs of 1 and 2 MiB; with 3 (0.5 s) one job's calibrations read 13-24 MB/s for a 23.6 MB/s link
 MAX_SLOPE_SAMPLES = 15
 PROBE_BYTES = 4 * MIB  # per rank, for the CPU probe: bytes dominate on loopback; 3 calls of 0.17 s at 200 Mbit/s
+STEP_BUDGET_S = 0.5  # seconds of samples per per-step cost (at least `reps`): where 4 ranks share 2 cores a
+# sample of 10 tiny calls moves by 2x, and two calibrations of one job with 7 samples each priced cells up to
+# 33-73% apart (bench/allreduce.py's A/A test)
+MAX_REPS_FACTOR = 4
+WARM_UP_S = 0.3  # of gloo's tiny all-reduce before the first timing: without it, gloo's step cost read 12-26%
+# above a second calibration's in the same job, in all of six runs on 4 loopback ranks
 CPU_BOUND_SHARE = 0.35  # this probe kept 55-80% of the usable cores busy on loopback (4 and 8 ranks, 2 cores)
 # and 12-14% on the 200 Mbit/s testbed (4 x 2 ranks), three runs each
 
@@ -37,25 +43,29 @@ def _max_over_ranks(seconds: float, group=None) -> float:
     return t.item()
 
 
-def _timed(fn, reps: int, iters: int, group=None) -> float:
+def _timed(fn, reps: int, iters: int, group=None, budget_s: float = 0.0) -> float:
     """Median over reps of the slowest rank's time per call of fn (barrier before each rep), after two
-    untimed calls: shared-memory staging alternates between two regions whose pages fault in once."""
-    return _interleaved([fn], reps, iters, group)[0]
+    untimed calls: shared-memory staging alternates between two regions whose pages fault in once. More
+    reps while their calls took under budget_s (at most MAX_REPS_FACTOR x reps)."""
+    return _interleaved([fn], reps, iters, group, budget_s)[0]
 
 
-def _interleaved(fns: list, reps: int, iters: int, group=None) -> list[float]:
-    """_timed of several fns, their repetitions interleaved so drift in the machine's load hits all alike."""
+def _interleaved(fns: list, reps: int, iters: int, group=None, budget_s: float = 0.0) -> list[float]:
+    """_timed of several fns, their repetitions interleaved so drift in the machine's load hits all alike.
+    Every rank decides on more reps from the same max-over-ranks times, so all take the same number."""
     for fn in fns:
         fn()
         fn()
     times: list[list[float]] = [[] for _ in fns]
-    for _ in range(reps):
+    spent = 0.0
+    while len(times[0]) < reps or (spent < budget_s and len(times[0]) < MAX_REPS_FACTOR * reps):
         for fn, out in zip(fns, times):
             dist.barrier(group=group)
             t0 = time.perf_counter()
             for _ in range(iters):
                 fn()
             out.append(_max_over_ranks((time.perf_counter() - t0) / iters, group))
+            spent += out[-1] * iters
     return [statistics.median(t) for t in times]
 
 
@@ -76,6 +86,13 @@ def slope(make: Callable[[int], Callable[[], None]], timed: Callable[[list, int]
     n = max(3, min(MAX_SLOPE_SAMPLES, int(SLOPE_BUDGET_S / (3 * max(t1, 1e-9)))))
     t1, t2 = timed([make(m), make(2 * m)], n)
     return (t2 - t1) / m if t2 > t1 else t2 / (2 * m)
+
+
+def _warm_up(fn: Callable[[], None], seconds: float, group=None) -> None:
+    """Call fn until the slowest rank has spent `seconds` in it (every rank stops after the same call)."""
+    t0 = time.perf_counter()
+    while _max_over_ranks(time.perf_counter() - t0, group) < seconds:
+        fn()
 
 
 def cores_busy(samples: list[tuple[str, float, float, int]]) -> float:
@@ -124,7 +141,7 @@ def measure_link_costs(groups: CommGroups, beta_bytes: int = MIB, reps: int = 7,
                   for i in range(max(topo.ranks_per_node))]
 
     def timed(fn, reps: int, iters: int) -> float:
-        return _timed(fn, reps, iters, groups.group)
+        return _timed(fn, reps, iters, groups.group, STEP_BUDGET_S)
 
     def exchange(rings: list[list[int]], via: CommGroups = groups):
         """Every ring at once: each member sends nbytes to the next while receiving from the previous."""
@@ -157,6 +174,7 @@ def measure_link_costs(groups: CommGroups, beta_bytes: int = MIB, reps: int = 7,
         dist.broadcast(x, src=leader, group=groups.node_group)
 
     gloo_x = torch.zeros(256)
+    _warm_up(lambda: dist.all_reduce(gloo_x, group=groups.group), WARM_UP_S, groups.group)
     gloo_alpha = timed(lambda: dist.all_reduce(gloo_x, group=groups.group), reps, 10) / max(1, 2 * (world - 1))
     inter_alpha = ring_steps([[g(i) for i in range(world)]])
     p2p_alpha = ring_steps(node_rings) if max(topo.ranks_per_node) > 1 else inter_alpha
