@@ -123,7 +123,9 @@ def measure_link_costs(groups: CommGroups, beta_bytes: int = MIB, reps: int = 7,
                        max_beta_bytes: int = 32 * MIB) -> LinkCosts:
     """LinkCosts of this job, measured (a few seconds).
 
-    Per-step costs come from tiny runs of the same engine the algorithms use, with every rank running:
+    Per-step costs come from tiny runs of the same engine the algorithms use, with every rank running (each
+    the median of samples of 10 calls, at least `reps` and as many as fit in STEP_BUDGET_S, after WARM_UP_S
+    of gloo's tiny all-reduce):
     inter_alpha = a flat ring all-reduce of one item per chunk over all ranks / its 2 (n - 1) steps;
     intra_p2p_alpha = the same ring inside every node at once; intra_alpha = gloo's reduce + broadcast in
     every node group (what a one-node job runs); gloo_alpha = gloo's own 1 KiB all-reduce / 2 (n - 1);
