@@ -157,6 +157,16 @@ def run_setting(setting: str, sizes: list[int], tb=None, trace: int | None = Non
                                            ",".join(map(str, sizes))], tb)
 
 
+def link_summary(setting: str, hosts: dict) -> str:
+    """One line on what the testbed's host links carried during a setting: drops there mean retransmits
+    in the timings (the shapers' queues hold ~20 ms, so there should be none)."""
+    ways = [c for h in hosts.values() for c in (h["sent"], h["received"]) if c]
+    total = {k: sum(c[k] for c in ways) for k in ("bytes", "packets", "throttled", "dropped")}
+    return (f"{setting}: host links carried {total['bytes'] / 1e9:.2f} GB in {total['packets']} packets, both ways; "
+            f"held at the cap {total['throttled']} times; dropped {total['dropped']}"
+            + ("" if not total["dropped"] else " (retransmits in these timings)"))
+
+
 def scale_predictions() -> list[dict]:
     """Model predictions for 16..4096 GPUs, 8 per node, on a typical GPU cluster (documented costs)."""
     from gearshift.sim.collectives import ALGORITHMS, LinkCosts, busbw, predict
@@ -278,12 +288,13 @@ def main() -> int:
 
     from gearshift.cli.allreduce import fmt_size
     from gearshift.cluster.testbed import Testbed, TestbedConfig
+    from gearshift.cluster.testbed import status as testbed_status
     from gearshift.sim.collectives import LinkCosts, busbw, node_matrix, predict
 
     sizes = QUICK_SIZES if args.quick else FULL_SIZES
     if args.sizes_list:
         sizes = [int(x) for x in args.sizes_list.split(",")]
-    rows, calib, calib_again, timelines = [], {}, {}, {}
+    rows, calib, calib_again, timelines, links = [], {}, {}, {}, {}
     t_start = time.time()
     for setting in args.settings.split(","):
         if setting.startswith("testbed"):
@@ -292,6 +303,8 @@ def main() -> int:
                     print(f"{setting}: skipped (no testbed on this machine: see the line above)")
                     continue
                 data = run_setting(setting, sizes, tb, args.trace)
+                links[setting] = testbed_status(tb.config.prefix)["namespaces"]
+                print(link_summary(setting, links[setting]))
         else:
             data = run_setting(setting, sizes, trace=args.trace)
         costs = LinkCosts(**data["costs"])  # gloo is priced with its own per-step cost, costs.gloo_alpha
@@ -344,7 +357,7 @@ def main() -> int:
     Console().print(picks)
     RESULTS.mkdir(exist_ok=True)
     out = {"rows": rows, "predictions": preds, "calibration": calib, "calibration_again": calib_again,
-           "timelines": timelines, "auto": auto,
+           "timelines": timelines, "auto": auto, "testbed_links": links,
            "notes": "costs: gearshift.comm.calibrate.measure_link_costs, measured once per setting in the same "
                     "run with every rank running (per-step costs from tiny runs of our ring and gloo's ring, so "
                     "they include process wake-up on the shared cores; per-byte costs from exchanges inside nodes, "
@@ -355,7 +368,8 @@ def main() -> int:
                     "medians of interleaved repetitions, max over ranks; again_time_s: the same algorithm "
                     "timed a second time in every repetition (an A/A test of the measurement's repeatability); "
                     "calibration_again, predicted_again_time_s: the costs measured again after the timings, and "
-                    "what they predict (an A/A test of the model's input; predicted_time_s uses the first)",
+                    "what they predict (an A/A test of the model's input; predicted_time_s uses the first); "
+                    "testbed_links: what crossed each host's shapers during the setting (cluster.testbed.status)",
            "quick": args.quick, "testbed_rate": TESTBED_RATE,
            "machine": {"cpus": len(os.sched_getaffinity(0)), "python": sys.version.split()[0], "torch": _torch()}}
     (RESULTS / f"{args.name}.json").write_text(json.dumps(out, indent=1))

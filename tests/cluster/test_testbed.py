@@ -86,6 +86,11 @@ def test_up_shapes_and_down_cleans() -> None:
             srv.kill()
         rate = int(nbytes) * 8 / float(secs)
         assert int(nbytes) == 4 << 20
+        hosts = status(PREFIX)["namespaces"]  # the shapers counted the transfer, each way, at the cap
+        assert hosts["gt-n0"]["sent"]["bytes"] > 4 << 20 and hosts["gt-n1"]["received"]["bytes"] > 4 << 20
+        assert hosts["gt-n0"]["sent"]["throttled"] > 0 and hosts["gt-n1"]["received"]["throttled"] > 0
+        assert hosts["gt-n1"]["sent"]["bytes"] < (4 << 20) // 10  # the way back carried ACKs only
+        assert hosts["gt-n0"]["sent"]["dropped"] == 0
         assert 0.6 * 80e6 < rate < 1.1 * 80e6, f"measured {rate / 1e6:.1f} Mbit/s against an 80 Mbit/s cap"
         # only payload-free segments (ACKs) take the priority class: tiny data stays in its flow's order
         srv = tb.popen(1, [sys.executable, "-c", SERVER, tb.address(1)], stdout=subprocess.PIPE, text=True)

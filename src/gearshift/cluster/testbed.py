@@ -227,8 +227,22 @@ def cleanup(prefix: str = "gs-") -> list[str]:
     return gone
 
 
+_SHAPER_STATS = re.compile(r"qdisc htb 1: root .*?\n\s*Sent (\d+) bytes (\d+) pkt \(dropped (\d+), overlimits (\d+)")
+
+
+def link_counters(prefix: list[str], dev: str) -> dict | None:
+    """What crossed dev's shaper (htb on its egress) since the testbed came up: bytes, packets, dropped
+    (the queue was full) and throttled (htb's overlimits: times it held a packet back because the link was
+    at its cap). None when dev has no shaper of ours."""
+    m = _SHAPER_STATS.search(_sh(*prefix, "tc", "-s", "qdisc", "show", "dev", dev, check=False).stdout)
+    if m is None:
+        return None
+    return dict(zip(("bytes", "packets", "dropped", "throttled"), map(int, m.groups())))
+
+
 def status(prefix: str = "gs-") -> dict:
-    """What exists now: namespaces, root links, each namespace's address and shaped rate, the saved config."""
+    """What exists now: namespaces, root links, the saved config, and per namespace its address, shaped
+    rate and link_counters in both directions ("sent": host to network, "received": network to host)."""
     state = STATE_DIR / f"testbed-{prefix}json"
     info = {"namespaces": {}, "links": _our_links(prefix) if is_root() else [],
             "config": json.loads(state.read_text()) if state.is_file() else None}
@@ -237,6 +251,8 @@ def status(prefix: str = "gs-") -> dict:
         addr = _sh(*ex, "ip", "-o", "-4", "addr", "show", "dev", f"{prefix}eth", check=False).stdout.split()
         tc = _sh(*ex, "tc", "class", "show", "dev", f"{prefix}eth", check=False).stdout
         rate = re.search(r"class htb 1:1 root rate (\S+)", tc)
+        host_veth = f"{prefix}v{ns[len(prefix) + 1:]}"  # namespace {prefix}n{k} hangs off {prefix}v{k}
         info["namespaces"][ns] = {"address": addr[3] if len(addr) > 3 else None,
-                                  "rate": rate.group(1) if rate else None}
+                                  "rate": rate.group(1) if rate else None,
+                                  "sent": link_counters(ex, f"{prefix}eth"), "received": link_counters([], host_veth)}
     return info
