@@ -1,5 +1,6 @@
 """comm.stream: a reduce step's receive is posted one step ahead (so a sender need not wait for its receiver
-to wake up and post), and the sums are the same with and without it."""
+to wake up and post), and the sums are the same with and without it; finished works are held to the end of
+the next call, not dropped as they finish."""
 
 from __future__ import annotations
 
@@ -47,3 +48,46 @@ def test_reduce_receives_are_posted_a_step_ahead() -> None:
     # step 0: 1 + 2 = 3 on both; step 1: 3 + 3 = 6 on both
     assert spawn(_two_reduce_steps, 2, True) == [(2, [6.0] * 3)] * 2
     assert spawn(_two_reduce_steps, 2, False) == [(1, [6.0] * 3)] * 2
+
+
+def _works_held(rank: int, world: int, retire: bool) -> tuple[list[int], list[bool], list[float]]:
+    """Two calls of two swap-and-add steps; per call, how many works stream holds afterwards, whether the
+    first call's works are still alive after each call (weak references), and the sums."""
+    import gc
+    import weakref
+
+    import torch.distributed as dist
+
+    from gearshift.comm import stream
+    from gearshift.comm.steps import Step
+
+    stream.RETIRE = retire
+    other, made = 1 - rank, []
+    isend, irecv = dist.isend, dist.irecv
+
+    def tracked(fn):
+        def call(*args, **kw):
+            work = fn(*args, **kw)
+            made.append(weakref.ref(work))
+            return work
+        return call
+
+    held, alive = [], []
+    x = torch.full((1000,), float(rank + 1))
+    stream.dist.isend, stream.dist.irecv = tracked(isend), tracked(irecv)
+    try:
+        for call in range(2):
+            stream.run_segments([[Step(x, other, x, other, True), Step(x, other, x, other, True)]])
+            first = made[:4] if call == 0 else first
+            gc.collect()
+            held.append(len(stream._retired))
+            alive.append(all(ref() is not None for ref in first))
+    finally:
+        stream.dist.isend, stream.dist.irecv = isend, irecv
+    return held, alive, x[:3].tolist()
+
+
+def test_finished_works_are_held_until_the_next_call_ends() -> None:
+    # 1 + 2 = 3, 6; then 12, 24. Each call makes two sends and two receives.
+    assert spawn(_works_held, 2, True) == [([4, 4], [True, False], [24.0] * 3)] * 2
+    assert spawn(_works_held, 2, False) == [([0, 0], [False, False], [24.0] * 3)] * 2

@@ -28,6 +28,12 @@ from gearshift.comm.steps import Step
 PREPOST = True  # post a step's receive one step ahead where that is safe (see run_segments)
 TAG_STRIDE = 1 << 10  # tag = segment * TAG_STRIDE + step
 _scratch: dict[torch.dtype, torch.Tensor] = {}  # kept between calls: fresh pages cost a fault and a zeroing
+# Finished gloo works are dropped at the end of the next call, not when they finish: dropping a receive the
+# moment it completed cost a plain isend / irecv ring step of 8 ranks on the 2-core testbed 3.5-4.2 ms
+# against 1.6 ms kept one step longer (bench/testbed_steps.py). In one job (bench/allreduce_retire.py),
+# keeping them made our ring 20-26% faster at 4-16 KiB there and the hierarchical forms 11-17% at 4 KiB.
+RETIRE = True
+_retired: list = []  # the previous call's finished works
 
 
 def scratch(dtype: torch.dtype, numel: int) -> torch.Tensor:
@@ -80,6 +86,7 @@ class _Run:
                           default=0) for prog in programs]
         self.offsets = [0, *accumulate(2 * n for n in self.sizes)]  # two slots: step j uses slot j % 2
         self.early: dict[tuple[int, int], tuple[list, torch.Tensor]] = {}  # receives posted a step ahead
+        self.finished: list = []  # works waited for, kept to the end of the next call (RETIRE)
         dtype = next((st.recv.dtype for prog in programs for st in prog if st.reduce), None)
         self.space = scratch(dtype, self.offsets[-1]) if dtype is not None and self.offsets[-1] else None
 
@@ -113,6 +120,13 @@ class _Run:
                         self.post(k, j + 1)
         for work in [w for seg in self.sending for *_, w in seg]:
             work.wait()
+        global _retired
+        _retired = self.finished + [w for seg in self.sending for *_, w in seg] if RETIRE else []
+
+    def keep(self, works: list) -> None:
+        """Hold works that finished until the end of the next call (RETIRE), not dropping them now."""
+        if RETIRE:
+            self.finished += works
 
     def post(self, k: int, j: int) -> None:
         st = self.programs[k][j]
@@ -155,6 +169,7 @@ class _Run:
         works, buf, posted = self.pending.pop(k)
         for w in works:
             w.wait()
+        self.keep(works)
         if st.recv.numel() and self.via_shm(st.src, st.recv):
             offset = self.shm.wait(st.src, k * TAG_STRIDE + j)
             self.settle(k, st.recv)
@@ -178,6 +193,7 @@ class _Run:
         for a, b, w in self.sending[k]:
             if a < hi and lo < b:
                 w.wait()
+                self.keep([w])
             else:
                 keep.append((a, b, w))
         self.sending[k] = keep

@@ -1,0 +1,107 @@
+"""A/B of comm.stream.RETIRE in one job: our algorithms with finished gloo works held to the end of the next
+call (on) or dropped as they finish (off), repetitions interleaved, gloo's all-reduce timed alongside.
+
+Usage: .venv/bin/python bench/allreduce_retire.py [--settings testbed4x2,loopback4]   (testbed: root)
+Writes bench/results/allreduce_retire.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+from allreduce import RESULTS, SETTINGS, TESTBED_RATE, parse_or_work, run_workers
+
+SIZES = (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20)
+ALGORITHMS = ("ring", "hierarchical", "hierarchical_rs")
+REPS = 7
+
+
+def worker(args: argparse.Namespace) -> None:
+    """Per size and algorithm, REPS interleaved repetitions of off / on / gloo; rank 0 writes the medians."""
+    from pathlib import Path
+
+    import torch
+    import torch.distributed as dist
+
+    from gearshift.cluster.topology import Topology
+    from gearshift.comm import CommGroups, all_reduce, stream
+    from gearshift.comm.calibrate import measure_link_costs
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    groups = CommGroups.build(Topology.from_ranks_per_node(SETTINGS[args.setting]))
+    costs = measure_link_costs(groups)
+    rows = []
+    for size in SIZES:
+        x = torch.full((size // 4,), 1e-3)
+        iters = 20 if size < (1 << 20) else 5
+        for algorithm in ALGORITHMS:
+            times: dict[str, list[float]] = {"off": [], "on": [], "gloo": []}
+            for _ in range(REPS):
+                for arm in times:
+                    stream.RETIRE = arm == "on"
+                    name = "gloo" if arm == "gloo" else algorithm
+                    all_reduce(x, name, groups=groups, costs=costs)  # and the previous call's works go
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    for _ in range(iters):
+                        x.fill_(1e-3)
+                        all_reduce(x, name, groups=groups, costs=costs)
+                    t = torch.tensor([(time.perf_counter() - t0) / iters])
+                    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+                    times[arm].append(t.item())
+            rows.append({"size_bytes": size, "algorithm": algorithm,
+                         **{f"{arm}_s": statistics.median(ts) for arm, ts in times.items()}})
+    stream.RETIRE = True
+    if dist.get_rank() == 0:
+        Path(args.out).write_text(json.dumps(rows))
+    dist.destroy_process_group()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--settings", default="testbed4x2,loopback4")
+    ap.add_argument("--setting", help=argparse.SUPPRESS)
+    args = parse_or_work(ap, worker)
+    if args is None:
+        return 0
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from gearshift.cli.allreduce import fmt_size
+    from gearshift.cluster.testbed import Testbed, TestbedConfig
+
+    out, t0 = {}, time.time()
+    for setting in args.settings.split(","):
+        if setting not in SETTINGS:
+            ap.error(f"--settings: unknown setting {setting!r} (allowed: {', '.join(SETTINGS)})")
+        if setting.startswith("testbed"):
+            with Testbed(TestbedConfig(4, 2, bandwidth=TESTBED_RATE)) as tb:
+                if not tb.emulated:
+                    print(f"{setting}: skipped (no testbed on this machine: see the line above)")
+                    continue
+                out[setting] = run_workers(setting, __file__, ["--setting", setting], tb)
+        else:
+            out[setting] = run_workers(setting, __file__, ["--setting", setting])
+    table = Table(title=f"finished works held (on) or dropped (off): ms, medians of {REPS} interleaved repetitions")
+    for col in ("setting", "size", "algorithm", "off", "on", "on / off", "gloo", "x gloo off", "x gloo on"):
+        table.add_column(col, justify="right")
+    for setting, rows in out.items():
+        for r in rows:
+            table.add_row(setting, fmt_size(r["size_bytes"]), r["algorithm"], f"{r['off_s'] * 1e3:.2f}",
+                          f"{r['on_s'] * 1e3:.2f}", f"{r['on_s'] / r['off_s']:.2f}", f"{r['gloo_s'] * 1e3:.2f}",
+                          f"{r['gloo_s'] / r['off_s']:.2f}", f"{r['gloo_s'] / r['on_s']:.2f}")
+    Console().print(table)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "allreduce_retire.json").write_text(json.dumps({"reps": REPS, "settings": out}, indent=1))
+    print(f"wrote {RESULTS / 'allreduce_retire.json'} in {time.time() - t0:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
