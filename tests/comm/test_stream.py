@@ -72,13 +72,13 @@ def _works_held(rank: int, world: int, retire: bool) -> tuple[list[int], list[bo
             return work
         return call
 
-    held, alive = [], []
+    held, alive, first = [], [], []
     x = torch.full((1000,), float(rank + 1))
     stream.dist.isend, stream.dist.irecv = tracked(isend), tracked(irecv)
     try:
-        for call in range(2):
+        for _ in range(2):
             stream.run_segments([[Step(x, other, x, other, True), Step(x, other, x, other, True)]])
-            first = made[:4] if call == 0 else first
+            first = first or made[:4]
             gc.collect()
             held.append(len(stream._retired))
             alive.append(all(ref() is not None for ref in first))

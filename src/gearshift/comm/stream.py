@@ -28,10 +28,10 @@ from gearshift.comm.steps import Step
 PREPOST = True  # post a step's receive one step ahead where that is safe (see run_segments)
 TAG_STRIDE = 1 << 10  # tag = segment * TAG_STRIDE + step
 _scratch: dict[torch.dtype, torch.Tensor] = {}  # kept between calls: fresh pages cost a fault and a zeroing
-# Finished gloo works are dropped at the end of the next call, not when they finish: dropping a receive the
-# moment it completed cost a plain isend / irecv ring step of 8 ranks on the 2-core testbed 3.5-4.2 ms
-# against 1.6 ms kept one step longer (bench/testbed_steps.py). In one job (bench/allreduce_retire.py),
-# keeping them made our ring 20-26% faster at 4-16 KiB there and the hierarchical forms 11-17% at 4 KiB.
+# Finished gloo works are dropped at the end of the next call, not when they finish: a plain isend / irecv
+# ring step of 8 ranks on the 2-core testbed took 1.9-2.1 ms at 256 B-4 KiB with its works dropped at once
+# against 1.35-1.5 ms held a step (bench/testbed_steps.py); holding them made our ring 0.64-0.83x the time
+# there at 4-64 KiB and the leader design 0.73-0.93x, no change from 256 KiB (bench/allreduce_retire.py).
 RETIRE = True
 _retired: list = []  # the previous call's finished works
 
