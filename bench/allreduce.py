@@ -103,6 +103,21 @@ def _timeline(size: int, groups, costs, rows: list[dict]) -> dict | None:
             "leader_rate_vs_gloo": leader_rate / gloo_rate if gloo_rate else None}
 
 
+def calibrated_job(setting: str):
+    """In a worker: one thread, gloo up, CommGroups of `setting`'s nodes and this job's measured LinkCosts."""
+    import torch
+    import torch.distributed as dist
+
+    from gearshift.cluster.topology import Topology
+    from gearshift.comm import CommGroups
+    from gearshift.comm.calibrate import measure_link_costs
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    groups = CommGroups.build(Topology.from_ranks_per_node(SETTINGS[setting]))
+    return groups, measure_link_costs(groups)
+
+
 # ---------------------------------------------------------------- driver
 def spawn(setting: str, argv: list[str], tb=None) -> None:
     """Run argv once per rank of `setting` (inside the testbed's namespaces when tb is given), rendezvous
@@ -160,8 +175,9 @@ def run_setting(setting: str, sizes: list[int], tb=None, trace: int | None = Non
 def link_summary(setting: str, hosts: dict) -> str:
     """One line on what the testbed's host links carried during a setting: drops there mean retransmits
     in the timings (the shapers' queues hold ~20 ms, so there should be none)."""
-    ways = [c for h in hosts.values() for c in (h["sent"], h["received"]) if c]
-    total = {k: sum(c[k] for c in ways) for k in ("bytes", "packets", "throttled", "dropped")}
+    from gearshift.cluster.testbed import traffic_totals
+
+    total = traffic_totals(hosts)
     return (f"{setting}: host links carried {total['bytes'] / 1e9:.2f} GB in {total['packets']} packets, both ways; "
             f"held at the cap {total['throttled']} times; dropped {total['dropped']}"
             + ("" if not total["dropped"] else " (retransmits in these timings)"))

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from allreduce import RESULTS, SETTINGS, TESTBED_RATE, parse_or_work, run_workers
+from allreduce import RESULTS, SETTINGS, TESTBED_RATE, calibrated_job, parse_or_work, run_workers
 
 # name -> (GEARSHIFT_NODE_MATRIX, comm.stream.PREPOST); the first hierarchical variant is what ships
 VARIANTS = {"as shipped": ("", True), "square": ("square", True), "ring": ("ring", True),
@@ -31,14 +31,9 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from gearshift.cluster.topology import Topology
-    from gearshift.comm import CommGroups, all_reduce, stream
-    from gearshift.comm.calibrate import measure_link_costs
+    from gearshift.comm import all_reduce, stream
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    groups = CommGroups.build(Topology.from_ranks_per_node(SETTINGS[args.setting]))
-    costs = measure_link_costs(groups)
+    groups, costs = calibrated_job(args.setting)
     rows = []
     for size in [int(s) for s in args.sizes.split(",")]:
         x = torch.full((size // 4,), 1e-3)

@@ -82,11 +82,6 @@ def worker(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
-def _totals(hosts: dict) -> dict:
-    ways = [c for h in hosts.values() for c in (h["sent"], h["received"]) if c]
-    return {k: sum(c[k] for c in ways) for k in ("bytes", "throttled", "dropped")}
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default=SIZES, help="message sizes, e.g. 256,2KiB,64KiB")
@@ -102,7 +97,7 @@ def main() -> int:
     from rich.table import Table
 
     from gearshift.cli.allreduce import fmt_size, parse_sizes
-    from gearshift.cluster.testbed import Testbed, TestbedConfig, parse_rate, status
+    from gearshift.cluster.testbed import Testbed, TestbedConfig, parse_rate, status, traffic_totals
 
     sizes, rate = parse_sizes(args.sizes), parse_rate(TESTBED_RATE) / 8
     rows, t0 = [], time.time()
@@ -111,9 +106,9 @@ def main() -> int:
             print("no testbed on this machine (see the line above)")
             return 1
         for size in sizes:
-            before = _totals(status(tb.config.prefix)["namespaces"])
+            before = traffic_totals(status(tb.config.prefix)["namespaces"])
             got = run_workers(SETTING, __file__, ["--size", str(size), "--steps", str(args.steps)], tb)
-            after = _totals(status(tb.config.prefix)["namespaces"])
+            after = traffic_totals(status(tb.config.prefix)["namespaces"])
             # all of the job's traffic (set-up and barriers too, headers included) over its steps; every
             # inter-node message crosses two shapers (out of one host, into the next), and the ring has four
             # node boundaries: bytes per host link and way per step

@@ -91,6 +91,9 @@ def test_up_shapes_and_down_cleans() -> None:
         assert hosts["gt-n0"]["sent"]["throttled"] > 0 and hosts["gt-n1"]["received"]["throttled"] > 0
         assert hosts["gt-n1"]["sent"]["bytes"] < (4 << 20) // 10  # the way back carried ACKs only
         assert hosts["gt-n0"]["sent"]["dropped"] == 0
+        total = tbm.traffic_totals(hosts)  # both hosts, both ways: the transfer out and in, plus the ACKs
+        assert total["bytes"] == sum(h[w]["bytes"] for h in hosts.values() for w in ("sent", "received"))
+        assert total["bytes"] > 2 * (4 << 20) and total["throttled"] > 0
         assert 0.6 * 80e6 < rate < 1.1 * 80e6, f"measured {rate / 1e6:.1f} Mbit/s against an 80 Mbit/s cap"
         # only payload-free segments (ACKs) take the priority class: tiny data stays in its flow's order
         srv = tb.popen(1, [sys.executable, "-c", SERVER, tb.address(1)], stdout=subprocess.PIPE, text=True)

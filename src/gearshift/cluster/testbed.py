@@ -240,6 +240,12 @@ def link_counters(prefix: list[str], dev: str) -> dict | None:
     return dict(zip(("bytes", "packets", "dropped", "throttled"), map(int, m.groups())))
 
 
+def traffic_totals(hosts: dict) -> dict:
+    """link_counters summed over status()'s namespaces and both ways (bytes, packets, dropped, throttled)."""
+    ways = [c for h in hosts.values() for c in (h["sent"], h["received"]) if c]
+    return {k: sum(c[k] for c in ways) for k in ("bytes", "packets", "dropped", "throttled")}
+
+
 def status(prefix: str = "gs-") -> dict:
     """What exists now: namespaces, root links, the saved config, and per namespace its address, shaped
     rate and link_counters in both directions ("sent": host to network, "received": network to host)."""
