@@ -37,7 +37,6 @@ def worker(args: argparse.Namespace) -> None:
     from gearshift.cluster.topology import Topology
     from gearshift.comm import CommGroups
     from gearshift.comm.calibrate import measure_link_costs
-    from gearshift.comm.measure import time_algorithms
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -46,17 +45,7 @@ def worker(args: argparse.Namespace) -> None:
     groups = CommGroups.build(topo)
     shaped = args.setting.startswith("testbed")
     costs = measure_link_costs(groups)  # the package's own calibration, as training's `auto` uses
-    # warm-ups: two on loopback (shared-memory staging alternates between two regions, whose pages fault
-    # in once); on loopback at least 3 calls per sample and 5 samples, as 4-8 processes on 2 cores make
-    # single calls vary by 2x; on the testbed 7 samples where calls are step-bound and cheap (to 1 MiB), 5
-    # to 16 MiB (a single call there moves by 2-4% between samples), 3 above (a 64 MiB call takes 5 s)
-    sizes = [int(s) for s in args.sizes.split(",")]
-    rows = []
-    parts = [([s for s in sizes if s <= MIB], 7 if shaped else 5), ([s for s in sizes if MIB < s <= 16 * MIB], 5),
-             ([s for s in sizes if s > 16 * MIB], 3 if shaped else 5)]
-    for part, reps in parts:
-        rows += time_algorithms(groups, part, costs, tuple(ALGOS), reps=reps, warmups=1 if shaped else 2,
-                                min_iters=1 if shaped else 3, budget_s=0.5 if shaped else 0.25, again=AGAIN)
+    rows = time_sizes(groups, [int(s) for s in args.sizes.split(",")], costs, shaped, again=AGAIN)
     timeline = _timeline(int(args.trace), groups, costs, rows) if args.trace else None
     again = measure_link_costs(groups)  # an A/A of the calibration: the model's input, measured again at the end
     if dist.get_rank() == 0:
@@ -64,6 +53,23 @@ def worker(args: argparse.Namespace) -> None:
                                               "timeline": timeline}))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def time_sizes(groups, sizes: list[int], costs, shaped: bool, again: tuple[str, ...] = ()) -> list[dict]:
+    """Every algorithm at every size, sampled as this benchmark samples a setting (comm.measure rows).
+    Warm-ups: two on loopback (shared-memory staging alternates between two regions, whose pages fault in
+    once); on loopback at least 3 calls per sample and 5 samples, as 4-8 processes on 2 cores make single
+    calls vary by 2x; on the testbed 7 samples where calls are step-bound and cheap (to 1 MiB), 5 to 16 MiB
+    (a single call there moves by 2-4% between samples), 3 above (a 64 MiB call takes 5 s)."""
+    from gearshift.comm.measure import time_algorithms
+
+    rows = []
+    parts = [([s for s in sizes if s <= MIB], 7 if shaped else 5), ([s for s in sizes if MIB < s <= 16 * MIB], 5),
+             ([s for s in sizes if s > 16 * MIB], 3 if shaped else 5)]
+    for part, reps in parts:
+        rows += time_algorithms(groups, part, costs, tuple(ALGOS), reps=reps, warmups=1 if shaped else 2,
+                                min_iters=1 if shaped else 3, budget_s=0.5 if shaped else 0.25, again=again)
+    return rows
 
 
 def _timeline(size: int, groups, costs, rows: list[dict]) -> dict | None:
@@ -151,6 +157,27 @@ def run_workers(setting: str, script: str, args: list[str], tb=None) -> dict:
         return json.loads(Path(out).read_text())
     finally:
         os.unlink(out)
+
+
+def run_settings(ap: argparse.ArgumentParser, settings: str, script: str, args: list[str]) -> dict[str, dict]:
+    """run_workers(setting, script, ["--setting", setting, *args]) for each comma-separated setting, the testbed
+    ones inside a 4 x 2 testbed at TESTBED_RATE (skipped with a line where this machine cannot make one)."""
+    from gearshift.cluster.testbed import Testbed, TestbedConfig
+
+    runs = {}
+    for setting in settings.split(","):
+        if setting not in SETTINGS:
+            ap.error(f"--settings: unknown setting {setting!r} (allowed: {', '.join(SETTINGS)})")
+        argv = ["--setting", setting, *args]
+        if setting.startswith("testbed"):
+            with Testbed(TestbedConfig(4, 2, bandwidth=TESTBED_RATE)) as tb:
+                if not tb.emulated:
+                    print(f"{setting}: skipped (no testbed on this machine: see the line above)")
+                    continue
+                runs[setting] = run_workers(setting, script, argv, tb)
+        else:
+            runs[setting] = run_workers(setting, script, argv)
+    return runs
 
 
 def parse_or_work(ap: argparse.ArgumentParser, worker) -> argparse.Namespace | None:

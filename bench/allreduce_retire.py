@@ -13,7 +13,7 @@ import statistics
 import sys
 import time
 
-from allreduce import RESULTS, SETTINGS, TESTBED_RATE, calibrated_job, parse_or_work, run_workers
+from allreduce import RESULTS, calibrated_job, parse_or_work, run_settings
 
 SIZES = (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20)
 ALGORITHMS = ("ring", "hierarchical", "hierarchical_rs")
@@ -69,20 +69,9 @@ def main() -> int:
     from rich.table import Table
 
     from gearshift.cli.allreduce import fmt_size
-    from gearshift.cluster.testbed import Testbed, TestbedConfig
 
-    out, t0 = {}, time.time()
-    for setting in args.settings.split(","):
-        if setting not in SETTINGS:
-            ap.error(f"--settings: unknown setting {setting!r} (allowed: {', '.join(SETTINGS)})")
-        if setting.startswith("testbed"):
-            with Testbed(TestbedConfig(4, 2, bandwidth=TESTBED_RATE)) as tb:
-                if not tb.emulated:
-                    print(f"{setting}: skipped (no testbed on this machine: see the line above)")
-                    continue
-                out[setting] = run_workers(setting, __file__, ["--setting", setting], tb)
-        else:
-            out[setting] = run_workers(setting, __file__, ["--setting", setting])
+    t0 = time.time()
+    out = run_settings(ap, args.settings, __file__, [])
     table = Table(title=f"finished works held (on) or dropped (off): ms, medians of {REPS} interleaved repetitions")
     for col in ("setting", "size", "algorithm", "off", "on", "on / off", "gloo", "x gloo off", "x gloo on"):
         table.add_column(col, justify="right")

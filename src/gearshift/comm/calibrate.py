@@ -33,9 +33,6 @@ STEP_BUDGET_S = 0.5  # seconds of samples per per-step cost (at least `reps`): w
 MAX_REPS_FACTOR = 4
 WARM_UP_S = 0.3  # of gloo's tiny all-reduce before the first timing: without it, gloo's step cost read 12-26%
 # above a second calibration's in the same job, in all of six runs on 4 loopback ranks
-INTERLEAVE_STEPS = True  # per-step costs sampled in turn, not one pattern after another: on 4 / 8 loopback
-# ranks two consecutive calibrations priced 18-32 / 8 of 128 cells > 20% apart, against 27-38 / 11-21 (two runs
-# of bench/calibration_aa.py)
 CPU_BOUND_SHARE = 0.35  # this probe kept 55-80% of the usable cores busy on loopback (4 and 8 ranks, 2 cores)
 # and 12-14% on the 200 Mbit/s testbed (4 x 2 ranks), three runs each
 
@@ -128,8 +125,7 @@ def measure_link_costs(groups: CommGroups, beta_bytes: int = MIB, reps: int = 7,
 
     Per-step costs come from tiny runs of the same engine the algorithms use, with every rank running (each
     the median of samples of 10 calls, at least `reps` and as many as fit in STEP_BUDGET_S, after WARM_UP_S
-    of gloo's tiny all-reduce; the patterns' samples taken in turn (INTERLEAVE_STEPS), so a drift in the
-    machine's load reaches every cost alike):
+    of gloo's tiny all-reduce):
     inter_alpha = a flat ring all-reduce of one item per chunk over all ranks / its 2 (n - 1) steps;
     intra_p2p_alpha = the same ring inside every node at once; intra_alpha = gloo's reduce + broadcast in
     every node group (what a one-node job runs); gloo_alpha = gloo's own 1 KiB all-reduce / 2 (n - 1);
@@ -163,8 +159,7 @@ def measure_link_costs(groups: CommGroups, beta_bytes: int = MIB, reps: int = 7,
             return fn
         return make
 
-    def ring_fn(rings: list[list[int]]) -> tuple[Callable[[], None], int]:
-        """A tiny ring all-reduce in every ring at once, and its step count."""
+    def ring_steps(rings: list[list[int]]) -> float:
         ring = next((r for r in rings if rank in r), [])
         x = torch.zeros(2 * max(len(r) for r in rings))
 
@@ -172,7 +167,7 @@ def measure_link_costs(groups: CommGroups, beta_bytes: int = MIB, reps: int = 7,
             if len(ring) > 1:
                 run_segments([ring_all_reduce(x, ring, rank)], groups)
         longest = max(len(r) for r in rings)
-        return fn, max(1, 2 * (longest - 1) if longest > 2 else 1)
+        return timed(fn, reps, 10) / max(1, 2 * (longest - 1) if longest > 2 else 1)
 
     def node_collectives() -> None:
         leader = g(topo.leader(topo.node[groups.rank]))
@@ -180,32 +175,21 @@ def measure_link_costs(groups: CommGroups, beta_bytes: int = MIB, reps: int = 7,
         dist.reduce(x, dst=leader, group=groups.node_group)
         dist.broadcast(x, src=leader, group=groups.node_group)
 
-    def algorithm_fn(algorithm: str) -> tuple[Callable[[], None], int] | None:
+    gloo_x = torch.zeros(256)
+    _warm_up(lambda: dist.all_reduce(gloo_x, group=groups.group), WARM_UP_S, groups.group)
+    gloo_alpha = timed(lambda: dist.all_reduce(gloo_x, group=groups.group), reps, 10) / max(1, 2 * (world - 1))
+    inter_alpha = ring_steps([[g(i) for i in range(world)]])
+    p2p_alpha = ring_steps(node_rings) if max(topo.ranks_per_node) > 1 else inter_alpha
+    intra_alpha = timed(node_collectives, reps, 10) / (2 * max(1, (max(topo.ranks_per_node) - 1).bit_length()))
+
+    def algorithm_alpha(algorithm: str) -> float | None:
         if topo.num_nodes == 1 or (algorithm == "hierarchical_rs" and not groups.topology.uniform):
             return None  # runs gloo (one node) or the leader design (uneven nodes)
         x = torch.zeros(2 * world)
         steps = len(build(algorithm, x, topo, groups.rank)[0])  # the same on every rank (padded programs)
-        return (lambda: all_reduce(x, algorithm, groups=groups)), steps
+        return timed(lambda: all_reduce(x, algorithm, groups=groups), reps, 10) / steps
 
-    gloo_x = torch.zeros(256)
-    gloo_fn = lambda: dist.all_reduce(gloo_x, group=groups.group)  # noqa: E731
-    _warm_up(gloo_fn, WARM_UP_S, groups.group)
-    # every per-step cost: (name, fn, steps per call); timed interleaved (INTERLEAVE_STEPS) so that the load
-    # drift of a machine whose ranks share cores reaches all of them alike
-    patterns = {"gloo_alpha": (gloo_fn, max(1, 2 * (world - 1))),
-                "inter_alpha": ring_fn([[g(i) for i in range(world)]]),
-                "p2p_alpha": ring_fn(node_rings) if max(topo.ranks_per_node) > 1 else None,
-                "intra_alpha": (node_collectives, 2 * max(1, (max(topo.ranks_per_node) - 1).bit_length())),
-                "hierarchical_alpha": algorithm_fn("hierarchical"), "rs_alpha": algorithm_fn("hierarchical_rs")}
-    live = {name: p for name, p in patterns.items() if p is not None}
-    if INTERLEAVE_STEPS:
-        times = _interleaved([fn for fn, _ in live.values()], reps, 10, groups.group, STEP_BUDGET_S * len(live))
-    else:
-        times = [timed(fn, reps, 10) for fn, _ in live.values()]
-    alpha = {name: t / steps for (name, (_, steps)), t in zip(live.items(), times)}
-    gloo_alpha, inter_alpha, intra_alpha = alpha["gloo_alpha"], alpha["inter_alpha"], alpha["intra_alpha"]
-    p2p_alpha = alpha.get("p2p_alpha", inter_alpha)
-    hierarchical_alpha, rs_alpha = alpha.get("hierarchical_alpha"), alpha.get("rs_alpha")
+    hierarchical_alpha, rs_alpha = algorithm_alpha("hierarchical"), algorithm_alpha("hierarchical_rs")
 
     def beta(make) -> float:
         return slope(make, lambda fns, n: _interleaved(fns, n, 1, groups.group), beta_bytes, max_beta_bytes)
