@@ -16,7 +16,7 @@ import statistics
 import sys
 import time
 
-from allreduce import ALGOS, RESULTS, SETTINGS, TESTBED_RATE, calibrated_job, parse_or_work, run_workers
+from allreduce import ALGOS, RESULTS, SETTINGS, TESTBED_RATE, accuracy, calibrated_job, parse_or_work, run_workers
 
 SIZES = "256,1KiB,2KiB,4KiB,6KiB,8KiB,12KiB,16KiB,24KiB,32KiB,48KiB,64KiB"
 REPS, ITERS = 5, 20
@@ -110,6 +110,9 @@ def main() -> int:
             table.add_row(fmt_size(size), *(f"{c['time_s'] * 1e3:.2f} ({c['predicted_time_s'] * 1e3:.2f}), "
                                             f"cpu {c['cpu_s'] * 1e3:.1f}" for c in (cells[a] for a in ALGOS)))
         console.print(table)
+        setting, rate = name.split("@")
+        for line in accuracy([{**r, "setting": setting} for r in run["rows"]]):
+            print(f"{line} (at {rate})")
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"{args.name}.json"
     out.write_text(json.dumps({"reps": REPS, "iters": ITERS, "max_packet": args.max_packet, "runs": runs}, indent=1))

@@ -65,7 +65,7 @@ def summary(rounds: list[dict]) -> dict:
     alphas = [k for k, v in rounds[0]["costs"].items() if k.endswith("alpha") and v]
     pairs = [abs(b["predicted_s"][k] / a["predicted_s"][k] - 1) for a, b in zip(rounds, rounds[1:]) for k in cells]
     timed = [spread([r["timed_s"][k] for r in rounds]) for k in cells]
-    return {"misses": [sum(abs(r["predicted_s"][k] / r["timed_s"][k] - 1) > WITHIN for k in cells) for r in rounds],
+    return {"misses": [sum(abs(r["timed_s"][k] / r["predicted_s"][k] - 1) > WITHIN for k in cells) for r in rounds],
             "cells": len(cells), "alpha_spread": {k: spread([r["costs"][k] for r in rounds]) for k in alphas},
             "prediction_spread_median": statistics.median(spread([r["predicted_s"][k] for r in rounds])
                                                           for k in cells),
