@@ -110,9 +110,9 @@ def main() -> int:
             table.add_row(fmt_size(size), *(f"{c['time_s'] * 1e3:.2f} ({c['predicted_time_s'] * 1e3:.2f}), "
                                             f"cpu {c['cpu_s'] * 1e3:.1f}" for c in (cells[a] for a in ALGOS)))
         console.print(table)
-        setting, rate = name.split("@")
+        setting, _, rate = name.partition("@")
         for line in accuracy([{**r, "setting": setting} for r in run["rows"]]):
-            print(f"{line} (at {rate})")
+            print(f"{line} (at {rate})" if rate else line)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"{args.name}.json"
     out.write_text(json.dumps({"reps": REPS, "iters": ITERS, "max_packet": args.max_packet, "runs": runs}, indent=1))
