@@ -35,7 +35,7 @@ def common(a: argparse.Namespace, profile: Path) -> list[str]:
     return [f"--model.layers={a.layers}", f"--model.width={a.width}", f"--model.context={a.context}",
             f"--train.batch_size={a.batch}", f"--cluster.workers={WORLD}",
             f"--parallel.stages={WORLD}", f"--parallel.microbatches={a.micro}", "--train.eval_every=0",
-            "--train.checkpoint_every=0", "--output.trace=", "--output.progress=false", "--train.warmup_steps=5",
+            "--train.checkpoint_every=0", "--output.trace=false", "--output.progress=false", "--train.warmup_steps=5",
             f"--adapt.profile={profile}", f"--data.max_bytes={a.max_bytes}"]
 
 

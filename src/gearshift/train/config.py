@@ -3,6 +3,7 @@ validation that names the field and what is allowed."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import types
 import typing
@@ -16,86 +17,95 @@ from gearshift.tomlfile import read_toml
 
 SCHEDULES = ("gpipe", "1f1b", "kfkb")
 PARTITIONS = ("uniform", "params", "adaptive")
+EXISTING = ("move", "refuse")
 ALLREDUCE = ("auto", "gloo", "ring", "hierarchical", "hierarchical_rs")
+
+
+def key(default: Any, doc: str) -> Any:
+    """A config key: its default and the one-line doc that `gearshift train --help` prints."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata={"doc": doc})
+    return field(default=default, metadata={"doc": doc})
 
 
 @dataclass
 class ModelConfig:
-    """GPT over bytes (vocabulary 256)."""
+    """The model: a byte-level GPT (vocabulary 256)."""
 
-    name: str = "gpt"
-    layers: int = 4
-    width: int = 128
-    heads: int = 4
-    context: int = 128
-    dropout: float = 0.0
+    name: str = key("gpt", "model to train (allowed: gpt)")
+    layers: int = key(4, "transformer blocks (the LayeredModel adds an embedding and a head layer)")
+    width: int = key(128, "embedding width; divisible by heads")
+    heads: int = key(4, "attention heads per block")
+    context: int = key(128, "sequence length in tokens (bytes)")
+    dropout: float = key(0.0, "dropout probability in [0, 1)")
 
 
 @dataclass
 class DataConfig:
-    """Corpus: "" = the Python standard library's sources on this machine; else a file or directory."""
+    """The corpus."""
 
-    path: str = ""
-    val_fraction: float = 0.05
-    max_bytes: int = 8_000_000
+    path: str = key("", 'text file or directory of files, read as bytes; "" = this Python\'s standard library sources')
+    val_fraction: float = key(0.05, "last fraction of the corpus held out for validation, in (0, 1)")
+    max_bytes: int = key(8_000_000, "read at most this many bytes of the corpus")
 
 
 @dataclass
 class ClusterConfig:
     """Where the workers run."""
 
-    workers: int = 4
-    spec: str = ""  # cluster spec TOML for planning; "" = the local workers, all equal
-    backend: str = "auto"  # auto | gloo | nccl
-    timeout_s: float = 120.0  # collective timeout: a dead peer surfaces within this
-    ranks_per_node: int = 0  # local ranks per (emulated) node; 0 = every worker on one node
-    testbed: bool = False  # run each node's ranks in its own network namespace over shaped links (root)
-    bandwidth: str = "1gbit"  # testbed per-host link rate (tc syntax: 200mbit, 1gbit, ...)
+    workers: int = key(4, "local worker processes (under torchrun: the processes torchrun started)")
+    spec: str = key("", 'cluster spec TOML for planning (devices, speeds, links); "" = the local workers, all equal')
+    backend: str = key("auto", "process-group backend: auto (nccl with CUDA, else gloo), gloo, nccl")
+    timeout_s: float = key(120.0, "collective timeout in seconds: a dead peer surfaces within this")
+    ranks_per_node: int = key(0, "local ranks per (emulated) node; 0 = every worker on one node")
+    testbed: bool = key(False, "run each node's ranks in its own network namespace over shaped links (root)")
+    bandwidth: str = key("1gbit", "testbed per-host link rate (tc syntax: 200mbit, 1gbit, ...)")
 
 
 @dataclass
 class ParallelConfig:
-    """How the model is split and scheduled."""
+    """How the model is split, scheduled and synchronised."""
 
-    stages: int = 4
-    schedule: str = "1f1b"
-    microbatches: int = 8
-    k: int = 1
-    partition: Any = "uniform"  # "uniform" | "params" | "adaptive" | [[start, end], ...]
-    allreduce: str = "auto"
-    tune_allreduce: bool = True  # "auto" across nodes: time the model's candidates once per bucket size
-    bucket_mb: float = 25.0
+    stages: int = key(4, "pipeline stages; cluster.workers / stages data-parallel replicas of the pipeline")
+    schedule: str = key("1f1b", "pipeline schedule: gpipe, 1f1b, kfkb")
+    microbatches: int = key(8, "micro-batches per step (per replica); must divide the replica's batch")
+    k: int = key(1, "kfkb: forwards (then backwards) per group; 1 = 1F1B, >= microbatches = GPipe")
+    partition: Any = key("uniform", "uniform | params | adaptive | [[start, end], ...] layer ranges per stage")
+    allreduce: str = key("auto", "gradient all-reduce: auto, gloo, ring, hierarchical, hierarchical_rs")
+    tune_allreduce: bool = key(True, "auto across nodes: time the cost model's candidates once per bucket size")
+    bucket_mb: float = key(25.0, "gradient bucket size in MiB (one all-reduce per bucket)")
 
 
 @dataclass
 class TrainConfig:
     """Optimisation: AdamW, clipping, warmup + cosine LR, validation, checkpoints."""
 
-    steps: int = 300
-    batch_size: int = 32  # sequences per step, across all replicas
-    lr: float = 3e-3
-    min_lr: float = 3e-4
-    warmup_steps: int = 30
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0
-    seed: int = 0
-    eval_every: int = 100
-    eval_batches: int = 4
-    checkpoint_every: int = 100
-    stop_after: int = 0  # stop (with a checkpoint) after this many steps of this run; 0 = run to `steps`
+    steps: int = key(300, "optimizer steps of the whole run")
+    batch_size: int = key(32, "sequences per step, across all replicas")
+    lr: float = key(3e-3, "peak learning rate (after warmup)")
+    min_lr: float = key(3e-4, "learning rate at the last step (cosine decay)")
+    warmup_steps: int = key(30, "linear warmup steps")
+    weight_decay: float = key(0.1, "AdamW weight decay on matrices (not on biases and norms)")
+    beta1: float = key(0.9, "AdamW beta1")
+    beta2: float = key(0.95, "AdamW beta2")
+    grad_clip: float = key(1.0, "clip the global gradient norm to this; 0 = off")
+    seed: int = key(0, "seed of the initial weights and of the data order")
+    eval_every: int = key(100, "validation loss every this many steps (and at the end); 0 = off")
+    eval_batches: int = key(4, "validation batches per evaluation")
+    checkpoint_every: int = key(25, "checkpoint every this many steps (and at the end); 0 = at the end only")
+    stop_after: int = key(0, "end this run after this many steps, with a checkpoint (as a preemption would); "
+                              "0 = run to steps")
 
 
 @dataclass
 class EmulateConfig:
-    """Emulated heterogeneity (read by gearshift.cluster.emulate alone): per-rank compute slowdown, caps on
-    pipeline links, and changes over time, e.g. scenario = ["150:1:3.0"] (at step 150 rank 1 is 3x slower)."""
+    """Emulated heterogeneity on one machine (read by gearshift.cluster.emulate alone)."""
 
-    slowdown: list[float] = field(default_factory=list)  # one factor per rank; [] = none
-    link_bandwidth: float | list[float] = 0.0  # bytes/s into each rank (or one per rank); 0 = uncapped
-    link_latency_s: float = 0.0
-    scenario: list[Any] = field(default_factory=list)
+    slowdown: list[float] = key([], "compute slowdown factor per rank, e.g. [1, 2, 4, 4]; [] = none")
+    link_bandwidth: float | list[float] = key(0.0, "cap in bytes/s on pipeline transfers into each rank "
+                                                   "(one for all or one per rank); 0 = uncapped")
+    link_latency_s: float = key(0.0, "added latency in seconds per pipeline transfer")
+    scenario: list[Any] = key([], 'changes over time, e.g. ["150:1:3.0"]: at step 150 rank 1 becomes 3x slower')
 
     def as_emulation_dict(self, workers: int) -> dict:
         d: dict = {"slowdown": self.slowdown or [1.0] * workers, "link_latency_s": self.link_latency_s,
@@ -107,23 +117,25 @@ class EmulateConfig:
 
 @dataclass
 class AdaptConfig:
-    """Re-planning: every `every` steps the partition is re-planned from measured speeds and applied by
-    live layer migration when the predicted gain over the next period beats the migration cost."""
+    """Re-planning: every `every` steps the partition is re-planned from measured speeds and applied by live
+    layer migration when the predicted gain over the next period beats the migration cost."""
 
-    every: int = 100  # 0 = never (partition = "adaptive" starts from uniform and learns the speeds)
-    alpha: float = 0.5  # smoothing of the measured speeds (EWMA weight of the newest sample)
-    profile: str = ""  # ModelProfile JSON from `gearshift profile`; "" = profile at start
-    force: list[Any] = field(default_factory=list)  # [[step, [[start, end], ...]], ...]: forced re-partitions
+    every: int = key(100, "re-plan every this many steps (parallel.partition = adaptive); 0 = never")
+    alpha: float = key(0.5, "weight of the newest sample in the smoothed speed estimates, in (0, 1]")
+    profile: str = key("", 'ModelProfile JSON from `gearshift profile`; "" = profile at start')
+    force: list[Any] = key([], "forced re-partitions, [[step, [[start, end], ...]], ...] (tests, demos)")
 
 
 @dataclass
 class OutputConfig:
-    """Where results go."""
+    """Where results go: metrics.jsonl, checkpoints/, trace.json, metrics.png under `dir`."""
 
-    dir: str = "runs/default"
-    trace: str = ""  # Perfetto trace path ("" = none)
-    trace_step: int = -1  # which step to trace (-1 = the last)
-    progress: bool = True
+    dir: str = key("runs/default", "run directory")
+    existing: str = key("move", "a fresh run into a directory that holds another run: move (it aside, and say "
+                                "where) or refuse")
+    trace: bool = key(True, "write trace.json (Perfetto): one step's measured timeline beside the simulator's")
+    trace_step: int = key(-1, "the step to trace; -1 = the last")
+    progress: bool = key(True, "progress bar and summary on the console")
 
 
 @dataclass
@@ -267,6 +279,8 @@ def validate(cfg: JobConfig) -> JobConfig:
     _check(t.checkpoint_every >= 0, f"train.checkpoint_every: must be >= 0 (0 = end only), got {t.checkpoint_every}")
     _check(t.stop_after >= 0, f"train.stop_after: must be >= 0 (0 = run to train.steps), got {t.stop_after}")
     _check(bool(cfg.output.dir), "output.dir: must not be empty")
+    _check(cfg.output.existing in EXISTING,
+           f"output.existing: {cfg.output.existing!r} (allowed: {', '.join(EXISTING)})")
     from gearshift.cluster.emulate import EmulationConfig
 
     e = cfg.emulate

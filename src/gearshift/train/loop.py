@@ -302,6 +302,6 @@ def _write_trace(rt: PipelineRuntime, record, cfg: JobConfig, step: int, adapter
             cores = (os.cpu_count() or 1) * rt.R / dist.get_world_size()
             predicted, _ = predict_shared_cores(profile, list(rt.bounds), rt.schedule, state, cores,
                                                 microbatch_size(cfg))
-        path = Path(cfg.output.trace)
+        path = Path(cfg.output.dir) / "trace.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         write_trace(path, merge_traces(measured, sim_trace(predicted, "predicted (simulator)")))
