@@ -42,7 +42,7 @@ class TorchPipeline:
 
         from gearshift.models.gpt import build_layer, gpt_loss
         from gearshift.train.layout import uniform_bounds
-        from gearshift.train.loop import gpt_config
+        from gearshift.train.build import gpt_config
 
         self.rank, self.group, self.cfg = dist.get_rank(), group, cfg
         gcfg, t = gpt_config(cfg), cfg.train
@@ -91,7 +91,7 @@ def _worker(rank: int, world: int, a: argparse.Namespace) -> dict:
 
     from gearshift.train.config import load_config
     from gearshift.train.data import ByteCorpus
-    from gearshift.train.loop import build_runtime, lr_at
+    from gearshift.train.build import build_runtime, lr_at
 
     cfgs = {s: load_config(None, _overrides(a, s)) for s in SCHEDULES}
     cfg0 = cfgs["gpipe"]

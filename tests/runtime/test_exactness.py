@@ -8,9 +8,9 @@ import torch
 
 from gearshift.comm.launch import spawn
 from gearshift.models.gpt import build_gpt
+from gearshift.train.build import build_runtime, gpt_config, lr_at
 from gearshift.train.config import load_config
 from gearshift.train.data import ByteCorpus
-from gearshift.train.loop import build_runtime, gpt_config, lr_at
 
 STEPS = 3
 BASE = ["--model.layers=2", "--model.width=32", "--model.heads=2", "--model.context=16",

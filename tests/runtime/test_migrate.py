@@ -8,9 +8,9 @@ import torch
 
 from gearshift.comm.launch import spawn
 from gearshift.runtime.migrate import migrate
+from gearshift.train.build import build_runtime, lr_at
 from gearshift.train.config import load_config
 from gearshift.train.data import ByteCorpus
-from gearshift.train.loop import build_runtime, lr_at
 
 ARGS = ["--model.layers=4", "--model.width=32", "--model.heads=2", "--model.context=16", "--train.batch_size=8",
         "--data.max_bytes=100000", "--train.warmup_steps=1", "--train.lr=1e-3", "--parallel.microbatches=4",

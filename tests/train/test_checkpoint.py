@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 from conftest import TINY
 
-from gearshift.train.checkpoint import latest_checkpoint, save_checkpoint
+from gearshift.train.checkpoint import FORMAT, job_fingerprint, latest_checkpoint, save_checkpoint
+from gearshift.train.config import load_config
 
 
 def _train(out: Path, *args: str) -> subprocess.CompletedProcess:
@@ -64,8 +65,8 @@ def test_corrupt_and_mismatched_checkpoints_are_clear_errors(tmp_path):
     r = _train(out, "--resume")
     assert r.returncode == 2
     assert "corrupt or not a Gearshift checkpoint" in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    save_checkpoint(out / "checkpoints" / "step_0000006.pt",
-                    {"format": 1, "step": 6, "model_config": {"name": "gpt", "layers": 3}})
+    job = job_fingerprint(load_config(None, [*TINY, "--model.layers=3"]))
+    save_checkpoint(out / "checkpoints" / "step_0000006.pt", {"format": FORMAT, "step": 6, "job": job})
     r = _train(out, "--resume")
     assert r.returncode == 2 and "model.layers is 3 in the checkpoint but 2 in the config" in r.stderr
     r = _train(tmp_path / "empty", "--resume")
@@ -76,3 +77,21 @@ def test_atomic_write_leaves_no_temp_files(tmp_path):
     p = tmp_path / "c" / "step_0000001.pt"
     save_checkpoint(p, {"format": 1, "x": torch.ones(3)})
     assert [f.name for f in p.parent.iterdir()] == ["step_0000001.pt"]
+
+
+def test_a_fresh_run_moves_the_old_one_aside_and_resume_refuses_another_jobs_checkpoint(tmp_path):
+    """A fresh run into a run's directory moves that run aside (and says where) instead of mixing with it;
+    --resume refuses a checkpoint whose job (model, data, seed, batch size) differs from the config."""
+    out = tmp_path / "run"
+    one = ["--cluster.workers=1", "--parallel.stages=1", "--train.steps=2", "--train.checkpoint_every=1"]
+    assert _train(out, *one).returncode == 0
+    r = _train(out, *one, "--train.seed=1")
+    assert r.returncode == 0, r.stderr
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("run.")]
+    assert len(aside) == 1 and f"moved it to {aside[0]}" in r.stdout
+    assert [json.loads(ln)["step"] for ln in (out / "metrics.jsonl").read_text().splitlines()] == [0, 1]
+    assert len(list((aside[0] / "checkpoints").glob("*.pt"))) == 2
+    r = _train(out, *one, "--resume")
+    assert r.returncode == 2 and "train.seed is 1 in the checkpoint but 0 in the config" in r.stderr, r.stderr
+    r = _train(out, *one, "--train.seed=1", "--output.existing=refuse")
+    assert r.returncode == 2 and "output.dir:" in r.stderr and "holds another run" in r.stderr

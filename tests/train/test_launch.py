@@ -8,9 +8,13 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from conftest import TINY
+
+from gearshift.train.config import load_config
+from gearshift.train.launch import run_ranks
 
 
 def _gearshift(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -27,24 +31,30 @@ def _workers_alive(out_dir: str) -> list[str]:
 def test_train_runs_and_writes_metrics(tmp_path):
     out = tmp_path / "run"
     r = _gearshift("train", *TINY, "--cluster.workers=2", "--parallel.stages=2", "--train.steps=3",
-                   f"--output.dir={out}")
+                   f"--output.dir={out}", "--output.trace=true")
     assert r.returncode == 0, r.stderr
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 3
     assert "unigram entropy" in r.stdout
+    assert json.loads((out / "config.json").read_text())["output"]["dir"] == str(out)
+    assert "predicted (simulator)" in (out / "trace.json").read_text()  # the run's own trace, in its own dir
 
 
-def test_failing_worker_stops_job_with_its_error(tmp_path):
+def test_failing_worker_stops_job_with_its_error(tmp_path, capsys):
     out = tmp_path / "fail"
+    cfg = load_config(None, [*TINY, "--cluster.workers=4", "--parallel.stages=4", "--train.steps=50",
+                             f"--output.dir={out}"])
+    cfg_path = tmp_path / "config.json"
+    cfg_path.write_text(json.dumps(cfg.to_dict()))
+    cmd = [sys.executable, str(Path(__file__).with_name("faulty_worker.py")), "2:3", "--from-json", str(cfg_path)]
     t0 = time.time()
-    r = _gearshift("train", *TINY, "--cluster.workers=4", "--parallel.stages=4", "--train.steps=50",
-                   f"--output.dir={out}", env={"GEARSHIFT_INJECT_FAULT": "2:3"})
+    rc = run_ranks(cmd, 4, 4, tmp_path / ".launch")
     elapsed = time.time() - t0
-    assert r.returncode == 1
-    assert "rank 2 failed: RuntimeError: injected fault on rank 2 at step 3" in r.stderr
+    assert rc == 1
+    assert "rank 2 failed: RuntimeError: injected fault on rank 2 at step 3" in capsys.readouterr().err
     assert elapsed < 60, f"took {elapsed:.0f}s to stop"
     time.sleep(0.5)
-    assert not _workers_alive(str(out)), "orphan workers left behind"
+    assert not _workers_alive(str(cfg_path)), "orphan workers left behind"
 
 
 def _losses_by_allreduce(tmp_path, stages: int, algos: tuple[str, ...], auto_line: str) -> dict[str, list]:
@@ -79,22 +89,58 @@ def test_replicated_pipeline_allreduce_algorithms_train_alike(tmp_path):
         assert losses[algo] == pytest.approx(losses["gloo"], rel=1e-6), algo
 
 
-def test_ctrl_c_stops_every_worker(tmp_path):
-    """SIGINT to the launcher (Ctrl-C) stops all workers cleanly: exit 130, nothing left running."""
-    import signal
-
-    out = tmp_path / "int"
+def _start(out, *args: str) -> subprocess.Popen:
+    """A tiny 2-stage job in the background; returns once it has logged a step."""
     cmd = [sys.executable, "-m", "gearshift.cli.main", "train", *TINY, "--cluster.workers=2", "--parallel.stages=2",
-           "--train.steps=100000", f"--output.dir={out}"]
+           f"--output.dir={out}", *args]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while not (out / "metrics.jsonl").is_file() or not (out / "metrics.jsonl").read_text():
         assert time.time() < deadline and p.poll() is None, "job did not start"
         time.sleep(0.2)
+    return p
+
+
+def _losses(out) -> list[float]:
+    return [json.loads(ln)["loss"] for ln in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in ln]
+
+
+def test_sigterm_checkpoints_the_last_step_and_resume_is_exact(tmp_path):
+    """SIGTERM (what schedulers send) stops every worker after its current step with a checkpoint, says so
+    and exits 143; --resume then continues exactly: the same losses as a run never stopped."""
+    import signal
+
+    steps = ["--train.steps=40", "--train.warmup_steps=2", "--train.checkpoint_every=0"]
+    out = tmp_path / "term"
+    p = _start(out, *steps)
+    p.send_signal(signal.SIGTERM)
+    stdout, err = p.communicate(timeout=60)
+    assert p.returncode == 143, err
+    done = len(_losses(out))
+    assert f"stopped after step {done} (SIGTERM)" in stdout and "--resume continues" in stdout, stdout
+    assert done < 40 and (out / "checkpoints" / f"step_{done:07d}.pt").is_file()
+    time.sleep(0.5)
+    assert not _workers_alive(str(out))
+    r = _gearshift("train", *TINY, "--cluster.workers=2", "--parallel.stages=2", f"--output.dir={out}", *steps,
+                   "--resume")
+    assert r.returncode == 0, r.stderr
+    straight = tmp_path / "straight"
+    r = _gearshift("train", *TINY, "--cluster.workers=2", "--parallel.stages=2", f"--output.dir={straight}", *steps)
+    assert r.returncode == 0, r.stderr
+    assert _losses(out) == _losses(straight)
+
+
+def test_ctrl_c_stops_every_worker(tmp_path):
+    """SIGINT to the launcher (Ctrl-C) stops all workers after a checkpoint: exit 130, nothing left running."""
+    import signal
+
+    out = tmp_path / "int"
+    p = _start(out, "--train.steps=100000")
     p.send_signal(signal.SIGINT)
-    _, err = p.communicate(timeout=30)
+    _, err = p.communicate(timeout=60)
     assert p.returncode == 130, err
-    assert "interrupted" in err
+    assert "SIGINT: stopping the workers" in err
+    assert list((out / "checkpoints").glob("step_*.pt"))
     time.sleep(0.5)
     assert not _workers_alive(str(out))
 
@@ -110,4 +156,14 @@ def test_runs_under_torchrun(tmp_path):
     r = subprocess.run([*torchrun, "-m", "gearshift.train", *args, "--parallel.stages=2", "--train.steps=2",
                         f"--output.dir={out}"], capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_emulation_on_some_ranks_only_does_not_deadlock(tmp_path):
+    """Rank 0 at slowdown 1 is not emulated, rank 1 is: both still build the adaptation loop and enter the
+    same collectives (the profile's broadcast); before, rank 0 skipped it and the job hung."""
+    out = tmp_path / "emu"
+    r = _gearshift("train", *TINY, "--cluster.workers=2", "--parallel.stages=2", "--train.steps=2",
+                   "--emulate.slowdown=[1,2]", "--cluster.timeout_s=30", f"--output.dir={out}", timeout=90)
+    assert r.returncode == 0, r.stderr
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 2

@@ -28,8 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gearshift.report.trace import sim_trace, write_trace
+    from gearshift.train.build import gpt_config
     from gearshift.train.layout import resolve_partition
-    from gearshift.train.loop import gpt_config
 
     cfg = load_config(args.config, args.overrides)
     prof = ModelProfile.load(args.profile) if args.profile else profile_job(cfg)

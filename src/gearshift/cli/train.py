@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     if args.resume:  # check the checkpoint here, so a bad one is one line before any worker starts
         from gearshift.train.checkpoint import find_resumable
 
-        find_resumable(cfg.output.dir, vars(cfg.model))
+        find_resumable(cfg)
     from gearshift.train.launch import launch
 
     if not cfg.cluster.testbed:

@@ -1,5 +1,6 @@
 """Checkpoints keyed by global layer index (independent of the partition that wrote them), written
-atomically (temp file, fsync, rename) and loaded with `torch.load(weights_only=True)`."""
+atomically (temp file, fsync, rename) and loaded with `torch.load(weights_only=True)`. A checkpoint carries
+its job's fingerprint, and `--resume` refuses one written by another job."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import re
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from gearshift.errors import DataError
+from gearshift.runtime.pipeline import PipelineRuntime
+from gearshift.train.config import JobConfig
 
-FORMAT = 1
+FORMAT = 2
 _NAME = re.compile(r"^step_(\d+)\.pt$")
 
 
@@ -21,6 +25,15 @@ def checkpoint_dir(out_dir: str | Path) -> Path:
 
 def checkpoint_path(out_dir: str | Path, step: int) -> Path:
     return checkpoint_dir(out_dir) / f"step_{step:07d}.pt"
+
+
+def job_fingerprint(cfg: JobConfig) -> dict:
+    """What a resumed run must share with the run that wrote the checkpoint: the model, the data and the
+    data order (seed, batch size). Steps, schedule, partition, workers and outputs may change."""
+    fp = {f"model.{k}": v for k, v in vars(cfg.model).items()}
+    fp.update({f"data.{k}": v for k, v in vars(cfg.data).items()})
+    fp.update({"train.seed": cfg.train.seed, "train.batch_size": cfg.train.batch_size})
+    return fp
 
 
 def save_checkpoint(path: Path, payload: dict) -> None:
@@ -43,27 +56,72 @@ def latest_checkpoint(out_dir: str | Path) -> Path | None:
     return max(found)[1] if found else None
 
 
-def load_checkpoint(path: Path, model_cfg: dict) -> dict:
-    """Read and check a checkpoint; a corrupt or mismatched one is a DataError naming what is wrong."""
+def load_checkpoint(path: Path, fingerprint: dict) -> dict:
+    """Read and check a checkpoint; a corrupt one, or one of another job, is a DataError naming what differs."""
     try:
         ck = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unpickling failure means the file is unusable
         raise DataError(f"checkpoint {path}: corrupt or not a Gearshift checkpoint ({type(e).__name__})") from None
     if not isinstance(ck, dict) or ck.get("format") != FORMAT:
         raise DataError(f"checkpoint {path}: not a Gearshift checkpoint (format {FORMAT} expected)")
-    saved = ck.get("model_config", {})
-    for key in ("name", "layers", "width", "heads", "context"):
-        if saved.get(key) != model_cfg.get(key):
-            raise DataError(
-                f"checkpoint {path}: model.{key} is {saved.get(key)!r} in the checkpoint but "
-                f"{model_cfg.get(key)!r} in the config"
-            )
+    saved = ck.get("job", {})
+    for key, value in fingerprint.items():
+        if saved.get(key) != value:
+            raise DataError(f"checkpoint {path}: {key} is {saved.get(key)!r} in the checkpoint but {value!r} in "
+                            "the config (--resume continues the same job)")
     return ck
 
 
-def find_resumable(out_dir: str | Path, model_cfg: dict) -> tuple[Path, dict]:
-    """The latest checkpoint in `out_dir`, loaded and checked against the model config."""
-    path = latest_checkpoint(out_dir)
+def find_resumable(cfg: JobConfig) -> tuple[Path, dict]:
+    """The latest checkpoint in output.dir, loaded and checked against the job."""
+    path = latest_checkpoint(cfg.output.dir)
     if path is None:
-        raise DataError(f"--resume: no checkpoint in {checkpoint_dir(out_dir)}")
-    return path, load_checkpoint(path, model_cfg)
+        raise DataError(f"--resume: no checkpoint in {checkpoint_dir(cfg.output.dir)}")
+    return path, load_checkpoint(path, job_fingerprint(cfg))
+
+
+class Checkpointer:
+    """Saves the job every train.checkpoint_every steps, at the end and when asked to stop; resumes it."""
+
+    def __init__(self, cfg: JobConfig):
+        self.cfg = cfg
+        self._resumed: dict | None = None
+
+    def due(self, step: int, end: int) -> bool:
+        """Whether to save after `step` steps (of a run that ends at `end`)."""
+        every = self.cfg.train.checkpoint_every
+        return bool(every and step % every == 0) or step == end
+
+    def resumed(self) -> dict:
+        """The checkpoint --resume continues from (read once)."""
+        if self._resumed is None:
+            self._resumed = find_resumable(self.cfg)[1]
+        return self._resumed
+
+    def restore(self, rt: PipelineRuntime) -> int:
+        """Load the checkpoint into this rank's layers; returns the step to resume at."""
+        ck = self.resumed()
+        rt.load_state(ck["model"], ck["optim"])
+        if len(ck["rng"]) == dist.get_world_size():
+            torch.set_rng_state(ck["rng"][dist.get_rank()])
+        return int(ck["step"])
+
+    def save(self, rt: PipelineRuntime, step: int) -> Path:
+        """Gather every layer (from replica 0) and its AdamW state on rank 0 and write one checkpoint
+        (collective)."""
+        model, optim = rt.state() if rt.replica == 0 else ({}, {})
+        parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+        dist.gather_object((model, optim, torch.get_rng_state()), parts, dst=0)
+        path = checkpoint_path(self.cfg.output.dir, step)
+        if dist.get_rank() == 0:
+            all_model, all_optim = {}, {}
+            for m, o, _ in parts:
+                all_model.update(m)
+                all_optim.update(o)
+            save_checkpoint(path, {
+                "format": FORMAT, "step": step, "model": all_model, "optim": all_optim,
+                "rng": [r for _, _, r in parts], "job": job_fingerprint(self.cfg),
+                "data": {"seed": self.cfg.train.seed, "next_step": step}, "bounds": [list(b) for b in rt.bounds],
+            })
+        dist.barrier()
+        return path

@@ -60,6 +60,8 @@ class ClusterConfig:
     ranks_per_node: int = key(0, "local ranks per (emulated) node; 0 = every worker on one node")
     testbed: bool = key(False, "run each node's ranks in its own network namespace over shaped links (root)")
     bandwidth: str = key("1gbit", "testbed per-host link rate (tc syntax: 200mbit, 1gbit, ...)")
+    stop_grace_s: float = key(60.0, "after SIGTERM / SIGINT, seconds the workers get to finish their step and "
+                                    "checkpoint before they are killed")
 
 
 @dataclass
@@ -234,6 +236,7 @@ def validate(cfg: JobConfig) -> JobConfig:
     _check(1 <= c.workers <= 64, f"cluster.workers: must be in 1..64, got {c.workers}")
     _check(c.backend in ("auto", "gloo", "nccl"), f"cluster.backend: {c.backend!r} (allowed: auto, gloo, nccl)")
     _check(c.timeout_s > 0, f"cluster.timeout_s: must be > 0, got {c.timeout_s}")
+    _check(c.stop_grace_s > 0, f"cluster.stop_grace_s: must be > 0, got {c.stop_grace_s}")
     if c.spec:
         _check(Path(c.spec).is_file(), f"cluster.spec: file not found: {c.spec}")
     rpn = c.ranks_per_node or c.workers

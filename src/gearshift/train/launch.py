@@ -1,5 +1,6 @@
 """Local launcher: a small torchrun for one machine. Starts N worker processes (gloo on 127.0.0.1, one
-thread each), stops them all within seconds when any fails, and shows the failing rank's error."""
+thread each), stops them all within seconds when any fails and shows the failing rank's error, and on
+SIGTERM or SIGINT lets them stop after a checkpoint."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from gearshift.comm.launch import free_port
 from gearshift.train.config import JobConfig
+from gearshift.train.rundir import prepare_run_dir
 
 
 @dataclass
@@ -24,6 +27,7 @@ class WorkerFailure:
     returncode: int
     error: str  # the worker's formatted traceback ("" if it died without one)
     when: float
+    user_error: str | None = None  # bad input found by the worker: one line, exit 2
 
     @property
     def summary(self) -> str:
@@ -36,30 +40,57 @@ def _read_failure(rank: int, rc: int, err_file: Path) -> WorkerFailure:
     if err_file.is_file():
         try:
             info = json.loads(err_file.read_text())
-            return WorkerFailure(rank, rc, info["error"], info["time"])
+            return WorkerFailure(rank, rc, info["error"], info["time"], info.get("user_error"))
         except (ValueError, KeyError):
             pass
     return WorkerFailure(rank, rc, "", time.time())
 
 
-def _stop(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
-    """SIGTERM every live worker's process group, then SIGKILL what is left after `grace_s`."""
+def _signal_all(procs: list[subprocess.Popen], sig: int) -> None:
     for p in procs:
         if p.poll() is None:
             try:
-                os.killpg(p.pid, signal.SIGTERM)
+                os.killpg(p.pid, sig)
             except ProcessLookupError:
                 pass
-    deadline = time.time() + grace_s
+
+
+def _kill(procs: list[subprocess.Popen]) -> None:
+    """SIGKILL every live worker's process group and reap them."""
+    _signal_all(procs, signal.SIGKILL)
     for p in procs:
-        try:
-            p.wait(timeout=max(deadline - time.time(), 0.01))
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait()
+        p.wait()
+
+
+class _Stopping:
+    """The launcher's SIGTERM / SIGINT handling: the first signal asks every worker to stop after its current
+    step with a checkpoint (SIGTERM to each); workers still running `grace_s` later, or after a second signal,
+    are killed."""
+
+    def __init__(self, procs: list[subprocess.Popen], grace_s: float):
+        self.procs, self.grace_s = procs, grace_s
+        self.signum: int | None = None
+        self.deadline = float("inf")
+        self._old: dict[int, object] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._old[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.signum is not None:
+            self.deadline = 0.0
+            return
+        self.signum, self.deadline = signum, time.time() + self.grace_s
+        print(f"\ngearshift: {signal.Signals(signum).name}: stopping the workers after their current step, with a "
+              f"checkpoint (a second signal stops them at once)", file=sys.stderr, flush=True)
+        _signal_all(self.procs, signal.SIGTERM)
+
+    def overdue(self) -> bool:
+        return time.time() > self.deadline
+
+    def restore(self) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
 
 
 def launch(
@@ -69,71 +100,84 @@ def launch(
     testbed=None,
     quiet: bool = False,
 ) -> int:
-    """Run the job on `cfg.cluster.workers` local processes; returns 0, or 1 when a worker failed.
+    """Run the job on `cfg.cluster.workers` local processes; returns 0, 1 when a worker failed, 2 on bad
+    input found by a worker, 128 + signal number when stopped by SIGTERM / SIGINT (after a checkpoint).
 
     `env` adds variables to every worker. With a `testbed` (gearshift.cluster.testbed.Testbed, up), each
     node's ranks run inside that node's network namespace and talk over its shaped link."""
+    note = prepare_run_dir(cfg, resume)
+    if note and not quiet:
+        print(note, flush=True)
     n = cfg.cluster.workers
     run_dir = Path(cfg.output.dir) / ".launch"
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = run_dir / "config.json"
     cfg_path.write_text(json.dumps(cfg.to_dict(), indent=1))
     cmd = [sys.executable, "-m", "gearshift.train", "--from-json", str(cfg_path)] + (["--resume"] if resume else [])
-    return run_ranks(cmd, n, cfg.cluster.ranks_per_node or n, run_dir, testbed, env, quiet)
+    return run_ranks(cmd, n, cfg.cluster.ranks_per_node or n, run_dir, testbed, env, quiet, cfg.cluster.stop_grace_s)
 
 
 def run_ranks(cmd: list[str], n: int, ranks_per_node: int, run_dir: Path, testbed=None,
-              env: dict[str, str] | None = None, quiet: bool = False) -> int:
+              env: dict[str, str] | None = None, quiet: bool = False, grace_s: float = 60.0) -> int:
     """Run `cmd` as ranks 0..n-1 with torchrun's variables (node-major, `ranks_per_node` to a node), inside
-    the testbed's namespaces when given; returns 0, or 1 when a rank failed (the others stopped, the
-    earliest error shown). Ranks report errors through GEARSHIFT_ERROR_FILE (train.worker.run_as_worker)."""
+    the testbed's namespaces when given; returns what `launch` returns (on a failure the others are stopped
+    and the earliest error shown). Ranks report errors through GEARSHIFT_ERROR_FILE
+    (train.worker.run_as_worker)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     for f in run_dir.glob("error-rank*.json"):
         f.unlink()
     port = free_port()
     procs: list[subprocess.Popen] = []
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
-    for r in range(n):
-        wenv = dict(base)
-        node = r // ranks_per_node
-        wenv.update(
-            RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r % ranks_per_node), LOCAL_WORLD_SIZE=str(ranks_per_node),
-            GROUP_RANK=str(node), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-            GEARSHIFT_ERROR_FILE=str(run_dir / f"error-rank{r}.json"), GEARSHIFT_PARENT_PID=str(os.getpid()),
-        )
-        if testbed is not None:
-            wenv.update(testbed.worker_env(node, port))
-        wenv.update(env or {})
-        # Own session per worker: Ctrl-C reaches only this launcher, which then stops them in order.
-        procs.append(subprocess.Popen(testbed.command(node, cmd) if testbed is not None else cmd, env=wenv,
-                                      start_new_session=True))
+    stopping = _Stopping(procs, grace_s)
     try:
-        return _watch(procs, run_dir, quiet)
-    except KeyboardInterrupt:
-        print("\ngearshift: interrupted; stopping workers", file=sys.stderr)
-        _stop(procs)
-        return 130
+        for r in range(n):
+            wenv = dict(base)
+            node = r // ranks_per_node
+            wenv.update(
+                RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r % ranks_per_node),
+                LOCAL_WORLD_SIZE=str(ranks_per_node), GROUP_RANK=str(node), MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port), OMP_NUM_THREADS="1", GEARSHIFT_ERROR_FILE=str(run_dir / f"error-rank{r}.json"),
+                GEARSHIFT_PARENT_PID=str(os.getpid()),
+            )
+            if testbed is not None:
+                wenv.update(testbed.worker_env(node, port))
+            wenv.update(env or {})
+            # Own session per worker: a terminal's Ctrl-C reaches only this launcher, which stops them in order.
+            procs.append(subprocess.Popen(testbed.command(node, cmd) if testbed is not None else cmd, env=wenv,
+                                          start_new_session=True))
+        return _watch(procs, run_dir, quiet, stopping)
+    finally:
+        stopping.restore()
+        _kill(procs)
 
 
-def _watch(procs: list[subprocess.Popen], run_dir: Path, quiet: bool) -> int:
+def _watch(procs: list[subprocess.Popen], run_dir: Path, quiet: bool, stopping: _Stopping) -> int:
     """Poll the workers; on the first failure stop the rest and report the earliest error."""
     while True:
         codes = [p.poll() for p in procs]
         bad = [r for r, c in enumerate(codes) if c not in (None, 0)]
-        if bad:
-            _stop(procs)
+        if bad and stopping.signum is None:
+            _kill(procs)
             failures = [
                 _read_failure(r, procs[r].returncode, run_dir / f"error-rank{r}.json")
                 for r in range(len(procs))
-                if procs[r].returncode not in (0, -signal.SIGTERM, -signal.SIGKILL) or r in bad
+                if procs[r].returncode != -signal.SIGKILL or r in bad
             ]
             # The root cause is the earliest error; peers of a dead rank fail later with connection errors.
             first = min(failures, key=lambda f: (not f.error, f.when))
+            if first.user_error is not None:
+                print(f"gearshift train: error: {first.user_error}", file=sys.stderr)
+                return 2
             if not quiet:
                 print(f"gearshift: {first.summary}", file=sys.stderr)
                 if first.error:
                     print(f"--- rank {first.rank} traceback ---\n{first.error.rstrip()}", file=sys.stderr)
             return 1
-        if all(c == 0 for c in codes):
-            return 0
+        if all(c is not None for c in codes) or (stopping.signum is not None and stopping.overdue()):
+            if stopping.signum is None:
+                return 0
+            if any(c is None for c in codes):
+                print("gearshift: workers did not stop in time; killed", file=sys.stderr)
+            return 128 + stopping.signum
         time.sleep(0.05)

@@ -16,7 +16,7 @@ def microbatch_size(cfg: JobConfig) -> int:
 
 def profile_job(cfg: JobConfig, repeats: int = 5, warmup: int = 2, corpus: ByteCorpus | None = None) -> ModelProfile:
     """Per-layer times and bytes of the job's GPT for one of its micro-batches, on one thread."""
-    from gearshift.train.loop import gpt_config
+    from gearshift.train.build import gpt_config
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import sys
 import threading
 import time
 import traceback
@@ -14,6 +15,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from gearshift.errors import UserError
 from gearshift.train.config import JobConfig
 
 
@@ -45,34 +47,42 @@ def init_distributed(cfg: JobConfig) -> None:
 
 
 def run_worker(cfg: JobConfig, resume: bool) -> None:
-    """Run the job in this process; report a failure to the launcher and re-raise it."""
+    """Run the job in this process; report a failure to the launcher and re-raise it. SIGTERM or SIGINT
+    stops the job after the current step, with a checkpoint."""
 
     def job() -> None:
-        init_distributed(cfg)
         from gearshift.train.loop import train
+        from gearshift.train.stop import StopRequest
 
-        train(cfg, resume=resume)
+        stop = StopRequest()
+        init_distributed(cfg)
+        train(cfg, resume=resume, stop=stop)
         dist.barrier()
     run_as_worker(job)
 
 
 def run_as_worker(body: Callable[[], None]) -> None:
-    """Run body() as one rank of a launcher (train.launch.run_ranks): exit when the launcher is gone, and
-    leave a failure's traceback in GEARSHIFT_ERROR_FILE for the launcher to show once."""
+    """Run body() as one rank of a launcher (train.launch.run_ranks) or of torchrun: exit when the launcher
+    is gone, and leave a failure's traceback in GEARSHIFT_ERROR_FILE for the launcher to show once. Bad
+    input (a UserError) is one line and exit code 2, from rank 0 alone under torchrun."""
     _watch_parent()
     torch.set_num_threads(1)
     try:
         body()
-    except BaseException:
+    except BaseException as e:
         err = os.environ.get("GEARSHIFT_ERROR_FILE")
+        user = str(e) if isinstance(e, UserError) else None
         if err:
-            rank = os.environ.get("RANK", "?")
-            text = traceback.format_exc()
             tmp = f"{err}.tmp"
             with open(tmp, "w") as f:
-                json.dump({"rank": rank, "error": text, "time": time.time()}, f)
+                json.dump({"rank": os.environ.get("RANK", "?"), "error": traceback.format_exc(),
+                           "user_error": user, "time": time.time()}, f)
             os.replace(tmp, err)
-            raise SystemExit(1) from None  # the launcher shows the traceback once
+            raise SystemExit(2 if user else 1) from None  # the launcher shows the error once
+        if user is not None:
+            if os.environ.get("RANK", "0") == "0":
+                print(f"gearshift train: error: {user}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
         raise
     finally:
         if dist.is_initialized():

@@ -1,12 +1,12 @@
-"""The training loop's start-up line for `auto`: what each gradient bucket runs, and in which node matrix."""
+"""The gradient-sync policy's start-up line for `auto`: what each gradient bucket runs, and in which node matrix."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 from gearshift.cluster.topology import Topology
+from gearshift.comm.policy import _bucket_choice
 from gearshift.sim.collectives import LinkCosts, node_matrix
-from gearshift.train.loop import _bucket_choice
 
 TESTBED = LinkCosts(inter_alpha=2.5e-3, inter_beta=1 / 23e6, nic_bandwidth=23.8e6)
 

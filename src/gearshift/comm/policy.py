@@ -1,0 +1,109 @@
+"""The job's gradient-sync policy: which ranks sum together, which algorithm each bucket uses, and what
+rank 0 says about it. Groups, measured link costs and tuned picks are made once and kept across re-plans
+(a re-planned layout only re-buckets its new parameters)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+from torch import nn
+
+from gearshift.cluster.topology import Topology
+from gearshift.comm.buckets import GradientSync
+from gearshift.comm.groups import CommGroups
+from gearshift.sim.collectives import LinkCosts
+
+SyncFn = Callable[[], None]
+
+
+@dataclass
+class SyncSettings:
+    """What the job config says about gradient sync (parallel.allreduce, bucket_mb, tune_allreduce)."""
+
+    algorithm: str = "auto"
+    bucket_bytes: int = 25 << 20
+    tune: bool = True
+
+
+def gather(obj: object) -> list:
+    """Every rank's `obj`, in rank order (collective)."""
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+@dataclass
+class ReplicaSync:
+    """Gradient sync of a pipeline of `stages` ranks replicated over `workers`: pure data parallelism sums
+    over the whole job, a replicated pipeline over each stage's replicas (schedule rank p of replica d is
+    global rank d * stages + p). Call it as the runtime's grad_sync_factory(params, group) -> sync()."""
+
+    settings: SyncSettings
+    stages: int
+    workers: int
+    announce: Callable[[str], None] | None = None  # rank 0's console
+    topology: Topology | None = field(default=None, init=False)
+    groups: CommGroups | None = field(default=None, init=False)
+    costs: LinkCosts | None = field(default=None, init=False)
+    tuned: dict = field(default_factory=dict, init=False)
+
+    @property
+    def needed(self) -> bool:
+        """False where the runtime's own flat gloo all-reduce over the replica group is the policy."""
+        R, algo = self.stages, self.settings.algorithm
+        return self.workers > 1 and not (R > 1 and (algo == "gloo" or self.workers == R))
+
+    def _setup(self) -> bool:
+        """Topology, groups and (auto across nodes) measured link costs; True the first time."""
+        if self.topology is not None:
+            return False
+        R, workers = self.stages, self.workers
+        topo = Topology.from_env(gather=gather)
+        if R > 1:
+            self.groups = CommGroups.partition(topo, [list(range(p, workers, R)) for p in range(R)])
+        self.topology = self.groups.topology if self.groups is not None else topo
+        if self.settings.algorithm == "auto" and self.topology.num_nodes > 1:  # price the links the job has
+            from gearshift.comm.calibrate import measure_link_costs
+
+            self.groups = self.groups or CommGroups.build(topo)
+            self.costs = measure_link_costs(self.groups)
+        return True
+
+    def __call__(self, params: list[nn.Parameter], group: dist.ProcessGroup | None) -> SyncFn:
+        first = self._setup()
+        algorithm = self.settings.algorithm
+        if self.stages > 1 and algorithm == "auto" and self.topology.num_nodes == 1:
+            algorithm = "gloo"  # replicas on one node: gloo's all-reduce on the replica group
+        sync = GradientSync(params, algorithm, self.settings.bucket_bytes, self.topology, self.groups, self.costs,
+                            tune=self.settings.tune and self.costs is not None, tuned=self.tuned)
+        self.groups = self.groups or sync.groups  # built by GradientSync (collective): reuse after a re-plan
+        if first and self.costs is not None and self.announce is not None:
+            self.announce(self.describe(sync))
+        return sync.sync
+
+    def describe(self, sync: GradientSync) -> str:
+        """The start-up line of auto's choice: per bucket size, the algorithm, matrix and measured times."""
+        from gearshift.comm.calibrate import describe
+
+        chosen = ", ".join(sorted({_bucket_choice(b, self.tuned, self.topology, self.costs) for b in sync.buckets}))
+        scope = f"{self.topology.num_nodes} nodes"
+        if self.stages > 1:
+            scope += f", each stage's {self.workers // self.stages} replicas"
+        return f"all-reduce auto ({scope}): {chosen}; measured {describe(self.costs, self.topology)}"
+
+
+def _bucket_choice(b, tuned: dict, topo: Topology, costs: LinkCosts | None) -> str:
+    """'25.0 MiB: hierarchical in a 1 x 4 node matrix (measured gloo 1930.1 ms, ...)' (the matrix only where
+    the node count allows more than one)."""
+    from gearshift.comm.programs import matrix_for
+    from gearshift.sim.collectives import leader_shapes
+
+    times = tuned.get(b.nbytes, (None, {}))[1]
+    measured = f" (measured {', '.join(f'{a} {t * 1e3:.1f} ms' for a, t in times.items())})" if times else ""
+    matrix = ""
+    if b.algorithm.startswith("hierarchical") and len(leader_shapes(topo.num_nodes)) > 1:
+        rows, cols = matrix_for(b.algorithm, b.nbytes, topo, costs)
+        matrix = f" in a {rows} x {cols} node matrix"
+    return f"{b.nbytes / 2**20:.1f} MiB: {b.algorithm}{matrix}{measured}"

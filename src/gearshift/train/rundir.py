@@ -1,0 +1,54 @@
+"""The run directory: a fresh run never mixes with an old one (the old run is moved aside, or the run is
+refused, per output.existing), and every run leaves its config beside its results."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from gearshift.errors import ConfigError
+from gearshift.train.config import JobConfig
+
+RESULTS = ("metrics.jsonl", "checkpoints", "trace.json", "metrics.png", "report.html", "config.json")
+
+
+def holds_run(out: Path) -> bool:
+    """Whether `out` holds a run's results (a launcher's scratch files alone do not count)."""
+    return out.is_dir() and any((out / name).exists() for name in RESULTS)
+
+
+def prepare_run_dir(cfg: JobConfig, resume: bool) -> str | None:
+    """Make output.dir ready for this run; returns a line to tell the user, or None. Idempotent: the local
+    launcher calls it before starting workers, and rank 0 calls it again (a no-op then; under torchrun the
+    first call)."""
+    out = Path(cfg.output.dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output.dir: {out} is a file, not a directory")
+    if resume or not holds_run(out):
+        out.mkdir(parents=True, exist_ok=True)
+        return None
+    if cfg.output.existing == "refuse":
+        raise ConfigError(f"output.dir: {out} holds another run (use --resume to continue it, another "
+                          "--output.dir, or output.existing = move)")
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(_started(out)))
+    aside = out.with_name(f"{out.name}.{stamp}")
+    n = 1
+    while aside.exists():
+        n += 1
+        aside = out.with_name(f"{out.name}.{stamp}-{n}")
+    out.rename(aside)
+    out.mkdir(parents=True)
+    return f"gearshift: {out} held another run: moved it to {aside}"
+
+
+def _started(out: Path) -> float:
+    """When the run in `out` started, as near as its files tell."""
+    times = [(out / name).stat().st_mtime for name in ("config.json", "metrics.jsonl") if (out / name).exists()]
+    return min(times) if times else out.stat().st_mtime
+
+
+def write_config(cfg: JobConfig) -> None:
+    """RUN_DIR/config.json: the job as it ran (the run report shows it)."""
+    path = Path(cfg.output.dir) / "config.json"
+    path.write_text(json.dumps(cfg.to_dict(), indent=1) + "\n")

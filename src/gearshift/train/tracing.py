@@ -1,0 +1,53 @@
+"""Perfetto trace of one step: every rank's measured timeline beside the simulator's prediction of the
+same action lists (RUN_DIR/trace.json, for ui.perfetto.dev)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch.distributed as dist
+
+from gearshift.cluster.state import local_state
+from gearshift.comm.policy import gather
+from gearshift.planner.predict import predict, predict_shared_cores
+from gearshift.report.trace import chrome_trace, merge_traces, sim_trace, write_trace
+from gearshift.runtime.adapt import Adapter
+from gearshift.runtime.executor import StepRecord
+from gearshift.runtime.pipeline import PipelineRuntime
+from gearshift.train.config import JobConfig
+from gearshift.train.profiling import microbatch_size, profile_job
+
+
+class Tracer:
+    """Traces output.trace_step (-1: the last step) when output.trace is on."""
+
+    def __init__(self, cfg: JobConfig, adapter: Adapter | None):
+        self.cfg, self.adapter = cfg, adapter
+        t = cfg.train
+        self.step = t.steps - 1 if cfg.output.trace_step < 0 else cfg.output.trace_step
+        self.path = Path(cfg.output.dir) / "trace.json"
+
+    def maybe(self, step: int, rt: PipelineRuntime, record: StepRecord) -> None:
+        """Write the trace if `step` is the one to trace (collective: every rank sends its timeline)."""
+        if not self.cfg.output.trace or step != self.step:
+            return
+        events = gather(record.events)
+        if dist.get_rank() != 0:
+            return
+        timelines = {f"rank {r}": [(label, s, e, {"step": step}) for label, s, e in ev] for r, ev in enumerate(events)}
+        measured = chrome_trace(timelines, f"measured step {step}")
+        write_trace(self.path, merge_traces(measured, sim_trace(self._predicted(rt), "predicted (simulator)")))
+
+    def _predicted(self, rt: PipelineRuntime):
+        """The simulator's replay of this step's action lists: from the adapter's profile and measured speeds
+        (which already include sharing of the cores) or, without one, a fresh profile on shared cores."""
+        mb = microbatch_size(self.cfg)
+        if self.adapter is not None:
+            state = self.adapter.base.resized(rt.R)
+            state.speeds = [self.adapter.monitor.speed(r) or state.speeds[r] for r in range(rt.R)]
+            return predict(self.adapter.profile, list(rt.bounds), rt.schedule, state, mb)
+        profile = profile_job(self.cfg, repeats=3, warmup=1)
+        cores = (os.cpu_count() or 1) * rt.R / dist.get_world_size()
+        return predict_shared_cores(profile, list(rt.bounds), rt.schedule, local_state(rt.R, cores=rt.R), cores,
+                                    mb)[0]

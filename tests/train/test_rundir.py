@@ -1,0 +1,43 @@
+"""The run directory: an old run is moved aside (or the run refused), never mixed with a fresh one."""
+
+from __future__ import annotations
+
+import pytest
+
+from gearshift.errors import ConfigError
+from gearshift.train.config import load_config
+from gearshift.train.rundir import holds_run, prepare_run_dir
+
+
+def _cfg(out, *args):
+    return load_config(None, [f"--output.dir={out}", *args])
+
+
+def test_an_empty_or_scratch_only_directory_is_used_as_it_is(tmp_path):
+    out = tmp_path / "run"
+    assert prepare_run_dir(_cfg(out), resume=False) is None and out.is_dir()
+    (out / ".launch").mkdir()
+    assert not holds_run(out)
+    assert prepare_run_dir(_cfg(out), resume=False) is None
+    assert (out / ".launch").is_dir()
+
+
+def test_an_old_run_is_moved_aside_or_refused(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"step": 0}\n')
+    assert prepare_run_dir(_cfg(out), resume=True) is None  # resuming continues it
+    with pytest.raises(ConfigError, match="output.dir: .* holds another run"):
+        prepare_run_dir(_cfg(out, "--output.existing=refuse"), resume=False)
+    note = prepare_run_dir(_cfg(out), resume=False)
+    (aside,) = [p for p in tmp_path.iterdir() if p != out]
+    assert note.endswith(f"moved it to {aside}")
+    assert (aside / "metrics.jsonl").read_text() == '{"step": 0}\n'
+    assert out.is_dir() and not any(out.iterdir())
+
+
+def test_output_dir_naming_a_file_is_one_line(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(ConfigError, match="output.dir: .* is a file"):
+        prepare_run_dir(_cfg(f), resume=False)
