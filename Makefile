@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup train test lint bench clean
+.PHONY: setup train test test-fast lint bench clean
 
 setup: $(STAMP)
 
@@ -21,6 +21,10 @@ train: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
+
+# The suite without multi-process and testbed tests: under a minute.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest tests -m "not multiprocess and not testbed" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

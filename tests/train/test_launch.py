@@ -10,7 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from conftest import TINY
 
 from gearshift.train.config import load_config
@@ -55,38 +54,6 @@ def test_failing_worker_stops_job_with_its_error(tmp_path, capsys):
     assert elapsed < 60, f"took {elapsed:.0f}s to stop"
     time.sleep(0.5)
     assert not _workers_alive(str(cfg_path)), "orphan workers left behind"
-
-
-def _losses_by_allreduce(tmp_path, stages: int, algos: tuple[str, ...], auto_line: str) -> dict[str, list]:
-    """Train 3 steps on 4 workers, 2 per node, once per parallel.allreduce value; the losses of each. Only
-    `auto` prints auto_line (it measures the links first and says what it chose)."""
-    losses = {}
-    for algo in algos:
-        out = tmp_path / algo
-        r = _gearshift("train", *TINY, "--cluster.workers=4", "--cluster.ranks_per_node=2",
-                       f"--parallel.stages={stages}", f"--parallel.allreduce={algo}", "--train.steps=3",
-                       f"--output.dir={out}")
-        assert r.returncode == 0, r.stderr
-        assert (auto_line in r.stdout) == (algo == "auto"), r.stdout
-        assert ("(measured " in r.stdout) == (algo == "auto"), r.stdout  # auto timed its candidates
-        losses[algo] = [json.loads(ln)["loss"] for ln in (out / "metrics.jsonl").read_text().splitlines()]
-    return losses
-
-
-def test_data_parallel_allreduce_algorithms_train_alike(tmp_path):
-    """parallel.allreduce only changes how gradients travel: ring, hierarchical and auto give gloo's losses."""
-    losses = _losses_by_allreduce(tmp_path, 1, ("gloo", "ring", "hierarchical", "auto"), "all-reduce auto (2 nodes):")
-    for algo in ("ring", "hierarchical", "auto"):
-        assert losses[algo] == pytest.approx(losses["gloo"], rel=1e-6), algo
-
-
-def test_replicated_pipeline_allreduce_algorithms_train_alike(tmp_path):
-    """2 stages x 2 replicas: each stage's replicas sync with parallel.allreduce over their own group, and
-    every algorithm gives the losses of the runtime's flat gloo all-reduce."""
-    losses = _losses_by_allreduce(tmp_path, 2, ("gloo", "hierarchical", "auto"),
-                                  "all-reduce auto (2 nodes, each stage's 2 replicas):")
-    for algo in ("hierarchical", "auto"):
-        assert losses[algo] == pytest.approx(losses["gloo"], rel=1e-6), algo
 
 
 def _start(out, *args: str) -> subprocess.Popen:
