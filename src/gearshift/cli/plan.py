@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gearshift.cli.argtypes import positive_int
+from gearshift.cli.config_help import add_config_help
 from gearshift.cluster.spec import load_spec
 from gearshift.cluster.state import ClusterState, local_state
 from gearshift.errors import DataError
@@ -27,6 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stages", type=positive_int, default=None, help="pipeline stages (default: every device)")
     p.add_argument("--microbatches", type=positive_int, default=None,
                    help="micro-batches (default: parallel.microbatches)")
+    add_config_help(p, full=False)
 
 
 def _ms(x: float) -> str:

@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from gearshift.cli.argtypes import int_at_least, positive_int
+from gearshift.cli.config_help import add_config_help
 from gearshift.paths import check_output_file
 from gearshift.profile import print_profile
 from gearshift.train.config import load_config
@@ -18,6 +19,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="where to write the profile JSON (default: OUTPUT_DIR/profile.json)")
     p.add_argument("--repeats", type=positive_int, default=10, help="timed repeats per layer (median is kept)")
     p.add_argument("--warmup", type=int_at_least(0), default=3, help="untimed warm-up runs per layer")
+    add_config_help(p, full=False)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from gearshift.cli.config_help import add_config_help
 from gearshift.cluster.state import local_state
 from gearshift.errors import UserError
 from gearshift.paths import check_output_file
@@ -25,6 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", nargs="?", help="job config TOML (default: the embedded default job)")
     p.add_argument("--profile", help="ModelProfile JSON (default: profile now)")
     p.add_argument("--trace", help="write the predicted timeline as a Perfetto trace here")
+    add_config_help(p, full=False)
 
 
 def run(args: argparse.Namespace) -> int:

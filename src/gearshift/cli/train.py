@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 
+from gearshift.cli.config_help import add_config_help
 from gearshift.train.config import load_config
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", nargs="?", help="job config TOML (default: the embedded default job)")
     p.add_argument("--resume", action="store_true", help="resume from the latest checkpoint in output.dir")
-    p.epilog = "Any config key can be overridden: --train.steps=50 --cluster.workers=4 --output.dir=runs/x"
+    add_config_help(p, full=True)
 
 
 def run(args: argparse.Namespace) -> int:
