@@ -4,6 +4,7 @@ read or written fails with one line naming the field before any work starts."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +57,17 @@ def read_text(path: str | Path, field: str, error: type[UserError] = UserError) 
         raise error(f"{field}: cannot read {p} ({e.strerror})") from None
 
 
-def read_json(path: str | Path, field: str, error: type[UserError] = UserError) -> Any:
-    """Parse the JSON file at `path`; a missing or invalid file raises `error` naming `field`."""
+def read_parsed(path: str | Path, field: str, parse: Callable[[str], Any], fails: type[Exception], what: str,
+                error: type[UserError] = UserError) -> Any:
+    """parse() of the text at `path`; a missing file, or text that `parse` rejects with `fails`, raises
+    `error` naming `field` and saying the file is not valid `what`."""
     text = read_text(path, field, error)
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise error(f"{field}: {path} is not valid JSON ({e})") from None
+        return parse(text)
+    except fails as e:
+        raise error(f"{field}: {path} is not valid {what} ({e})") from None
+
+
+def read_json(path: str | Path, field: str, error: type[UserError] = UserError) -> Any:
+    """The JSON file at `path`; a missing or invalid file raises `error` naming `field`."""
+    return read_parsed(path, field, json.loads, json.JSONDecodeError, "JSON", error)
