@@ -35,6 +35,8 @@ CASES = [
     (["train", "bad.toml"], "config: bad.toml is not valid TOML"),
     (["train", "binary.toml"], "config: binary.toml is not UTF-8 text"),
     (["train", "unknown_section.toml"], "unknown_section.toml: unknown section [trainer] (allowed: model, data"),
+    (["train", "top_level_key.toml"], "top_level_key.toml: steps = 5 is outside any section; it goes under [train]"),
+    (["train", "--train=5"], "expected --section.key=value"),
     # paths named by the config: checked before any worker starts
     (["train", "--output.dir=afile"], "output.dir: afile is a file, not a directory"),
     (["train", "--output.dir=afile/run"], "output.dir: afile/run is under afile, which is a file"),
@@ -82,6 +84,7 @@ def files(tmp_path, monkeypatch):
     (tmp_path / "bad.toml").write_text("[train\nsteps = 3")
     (tmp_path / "binary.toml").write_bytes(b"\xff\xfe\x00\x01")
     (tmp_path / "unknown_section.toml").write_text("[trainer]\nsteps = 3\n")
+    (tmp_path / "top_level_key.toml").write_text("steps = 5\n")
     (tmp_path / "notjson.txt").write_text("not json")
     (tmp_path / "nolayers.json").write_text("{}")
     (tmp_path / "badlayer.json").write_text(json.dumps({"layers": [{"name": "x"}], "microbatch_size": 2,

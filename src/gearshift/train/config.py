@@ -192,10 +192,13 @@ def _coerce(where: str, tp: Any, value: Any) -> Any:
 def _apply(cfg: JobConfig, data: dict, origin: str) -> None:
     sections = {f.name: f for f in dataclasses.fields(cfg)}
     for sec, table in data.items():
+        if not isinstance(table, dict):  # e.g. `steps = 5` above any [section]
+            _check(sec not in sections, f"{origin}: [{sec}] must be a table of keys, got {sec} = {table!r}")
+            homes = [name for name, tp in typing.get_type_hints(JobConfig).items() if sec in typing.get_type_hints(tp)]
+            where = f"under [{homes[0]}]" if homes else f"under a section ({', '.join(sections)})"
+            raise ConfigError(f"{origin}: {sec} = {table!r} is outside any section; it goes {where}")
         if sec not in sections:
             raise ConfigError(f"{origin}: unknown section [{sec}] (allowed: {', '.join(sections)})")
-        if not isinstance(table, dict):
-            raise ConfigError(f"{origin}: [{sec}] must be a table")
         obj = getattr(cfg, sec)
         hints = typing.get_type_hints(type(obj))
         for key, value in table.items():
