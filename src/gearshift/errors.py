@@ -19,3 +19,7 @@ class PlanError(UserError):
 
 class DataError(UserError):
     """A corpus or checkpoint that is missing, empty, corrupt or mismatched."""
+
+
+class UsageError(UserError):
+    """A command line that does not parse (unknown option, malformed value, an override without `=`)."""

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from gearshift.errors import UserError
+from gearshift.paths import read_parsed
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -18,10 +19,4 @@ loads = tomllib.loads
 
 def read_toml(path: str | Path, field: str, error: type[UserError] = UserError) -> dict:
     """Parse the TOML file at `path`; a missing or invalid file raises `error` naming `field`."""
-    p = Path(path)
-    if not p.is_file():
-        raise error(f"{field}: file not found: {p}")
-    try:
-        return tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise error(f"{field}: {p} is not valid TOML ({e})") from None
+    return read_parsed(path, field, tomllib.loads, tomllib.TOMLDecodeError, "TOML", error)

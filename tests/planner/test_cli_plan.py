@@ -36,7 +36,7 @@ def test_cli_plan_end_to_end(tmp_path, capsys, make_profile, monkeypatch):
 
 @pytest.mark.parametrize("argv, msg", [
     (["plan", "--spec", "missing.toml"], "cluster.spec: file not found"),
-    (["plan", "--spec", EXAMPLE, "--profile", "missing.json"], "profile not found"),
+    (["plan", "--spec", EXAMPLE, "--profile", "missing.json"], "--profile: file not found: missing.json"),
     (["plan", "--spec", EXAMPLE, "--bogus=1"], "expected --section.key=value"),
     (["plan", "--spec", EXAMPLE, "--bogus.key=1"], "unknown section [bogus]"),
 ])

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import typing
 
-from gearshift.errors import UserError
+from gearshift.errors import UsageError, UserError
 
 # verb -> (module under gearshift.cli, one-line help). Each module has add_arguments(p) and run(args) -> int.
 COMMANDS = {
@@ -19,9 +20,15 @@ COMMANDS = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="gearshift", description="Adaptive parallel training for PyTorch.")
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a command line that does not parse is one line (as all bad input is), not usage + error."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def _parse(argv: list[str]) -> tuple[argparse.Namespace, dict]:
+    parser = _Parser(prog="gearshift", description="Adaptive parallel training for PyTorch.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     mods = {}
     verb = next((a for a in argv if not a.startswith("-")), None)
@@ -33,12 +40,22 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if args.command is None:
         parser.print_help()
-        return 0
     args.overrides = extra
+    return args, mods
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    verb = next((a for a in argv if not a.startswith("-")), None)
+    prog = f"gearshift {verb}" if verb in COMMANDS else "gearshift"
     try:
-        return int(mods[args.command].run(args) or 0)
+        from gearshift.train.config import check_override_spelling
+
+        check_override_spelling(argv)
+        args, mods = _parse(argv)
+        return int(mods[args.command].run(args) or 0) if args.command else 0
     except UserError as e:
-        print(f"gearshift {args.command}: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("gearshift: interrupted", file=sys.stderr)

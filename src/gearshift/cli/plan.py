@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from gearshift.cli.argtypes import positive_int
+from gearshift.cli.config_help import add_config_help
 from gearshift.cluster.spec import load_spec
 from gearshift.cluster.state import ClusterState, local_state
 from gearshift.errors import DataError
 from gearshift.planner.partition import PartitionResult, plan_partition
 from gearshift.profile.model_profile import ModelProfile
-from gearshift.train.config import load_config
+from gearshift.train.config import load_config, read_profile
 from gearshift.train.profiling import profile_job
 
 BASELINE_METHODS = ("uniform", "params", "equal_speed")
@@ -24,8 +25,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", nargs="?", help="job config TOML (default: the embedded default job)")
     p.add_argument("--spec", help="cluster spec TOML (also --cluster.spec=PATH)")
     p.add_argument("--profile", help="ModelProfile JSON written by `gearshift profile` (default: profile now)")
-    p.add_argument("--stages", type=int, default=None, help="pipeline stages (default: every device)")
-    p.add_argument("--microbatches", type=int, default=None, help="micro-batches (default: parallel.microbatches)")
+    p.add_argument("--stages", type=positive_int, default=None, help="pipeline stages (default: every device)")
+    p.add_argument("--microbatches", type=positive_int, default=None,
+                   help="micro-batches (default: parallel.microbatches)")
+    add_config_help(p, full=False)
 
 
 def _ms(x: float) -> str:
@@ -90,15 +93,7 @@ def run(args: argparse.Namespace) -> int:
     """Plan for the spec (--spec or cluster.spec) or the local cluster; print the plan and the baselines."""
     cfg = load_config(args.config, args.overrides)
     spec_path = args.spec or cfg.cluster.spec
-    if args.profile:
-        if not Path(args.profile).is_file():
-            raise DataError(f"plan: profile not found: {args.profile}")
-        try:
-            profile = ModelProfile.load(args.profile)
-        except (ValueError, KeyError, TypeError) as e:
-            raise DataError(f"plan: {args.profile} is not a ModelProfile JSON ({e})") from None
-    else:
-        profile = profile_job(cfg)
+    profile = read_profile(args.profile, "--profile", error=DataError) if args.profile else profile_job(cfg)
     microbatches = args.microbatches or cfg.parallel.microbatches
     if spec_path:
         spec = load_spec(spec_path)

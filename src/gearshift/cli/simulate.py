@@ -11,11 +11,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from gearshift.cli.config_help import add_config_help
 from gearshift.cluster.state import local_state
+from gearshift.errors import UserError
+from gearshift.paths import check_output_file
 from gearshift.planner.predict import predict_shared_cores
-from gearshift.profile import ModelProfile
 from gearshift.schedules import make_schedule
-from gearshift.train.config import load_config
+from gearshift.train.config import load_config, read_profile
 from gearshift.train.metrics import read_metrics
 from gearshift.train.profiling import microbatch_size, profile_job
 
@@ -24,6 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", nargs="?", help="job config TOML (default: the embedded default job)")
     p.add_argument("--profile", help="ModelProfile JSON (default: profile now)")
     p.add_argument("--trace", help="write the predicted timeline as a Perfetto trace here")
+    add_config_help(p, full=False)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,7 +35,10 @@ def run(args: argparse.Namespace) -> int:
     from gearshift.train.layout import resolve_partition
 
     cfg = load_config(args.config, args.overrides)
-    prof = ModelProfile.load(args.profile) if args.profile else profile_job(cfg)
+    if args.trace:
+        check_output_file(args.trace, "--trace")
+    n_layers = cfg.model.layers + 2
+    prof = read_profile(args.profile, "--profile", n_layers, UserError) if args.profile else profile_job(cfg)
     p = cfg.parallel
     schedule = make_schedule(p.schedule, p.stages, p.microbatches, k=p.k)
     bounds = resolve_partition(cfg, gpt_config(cfg))

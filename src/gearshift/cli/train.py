@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 import argparse
-import os
 
-from gearshift.train.config import load_config
+from gearshift.cli.config_help import add_config_help
+from gearshift.errors import UserError
+from gearshift.train.env import load_job, reports_config_errors, under_torchrun
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", nargs="?", help="job config TOML (default: the embedded default job)")
     p.add_argument("--resume", action="store_true", help="resume from the latest checkpoint in output.dir")
-    p.epilog = "Any config key can be overridden: --train.steps=50 --cluster.workers=4 --output.dir=runs/x"
+    add_config_help(p, full=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.overrides)
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "GEARSHIFT_PARENT_PID" not in os.environ:
-        from gearshift.train.worker import run_worker  # already under torchrun: be a worker
+    try:
+        cfg = load_job(args.config, args.overrides)
+    except UserError:
+        if reports_config_errors():  # under torchrun every rank fails alike: each machine says it once
+            raise
+        return 2
+    if under_torchrun():
+        from gearshift.train.worker import run_worker  # torchrun started this process: be one worker
 
         run_worker(cfg, args.resume)
         return 0

@@ -1,33 +1,46 @@
 """Worker entry point: `python -m gearshift.train [CONFIG] [--section.key=value ...] [--resume]`.
 
-This is what `torchrun --nnodes ... -m gearshift.train CONFIG` runs on each process; the local
-launcher runs it too, handing over the resolved config with `--from-json`."""
+This is what `torchrun --nproc-per-node N -m gearshift.train CONFIG` runs on each process: the job has
+as many workers as torchrun started. The local launcher (`gearshift train`) runs it too, handing over the
+resolved config with `--from-json`."""
 
 from __future__ import annotations
 
 import json
-import os
 import sys
+from pathlib import Path
 
-from gearshift.errors import UserError
-from gearshift.train.config import config_from_dict, load_config
+from gearshift.errors import UsageError, UserError
+from gearshift.train.config import JobConfig, check_override_spelling, config_from_dict
+from gearshift.train.env import load_job, reports_config_errors, under_torchrun
+
+
+def _config(argv: list[str]) -> JobConfig:
+    if "--from-json" in argv:  # a worker of the local launcher: the config it resolved and validated
+        return config_from_dict(json.loads(Path(argv[argv.index("--from-json") + 1]).read_text()))
+    check_override_spelling(argv)
+    if not under_torchrun():
+        raise UsageError("not started by torchrun (RANK, WORLD_SIZE, MASTER_ADDR unset): run `gearshift train "
+                         "CONFIG` for local workers, or `torchrun --nproc-per-node N -m gearshift.train CONFIG`")
+    path = next((a for a in argv if not a.startswith("-")), None)
+    overrides = list(argv)
+    if path is not None:
+        overrides.remove(path)
+    return load_job(path, overrides)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        print(f"{__doc__}\nThe config keys and their defaults: gearshift train --help")
+        return 0
     resume = "--resume" in argv
     argv = [a for a in argv if a != "--resume"]
     try:
-        if "--from-json" in argv:
-            cfg = config_from_dict(json.loads(open(argv[argv.index("--from-json") + 1]).read()))
-        else:
-            path = argv[0] if argv and not argv[0].startswith("--") else None
-            overrides = [a for a in argv if a.startswith("--")]
-            if "WORLD_SIZE" in os.environ:  # under torchrun the job has as many workers as torchrun started
-                overrides.append(f"--cluster.workers={os.environ['WORLD_SIZE']}")
-            cfg = load_config(path, overrides)
-    except UserError as e:
-        print(f"gearshift.train: error: {e}", file=sys.stderr)
+        cfg = _config(argv)
+    except UserError as e:  # every rank reads the same config: one line per machine, no traceback
+        if reports_config_errors():
+            print(f"gearshift.train: error: {e}", file=sys.stderr)
         return 2
     from gearshift.train.worker import run_worker
 

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from gearshift import tomlfile
-from gearshift.errors import ConfigError
+from gearshift.errors import ConfigError, UsageError, UserError
+from gearshift.paths import check_dir, check_input_file, read_json
+from gearshift.profile.model_profile import ModelProfile
 from gearshift.tomlfile import read_toml
 
 SCHEDULES = ("gpipe", "1f1b", "kfkb")
@@ -192,10 +194,13 @@ def _coerce(where: str, tp: Any, value: Any) -> Any:
 def _apply(cfg: JobConfig, data: dict, origin: str) -> None:
     sections = {f.name: f for f in dataclasses.fields(cfg)}
     for sec, table in data.items():
+        if not isinstance(table, dict):  # e.g. `steps = 5` above any [section]
+            _check(sec not in sections, f"{origin}: [{sec}] must be a table of keys, got {sec} = {table!r}")
+            homes = [name for name, tp in typing.get_type_hints(JobConfig).items() if sec in typing.get_type_hints(tp)]
+            where = f"under [{homes[0]}]" if homes else f"under a section ({', '.join(sections)})"
+            raise ConfigError(f"{origin}: {sec} = {table!r} is outside any section; it goes {where}")
         if sec not in sections:
             raise ConfigError(f"{origin}: unknown section [{sec}] (allowed: {', '.join(sections)})")
-        if not isinstance(table, dict):
-            raise ConfigError(f"{origin}: [{sec}] must be a table")
         obj = getattr(cfg, sec)
         hints = typing.get_type_hints(type(obj))
         for key, value in table.items():
@@ -204,8 +209,20 @@ def _apply(cfg: JobConfig, data: dict, origin: str) -> None:
             setattr(obj, key, _coerce(f"{sec}.{key}", hints[key], value))
 
 
+def check_override_spelling(argv: list[str]) -> None:
+    """An override is one argument, `--section.key=value`; `--train.steps 5` (a space for `=`) would
+    otherwise read as a config file named 5."""
+    for i, arg in enumerate(argv):
+        if arg.startswith("--") and "=" not in arg and "." in arg:
+            nxt = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("-") else None
+            got = f" (got a space: {arg} {nxt})" if nxt is not None else ""
+            raise UsageError(f"{arg}: expected {arg}=VALUE{got}")
+
+
 def parse_override(arg: str) -> tuple[str, str, Any]:
     """'--train.steps=50' -> ('train', 'steps', 50); the value is read as a TOML value, else a string."""
+    if not arg.startswith("-"):
+        raise UsageError(f"unexpected argument {arg!r}: one config file, then --section.key=value overrides")
     body = arg[2:] if arg.startswith("--") else arg
     if "=" not in body or "." not in body.split("=", 1)[0]:
         raise ConfigError(f"override {arg!r}: expected --section.key=value (e.g. --train.steps=50)")
@@ -231,6 +248,8 @@ def validate(cfg: JobConfig) -> JobConfig:
         _check(getattr(m, k) >= 1, f"model.{k}: must be >= 1, got {getattr(m, k)}")
     _check(m.width % m.heads == 0, f"model.width: must be divisible by model.heads ({m.width} % {m.heads} != 0)")
     _check(0 <= m.dropout < 1, f"model.dropout: must be in [0, 1), got {m.dropout}")
+    if d.path:
+        _check_corpus(d.path)
     _check(0 < d.val_fraction < 1, f"data.val_fraction: must be in (0, 1), got {d.val_fraction}")
     _check(d.max_bytes >= 1024, f"data.max_bytes: must be >= 1024, got {d.max_bytes}")
     _check(1 <= c.workers <= 64, f"cluster.workers: must be in 1..64, got {c.workers}")
@@ -238,7 +257,8 @@ def validate(cfg: JobConfig) -> JobConfig:
     _check(c.timeout_s > 0, f"cluster.timeout_s: must be > 0, got {c.timeout_s}")
     _check(c.stop_grace_s > 0, f"cluster.stop_grace_s: must be > 0, got {c.stop_grace_s}")
     if c.spec:
-        _check(Path(c.spec).is_file(), f"cluster.spec: file not found: {c.spec}")
+        check_input_file(c.spec, "cluster.spec", ConfigError)
+    _check_rate(c.bandwidth)
     rpn = c.ranks_per_node or c.workers
     _check(c.ranks_per_node >= 0 and c.workers % rpn == 0,
            f"cluster.ranks_per_node: must divide cluster.workers ({c.workers}), got {c.ranks_per_node}")
@@ -264,6 +284,7 @@ def validate(cfg: JobConfig) -> JobConfig:
         )
     else:
         _check_ranges(p.partition, p.stages, n_layers)
+    _check(t.batch_size >= 1, f"train.batch_size: must be >= 1, got {t.batch_size}")
     per_replica = t.batch_size // max(cfg.replicas, 1)
     _check(
         t.batch_size % cfg.replicas == 0 and per_replica % p.microbatches == 0,
@@ -275,13 +296,19 @@ def validate(cfg: JobConfig) -> JobConfig:
     _check(0 <= t.min_lr <= t.lr, f"train.min_lr: must be in [0, train.lr], got {t.min_lr}")
     _check(t.warmup_steps >= 0, f"train.warmup_steps: must be >= 0, got {t.warmup_steps}")
     _check(t.weight_decay >= 0, f"train.weight_decay: must be >= 0, got {t.weight_decay}")
-    _check(0 <= t.beta1 < 1 and 0 <= t.beta2 < 1, "train.beta1/beta2: must be in [0, 1)")
+    for k in ("beta1", "beta2"):
+        _check(0 <= getattr(t, k) < 1, f"train.{k}: must be in [0, 1), got {getattr(t, k)}")
+    _check(t.seed >= 0, f"train.seed: must be >= 0, got {t.seed}")
     _check(t.grad_clip >= 0, f"train.grad_clip: must be >= 0 (0 = off), got {t.grad_clip}")
     _check(t.eval_every >= 0, f"train.eval_every: must be >= 0 (0 = off), got {t.eval_every}")
     _check(t.eval_batches >= 1, f"train.eval_batches: must be >= 1, got {t.eval_batches}")
     _check(t.checkpoint_every >= 0, f"train.checkpoint_every: must be >= 0 (0 = end only), got {t.checkpoint_every}")
     _check(t.stop_after >= 0, f"train.stop_after: must be >= 0 (0 = run to train.steps), got {t.stop_after}")
     _check(bool(cfg.output.dir), "output.dir: must not be empty")
+    check_dir(cfg.output.dir, "output.dir", ConfigError)
+    _check(-1 <= cfg.output.trace_step < t.steps,
+           f"output.trace_step: must be -1 (the last step) or in 0..{t.steps - 1} (train.steps - 1), "
+           f"got {cfg.output.trace_step}")
     _check(cfg.output.existing in EXISTING,
            f"output.existing: {cfg.output.existing!r} (allowed: {', '.join(EXISTING)})")
     from gearshift.cluster.emulate import EmulationConfig
@@ -294,12 +321,47 @@ def validate(cfg: JobConfig) -> JobConfig:
     _check(a.every >= 0, f"adapt.every: must be >= 0 (0 = never), got {a.every}")
     _check(0 < a.alpha <= 1, f"adapt.alpha: must be in (0, 1], got {a.alpha}")
     if a.profile:
-        _check(Path(a.profile).is_file(), f"adapt.profile: file not found: {a.profile}")
+        read_profile(a.profile, "adapt.profile", n_layers, ConfigError)
     for i, f in enumerate(a.force):
-        _check(isinstance(f, list) and len(f) == 2 and isinstance(f[0], int),
-               f"adapt.force[{i}]: expected [step, [[start, end], ...]], got {f!r}")
+        _check(isinstance(f, list) and len(f) == 2 and isinstance(f[0], int) and f[0] >= 0,
+               f"adapt.force[{i}]: expected [step, [[start, end], ...]] with step >= 0, got {f!r}")
         _check_ranges(f[1], p.stages, n_layers, f"adapt.force[{i}]")
     return cfg
+
+
+def _check_corpus(path: str) -> None:
+    """data.path names a non-empty file, or a directory with a file in it (what the workers will read)."""
+    p = Path(path).expanduser()
+    _check(p.exists(), f"data.path: no such file or directory: {path}")
+    if p.is_dir():
+        _check(any(f.is_file() for f in p.rglob("*")), f"data.path: directory {path} holds no files")
+    else:
+        _check(p.stat().st_size > 0, f"data.path: file {path} is empty")
+
+
+def _check_rate(text: str) -> None:
+    from gearshift.cluster.testbed import parse_rate
+
+    try:
+        parse_rate(text)
+    except ConfigError:
+        raise ConfigError(f"cluster.bandwidth: expected a rate like 200mbit or 1gbit, got {text!r}") from None
+
+
+def read_profile(path: str, field: str, num_layers: int | None = None,
+                 error: type[UserError] = ConfigError) -> ModelProfile:
+    """The ModelProfile JSON at `path` (from `gearshift profile`); a missing or malformed file, or one of
+    another model (`num_layers` layers expected), raises `error` naming `field`."""
+    d = read_json(path, field, error)
+    try:
+        prof = ModelProfile.from_dict(d)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        what = f"missing {e}" if isinstance(e, KeyError) else str(e)
+        raise error(f"{field}: {path} is not a ModelProfile written by `gearshift profile` ({what})") from None
+    if num_layers is not None and prof.num_layers != num_layers:
+        raise error(f"{field}: {path} profiles {prof.num_layers} layers, the job's model has {num_layers} "
+                    "(model.layers + embedding + head)")
+    return prof
 
 
 def _check_ranges(ranges: Any, stages: int, n_layers: int, where: str = "parallel.partition") -> None:

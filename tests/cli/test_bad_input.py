@@ -1,0 +1,107 @@
+"""Bad input to any command is one line `gearshift VERB: error: ...` naming the field and what is allowed,
+exit code 2, no traceback; and it is caught before any worker starts or any profiling runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gearshift.cli.main import main
+
+CASES = [
+    # config keys and overrides
+    (["train", "--train.stepz=5"], "train.stepz: unknown key"),
+    (["train", "--trian.steps=5"], "unknown section [trian]"),
+    (["train", "--train.steps=many"], "train.steps: expected an integer"),
+    (["train", "--train.steps=0"], "train.steps: must be >= 1"),
+    (["train", "--train.lr=-1"], "train.lr: must be > 0"),
+    (["train", "--parallel.schedule=zigzag"], "parallel.schedule: 'zigzag' (allowed: gpipe, 1f1b, kfkb)"),
+    (["train", "--parallel.stages=12", "--cluster.workers=12"], "parallel.stages: more stages (12) than layers (8"),
+    (["train", "--parallel.stages=3"], "parallel.stages: must divide cluster.workers"),
+    (["train", "--model.heads=3"], "model.width: must be divisible by model.heads"),
+    (["train", "--parallel.partition=[[0,1],[1,2]]"], "parallel.partition: expected 4 ranges"),
+    (["train", "--train.batch_size=30"], "train.batch_size: must split evenly"),
+    (["train", "--cluster.spec=missing.toml"], "cluster.spec: file not found"),
+    (["train", "--train"], "expected --section.key=value"),
+    (["train", "--train.steps", "5"], "--train.steps: expected --train.steps=VALUE (got a space: --train.steps 5)"),
+    (["train", "--train.steps"], "--train.steps: expected --train.steps=VALUE"),
+    (["profile", "--model.layers", "8"], "--model.layers: expected --model.layers=VALUE (got a space"),
+    (["train", "job.toml", "extra.toml"], "unexpected argument 'extra.toml': one config file"),
+    (["train", "--resume=yes"], "argument --resume: ignored explicit argument 'yes'"),
+    # the config file
+    (["train", "no/such/config.toml"], "config: file not found: no/such/config.toml"),
+    (["train", "adir"], "config: adir is a directory, not a file"),
+    (["train", "bad.toml"], "config: bad.toml is not valid TOML"),
+    (["train", "binary.toml"], "config: binary.toml is not UTF-8 text"),
+    (["train", "unknown_section.toml"], "unknown_section.toml: unknown section [trainer] (allowed: model, data"),
+    (["train", "top_level_key.toml"], "top_level_key.toml: steps = 5 is outside any section; it goes under [train]"),
+    (["train", "--train=5"], "expected --section.key=value"),
+    # paths named by the config: checked before any worker starts
+    (["train", "--output.dir=afile"], "output.dir: afile is a file, not a directory"),
+    (["train", "--output.dir=afile/run"], "output.dir: afile/run is under afile, which is a file"),
+    (["train", "--data.path=no/such/corpus"], "data.path: no such file or directory: no/such/corpus"),
+    (["train", "--data.path=adir"], "data.path: directory adir holds no files"),
+    (["train", "--data.path=afile"], "data.path: file afile is empty"),
+    (["train", "--adapt.profile=notjson.txt"], "adapt.profile: notjson.txt is not valid JSON"),
+    (["train", "--adapt.profile=profile4.json"], "adapt.profile: profile4.json profiles 4 layers, the job's model "
+                                                 "has 8"),
+    # profile / simulate / plan
+    (["simulate", "--profile", "missing.json"], "--profile: file not found: missing.json"),
+    (["simulate", "--profile", "notjson.txt"], "--profile: notjson.txt is not valid JSON"),
+    (["simulate", "--profile", "nolayers.json"], "--profile: nolayers.json is not a ModelProfile written by "
+                                                 "`gearshift profile` (missing 'layers')"),
+    (["simulate", "--profile", "badlayer.json"], "--profile: badlayer.json is not a ModelProfile"),
+    (["simulate", "--profile", "profile4.json"], "--profile: profile4.json profiles 4 layers, the job's model has 8"),
+    (["simulate", "--trace", "afile/trace.json"], "--trace: afile/trace.json is under afile, which is a file"),
+    (["simulate", "--trace", "adir"], "--trace: adir is a directory, not a file"),
+    (["profile", "--out", "afile/profile.json"], "--out: afile/profile.json is under afile, which is a file"),
+    (["profile", "--output.dir=afile"], "output.dir: afile is a file, not a directory"),
+    (["profile", "--repeats", "0"], "argument --repeats: must be >= 1, got 0"),
+    (["profile", "--warmup", "-1"], "argument --warmup: must be >= 0, got -1"),
+    (["plan", "--stages", "0"], "argument --stages: must be >= 1, got 0"),
+    (["plan", "--stages", "-2"], "argument --stages: must be >= 1, got -2"),
+    (["plan", "--microbatches", "0"], "argument --microbatches: must be >= 1, got 0"),
+    (["plan", "--stages", "two"], "argument --stages: expected an integer >= 1, got 'two'"),
+    (["plan", "--profile", "nolayers.json"], "--profile: nolayers.json is not a ModelProfile"),
+    (["trian"], "argument COMMAND: invalid choice: 'trian'"),
+]
+
+
+def _profile(layers: int) -> dict:
+    row = dict(forward_s=1e-3, backward_s=2e-3, flops=1e6, param_bytes=1000, activation_bytes=100,
+               peak_activation_bytes=1000)
+    return {"layers": [dict(row, name=f"{i}:Layer") for i in range(layers)], "microbatch_size": 2, "seq_len": 16}
+
+
+@pytest.fixture
+def files(tmp_path, monkeypatch):
+    """A working directory holding the bad inputs the cases name."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "job.toml").write_text("[train]\nsteps = 3\n")
+    (tmp_path / "bad.toml").write_text("[train\nsteps = 3")
+    (tmp_path / "binary.toml").write_bytes(b"\xff\xfe\x00\x01")
+    (tmp_path / "unknown_section.toml").write_text("[trainer]\nsteps = 3\n")
+    (tmp_path / "top_level_key.toml").write_text("steps = 5\n")
+    (tmp_path / "notjson.txt").write_text("not json")
+    (tmp_path / "nolayers.json").write_text("{}")
+    (tmp_path / "badlayer.json").write_text(json.dumps({"layers": [{"name": "x"}], "microbatch_size": 2,
+                                                        "seq_len": 16}))
+    (tmp_path / "profile4.json").write_text(json.dumps(_profile(4)))
+    return tmp_path
+
+
+@pytest.mark.parametrize("args,message", CASES, ids=[" ".join(a) for a, _ in CASES])
+def test_bad_input_is_one_line_exit_2(files, capsys, args, message):
+    rc = main(args)
+    out, err = capsys.readouterr()
+    assert rc == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    verb = args[0] if args[0] != "trian" else ""
+    assert lines[0].startswith(f"gearshift {verb}".rstrip() + ": error: "), lines[0]
+    assert message in lines[0]
+    assert not out  # nothing ran
+
