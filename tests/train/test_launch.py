@@ -112,20 +112,6 @@ def test_ctrl_c_stops_every_worker(tmp_path):
     assert not _workers_alive(str(out))
 
 
-def test_runs_under_torchrun(tmp_path):
-    """The same job under torchrun (env:// rendezvous); the worker count comes from torchrun."""
-    out = tmp_path / "torchrun"
-    from gearshift.comm.launch import free_port
-
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                str(free_port())]
-    args = [a for a in TINY if a != "--output.progress=false"]
-    r = subprocess.run([*torchrun, "-m", "gearshift.train", *args, "--parallel.stages=2", "--train.steps=2",
-                        f"--output.dir={out}"], capture_output=True, text=True, timeout=180)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
-
-
 def test_emulation_on_some_ranks_only_does_not_deadlock(tmp_path):
     """Rank 0 at slowdown 1 is not emulated, rank 1 is: both still build the adaptation loop and enter the
     same collectives (the profile's broadcast); before, rank 0 skipped it and the job hung."""

@@ -37,10 +37,13 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, dict]:
         if name == verb:  # import only the module that runs
             mods[name] = importlib.import_module(f"gearshift.cli.{mod}")
             mods[name].add_arguments(p)
-    args, extra = parser.parse_known_args(argv)
+    # Overrides go around argparse, which reads an argument with a space ('--emulate.slowdown=[1, 2]') as a
+    # positional one.
+    overrides = [a for a in argv if a.startswith("--") and "." in a.split("=", 1)[0] and "=" in a]
+    args, extra = parser.parse_known_args([a for a in argv if a not in overrides])
     if args.command is None:
         parser.print_help()
-    args.overrides = extra
+    args.overrides = overrides + extra
     return args, mods
 
 
