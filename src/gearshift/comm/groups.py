@@ -74,7 +74,8 @@ class CommGroups:
             made = cls._create(topology.subset(part), part, me, shm, whole=False)
             if me in part:
                 mine = made
-        mine.send_thread = spare_cores() if send_thread is None else send_thread  # collective: every rank asks
+        # spare_cores() is a collective: every rank passes the same send_thread, so all ask or none does
+        mine.send_thread = spare_cores() if send_thread is None else send_thread
         return mine
 
     @classmethod
