@@ -109,21 +109,6 @@ def _timeline(size: int, groups, costs, rows: list[dict]) -> dict | None:
             "leader_rate_vs_gloo": leader_rate / gloo_rate if gloo_rate else None}
 
 
-def calibrated_job(setting: str):
-    """In a worker: one thread, gloo up, CommGroups of `setting`'s nodes and this job's measured LinkCosts."""
-    import torch
-    import torch.distributed as dist
-
-    from gearshift.cluster.topology import Topology
-    from gearshift.comm import CommGroups
-    from gearshift.comm.calibrate import measure_link_costs
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    groups = CommGroups.build(Topology.from_ranks_per_node(SETTINGS[setting]))
-    return groups, measure_link_costs(groups)
-
-
 # ---------------------------------------------------------------- driver
 def spawn(setting: str, argv: list[str], tb=None) -> None:
     """Run argv once per rank of `setting` (inside the testbed's namespaces when tb is given), rendezvous
@@ -157,39 +142,6 @@ def run_workers(setting: str, script: str, args: list[str], tb=None) -> dict:
         return json.loads(Path(out).read_text())
     finally:
         os.unlink(out)
-
-
-def run_settings(ap: argparse.ArgumentParser, settings: str, script: str, args: list[str]) -> dict[str, dict]:
-    """run_workers(setting, script, ["--setting", setting, *args]) for each comma-separated setting, the testbed
-    ones inside a 4 x 2 testbed at TESTBED_RATE (skipped with a line where this machine cannot make one)."""
-    from gearshift.cluster.testbed import Testbed, TestbedConfig
-
-    runs = {}
-    for setting in settings.split(","):
-        if setting not in SETTINGS:
-            ap.error(f"--settings: unknown setting {setting!r} (allowed: {', '.join(SETTINGS)})")
-        argv = ["--setting", setting, *args]
-        if setting.startswith("testbed"):
-            with Testbed(TestbedConfig(4, 2, bandwidth=TESTBED_RATE)) as tb:
-                if not tb.emulated:
-                    print(f"{setting}: skipped (no testbed on this machine: see the line above)")
-                    continue
-                runs[setting] = run_workers(setting, script, argv, tb)
-        else:
-            runs[setting] = run_workers(setting, script, argv)
-    return runs
-
-
-def parse_or_work(ap: argparse.ArgumentParser, worker) -> argparse.Namespace | None:
-    """The other side of run_workers: add its hidden --worker / --out flags to ap and parse; in a worker
-    process run worker(args) and return None, else return the driver's args."""
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.worker:
-        worker(args)
-        return None
-    return args
 
 
 def run_setting(setting: str, sizes: list[int], tb=None, trace: int | None = None) -> dict:

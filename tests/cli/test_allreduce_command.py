@@ -78,6 +78,15 @@ def test_spec_table_is_the_models_prediction(tmp_path) -> None:
     assert shapes[(4 << 10, "gloo")] is None
     assert [line.rstrip(" │").endswith(want) for line in r.stdout.splitlines() for label, want in
             (("4 KiB", "2 x 2"), ("256 MiB", "1 x 4")) if line.strip("│ ").startswith(label)] == [True, True]
+    # pinned: every size runs (and is priced) in the pinned shape
+    r = _gs("--spec", str(spec_path), "--sizes", "4KiB,256MiB", "--node-matrix", "4x1", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    saved = json.loads(out.read_text())
+    assert saved["node_matrix"] == [4, 1]
+    assert {tuple(row["node_matrix"]) for row in saved["rows"] if "node_matrix" in row} == {(4, 1)}
+    assert all(row["predicted_time_s"] == predict(row["algorithm"], row["size_bytes"], (4, 4), costs, (4, 1))
+               for row in saved["rows"])
+    assert sum(line.rstrip(" │").endswith("4 x 1") for line in r.stdout.splitlines()) == 2
 
 
 def test_bad_input_is_one_line(tmp_path) -> None:
@@ -90,6 +99,11 @@ def test_bad_input_is_one_line(tmp_path) -> None:
     assert r.returncode == 2 and "network.nic_gbs: unknown key" in r.stderr and len(r.stderr.splitlines()) == 1
     r = _gs("--workers", "5", "--ranks-per-node", "2")
     assert r.returncode == 2 and "--workers, --ranks-per-node" in r.stderr and "got 5 and 2" in r.stderr
+    r = _gs("--workers", "6", "--ranks-per-node", "2", "--node-matrix", "2x2")
+    assert r.returncode == 2 and r.stderr.strip() == ("gearshift allreduce: error: --node-matrix: 2x2 holds 4 nodes "
+                                                      "but the all-reduce spans 3 (allowed: auto, 1x3, 3x1)")
+    r = _gs("--node-matrix", "square")
+    assert r.returncode == 2 and "--node-matrix: 'square' (allowed: auto, or RxC" in r.stderr
 
 
 def test_measures_every_algorithm_on_local_workers(tmp_path) -> None:
@@ -104,9 +118,10 @@ def test_measures_every_algorithm_on_local_workers(tmp_path) -> None:
     for label in ("4 KiB", "256 KiB"):
         row = next(line for line in r.stdout.splitlines() if line.strip("│ ").startswith(label))
         cells = [c.strip() for c in row.strip("│").split("│")]
-        assert len(cells) == 7 and all("(" in c and ")" in c for c in cells[1:5])  # measured (model), each
+        assert len(cells) == 8 and all("(" in c and ")" in c for c in cells[1:5])  # measured (model), each
         assert cells[5] in ("gloo", "ring", "hierarchical", "hierarchical_rs")
         assert cells[6] in ("gloo", "ring", "hierarchical", "hierarchical_rs")
+        assert cells[7] == "1 x 2"  # two nodes: the only shape the model has
 
 
 @pytest.mark.skipif(not is_root(), reason="the testbed needs root")

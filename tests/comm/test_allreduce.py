@@ -1,19 +1,20 @@
 """Every all-reduce algorithm equals dist.all_reduce for awkward sizes, dtypes, world sizes 1..8, prime
-node counts, uneven and interleaved nodes; GradientSync training matches dist.all_reduce averaging."""
+node counts, uneven and interleaved nodes, and every pinned node matrix; GradientSync training matches
+dist.all_reduce averaging."""
 
 from __future__ import annotations
-
-import os
 
 import pytest
 import torch
 import torch.distributed as dist
 
 import gearshift.sim.collectives as coll
-from gearshift.cluster.topology import Topology
+from gearshift.cluster.topology import Topology, matrix_shapes
 from gearshift.comm import CommGroups, GradientSync, all_reduce, sender
+from gearshift.comm.allreduce import resolve
 from gearshift.comm.launch import spawn
 from gearshift.comm.steps import chunk_bounds
+from gearshift.errors import ConfigError
 
 ALGOS = ["ring", "hierarchical", "hierarchical_rs"]
 DTYPES = [torch.float32, torch.float64, torch.int32, torch.bfloat16]
@@ -27,9 +28,10 @@ def _data(rank: int, n: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.randn(n, generator=g, dtype=torch.float64).mul(10).to(dtype)
 
 
-def _check_topology(rank: int, topo: Topology, dtypes: bool) -> list[str]:
-    """Each algorithm on every size (float32) and, if asked, every dtype; failures seen by this rank."""
-    groups = CommGroups.build(topo)
+def _check_topology(rank: int, topo: Topology, dtypes: bool, send_thread: bool) -> list[str]:
+    """Each algorithm on every size (float32) and, if asked, every dtype, then the hierarchical forms in
+    every node matrix a user may pin; failures seen by this rank."""
+    groups = CommGroups.build(topo, send_thread=send_thread)
     bad = []
     cases = [(n, torch.float32) for n in SIZES] + [(1001, dt) for dt in DTYPES[1:] if dtypes]
     for n, dt in cases:
@@ -54,16 +56,25 @@ def _check_topology(rank: int, topo: Topology, dtypes: bool) -> list[str]:
     all_reduce(y, "hierarchical_rs", groups=groups)
     if not torch.allclose(y, ref, atol=1e-5):
         bad.append(f"{topo.ranks_per_node} non-contiguous")
+    ref = _data(rank, 4099, torch.float32)
+    dist.all_reduce(ref)
+    for shape in matrix_shapes(topo.num_nodes) if topo.num_nodes > 1 else []:
+        for algo in ("hierarchical", "hierarchical_rs", "auto"):
+            x = _data(rank, 4099, torch.float32)
+            all_reduce(x, algo, groups=groups, matrix=shape)
+            if not torch.allclose(x, ref, rtol=1e-5, atol=1e-4):
+                bad.append(f"{topo.ranks_per_node} {algo} pinned {shape}")
     return bad
 
 
-def _train(rank: int, algo: str, groups: CommGroups | None) -> list[float]:
+def _train(rank: int, algo: str, groups: CommGroups | None, matrix: tuple[int, int] | None = None) -> list[float]:
     """3 SGD steps of a small MLP on rank-specific data; returns the losses."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(5, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     sync = None if algo == "reference" else GradientSync(list(model.parameters()), algo.replace("tuned", "auto"),
-                                                         bucket_bytes=200, groups=groups, tune=algo == "tuned")
+                                                         bucket_bytes=200, groups=groups, tune=algo == "tuned",
+                                                         node_matrix=matrix)
     if algo == "tuned":  # every bucket size timed once, the fastest kept: the same pick on every rank
         picks = [None] * dist.get_world_size()
         dist.all_gather_object(picks, [b.algorithm for b in sync.buckets])
@@ -93,18 +104,17 @@ def _worker(rank: int, world: int, layouts: list, train: bool) -> list[str]:
     coll.segment_bytes = lambda c: 2048  # exercise the segmented (streamed) path with small tensors
     coll.FIRST_SEGMENT_BYTES = 512
     sender.MIN_BYTES = 0  # even worlds send every message from the sender thread, odd ones inline
-    os.environ["GEARSHIFT_SEND_THREAD"] = str(1 - world % 2)
     bad = []
     for i, lay in enumerate(layouts):
         topo = lay if isinstance(lay, Topology) else Topology.from_ranks_per_node(lay)
-        bad += _check_topology(rank, topo, dtypes=i == 0)
+        bad += _check_topology(rank, topo, dtypes=i == 0, send_thread=world % 2 == 0)
     if train:
-        groups = CommGroups.build(Topology.from_ranks_per_node([2] * (world // 2)))
+        groups = CommGroups.build(Topology.from_ranks_per_node([2] * (world // 2)), send_thread=True)
         ref = _train(rank, "reference", None)
-        for algo in ["gloo", *ALGOS, "auto", "tuned"]:
-            got = _train(rank, algo, groups)
+        for algo, matrix in [(a, None) for a in ["gloo", *ALGOS, "auto", "tuned"]] + [("tuned", (2, 1))]:
+            got = _train(rank, algo, groups, matrix)
             if not all(abs(a - b) <= 1e-5 * max(1.0, abs(b)) for a, b in zip(got, ref)):
-                bad.append(f"train {algo}: {got} != {ref}")
+                bad.append(f"train {algo} {matrix}: {got} != {ref}")
     return bad
 
 
@@ -134,7 +144,6 @@ def test_matches_dist_all_reduce(world: int) -> None:
 
 
 def test_world_of_one_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GEARSHIFT_SEND_THREAD", "0")
     for mod, name in ((coll, "segment_bytes"), (coll, "FIRST_SEGMENT_BYTES"), (sender, "MIN_BYTES")):
         monkeypatch.setattr(mod, name, getattr(mod, name))  # _worker changes them: restore afterwards
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -151,3 +160,15 @@ def test_chunk_bounds_cover_exactly() -> None:
             assert b[0][0] == 0 and b[-1][1] == numel and len(b) == parts
             assert all(x[1] == y[0] for x, y in zip(b, b[1:]))
             assert max(e - s for s, e in b) - min(e - s for s, e in b) <= 1
+
+
+def test_a_pinned_matrix_must_hold_the_nodes() -> None:
+    """Checked before any message moves (the same answer on every rank), wherever a hierarchical form may
+    run; gloo and the flat ring ignore the matrix."""
+    five = Topology.from_ranks_per_node([1] * 5)
+    for algo in ("auto", "hierarchical", "hierarchical_rs"):
+        with pytest.raises(ConfigError, match=r"node_matrix: 2x3 holds 6 nodes but the all-reduce spans 5 "
+                                              r"\(allowed: auto, 1x5, 5x1\)"):
+            resolve(algo, 4096, five, None, (2, 3))
+    assert resolve("gloo", 4096, five, None, (2, 3)) == "gloo"
+    assert resolve("hierarchical", 4096, five, None, (5, 1)) == "hierarchical"

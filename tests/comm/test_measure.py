@@ -17,7 +17,7 @@ def test_fastest_times_plausible_candidates_and_keeps_the_fastest(monkeypatch) -
         timed.append(algorithms)
         return [{"size_bytes": sizes[0], "algorithm": a, "time_s": measured[a]} for a in algorithms]
 
-    monkeypatch.setattr(measure, "predict", lambda a, size, rpn, costs: predicted[a])
+    monkeypatch.setattr(measure, "predict", lambda a, size, rpn, costs, matrix=None: predicted[a])
     monkeypatch.setattr(measure, "time_algorithms", fake_time)
     groups = SimpleNamespace(topology=Topology.from_ranks_per_node([2, 2]))
     out = measure.fastest(groups, [1 << 20], within=2.0)
@@ -26,7 +26,7 @@ def test_fastest_times_plausible_candidates_and_keeps_the_fastest(monkeypatch) -
 
 
 def test_uneven_nodes_do_not_time_the_reduce_scatter_form(monkeypatch) -> None:
-    monkeypatch.setattr(measure, "predict", lambda a, size, rpn, costs: 1.0)
+    monkeypatch.setattr(measure, "predict", lambda a, size, rpn, costs, matrix=None: 1.0)
     monkeypatch.setattr(measure, "time_algorithms", lambda g, sizes, c, algorithms, **kw: [
         {"size_bytes": sizes[0], "algorithm": a, "time_s": 1.0 + i} for i, a in enumerate(algorithms)])
     groups = SimpleNamespace(topology=Topology.from_ranks_per_node([2, 1]))

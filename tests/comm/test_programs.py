@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import gearshift.sim.collectives as coll
-from gearshift.cluster.topology import Topology
+from gearshift.cluster.topology import Topology, matrix_shapes
 from gearshift.comm.programs import build
+from gearshift.errors import ConfigError
 from gearshift.sim.collectives import LinkCosts
 
 SLOW = LinkCosts(inter_alpha=1e-4, inter_beta=1e-6)  # 1.6 KB segments (with the floor lowered below)
@@ -22,12 +23,13 @@ def small_segments(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(coll, "FIRST_SEGMENT_BYTES", 256)
 
 
-def replay(algorithm: str, topology: Topology, numel: int, costs: LinkCosts | None) -> list[torch.Tensor]:
+def replay(algorithm: str, topology: Topology, numel: int, costs: LinkCosts | None,
+           matrix: tuple[int, int] | None = None) -> list[torch.Tensor]:
     """Run every rank's programs in lock-step (all ranks' step j of a segment at once) and return the
     buffers; asserts that each send meets the matching receive."""
     n = topology.world_size
     data = [torch.arange(numel, dtype=torch.float64) * (r + 1) + r for r in range(n)]
-    progs = [build(algorithm, data[r], topology, r, costs) for r in range(n)]
+    progs = [build(algorithm, data[r], topology, r, costs, matrix=matrix) for r in range(n)]
     nseg = len(progs[0])
     assert all(len(p) == nseg for p in progs)
     for k in range(nseg):
@@ -81,17 +83,30 @@ def test_bandwidth_bound_messages_ring_the_leaders() -> None:
         assert {st.dst for st in inter} == peers and len(inter) == steps
 
 
-def test_node_matrix_can_be_forced_for_a_comparison(monkeypatch: pytest.MonkeyPatch) -> None:
-    topo = Topology.from_ranks_per_node([2, 2, 2, 2])
+def test_a_pinned_node_matrix_is_the_one_that_runs() -> None:
+    """The model would ring the four leaders on SLOW links and square them on fast ones; pinned, the leader
+    of node 0 talks to the partners of the pinned shape either way (N x 1 is one column: a ring too)."""
+    topo = Topology.from_ranks_per_node([2, 2, 2, 2])  # leaders 0, 2, 4, 6
     x = torch.zeros(5003, dtype=torch.float64)
-    for forced, peers in (("square", {2, 4}), ("ring", {2})):
-        monkeypatch.setenv("GEARSHIFT_NODE_MATRIX", forced)
-        assert {st.dst for st in build("hierarchical", x, topo, 0, SLOW)[0] if st.send.numel() and st.dst % 2 == 0} \
-            == peers
-        assert torch.equal(replay("hierarchical_rs", topo, 1000, SLOW)[3], replay("hierarchical", topo, 1000, None)[3])
-    monkeypatch.setenv("GEARSHIFT_NODE_MATRIX", "cube")
-    with pytest.raises(ValueError, match="GEARSHIFT_NODE_MATRIX='cube': allowed ring, square"):
-        build("hierarchical", x, topo, 0)
+    for costs in (SLOW, None):
+        for shape, peers in (((2, 2), {2, 4}), ((1, 4), {2}), ((4, 1), {2})):
+            inter = {st.dst for st in build("hierarchical", x, topo, 0, costs, matrix=shape)[0]
+                     if st.send.numel() and st.dst % 2 == 0}
+            assert inter == peers, (costs, shape)
+    with pytest.raises(ConfigError, match=r"node_matrix: 3x1 holds 3 nodes but the all-reduce spans 4 "
+                                          r"\(allowed: auto, 1x4, 2x2, 4x1\)"):
+        build("hierarchical", x, topo, 0, matrix=(3, 1))
+
+
+@pytest.mark.parametrize("layout", [[2] * 6, [1] * 8, [3] * 4, [1, 2, 2, 1], [2] * 5], ids=str)
+def test_every_pinned_matrix_sums_exactly(layout: list[int]) -> None:
+    topo = Topology.from_ranks_per_node(layout)
+    want = sum(torch.arange(1000, dtype=torch.float64) * (r + 1) + r for r in range(topo.world_size))
+    for shape in matrix_shapes(topo.num_nodes):
+        for algorithm in ("hierarchical", "hierarchical_rs") if topo.uniform else ("hierarchical",):
+            for costs in (None, SLOW):
+                got = replay(algorithm, topo, 1000, costs, shape)
+                assert all(torch.equal(x, want) for x in got), (algorithm, shape, costs)
 
 
 def test_slow_links_stream_several_segments() -> None:

@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gearshift.comm import sender
+from gearshift.cluster.topology import Topology
+from gearshift.comm import CommGroups, sender
 from gearshift.comm.groups import spare_cores
 
 
@@ -31,13 +32,11 @@ def test_thread_errors_are_raised_by_wait(world_of_one) -> None:
         s.wait()
 
 
-def test_spare_cores_override(world_of_one, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GEARSHIFT_SEND_THREAD", "1")
-    assert spare_cores()
-    monkeypatch.setenv("GEARSHIFT_SEND_THREAD", "0")
-    assert not spare_cores()
-    monkeypatch.delenv("GEARSHIFT_SEND_THREAD")
+def test_send_thread_is_a_parameter_or_the_spare_cores(world_of_one, monkeypatch: pytest.MonkeyPatch) -> None:
+    topo = Topology.from_ranks_per_node([1])
+    assert CommGroups.build(topo, shm=False, send_thread=True).send_thread
+    assert not CommGroups.build(topo, shm=False, send_thread=False).send_thread
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2})
-    assert spare_cores()  # one rank on this machine, 3 cores
+    assert spare_cores() and CommGroups.build(topo, shm=False).send_thread  # one rank on this machine, 3 cores
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0})
-    assert not spare_cores()
+    assert not spare_cores() and not CommGroups.build(topo, shm=False).send_thread

@@ -1,6 +1,6 @@
 """comm.stream: a reduce step's receive is posted one step ahead (so a sender need not wait for its receiver
-to wake up and post), and the sums are the same with and without it; finished works are held to the end of
-the next call, not dropped as they finish."""
+to wake up and post) and lands in the right slot; finished works are held to the end of the next call, not
+dropped as they finish."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from gearshift.comm.launch import spawn
 
 
-def _two_reduce_steps(rank: int, world: int, prepost: bool) -> tuple[int, list[float]]:
+def _two_reduce_steps(rank: int, world: int) -> tuple[int, list[float]]:
     """Two ranks swap-and-add twice; returns how many receives were posted before the first wait, and the
     buffer. Step 1 adds what step 0 produced, so a wrong slot or order shows in the values."""
     import torch.distributed as dist
@@ -17,7 +17,6 @@ def _two_reduce_steps(rank: int, world: int, prepost: bool) -> tuple[int, list[f
     from gearshift.comm import stream
     from gearshift.comm.steps import Step
 
-    stream.PREPOST = prepost
     posted_before_wait, waited = [0], [False]
     irecv = dist.irecv
 
@@ -45,12 +44,12 @@ def _two_reduce_steps(rank: int, world: int, prepost: bool) -> tuple[int, list[f
 
 
 def test_reduce_receives_are_posted_a_step_ahead() -> None:
+    # both steps' receives are posted before the first wait (one at a time would count 1);
     # step 0: 1 + 2 = 3 on both; step 1: 3 + 3 = 6 on both
-    assert spawn(_two_reduce_steps, 2, True) == [(2, [6.0] * 3)] * 2
-    assert spawn(_two_reduce_steps, 2, False) == [(1, [6.0] * 3)] * 2
+    assert spawn(_two_reduce_steps, 2) == [(2, [6.0] * 3)] * 2
 
 
-def _works_held(rank: int, world: int, retire: bool) -> tuple[list[int], list[bool], list[float]]:
+def _works_held(rank: int, world: int) -> tuple[list[int], list[bool], list[float]]:
     """Two calls of two swap-and-add steps; per call, how many works stream holds afterwards, whether the
     first call's works are still alive after each call (weak references), and the sums."""
     import gc
@@ -61,7 +60,6 @@ def _works_held(rank: int, world: int, retire: bool) -> tuple[list[int], list[bo
     from gearshift.comm import stream
     from gearshift.comm.steps import Step
 
-    stream.RETIRE = retire
     other, made = 1 - rank, []
     isend, irecv = dist.isend, dist.irecv
 
@@ -88,6 +86,6 @@ def _works_held(rank: int, world: int, retire: bool) -> tuple[list[int], list[bo
 
 
 def test_finished_works_are_held_until_the_next_call_ends() -> None:
-    # 1 + 2 = 3, 6; then 12, 24. Each call makes two sends and two receives.
-    assert spawn(_works_held, 2, True) == [([4, 4], [True, False], [24.0] * 3)] * 2
-    assert spawn(_works_held, 2, False) == [([0, 0], [False, False], [24.0] * 3)] * 2
+    # 1 + 2 = 3, 6; then 12, 24. Each call makes two sends and two receives: the first call's four are
+    # alive after it (dropped at once they would be gone) and gone after the second
+    assert spawn(_works_held, 2) == [([4, 4], [True, False], [24.0] * 3)] * 2

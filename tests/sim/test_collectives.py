@@ -6,12 +6,12 @@ import time
 
 import pytest
 
-from gearshift.cluster.topology import matrix_shape
+from gearshift.cluster.topology import matrix_shape, matrix_shapes
+from gearshift.errors import ConfigError
 from gearshift.sim.collectives import (
     ALGORITHMS,
     AUTO_MARGIN,
     MAX_SEGMENTS,
-    RUNNABLE,
     SMALL_SEGMENTS,
     LinkCosts,
     _exposed,
@@ -66,7 +66,7 @@ def test_uneven_rs_is_priced_as_leader_and_never_chosen() -> None:
 def test_choose_is_deterministic_and_known() -> None:
     for size in (4, 4 << 10, 4 << 20):
         a = choose(size, (16, 8))
-        assert a == choose(size, (16, 8)) and a in RUNNABLE
+        assert a == choose(size, (16, 8)) and a in ALGORITHMS
     with pytest.raises(ValueError):
         predict("carrier-pigeon", 1, (1, 1))
 
@@ -78,12 +78,12 @@ def test_choose_takes_the_earliest_within_the_margin(size: int) -> None:
     testbed = LinkCosts(intra_alpha=1.6e-3, intra_beta=1e-9, inter_alpha=2.5e-3, inter_beta=1 / 23e6,
                         nic_bandwidth=23.8e6, intra_p2p_alpha=3.3e-3, gloo_alpha=1.5e-3, hierarchical_alpha=1.7e-3,
                         rs_alpha=3.1e-3, flat_beta=1 / 23.5e6)
-    times = {a: predict(a, size, (4, 2), testbed) for a in RUNNABLE}
+    times = {a: predict(a, size, (4, 2), testbed) for a in ALGORITHMS}
     best = min(times.values())
     pick = choose(size, (4, 2), testbed)
     assert times[pick] <= best * (1 + AUTO_MARGIN)
-    assert all(times[a] > best * (1 + AUTO_MARGIN) for a in RUNNABLE[:RUNNABLE.index(pick)])
-    assert choose(size, (4, 2), testbed, margin=0.0) == min(RUNNABLE, key=times.get)
+    assert all(times[a] > best * (1 + AUTO_MARGIN) for a in ALGORITHMS[:ALGORITHMS.index(pick)])
+    assert choose(size, (4, 2), testbed, margin=0.0) == min(ALGORITHMS, key=times.get)
     assert choose(size, (4, 2), testbed, margin=10.0) == "gloo"
 
 
@@ -98,8 +98,7 @@ def test_node_matrix_takes_the_shape_priced_lower_ties_to_the_ring(size: int) ->
     but the square's two streams per card wait on one another at phase changes (_two_streams).
     node_matrix takes the ring when its price is within the margin, and predict() prices the shape it
     takes. On the testbed that is the square up to 64 KiB and the ring from 1 MiB, as measured
-    (bench/allreduce_ab.py: square 7.0 / 10.7 ms against the ring's 11.5 / 12.9 at 16 / 64 KiB, the ring
-    73.8 / 280.5 / 1088.6 ms against 94.6 / 296.1 / 1109.6 at 1 / 4 / 16 MiB)."""
+    (docs/benchmarks.md)."""
     for algorithm, price in (("hierarchical", _leader_design), ("hierarchical_rs", _rs_form)):
         ring, square = (price(size, 4, 2, TESTBED, shape) for shape in ((1, 4), (2, 2)))
         shape = node_matrix(algorithm, size, (4, 2), TESTBED)
@@ -261,6 +260,9 @@ def test_model_counts_the_steps_the_runtime_runs(nodes: int, per_node: int) -> N
     for algorithm in ("hierarchical", "hierarchical_rs"):
         steps = len(build(algorithm, torch.zeros(4), topo, 0)[0])
         assert predict(algorithm, 4, (nodes, per_node), unit) == pytest.approx(steps)
+        for shape in matrix_shapes(nodes):  # pinned: the model prices the shape that runs
+            steps = len(build(algorithm, torch.zeros(4), topo, 0, matrix=shape)[0])
+            assert predict(algorithm, 4, (nodes, per_node), unit, shape) == pytest.approx(steps)
 
 
 def test_flat_rings_use_the_rate_measured_for_their_pattern() -> None:
@@ -285,3 +287,18 @@ def test_one_node_hierarchical_is_priced_as_the_gloo_it_runs() -> None:
         assert predict("hierarchical", size, (1, 4), c) == g == predict("hierarchical_rs", size, (1, 4), c)
         assert choose(size, (1, 4), c) in ("gloo", "ring")
     assert predict("ring", 4, (1, 4), c) == pytest.approx(6 * 5e-4, rel=1e-3)
+
+
+def test_a_pinned_matrix_is_priced_and_chosen_with() -> None:
+    """node_matrix returns the pinned shape; predict and choose price the hierarchical forms in it (so auto
+    weighs the shape that will run); one column (N x 1) is a ring of the nodes and pays no two-stream stall."""
+    for size in (4 << 10, 16 << 20):
+        for shape in ((1, 4), (2, 2), (4, 1)):
+            assert node_matrix("hierarchical", size, (4, 2), TESTBED, pinned=shape) == shape
+            assert predict("hierarchical", size, (4, 2), TESTBED, shape) == _leader_design(size, 4, 2, TESTBED, shape)
+            assert predict("hierarchical_rs", size, (4, 2), TESTBED, shape) == _rs_form(size, 4, 2, TESTBED, shape)
+            times = {a: predict(a, size, (4, 2), TESTBED, shape) for a in ALGORITHMS}
+            assert choose(size, (4, 2), TESTBED, matrix=shape, margin=0.0) == min(ALGORITHMS, key=times.get)
+        assert _leader_design(size, 4, 2, TESTBED, (4, 1)) == pytest.approx(_leader_design(size, 4, 2, TESTBED, (1, 4)))
+    with pytest.raises(ConfigError, match="allowed: auto, 1x7, 7x1"):
+        predict("hierarchical", 1 << 20, (7, 2), TESTBED, (2, 4))

@@ -3,7 +3,8 @@
 With --spec, the cost model's prediction for that cluster (any size, nothing runs). Without it, the job
 measures its links (comm.calibrate) and times every algorithm next to the model: on local workers
 (--workers, --ranks-per-node emulate the nodes; --testbed puts each node in its own network namespace
-behind a shaped link), or one process per rank under torchrun.
+behind a shaped link), or one process per rank under torchrun. Every table names the leaders' node
+matrix of each size (the cost model's pick, or --node-matrix).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import re
 from rich.console import Console
 from rich.table import Table
 
+from gearshift.cluster.topology import check_matrix, parse_matrix
 from gearshift.errors import ConfigError
 
 DEFAULT_SIZES = "4KiB,64KiB,1MiB,16MiB,64MiB"
@@ -33,6 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--testbed", action="store_true",
                    help="run the local workers as emulated hosts on shaped links (gearshift testbed; needs root)")
     p.add_argument("--bandwidth", default="200mbit", help="testbed: every host link's cap (default 200mbit)")
+    p.add_argument("--node-matrix", default="auto",
+                   help="leaders' matrix of the hierarchical forms: auto (the model picks per size) or RxC, "
+                        "R x C = the nodes (default auto)")
     p.add_argument("--out", help="also write the table as JSON (costs, one row per size and algorithm, auto's picks)")
 
 
@@ -61,20 +66,21 @@ def _ms(s: float) -> str:
     return f"{s * 1e3:,.0f}" if s >= 1 else f"{s * 1e3:.4g}"
 
 
-def prediction_table(counts: list[int], costs, sizes: list[int], title: str) -> Table:
-    """Predicted ms of every algorithm the model knows at each size; `auto` = the runnable one it picks."""
-    from gearshift.sim.collectives import ALGORITHMS, RUNNABLE, busbw, choose, node_matrix, predict
+def prediction_table(counts: list[int], costs, sizes: list[int], title: str,
+                     matrix: tuple[int, int] | None = None) -> Table:
+    """Predicted ms of every algorithm at each size, `auto` = the one the model picks, and the leaders'
+    node matrix the hierarchical forms run in (`matrix` when pinned)."""
+    from gearshift.sim.collectives import ALGORITHMS, busbw, choose, predict
 
-    algos = list(RUNNABLE) + [a for a in ALGORITHMS if a not in RUNNABLE]
     t = Table(title=title)
-    for col in ("size", *algos, "auto", "busbw Gbit/s", "leaders"):
+    for col in ("size", *ALGORITHMS, "auto", "busbw Gbit/s", "leaders"):
         t.add_column(col, justify="right")
     for size in sizes:
-        times = {a: predict(a, size, counts, costs) for a in algos}
-        pick = choose(size, counts, costs)
-        t.add_row(fmt_size(size), *(f"[bold]{_ms(times[a])}[/bold]" if a == pick else _ms(times[a]) for a in algos),
-                  pick, f"{busbw(size, times[pick], sum(counts)) * 8 / 1e9:.2f}",
-                  fmt_matrix(node_matrix("hierarchical", size, counts, costs)))
+        times = {a: predict(a, size, counts, costs, matrix) for a in ALGORITHMS}
+        pick = choose(size, counts, costs, matrix=matrix)
+        t.add_row(fmt_size(size), *(f"[bold]{_ms(times[a])}[/bold]" if a == pick else _ms(times[a])
+                                    for a in ALGORITHMS),
+                  pick, f"{busbw(size, times[pick], sum(counts)) * 8 / 1e9:.2f}", _leaders(size, counts, costs, matrix))
     return t
 
 
@@ -83,22 +89,32 @@ def fmt_matrix(shape: tuple[int, int]) -> str:
     return f"{shape[0]} x {shape[1]}"
 
 
-def measured_table(counts: list[int], costs, rows: list[dict], title: str) -> Table:
-    """Measured ms of every runnable algorithm (the model's in brackets), auto's pick and the fastest."""
-    from gearshift.sim.collectives import RUNNABLE, choose, predict
+def _leaders(size: int, counts: list[int], costs, matrix: tuple[int, int] | None) -> str:
+    """The leader design's node matrix at this size ("-" on one node, where it runs gloo on the node)."""
+    from gearshift.sim.collectives import node_matrix
+
+    return "-" if len(counts) == 1 else fmt_matrix(node_matrix("hierarchical", size, counts, costs, matrix))
+
+
+def measured_table(counts: list[int], costs, rows: list[dict], title: str,
+                   matrix: tuple[int, int] | None = None) -> Table:
+    """Measured ms of every algorithm (the model's in brackets), auto's pick, the fastest and the leaders'
+    node matrix."""
+    from gearshift.sim.collectives import ALGORITHMS, choose, predict
 
     t = Table(title=title)
-    for col in ("size", *RUNNABLE, "auto", "fastest"):
+    for col in ("size", *ALGORITHMS, "auto", "fastest", "leaders"):
         t.add_column(col, justify="right")
     for size in sorted({r["size_bytes"] for r in rows}):
         got = {r["algorithm"]: r["time_s"] for r in rows if r["size_bytes"] == size}
         fastest = min(got, key=got.get)
-        t.add_row(fmt_size(size), *(f"{_ms(got[a])} ({_ms(predict(a, size, counts, costs))})" for a in RUNNABLE),
-                  choose(size, counts, costs), fastest)
+        t.add_row(fmt_size(size),
+                  *(f"{_ms(got[a])} ({_ms(predict(a, size, counts, costs, matrix))})" for a in ALGORITHMS),
+                  choose(size, counts, costs, matrix=matrix), fastest, _leaders(size, counts, costs, matrix))
     return t
 
 
-def _measure(sizes: list[int], reps: int, out_path: str | None = None) -> None:
+def _measure(sizes: list[int], reps: int, out_path: str | None = None, matrix: tuple[int, int] | None = None) -> None:
     """One rank of the job (env://, as under torchrun): calibrate, time every algorithm at every size;
     rank 0 prints the measured costs and the table."""
     import torch.distributed as dist
@@ -116,6 +132,8 @@ def _measure(sizes: list[int], reps: int, out_path: str | None = None) -> None:
     groups = CommGroups.build(topo)
     costs = measure_link_costs(groups)
     counts = topo.ranks_per_node
+    if matrix is not None:
+        check_matrix(matrix, len(counts), "--node-matrix")  # every rank: same topology, same answer
     console = Console(stderr=True)
     if rank == 0:
         console.print(f"[dim]{len(counts)} nodes x {counts}: calibrated; timing {len(sizes)} sizes x "
@@ -124,35 +142,37 @@ def _measure(sizes: list[int], reps: int, out_path: str | None = None) -> None:
     def progress(size: int) -> None:
         if rank == 0:
             console.print(f"[dim]  {fmt_size(size)} done[/dim]")
-    rows = time_algorithms(groups, sizes, costs, reps=reps, on_size=progress)
+    rows = time_algorithms(groups, sizes, costs, reps=reps, on_size=progress, matrix=matrix)
     if rank == 0:
         out = _console()
         out.print(f"measured: {describe(costs, topo)}")
         out.print(measured_table(counts, costs, rows, f"all-reduce ms measured (model), {len(counts)} nodes x "
-                                                      f"{counts} ranks"))
+                                                      f"{counts} ranks", matrix))
         if out_path:
-            write_json(out_path, counts, costs, sizes, rows)
+            write_json(out_path, counts, costs, sizes, rows, matrix)
     dist.barrier()
 
 
-def write_json(path: str, counts: list[int], costs, sizes: list[int], measured: list[dict] | None = None) -> None:
-    """The table as JSON, written atomically: costs, a row per size and algorithm (predicted_time_s, and
-    time_s / samples when measured) and auto's pick per size."""
+def write_json(path: str, counts: list[int], costs, sizes: list[int], measured: list[dict] | None = None,
+               matrix: tuple[int, int] | None = None) -> None:
+    """The table as JSON, written atomically: costs, a row per size and algorithm (predicted_time_s, the
+    hierarchical forms' node_matrix, and time_s / samples when measured) and auto's pick per size."""
     import dataclasses
     import json
     from pathlib import Path
 
-    from gearshift.sim.collectives import RUNNABLE, choose, node_matrix, predict
+    from gearshift.sim.collectives import ALGORITHMS, choose, node_matrix, predict
 
     got = {(r["size_bytes"], r["algorithm"]): r for r in measured or []}
-    rows = [{"size_bytes": size, "algorithm": a, "predicted_time_s": predict(a, size, counts, costs),
-             **({"node_matrix": list(node_matrix(a, size, counts, costs))} if a.startswith("hierarchical") else {}),
+    rows = [{"size_bytes": size, "algorithm": a, "predicted_time_s": predict(a, size, counts, costs, matrix),
+             **({"node_matrix": list(node_matrix(a, size, counts, costs, matrix))}
+                if a.startswith("hierarchical") else {}),
              **({"time_s": got[(size, a)]["time_s"], "samples_s": got[(size, a)]["samples"]}
                 if (size, a) in got else {})}
-            for size in sizes for a in RUNNABLE]
+            for size in sizes for a in ALGORITHMS]
     out = {"mode": "measured" if measured else "predicted", "ranks_per_node": counts,
-           "costs": dataclasses.asdict(costs), "rows": rows,
-           "auto": [{"size_bytes": size, "algorithm": choose(size, counts, costs)} for size in sizes]}
+           "costs": dataclasses.asdict(costs), "rows": rows, "node_matrix": "auto" if matrix is None else list(matrix),
+           "auto": [{"size_bytes": size, "algorithm": choose(size, counts, costs, matrix=matrix)} for size in sizes]}
     tmp = Path(f"{path}.tmp")
     tmp.write_text(json.dumps(out, indent=1))
     tmp.replace(path)
@@ -176,6 +196,7 @@ def run(args: argparse.Namespace) -> int:
     if args.overrides:
         raise ConfigError(f"allreduce: unknown arguments {' '.join(args.overrides)}")
     sizes = parse_sizes(args.sizes)
+    matrix = parse_matrix(args.node_matrix, "--node-matrix")
     if args.reps < 1:
         raise ConfigError(f"--reps: must be >= 1, got {args.reps}")
     if args.spec:
@@ -185,22 +206,26 @@ def run(args: argparse.Namespace) -> int:
 
         spec = load_spec(args.spec)
         counts = Topology.from_spec(spec).ranks_per_node
+        if matrix is not None:
+            check_matrix(matrix, len(counts), "--node-matrix")
         title = (f"predicted all-reduce ms, {len(counts)} nodes x {counts} ranks ({args.spec}); "
                  f"bold = auto's pick")
         costs = LinkCosts.from_network(spec.network)
-        _console().print(prediction_table(counts, costs, sizes, title))
+        _console().print(prediction_table(counts, costs, sizes, title, matrix))
         if args.out:
-            write_json(args.out, counts, costs, sizes)
+            write_json(args.out, counts, costs, sizes, matrix=matrix)
         return 0
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # one rank of a job (torchrun or ours)
         from gearshift.train.worker import run_as_worker
 
-        run_as_worker(lambda: _measure(sizes, args.reps, args.out))
+        run_as_worker(lambda: _measure(sizes, args.reps, args.out, matrix))
         return 0
     w, per = args.workers, args.ranks_per_node
     if w < 1 or per < 1 or w % per:
         raise ConfigError(f"--workers, --ranks-per-node: need workers >= 1, a multiple of ranks-per-node >= 1; "
                           f"got {w} and {per}")
+    if matrix is not None:  # one line here, before any worker starts
+        check_matrix(matrix, w // per, "--node-matrix")
     return _launch(args, w, per)
 
 
@@ -212,7 +237,8 @@ def _launch(args: argparse.Namespace, workers: int, per_node: int) -> int:
 
     from gearshift.train.launch import run_ranks
 
-    cmd = [sys.executable, "-m", "gearshift.cli.main", "allreduce", "--sizes", args.sizes, "--reps", str(args.reps)]
+    cmd = [sys.executable, "-m", "gearshift.cli.main", "allreduce", "--sizes", args.sizes, "--reps", str(args.reps),
+           "--node-matrix", args.node_matrix]
     if args.out:
         cmd += ["--out", str(Path(args.out).resolve())]
     with tempfile.TemporaryDirectory(prefix="gs-allreduce-") as run_dir:

@@ -15,6 +15,7 @@ from pathlib import Path
 from gearshift.errors import ConfigError
 
 STATE_DIR = Path("/run/gearshift")
+QUEUE_S = 0.02  # seconds of a host link's rate its shaper queues before dropping
 _UNITS = {"": 1, "bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9}
 
 
@@ -57,7 +58,7 @@ class TestbedConfig:
     prefix: str = "gs-"
     subnet: str = "10.213.7"  # the /24 used only inside these namespaces
     # largest packet the shaper sees (GSO): a smaller one bursts less past the cap, a larger one costs
-    # less CPU (1,500-byte packets slowed a 64 MiB gloo all-reduce at 200 Mbit/s from 4.9 s to 6.8 s)
+    # less CPU per byte (docs/benchmarks.md: 1,500-byte packets against 16 KiB)
     max_packet: int = 16 << 10
 
     def __post_init__(self) -> None:
@@ -176,16 +177,15 @@ class Testbed:
 
 def _shape(prefix: list[str], dev: str, bits: float, max_packet: int) -> None:
     """htb on dev's egress capped at `bits`/s: payload-free TCP segments (ACKs) in a priority class, all
-    data in a class over a byte fifo holding ~20 ms. Without this, ACKs of the opposite direction
-    wait behind seconds of queued GSO packets and a two-way exchange runs at half the cap. Data, however
-    small, stays in its flow's order: a rule by length (< 128 B) let gloo's tiny messages overtake their
-    connection's queued bulk, and receivers that saw them early made senders retransmit for nothing (76-88
-    spurious fast retransmits in 150 reduce-scatter-form calls of 64 KiB; 10-13 with this rule). GSO packets
-    are capped at `max_packet` bytes: htb charges a packet after sending it, so a rested link passes one
-    whole packet at once (64 KiB by default: 2.6 ms of a 200 Mbit/s wire in no time)."""
+    data in a class over a byte fifo holding QUEUE_S of the rate. Without this, ACKs of the opposite
+    direction wait behind seconds of queued GSO packets and a two-way exchange runs at half the cap. Data,
+    however small, stays in its flow's order: a rule by length (< 128 B) let gloo's tiny messages overtake
+    their connection's queued bulk, and receivers that saw them early made senders retransmit for nothing.
+    GSO packets are capped at `max_packet` bytes: htb charges a packet after sending it, so a rested link
+    passes one whole packet at once, however long it holds the wire."""
     rate, tc = f"{int(bits)}bit", [*prefix, "tc"]
     _sh(*prefix, "ip", "link", "set", "dev", dev, "gso_max_size", str(max_packet))
-    limit = max(64 << 10, int(bits / 8 * 0.02))
+    limit = max(64 << 10, int(bits / 8 * QUEUE_S))
     _sh(*tc, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "20", "r2q", "100")
     _sh(*tc, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", rate, "ceil", rate)
     _sh(*tc, "class", "add", "dev", dev, "parent", "1:1", "classid", "1:10", "htb", "rate", f"{int(bits / 10)}bit",

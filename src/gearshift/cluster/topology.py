@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gearshift.cluster.spec import ClusterSpec
-from gearshift.errors import SpecError
+from gearshift.errors import ConfigError, SpecError
 
 
 def matrix_shape(n: int) -> tuple[int, int]:
@@ -25,6 +25,33 @@ def matrix_shape(n: int) -> tuple[int, int]:
         raise ValueError(f"matrix_shape: n must be >= 1, got {n}")
     r = max(d for d in range(1, math.isqrt(n) + 1) if n % d == 0)
     return r, n // r
+
+
+def matrix_shapes(n: int) -> list[tuple[int, int]]:
+    """Every R x C with R * C == n, R ascending: the shapes a node matrix of n nodes may be pinned to."""
+    return [(r, n // r) for r in range(1, n + 1) if n % r == 0]
+
+
+def parse_matrix(text: str, where: str = "node_matrix") -> tuple[int, int] | None:
+    """'auto' -> None (the cost model picks per message); 'RxC' (e.g. '2x3') -> (R, C); else a one-line
+    ConfigError naming `where`."""
+    if text.strip() == "auto":
+        return None
+    m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        raise ConfigError(f"{where}: {text!r} (allowed: auto, or RxC with R, C >= 1, e.g. 2x4)")
+    return int(m.group(1)), int(m.group(2))
+
+
+def check_matrix(shape: tuple[int, int], nodes: int, where: str = "node_matrix") -> None:
+    """A pinned R x C must hold exactly the `nodes` it arranges: the 2D steps need every row the same length
+    (a ragged last row would leave some columns without a member there). A one-line ConfigError names the
+    shapes allowed; a prime count allows only 1 x N and N x 1, both a ring of the nodes."""
+    rows, cols = shape
+    if rows * cols != nodes:
+        allowed = ", ".join(f"{r}x{c}" for r, c in matrix_shapes(nodes))
+        raise ConfigError(f"{where}: {rows}x{cols} holds {rows * cols} nodes but the all-reduce spans {nodes} "
+                          f"(allowed: auto, {allowed})")
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from gearshift.cluster.topology import Topology
+from gearshift.cluster.topology import Topology, check_matrix
 from gearshift.comm.groups import CommGroups
 from gearshift.comm.programs import build
 from gearshift.comm.stream import run_segments
@@ -32,56 +32,63 @@ def flat_ring_all_reduce(flat: torch.Tensor, groups: CommGroups | None, costs: L
 
 
 def leader_all_reduce(flat: torch.Tensor, groups: CommGroups, costs: LinkCosts | None = None,
-                      trace: list | None = None) -> None:
+                      trace: list | None = None, matrix: tuple[int, int] | None = None) -> None:
     """Gather to the node leader, leaders' matrix all-reduce, send back from the leader inside the node,
     all as point-to-point steps of one program per segment (comm.steps.leader_program), streamed: the
     leader adds segment k + 1 from its node while segment k is on the wire, and sends segment k back to
-    its node while later ones are. On one node the node-level step is the whole job: gloo's own
-    all-reduce on the node group (C++)."""
+    its node while later ones are. The leaders form `matrix` when pinned, else the model's pick. On one
+    node the node-level step is the whole job: gloo's own all-reduce on the node group (C++)."""
     if _one_node(groups):
         dist.all_reduce(flat, group=groups.node_group)
         return
-    run_segments(build("hierarchical", flat, groups.topology, groups.rank, costs, groups.members), groups, trace)
+    run_segments(build("hierarchical", flat, groups.topology, groups.rank, costs, groups.members, matrix), groups,
+                 trace)
 
 
 def rs_all_reduce(flat: torch.Tensor, groups: CommGroups, costs: LinkCosts | None = None,
-                  trace: list | None = None) -> None:
+                  trace: list | None = None, matrix: tuple[int, int] | None = None) -> None:
     """Reduce-scatter form: intra-node ring reduce-scatter (local rank l owns shard l), matrix all-reduce
     of that shard among the same-local-rank peers of all nodes, intra-node ring all-gather; one step
     program per segment, streamed, so one segment's intra-node steps overlap another's inter-node ones.
     Uneven nodes fall back to the leader design; one node is gloo's all-reduce on the node group."""
     if not groups.topology.uniform or _one_node(groups):
-        leader_all_reduce(flat, groups, costs, trace)
+        leader_all_reduce(flat, groups, costs, trace, matrix)
         return
-    run_segments(build("hierarchical_rs", flat, groups.topology, groups.rank, costs, groups.members), groups,
-                 trace)
+    run_segments(build("hierarchical_rs", flat, groups.topology, groups.rank, costs, groups.members, matrix),
+                 groups, trace)
 
 
-def resolve(algorithm: str, size_bytes: int, topology: Topology, costs: LinkCosts | None = None) -> str:
-    """The concrete algorithm for `algorithm` ("auto" asks the cost model; same answer on every rank)."""
+def resolve(algorithm: str, size_bytes: int, topology: Topology, costs: LinkCosts | None = None,
+            matrix: tuple[int, int] | None = None) -> str:
+    """The concrete algorithm for `algorithm` ("auto" asks the cost model, pricing the hierarchical forms in
+    `matrix` when pinned; same answer on every rank). A pinned matrix that does not hold the topology's
+    nodes is a one-line ConfigError wherever a hierarchical form may run."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown all-reduce algorithm {algorithm!r} (allowed: {', '.join(ALGORITHMS)})")
+    if matrix is not None and algorithm in ("auto", "hierarchical", "hierarchical_rs"):
+        check_matrix(matrix, topology.num_nodes)
     if algorithm == "auto":
-        return choose(size_bytes, topology.ranks_per_node, costs)
+        return choose(size_bytes, topology.ranks_per_node, costs, matrix=matrix)
     return algorithm
 
 
 def all_reduce(tensor: torch.Tensor, algorithm: str = "auto", topology: Topology | None = None,
                groups: CommGroups | None = None, costs: LinkCosts | None = None,
-               trace: list | None = None) -> torch.Tensor:
+               trace: list | None = None, matrix: tuple[int, int] | None = None) -> torch.Tensor:
     """Sum `tensor` over all ranks in place with the named algorithm and return it (caller averages).
 
     topology/groups default to one node holding every rank; pass CommGroups.build(topology) once and
     reuse it (or CommGroups.partition(...): then the sum is over this rank's part). Every rank (of the
-    group) must call with the same algorithm, shape and dtype. A `trace` list collects this rank's steps
-    (comm.stream.run_segments) for a Perfetto timeline.
+    group) must call with the same algorithm, shape, dtype and matrix. matrix: pin the leaders' R x C
+    for the hierarchical forms (R x C = the nodes; None: the cost model picks per message). A `trace`
+    list collects this rank's steps (comm.stream.run_segments) for a Perfetto timeline.
     """
     if groups is not None:
         topology = groups.topology
     world = topology.world_size if topology is not None else dist.get_world_size()
     if topology is None:
         topology = Topology.from_ranks_per_node([world])
-    algo = resolve(algorithm, tensor.numel() * tensor.element_size(), topology, costs)
+    algo = resolve(algorithm, tensor.numel() * tensor.element_size(), topology, costs, matrix)
     if world == 1 or tensor.numel() == 0:
         return tensor
     if algo == "gloo":
@@ -93,7 +100,7 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "auto", topology: Topology
     else:
         if groups is None:
             raise ValueError(f"all_reduce({algo!r}) needs groups=CommGroups.build(topology), built once on all ranks")
-        (leader_all_reduce if algo == "hierarchical" else rs_all_reduce)(flat, groups, costs, trace)
+        (leader_all_reduce if algo == "hierarchical" else rs_all_reduce)(flat, groups, costs, trace, matrix)
     if flat.data_ptr() != tensor.data_ptr():
         tensor.copy_(flat.view_as(tensor))
     return tensor

@@ -39,6 +39,8 @@ class GradientSync:
     tune: with "auto", time the model's candidates once at each bucket size (comm.measure.fastest) and
     keep the fastest measured. `tuned` (bytes -> (pick, times)) holds what was measured: pass the same
     dict to the GradientSync that replaces this one (after a re-plan) and known sizes are not timed again.
+    node_matrix: pin the leaders' R x C for the hierarchical forms (R x C = the nodes the sync spans;
+    None: the cost model picks per bucket). shm, send_thread: for the groups built here (CommGroups.build).
     """
 
     params: list[torch.nn.Parameter]
@@ -49,6 +51,9 @@ class GradientSync:
     costs: LinkCosts | None = None
     tune: bool = False
     tuned: dict[int, tuple[str, dict[str, float]]] = field(default_factory=dict)
+    node_matrix: tuple[int, int] | None = None
+    shm: bool = True
+    send_thread: bool | None = None
     buckets: list[Bucket] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -61,11 +66,12 @@ class GradientSync:
             self.topology = Topology.from_ranks_per_node([dist.get_world_size() if dist.is_initialized() else 1])
         if self.groups is None and self.algorithm != "gloo" and dist.is_initialized() \
                 and dist.get_world_size() > 1:
-            self.groups = CommGroups.build(self.topology)  # collective: every rank builds its GradientSync
+            # collective: every rank builds its GradientSync
+            self.groups = CommGroups.build(self.topology, shm=self.shm, send_thread=self.send_thread)
         self.buckets = self._make_buckets()
         if self.tune and self.algorithm == "auto" and self.groups is not None and self.topology.world_size > 1:
             new = sorted({b.nbytes for b in self.buckets} - set(self.tuned))
-            self.tuned.update(fastest(self.groups, new, self.costs))
+            self.tuned.update(fastest(self.groups, new, self.costs, matrix=self.node_matrix))
             for b in self.buckets:
                 b.algorithm = self.tuned[b.nbytes][0]
 
@@ -81,7 +87,7 @@ class GradientSync:
             b.params.append(p)
             b.numel += p.numel()
         for b in buckets:
-            b.algorithm = resolve(self.algorithm, b.nbytes, self.topology, self.costs)
+            b.algorithm = resolve(self.algorithm, b.nbytes, self.topology, self.costs, self.node_matrix)
         return buckets
 
     @torch.no_grad()
@@ -93,7 +99,7 @@ class GradientSync:
         for b in self.buckets:
             flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
                               for p in b.params])
-            all_reduce(flat, b.algorithm, self.topology, self.groups, self.costs)
+            all_reduce(flat, b.algorithm, self.topology, self.groups, self.costs, matrix=self.node_matrix)
             flat.div_(world)
             offset = 0
             for p in b.params:

@@ -23,18 +23,16 @@ from gearshift.sim.collectives import LinkCosts
 
 MIB = 1 << 20
 BYTES_OVER_STEP = 5  # a slope is taken where bytes are at least ~80% of an exchange's time
-SLOPE_BUDGET_S = 1.5  # seconds of samples per slope (at least 3 of each size): on a 200 Mbit/s link that is
-# 11 pairs of 1 and 2 MiB; with 3 (0.5 s) one job's calibrations read 13-24 MB/s for a 23.6 MB/s link
+SLOPE_BUDGET_S = 1.5  # seconds of samples per slope (at least 3 of each size): fewer left a slow link's slope
+# to a handful of pairs, and calibrations of one job disagreed on its rate (docs/benchmarks.md)
 MAX_SLOPE_SAMPLES = 15
-PROBE_BYTES = 4 * MIB  # per rank, for the CPU probe: bytes dominate on loopback; 3 calls of 0.17 s at 200 Mbit/s
-STEP_BUDGET_S = 0.5  # seconds of samples per per-step cost (at least `reps`): where 4 ranks share 2 cores a
-# sample of 10 tiny calls moves by 2x, and two calibrations of one job with 7 samples each priced cells up to
-# 33-73% apart (bench/allreduce.py's A/A test)
+PROBE_BYTES = 4 * MIB  # per rank, for the CPU probe: large enough that bytes dominate on loopback
+STEP_BUDGET_S = 0.5  # seconds of samples per per-step cost (at least `reps`): where ranks share cores a single
+# sample of 10 tiny calls moves with the scheduler, so more samples steady the median
 MAX_REPS_FACTOR = 4
-WARM_UP_S = 0.3  # of gloo's tiny all-reduce before the first timing: without it, gloo's step cost read 12-26%
-# above a second calibration's in the same job, in all of six runs on 4 loopback ranks
-CPU_BOUND_SHARE = 0.35  # this probe kept 55-80% of the usable cores busy on loopback (4 and 8 ranks, 2 cores)
-# and 12-14% on the 200 Mbit/s testbed (4 x 2 ranks), three runs each
+WARM_UP_S = 0.3  # of gloo's tiny all-reduce before the first timing: a cold gloo prices its own step too high
+CPU_BOUND_SHARE = 0.35  # the CPU probe's share of busy cores that marks links as copies on the cores: loopback
+# jobs land well above it, ranks behind real (or shaped) links well below (docs/benchmarks.md)
 
 
 def _max_over_ranks(seconds: float, group=None) -> float:
@@ -75,7 +73,7 @@ def slope(make: Callable[[int], Callable[[], None]], timed: Callable[[list, int]
 
     m doubles from `start` (2 m at most `limit`) until the pattern takes BYTES_OVER_STEP times its tiny run: below
     that the slope is lost in a step's jitter (on loopback 1 MiB moves in a fraction of a process wake-up;
-    on a 200 Mbit/s link 1 MiB already takes 15 steps). timed(fns, n) gives the median of n interleaved
+    on a slow link 1 MiB is already many steps' worth). timed(fns, n) gives the median of n interleaved
     samples of each fn; the slope uses as many as fit in SLOPE_BUDGET_S. If noise makes it non-positive,
     the larger run's time per byte (an upper bound)."""
     step = timed([make(4)], 3)[0]

@@ -1,9 +1,7 @@
 """Doorbells between the processes of one node: a message (a tag and a 40-bit value, e.g. an offset into
 comm.shm's arena) is written into a mailbox in shared memory and the receiver sleeps on a futex, instead
 of an 8-byte gloo message over loopback TCP: one wake-up instead of two (gloo's I/O thread, then the
-waiting thread). bench/doorbell.py times a round trip at 52 against 84 us (median) on the idle 2-core
-machine, and at 19 against 66 us (median), 1.0 against 9.6 ms (99th percentile) with six other
-processes sharing the cores.
+waiting thread), which matters most where processes share the cores (docs/benchmarks.md).
 
 Each rank owns one memfd with a box per rank of its node (the messages it sends to that rank); a box is
 a bell word (bumped and woken on every message) and two windows of slots, one per call parity, indexed

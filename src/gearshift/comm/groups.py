@@ -44,23 +44,27 @@ class CommGroups:
         return index if self.members is None else self.members[index]
 
     @classmethod
-    def build(cls, topology: Topology, rank: int | None = None, shm: bool | None = None) -> CommGroups:
-        """Create the groups of the whole job (all ranks must call this, with the same topology) and this
-        rank's roles.
+    def build(cls, topology: Topology, rank: int | None = None, shm: bool = True,
+              send_thread: bool | None = None) -> CommGroups:
+        """Create the groups of the whole job (all ranks must call this, with the same topology and
+        arguments) and this rank's roles.
 
-        shm: carry messages between ranks of a node through shared memory (comm.shm); default on unless the
-        environment sets GEARSHIFT_SHM=0. Falls back to TCP by itself where shared memory cannot be opened."""
+        shm: carry messages between ranks of a node through shared memory (comm.shm); a node whose ranks
+        cannot open each other's memory falls back to TCP by itself. send_thread: issue large sends from a
+        second thread (comm.sender); None = where the machine has two cores per rank (spare_cores)."""
         rank = dist.get_rank() if rank is None else rank
         if dist.is_initialized() and dist.get_world_size() != topology.world_size:
             raise ValueError(f"topology has {topology.world_size} ranks but the job has {dist.get_world_size()}")
         made = cls._create(topology, list(range(topology.world_size)), rank, shm, whole=True)
-        made.send_thread = spare_cores()
+        made.send_thread = spare_cores() if send_thread is None else send_thread
         return made
 
     @classmethod
-    def partition(cls, topology: Topology, parts: list[list[int]], shm: bool | None = None) -> CommGroups:
+    def partition(cls, topology: Topology, parts: list[list[int]], shm: bool = True,
+                  send_thread: bool | None = None) -> CommGroups:
         """Groups for every part of a partition of the job's ranks (all ranks call this with the same parts,
-        which cover every rank once), returning this rank's: each part all-reduces on its own."""
+        which cover every rank once), returning this rank's: each part all-reduces on its own. shm and
+        send_thread as in build()."""
         flat = sorted(r for part in parts for r in part)
         if flat != list(range(topology.world_size)):
             raise ValueError(f"CommGroups.partition: parts must cover ranks 0..{topology.world_size - 1} once, "
@@ -70,13 +74,12 @@ class CommGroups:
             made = cls._create(topology.subset(part), part, me, shm, whole=False)
             if me in part:
                 mine = made
-        spare = spare_cores()  # collective: every rank asks
-        if mine is not None:
-            mine.send_thread = spare
+        # spare_cores() is a collective: every rank passes the same send_thread, so all ask or none does
+        mine.send_thread = spare_cores() if send_thread is None else send_thread
         return mine
 
     @classmethod
-    def _create(cls, topology: Topology, members: list[int], me: int, shm: bool | None, whole: bool) -> CommGroups:
+    def _create(cls, topology: Topology, members: list[int], me: int, shm: bool, whole: bool) -> CommGroups:
         """Collective over the job: new_group for the members' nodes, leaders and (for a part) all of them;
         shared memory for this rank's node when it is one of the members."""
         node_groups = [dist.new_group([members[i] for i in topology.ranks_of(k)]) for k in range(topology.num_nodes)]
@@ -88,8 +91,6 @@ class CommGroups:
         rank = members.index(me)
         node = topology.node[rank]
         node_ranks = [members[i] for i in topology.ranks_of(node)]
-        if shm is None:
-            shm = os.environ.get("GEARSHIFT_SHM", "1") != "0"
         transport = ShmTransport.create(node_ranks, node_groups[node], me) if shm else None
         return cls(topology, rank, node_ranks, node_groups[node], leader_group if rank in topology.leaders else None,
                    down, node_groups, transport, None if whole else list(members), group)
@@ -98,13 +99,10 @@ class CommGroups:
 def spare_cores() -> bool:
     """Whether this machine has at least two usable cores per rank of the job running on it (a collective:
     ranks tell each other their machine, so emulated hosts in network namespaces of one machine count
-    as one). GEARSHIFT_SEND_THREAD=0/1 overrides."""
-    forced = os.environ.get("GEARSHIFT_SEND_THREAD")
+    as one). Where ranks share cores a second sender thread only adds hand-offs."""
     machine = f"{socket.gethostname()}/{_boot_id()}"
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, machine)
-    if forced in ("0", "1"):
-        return forced == "1"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return cores >= 2 * everyone.count(machine)
 

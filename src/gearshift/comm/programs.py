@@ -3,7 +3,6 @@ comm.allreduce runs them with comm.stream, and tests replay them in one process 
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 
 import torch
@@ -27,35 +26,30 @@ def segments(flat: torch.Tensor, costs: LinkCosts | None, split_small: bool = Tr
     return segment_bounds(flat.numel(), flat.element_size(), costs, split_small)
 
 
-def matrix_for(algorithm: str, size_bytes: int, topology: Topology, costs: LinkCosts | None) -> tuple[int, int]:
-    """The node matrix a hierarchical form runs in: sim.collectives.node_matrix (what the model prices),
-    unless GEARSHIFT_NODE_MATRIX=ring (1 x N) or square (the near-square R x C) forces one, to compare the
-    two on a live job. Every rank must see the same setting."""
-    forced = os.environ.get("GEARSHIFT_NODE_MATRIX", "")
-    if forced == "ring":
-        return 1, topology.num_nodes
-    if forced == "square":
-        return topology.matrix
-    if forced:
-        raise ValueError(f"GEARSHIFT_NODE_MATRIX={forced!r}: allowed ring, square (unset: the cost model picks)")
-    return node_matrix(algorithm, size_bytes, topology.ranks_per_node, costs)
+def matrix_for(algorithm: str, size_bytes: int, topology: Topology, costs: LinkCosts | None,
+               matrix: tuple[int, int] | None = None) -> tuple[int, int]:
+    """The node matrix a hierarchical form runs in: `matrix` when pinned (R x C must hold the nodes
+    exactly), else sim.collectives.node_matrix's pick; either way what the model prices. Every rank must
+    pass the same `matrix`."""
+    return node_matrix(algorithm, size_bytes, topology.ranks_per_node, costs, matrix)
 
 
 def build(algorithm: str, flat: torch.Tensor, topology: Topology, rank: int,
-          costs: LinkCosts | None = None, members: list[int] | None = None) -> list[list[Step]]:
+          costs: LinkCosts | None = None, members: list[int] | None = None,
+          matrix: tuple[int, int] | None = None) -> list[list[Step]]:
     """One program per segment of `flat` for `rank`: "ring" (all ranks in rank order), "hierarchical"
     (leader design) or "hierarchical_rs" (reduce-scatter form; needs equal nodes), the nodes in the
-    matrix matrix_for() picks. Multi-node only for the hierarchical forms: one node runs gloo's own
-    all-reduce instead. Peers are topology indices, or with `members` (a group of the job's ranks) the
-    global rank of each index."""
-    programs = _build(algorithm, flat, topology, rank, costs)
+    matrix matrix_for() gives (`matrix` when pinned). Multi-node only for the hierarchical forms: one node
+    runs gloo's own all-reduce instead. Peers are topology indices, or with `members` (a group of the job's
+    ranks) the global rank of each index."""
+    programs = _build(algorithm, flat, topology, rank, costs, matrix)
     if members is None:
         return programs
     return [[replace(st, dst=members[st.dst], src=members[st.src]) for st in prog] for prog in programs]
 
 
 def _build(algorithm: str, flat: torch.Tensor, topology: Topology, rank: int,
-           costs: LinkCosts | None) -> list[list[Step]]:
+           costs: LinkCosts | None, matrix: tuple[int, int] | None) -> list[list[Step]]:
     segs = [flat[s:e] for s, e in segments(flat, costs, split_small=algorithm != "ring")]
     if algorithm == "ring":
         ranks = list(range(topology.world_size))
@@ -63,7 +57,7 @@ def _build(algorithm: str, flat: torch.Tensor, topology: Topology, rank: int,
     if algorithm not in ("hierarchical", "hierarchical_rs"):
         raise ValueError(f"no step program for {algorithm!r} (allowed: ring, hierarchical, hierarchical_rs)")
     node = topology.ranks_of(topology.node[rank])
-    shape = matrix_for(algorithm, flat.numel() * flat.element_size(), topology, costs)
+    shape = matrix_for(algorithm, flat.numel() * flat.element_size(), topology, costs, matrix)
     if algorithm == "hierarchical":
         leader, grid = topology.leader(topology.node[rank]), leader_grid(topology, shape)
         width = max(topology.ranks_per_node) - 1

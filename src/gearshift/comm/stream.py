@@ -4,13 +4,12 @@ Segment k's step j + 1 is posted the moment its step j completes, while the othe
 are still queued on the link, so the link never idles for a step's wake-up and hand-shake (gloo sends a
 message only once the receiver has posted for it). Where it is safe, step j + 1's receive is posted
 already with step j: a reduce lands in a scratch slot of its own; so a sender does not wait for its
-receiver to wake up and post (on the 2-core testbed the gain at 4-64 KiB is within the noise of process
-wake-ups: 3-18% in one run of bench/allreduce_ab.py, none in later ones; it should show where a rank has
-a core of its own). Shared-memory steps need no posting: the sender rings a doorbell (comm.doorbell).
-Each (segment, step) has its own tag, so messages on one connection cannot be matched to the wrong
-receive whatever order the segments progress in. A step waits only for what it receives: sends finish
-in the background until memory they read is written.
-"""
+receiver to wake up and post. Shared-memory steps need no posting: the sender rings a doorbell
+(comm.doorbell). Each (segment, step) has its own tag, so messages on one connection cannot be matched
+to the wrong receive whatever order the segments progress in. A step waits only for what it receives:
+sends finish in the background until memory they read is written. Finished gloo works are dropped at the
+end of the next call, not as they finish: dropping a work costs its rank CPU at a moment the next step's
+message may be waiting for it (docs/benchmarks.md has the measurement)."""
 
 from __future__ import annotations
 
@@ -25,15 +24,9 @@ from gearshift.comm.groups import CommGroups
 from gearshift.comm.shm import staging_plan
 from gearshift.comm.steps import Step
 
-PREPOST = True  # post a step's receive one step ahead where that is safe (see run_segments)
 TAG_STRIDE = 1 << 10  # tag = segment * TAG_STRIDE + step
 _scratch: dict[torch.dtype, torch.Tensor] = {}  # kept between calls: fresh pages cost a fault and a zeroing
-# Finished gloo works are dropped at the end of the next call, not when they finish: a plain isend / irecv
-# ring step of 8 ranks on the 2-core testbed took 1.9-2.1 ms at 256 B-4 KiB with its works dropped at once
-# against 1.35-1.5 ms held a step (bench/testbed_steps.py); holding them made our ring 0.64-0.83x the time
-# there at 4-64 KiB and the leader design 0.73-0.93x, no change from 256 KiB (bench/allreduce_retire.py).
-RETIRE = True
-_retired: list = []  # the previous call's finished works
+_retired: list = []  # the previous call's finished works, dropped when this call ends (see the module doc)
 
 
 def scratch(dtype: torch.dtype, numel: int) -> torch.Tensor:
@@ -86,7 +79,7 @@ class _Run:
                           default=0) for prog in programs]
         self.offsets = [0, *accumulate(2 * n for n in self.sizes)]  # two slots: step j uses slot j % 2
         self.early: dict[tuple[int, int], tuple[list, torch.Tensor]] = {}  # receives posted a step ahead
-        self.finished: list = []  # works waited for, kept to the end of the next call (RETIRE)
+        self.finished: list = []  # works waited for, kept to the end of the next call
         dtype = next((st.recv.dtype for prog in programs for st in prog if st.reduce), None)
         self.space = scratch(dtype, self.offsets[-1]) if dtype is not None and self.offsets[-1] else None
 
@@ -121,12 +114,11 @@ class _Run:
         for work in [w for seg in self.sending for *_, w in seg]:
             work.wait()
         global _retired
-        _retired = self.finished + [w for seg in self.sending for *_, w in seg] if RETIRE else []
+        _retired = self.finished + [w for seg in self.sending for *_, w in seg]
 
     def keep(self, works: list) -> None:
-        """Hold works that finished until the end of the next call (RETIRE), not dropping them now."""
-        if RETIRE:
-            self.finished += works
+        """Hold works that finished until the end of the next call, not dropping them now."""
+        self.finished += works
 
     def post(self, k: int, j: int) -> None:
         st = self.programs[k][j]
@@ -147,7 +139,7 @@ class _Run:
             works, buf = self.post_recv(k, j)
         self.pending[k] = (works, buf, time.perf_counter())
         nxt = self.programs[k][j + 1] if j + 1 < len(self.programs[k]) else None
-        if PREPOST and nxt is not None and nxt.recv.numel() and nxt.reduce and not self.via_shm(nxt.src, nxt.recv):
+        if nxt is not None and nxt.recv.numel() and nxt.reduce and not self.via_shm(nxt.src, nxt.recv):
             self.early[(k, j + 1)] = self.post_recv(k, j + 1)
 
     def post_recv(self, k: int, j: int) -> tuple[list, torch.Tensor]:

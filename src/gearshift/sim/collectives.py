@@ -7,7 +7,7 @@ links (a_e, b_e) where b_e = max(inter_beta, k / nic_bandwidth) when k flows of 
 The flat rings (gloo's and ours) use b_f = flat_beta where it was measured for their own pattern (every
 rank sending to its successor at once: the card or, where ranks share cores, the CPU), else b_e(1).
 The node matrix is the near-square R x C (cluster.topology.matrix_shape) or the ring of nodes 1 x N,
-whichever is priced lower, ties to the ring (node_matrix). Our algorithms run in segments
+whichever is priced lower, ties to the ring (node_matrix), unless the caller pins one. Our algorithms run in segments
 (segment_bounds, shared with gearshift.comm), priced as a pipeline of per-segment stages (_flow_shop) plus
 the step fixed costs the segments in flight leave exposed (_exposed): for k segments whose link transfers
 take W over s steps of fixed cost a, max(s a + W / k, W): one segment's path, or the link's total.
@@ -21,15 +21,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gearshift.cluster.topology import matrix_shape
+from gearshift.cluster.topology import check_matrix, matrix_shape
 
-ALGORITHMS = ("ring", "tree", "matrix2d", "hierarchical", "hierarchical_rs")
-RUNNABLE = ("gloo", "ring", "hierarchical", "hierarchical_rs")  # what gearshift.comm runs (gloo: torch's own)
+ALGORITHMS = ("gloo", "ring", "hierarchical", "hierarchical_rs")  # what gearshift.comm runs (gloo: torch's own)
 MAX_SEGMENTS = 16
 AUTO_MARGIN = 0.05  # choose(): predictions closer than this are a tie (the model's error at >= 1 MiB)
 FIRST_SEGMENT_BYTES = 64 << 10
 MIN_SEGMENT_BYTES = 256 << 10
-SMALL_SEGMENTS = 4  # at most this many segments for a message up to segment_bytes (measured: 2 and 4)
+SMALL_SEGMENTS = 4  # at most this many segments for a message up to segment_bytes
 MIN_SMALL_SEGMENT_BYTES = 16 << 10  # smaller segments cost more in messages than they hide
 
 
@@ -109,12 +108,10 @@ def segment_bounds(numel: int, itemsize: int, c: LinkCosts | None = None,
     node leader is not hidden) up to segment_bytes(c), then equal ones of about that size, at most
     MAX_SEGMENTS. Same on every rank.
 
-    Why small splits only there, and only for the hierarchical forms (bench/allreduce.py, testbed and
-    loopback): each segment adds its own messages, which cost CPU. On the 200 Mbit/s testbed the leader
-    design at 256 KiB took 20.8 ms in four segments against 25.4-25.7 in one, and the reduce-scatter form at
-    64 KiB 8.3 ms in two against 14.7-17.3; but our flat ring, whose 8 ranks all share 2 cores at every
-    step, took 26.1 ms at 64 KiB in two against 12.6-14.4 in one. On loopback the "link" is a CPU copy with
-    no idle wire to hide behind: two to four segments at 4-16 MiB were 7-32% slower."""
+    Why small splits only there, and only for the hierarchical forms: each segment adds its own messages,
+    which cost CPU. On a slow link that is paid back by a card kept busy while a leader gathers or sends
+    back; a flat ring has no such idle phase to fill, and on loopback the "link" is a CPU copy with no idle
+    wire to hide behind (docs/benchmarks.md has the measurements)."""
     c = c or LinkCosts()
     target, total = segment_bytes(c), numel * itemsize
     if total <= target:
@@ -217,24 +214,6 @@ def gloo(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
     return 2 * (n - 1) * max(a + t, 2 * t)
 
 
-def tree(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
-    """Pipelined double binary tree (reduce then broadcast): 2 ceil(log2 n) a + 2 S b; each tree
-    carries S / 2 and each rank is interior in at most one, so the bandwidth term is 2 S b."""
-    n = nodes * per_node
-    if n <= 1:
-        return 0.0
-    a, b = (c.inter_alpha, c.inter_beta_shared(1)) if nodes > 1 else (c.intra_alpha, c.intra_beta)
-    return 2 * math.ceil(math.log2(n)) * a + 2 * size * b
-
-
-def matrix2d(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
-    """All n ranks as one R x C matrix, topology-blind: _matrix(S, R, C) with inter costs (when N > 1)."""
-    n = nodes * per_node
-    rows, cols = matrix_shape(n)
-    a, b = (c.inter_alpha, c.inter_beta_shared(1)) if nodes > 1 else (c.intra_alpha, c.intra_beta)
-    return _matrix(size, rows, cols, a, b)
-
-
 def _gather(size: float, per_node: int, c: LinkCosts, a_p: float | None = None) -> float:
     """The other L - 1 ranks of a node send S to the leader, received one after another (or the leader
     sends S back to each): (L - 1) (a_p + S b_i), a_p the per-step cost of a point-to-point intra step."""
@@ -249,50 +228,55 @@ def leader_shapes(nodes: int) -> list[tuple[int, int]]:
 
 
 def node_matrix(algorithm: str, size_bytes: float, ranks_per_node: list[int] | tuple[int, int],
-                costs: LinkCosts | None = None) -> tuple[int, int]:
-    """The R x C shape `algorithm` arranges the nodes in for a message of size_bytes: the ring of nodes
-    when its price is within AUTO_MARGIN of the best shape's, else the near-square matrix. Both move the
-    same bytes through each card; the square saves steps (what wins on small messages and at scale),
-    the ring keeps one stream per card, where the matrix's row and column streams share the card and
-    wait on one another at phase changes (_two_streams prices that; bench/allreduce_ab.py times both
-    shapes). Ties go to the ring: the margin covers what the model still misses. Same answer on every
-    rank; comm.programs runs it."""
+                costs: LinkCosts | None = None, pinned: tuple[int, int] | None = None) -> tuple[int, int]:
+    """The R x C shape `algorithm` arranges the nodes in for a message of size_bytes: `pinned` when given
+    (it must hold the nodes exactly: cluster.topology.check_matrix), else the ring of nodes when its price
+    is within AUTO_MARGIN of the best shape's, else the near-square matrix. Both move the same bytes
+    through each card; the square saves steps (what wins on small messages and at scale), the ring keeps
+    one stream per card, where the matrix's row and column streams share the card and wait on one another
+    at phase changes (_two_streams prices that). Ties go to the ring: the margin covers what the model
+    still misses. Same answer on every rank; comm.programs runs it."""
     nodes, per_node, uniform = _shape(ranks_per_node)
     price = _rs_form if algorithm == "hierarchical_rs" and uniform else _leader_design
-    return _priced_matrix(price, float(size_bytes), nodes, per_node, costs or LinkCosts())[1]
+    return _priced_matrix(price, float(size_bytes), nodes, per_node, costs or LinkCosts(), pinned)[1]
 
 
-def _priced_matrix(price, size: float, nodes: int, per_node: int, c: LinkCosts) -> tuple[float, tuple[int, int]]:
-    """(price, shape) of node_matrix's pick: the first of leader_shapes within AUTO_MARGIN of the cheapest."""
+def _priced_matrix(price, size: float, nodes: int, per_node: int, c: LinkCosts,
+                   pinned: tuple[int, int] | None = None) -> tuple[float, tuple[int, int]]:
+    """(price, shape) of node_matrix's pick: the pinned shape, else the first of leader_shapes within
+    AUTO_MARGIN of the cheapest."""
+    if pinned is not None:
+        check_matrix(pinned, nodes)
+        return price(size, nodes, per_node, c, pinned), pinned
     priced = [(price(size, nodes, per_node, c, shape), shape) for shape in leader_shapes(nodes)]
     best = min(t for t, _ in priced)
     return next((t, shape) for t, shape in priced if t <= best * (1 + AUTO_MARGIN))
 
 
 def _two_streams(segment: float, shape: tuple[int, int], b: float) -> float:
-    """What a card carrying two streams costs beyond its bytes: in an R x C matrix with R > 1 every card
+    """What a card carrying two streams costs beyond its bytes: in an R x C matrix with R, C > 1 every card
     serves its row partner and its column partner; a segment's column step waits for its row
     reduce-scatter, queued on the partner's card behind the other segments' row messages, so at the phase
     changes the cards wait on one another. Priced as one phase of the largest segment on the card,
-    segment / C * b (on the testbed the 2 x 2 matrix is 4-21 / 8-19 / 15-46 ms slower than the ring of
-    four at 1 / 4 / 16 MiB in four runs of bench/allreduce_ab.py, three at 16 MiB; this gives 13 / 17 /
-    28 ms). The ring of nodes has one stream per card."""
+    segment / C * b (docs/benchmarks.md compares it with the measured stall). A ring of the nodes
+    (1 x N, or N x 1: one column) has one stream per card."""
     rows, cols = shape
-    return segment / cols * b if rows > 1 else 0.0
+    return segment / cols * b if rows > 1 and cols > 1 else 0.0
 
 
-def hierarchical(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
-    """Leader design in the node matrix node_matrix() picks (_leader_design)."""
+def hierarchical(size: float, nodes: int, per_node: int, c: LinkCosts, matrix: tuple[int, int] | None = None) -> float:
+    """Leader design in the node matrix node_matrix() picks, or `matrix` (_leader_design)."""
     if nodes == 1:  # one node: gloo's all-reduce on the node group
         return gloo(size, 1, per_node, c)
-    return _priced_matrix(_leader_design, size, nodes, per_node, c)[0]
+    return _priced_matrix(_leader_design, size, nodes, per_node, c, matrix)[0]
 
 
-def hierarchical_rs(size: float, nodes: int, per_node: int, c: LinkCosts) -> float:
-    """Reduce-scatter form in the node matrix node_matrix() picks (_rs_form)."""
+def hierarchical_rs(size: float, nodes: int, per_node: int, c: LinkCosts,
+                    matrix: tuple[int, int] | None = None) -> float:
+    """Reduce-scatter form in the node matrix node_matrix() picks, or `matrix` (_rs_form)."""
     if nodes == 1:  # one node: gloo's all-reduce on the node group
         return gloo(size, 1, per_node, c)
-    return _priced_matrix(_rs_form, size, nodes, per_node, c)[0]
+    return _priced_matrix(_rs_form, size, nodes, per_node, c, matrix)[0]
 
 
 def _leader_design(size: float, nodes: int, per_node: int, c: LinkCosts, shape: tuple[int, int]) -> float:
@@ -333,35 +317,38 @@ def _rs_form(size: float, nodes: int, per_node: int, c: LinkCosts, shape: tuple[
     return _streamed(stages, shape, a_e, c.cpu_bound) + _two_streams(max(segs) / per_node, shape, b_e)
 
 
-_FORMULAS = {"ring": ring, "gloo": gloo, "tree": tree, "matrix2d": matrix2d, "hierarchical": hierarchical,
-             "hierarchical_rs": hierarchical_rs}
-
-
 def predict(algorithm: str, size_bytes: float, ranks_per_node: list[int] | tuple[int, int],
-            costs: LinkCosts | None = None) -> float:
+            costs: LinkCosts | None = None, matrix: tuple[int, int] | None = None) -> float:
     """Predicted seconds for one all-reduce of size_bytes.
 
     ranks_per_node: a list of counts per node, or (nodes, per_node). With uneven nodes the largest
-    count is used, and hierarchical_rs is priced as the leader design it falls back to.
+    count is used, and hierarchical_rs is priced as the leader design it falls back to. matrix: the
+    hierarchical forms' pinned node matrix (None: node_matrix's pick).
     """
-    if algorithm not in _FORMULAS:
-        raise ValueError(f"unknown algorithm {algorithm!r} (allowed: {', '.join(ALGORITHMS)}, gloo)")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r} (allowed: {', '.join(ALGORITHMS)})")
     nodes, per_node, uniform = _shape(ranks_per_node)
     if algorithm == "hierarchical_rs" and not uniform:
         algorithm = "hierarchical"
     if size_bytes <= 0:
         return 0.0
-    return _FORMULAS[algorithm](float(size_bytes), nodes, per_node, costs or LinkCosts())
+    c, size = costs or LinkCosts(), float(size_bytes)
+    if algorithm == "hierarchical":
+        return hierarchical(size, nodes, per_node, c, matrix)
+    if algorithm == "hierarchical_rs":
+        return hierarchical_rs(size, nodes, per_node, c, matrix)
+    return (gloo if algorithm == "gloo" else ring)(size, nodes, per_node, c)
 
 
 def choose(size_bytes: float, ranks_per_node: list[int] | tuple[int, int], costs: LinkCosts | None = None,
-           candidates: tuple[str, ...] = RUNNABLE, margin: float = AUTO_MARGIN) -> str:
+           candidates: tuple[str, ...] = ALGORITHMS, margin: float = AUTO_MARGIN,
+           matrix: tuple[int, int] | None = None) -> str:
     """The earliest candidate predicted within `margin` of the fastest: closer predictions are inside the
     model's error, and the earlier candidates are the simpler ones (gloo's own; then fewer flows per card).
-    Deterministic, so all ranks agree given the same sizes, topology and costs."""
+    Deterministic, so all ranks agree given the same sizes, topology, costs and pinned matrix."""
     _, _, uniform = _shape(ranks_per_node)
     cands = [a for a in candidates if a != "hierarchical_rs" or uniform] or list(candidates)
-    times = [predict(a, size_bytes, ranks_per_node, costs) for a in cands]
+    times = [predict(a, size_bytes, ranks_per_node, costs, matrix) for a in cands]
     best = min(times)
     return next(a for a, t in zip(cands, times) if t <= best * (1 + margin))
 

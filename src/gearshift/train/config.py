@@ -78,6 +78,11 @@ class ParallelConfig:
     allreduce: str = key("auto", "gradient all-reduce: auto, gloo, ring, hierarchical, hierarchical_rs")
     tune_allreduce: bool = key(True, "auto across nodes: time the cost model's candidates once per bucket size")
     bucket_mb: float = key(25.0, "gradient bucket size in MiB (one all-reduce per bucket)")
+    node_matrix: str = key("auto", 'leaders\' matrix of the hierarchical all-reduce: auto (the cost model picks per '
+                                   'bucket) or "RxC", R x C = the nodes the sync spans (prime: 1xN or Nx1)')
+    shm: bool = key(True, "gradient-sync messages between ranks of a node through shared memory (false: TCP)")
+    send_thread: Any = key("auto", "large gradient-sync sends from a second thread: auto (where the machine has "
+                                   "two cores per rank), true, false")
 
 
 @dataclass
@@ -277,6 +282,11 @@ def validate(cfg: JobConfig) -> JobConfig:
     _check(p.k >= 1, f"parallel.k: must be >= 1, got {p.k}")
     _check(p.allreduce in ALLREDUCE, f"parallel.allreduce: {p.allreduce!r} (allowed: {', '.join(ALLREDUCE)})")
     _check(p.bucket_mb > 0, f"parallel.bucket_mb: must be > 0, got {p.bucket_mb}")
+    from gearshift.cluster.topology import parse_matrix
+
+    parse_matrix(p.node_matrix, "parallel.node_matrix")  # the node count is checked where the sync is built
+    _check(p.send_thread == "auto" or isinstance(p.send_thread, bool),
+           f"parallel.send_thread: {p.send_thread!r} (allowed: auto, true, false)")
     if isinstance(p.partition, str):
         _check(
             p.partition in PARTITIONS,
