@@ -34,3 +34,12 @@ def test_bad_values_are_one_line(override: str, message: str) -> None:
     with pytest.raises(ConfigError) as err:
         load_config(None, [override])
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_the_keys_reach_the_sync_policy() -> None:
+    from gearshift.train.build import grad_sync
+
+    cfg = load_config(None, ['--parallel.node_matrix="2x1"', "--parallel.shm=false", "--parallel.send_thread=true",
+                             "--parallel.stages=1", "--parallel.microbatches=1"])
+    s = grad_sync(cfg).settings
+    assert (s.node_matrix, s.shm, s.send_thread) == ((2, 1), False, True)

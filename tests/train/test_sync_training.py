@@ -1,4 +1,4 @@
-"""Training with each parallel.allreduce gives gloo's losses, data-parallel and as a replicated pipeline:
+"""Training with each parallel.allreduce (and a pinned node matrix) gives gloo's losses, data-parallel and as a replicated pipeline:
 the algorithm only changes how gradients travel. One job of 4 workers, 2 to a node, runs every case."""
 
 from __future__ import annotations
@@ -16,14 +16,17 @@ from gearshift.train.data import ByteCorpus
 
 TINY = ["--model.layers=2", "--model.width=32", "--model.heads=2", "--model.context=16", "--train.batch_size=8",
         "--data.max_bytes=100000", "--parallel.microbatches=2", "--cluster.workers=4", "--cluster.ranks_per_node=2"]
-CASES = [(1, a) for a in ("gloo", "ring", "hierarchical", "auto")] + [(2, a) for a in ("gloo", "hierarchical", "auto")]
+CASES = [(1, a) for a in ("gloo", "ring", "hierarchical", "auto", "hierarchical 2x1")] + \
+    [(2, a) for a in ("gloo", "hierarchical", "auto")]
 
 
 def _train(rank: int, world: int) -> dict:
     os.environ.update(LOCAL_RANK=str(rank % 2), LOCAL_WORLD_SIZE="2", GROUP_RANK=str(rank // 2))
     out = {}
     for stages, algo in CASES:
-        cfg = load_config(None, [*TINY, f"--parallel.stages={stages}", f"--parallel.allreduce={algo}"])
+        name, *matrix = algo.split()
+        pinned = [f'--parallel.node_matrix="{m}"' for m in matrix]
+        cfg = load_config(None, [*TINY, f"--parallel.stages={stages}", f"--parallel.allreduce={name}", *pinned])
         corpus = ByteCorpus(None, cfg.data.val_fraction, cfg.data.max_bytes)
         said = io.StringIO()
         with contextlib.redirect_stdout(said):

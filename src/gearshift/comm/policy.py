@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 from torch import nn
 
-from gearshift.cluster.topology import Topology
+from gearshift.cluster.topology import Topology, check_matrix
 from gearshift.comm.buckets import GradientSync
 from gearshift.comm.groups import CommGroups
 from gearshift.sim.collectives import LinkCosts
@@ -20,11 +20,15 @@ SyncFn = Callable[[], None]
 
 @dataclass
 class SyncSettings:
-    """What the job config says about gradient sync (parallel.allreduce, bucket_mb, tune_allreduce)."""
+    """What the job config says about gradient sync (parallel.allreduce, bucket_mb, tune_allreduce,
+    node_matrix, shm, send_thread)."""
 
     algorithm: str = "auto"
     bucket_bytes: int = 25 << 20
     tune: bool = True
+    node_matrix: tuple[int, int] | None = None  # pinned leaders' R x C; None: the cost model's pick
+    shm: bool = True
+    send_thread: bool | None = None  # None: where the machine has cores to spare
 
 
 def gather(obj: object) -> list:
@@ -60,14 +64,18 @@ class ReplicaSync:
         if self.topology is not None:
             return False
         R, workers = self.stages, self.workers
+        s = self.settings
         topo = Topology.from_env(gather=gather)
         if R > 1:
-            self.groups = CommGroups.partition(topo, [list(range(p, workers, R)) for p in range(R)])
+            self.groups = CommGroups.partition(topo, [list(range(p, workers, R)) for p in range(R)], shm=s.shm,
+                                               send_thread=s.send_thread)
         self.topology = self.groups.topology if self.groups is not None else topo
-        if self.settings.algorithm == "auto" and self.topology.num_nodes > 1:  # price the links the job has
+        if s.node_matrix is not None:  # the same answer on every rank, before any message moves
+            check_matrix(s.node_matrix, self.topology.num_nodes, "parallel.node_matrix")
+        if s.algorithm == "auto" and self.topology.num_nodes > 1:  # price the links the job has
             from gearshift.comm.calibrate import measure_link_costs
 
-            self.groups = self.groups or CommGroups.build(topo)
+            self.groups = self.groups or CommGroups.build(topo, shm=s.shm, send_thread=s.send_thread)
             self.costs = measure_link_costs(self.groups)
         return True
 
@@ -76,8 +84,10 @@ class ReplicaSync:
         algorithm = self.settings.algorithm
         if self.stages > 1 and algorithm == "auto" and self.topology.num_nodes == 1:
             algorithm = "gloo"  # replicas on one node: gloo's all-reduce on the replica group
-        sync = GradientSync(params, algorithm, self.settings.bucket_bytes, self.topology, self.groups, self.costs,
-                            tune=self.settings.tune and self.costs is not None, tuned=self.tuned)
+        s = self.settings
+        sync = GradientSync(params, algorithm, s.bucket_bytes, self.topology, self.groups, self.costs,
+                            tune=s.tune and self.costs is not None, tuned=self.tuned, node_matrix=s.node_matrix,
+                            shm=s.shm, send_thread=s.send_thread)
         self.groups = self.groups or sync.groups  # built by GradientSync (collective): reuse after a re-plan
         if first and self.costs is not None and self.announce is not None:
             self.announce(self.describe(sync))
@@ -87,23 +97,25 @@ class ReplicaSync:
         """The start-up line of auto's choice: per bucket size, the algorithm, matrix and measured times."""
         from gearshift.comm.calibrate import describe
 
-        chosen = ", ".join(sorted({_bucket_choice(b, self.tuned, self.topology, self.costs) for b in sync.buckets}))
+        chosen = ", ".join(sorted({_bucket_choice(b, self.tuned, self.topology, self.costs, self.settings.node_matrix)
+                                   for b in sync.buckets}))
         scope = f"{self.topology.num_nodes} nodes"
         if self.stages > 1:
             scope += f", each stage's {self.workers // self.stages} replicas"
         return f"all-reduce auto ({scope}): {chosen}; measured {describe(self.costs, self.topology)}"
 
 
-def _bucket_choice(b, tuned: dict, topo: Topology, costs: LinkCosts | None) -> str:
-    """'25.0 MiB: hierarchical in a 1 x 4 node matrix (measured gloo 1930.1 ms, ...)' (the matrix only where
-    the node count allows more than one)."""
+def _bucket_choice(b, tuned: dict, topo: Topology, costs: LinkCosts | None,
+                   matrix: tuple[int, int] | None = None) -> str:
+    """'25.0 MiB: hierarchical in a 1 x 4 node matrix (measured gloo ..., hierarchical ...)' (the matrix only
+    where the node count allows more than one)."""
     from gearshift.comm.programs import matrix_for
     from gearshift.sim.collectives import leader_shapes
 
     times = tuned.get(b.nbytes, (None, {}))[1]
     measured = f" (measured {', '.join(f'{a} {t * 1e3:.1f} ms' for a, t in times.items())})" if times else ""
-    matrix = ""
-    if b.algorithm.startswith("hierarchical") and len(leader_shapes(topo.num_nodes)) > 1:
-        rows, cols = matrix_for(b.algorithm, b.nbytes, topo, costs)
-        matrix = f" in a {rows} x {cols} node matrix"
-    return f"{b.nbytes / 2**20:.1f} MiB: {b.algorithm}{matrix}{measured}"
+    shape = ""
+    if b.algorithm.startswith("hierarchical") and (matrix is not None or len(leader_shapes(topo.num_nodes)) > 1):
+        rows, cols = matrix_for(b.algorithm, b.nbytes, topo, costs, matrix)
+        shape = f" in a {rows} x {cols} node matrix"
+    return f"{b.nbytes / 2**20:.1f} MiB: {b.algorithm}{shape}{measured}"

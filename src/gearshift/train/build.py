@@ -7,6 +7,7 @@ import math
 
 import torch.distributed as dist
 
+from gearshift.cluster.topology import parse_matrix
 from gearshift.comm.policy import ReplicaSync, SyncSettings
 from gearshift.models.gpt import GPTConfig, build_layer, gpt_loss
 from gearshift.runtime.adapt import Adapter
@@ -25,7 +26,9 @@ def gpt_config(cfg: JobConfig) -> GPTConfig:
 def grad_sync(cfg: JobConfig) -> ReplicaSync | None:
     """The job's gradient-sync policy (None: the runtime's own flat all-reduce over each replica group)."""
     p = cfg.parallel
-    settings = SyncSettings(p.allreduce, int(p.bucket_mb * (1 << 20)), p.tune_allreduce)
+    settings = SyncSettings(p.allreduce, int(p.bucket_mb * (1 << 20)), p.tune_allreduce,
+                            parse_matrix(p.node_matrix, "parallel.node_matrix"), p.shm,
+                            None if p.send_thread == "auto" else p.send_thread)
 
     def announce(line: str) -> None:
         if dist.get_rank() == 0:
