@@ -1,5 +1,6 @@
 """Training with each parallel.allreduce (and a pinned node matrix) gives gloo's losses, data-parallel and
-as a replicated pipeline: the algorithm only changes how gradients travel. One job of 4 workers, 2 to a node, runs every case."""
+as a replicated pipeline: the algorithm only changes how gradients travel. One job of 4 workers, 2 to a node,
+runs every case."""
 
 from __future__ import annotations
 
