@@ -18,6 +18,7 @@ from rich.table import Table
 
 from gearshift.cluster.topology import check_matrix, parse_matrix
 from gearshift.errors import ConfigError
+from gearshift.paths import check_output_file
 
 DEFAULT_SIZES = "4KiB,64KiB,1MiB,16MiB,64MiB"
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1 << 10, "m": 1e6, "mb": 1e6, "mib": 1 << 20,
@@ -197,6 +198,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"allreduce: unknown arguments {' '.join(args.overrides)}")
     sizes = parse_sizes(args.sizes)
     matrix = parse_matrix(args.node_matrix, "--node-matrix")
+    if args.out:
+        check_output_file(args.out, "--out")
     if args.reps < 1:
         raise ConfigError(f"--reps: must be >= 1, got {args.reps}")
     if args.spec:
