@@ -106,7 +106,8 @@ def test_bad_input_is_one_line(tmp_path) -> None:
     assert r.returncode == 2 and "--node-matrix: 'square' (allowed: auto, or RxC" in r.stderr
     (tmp_path / "afile").write_text("")
     r = _gs("--out", str(tmp_path / "afile" / "x.json"))
-    assert r.returncode == 2 and "--out:" in r.stderr and "which is a file" in r.stderr and len(r.stderr.splitlines()) == 1
+    assert r.returncode == 2 and "--out:" in r.stderr and "which is a file" in r.stderr
+    assert len(r.stderr.splitlines()) == 1
 
 
 def test_measures_every_algorithm_on_local_workers(tmp_path) -> None:
