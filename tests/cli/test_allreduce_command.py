@@ -37,6 +37,7 @@ inter_latency_us = 20
 
 
 def _gs(*args: str) -> subprocess.CompletedProcess:
+    """`gearshift allreduce ...` in a process of its own (it starts workers)."""
     return subprocess.run([sys.executable, "-m", "gearshift.cli.main", "allreduce", *args], capture_output=True,
                           text=True, timeout=300)
 
@@ -48,14 +49,14 @@ def test_sizes_parse_with_units() -> None:
             parse_sizes(bad)
 
 
-def test_spec_table_is_the_models_prediction(tmp_path) -> None:
+def test_spec_table_is_the_models_prediction(tmp_path, gearshift) -> None:
     from gearshift.cluster.spec import load_spec
     from gearshift.sim.collectives import LinkCosts, choose, predict
 
     spec_path = tmp_path / "cluster.toml"
     spec_path.write_text(SPEC)
     out = tmp_path / "pred.json"
-    r = _gs("--spec", str(spec_path), "--sizes", "4KiB,256MiB", "--out", str(out))
+    r = gearshift("allreduce", "--spec", str(spec_path), "--sizes", "4KiB,256MiB", "--out", str(out))
     assert r.returncode == 0, r.stderr
     costs = LinkCosts.from_network(load_spec(spec_path).network)
     saved = json.loads(out.read_text())
@@ -79,7 +80,8 @@ def test_spec_table_is_the_models_prediction(tmp_path) -> None:
     assert [line.rstrip(" │").endswith(want) for line in r.stdout.splitlines() for label, want in
             (("4 KiB", "2 x 2"), ("256 MiB", "1 x 4")) if line.strip("│ ").startswith(label)] == [True, True]
     # pinned: every size runs (and is priced) in the pinned shape
-    r = _gs("--spec", str(spec_path), "--sizes", "4KiB,256MiB", "--node-matrix", "4x1", "--out", str(out))
+    r = gearshift("allreduce", "--spec", str(spec_path), "--sizes", "4KiB,256MiB", "--node-matrix", "4x1",
+                  "--out", str(out))
     assert r.returncode == 0, r.stderr
     saved = json.loads(out.read_text())
     assert saved["node_matrix"] == [4, 1]
@@ -89,27 +91,28 @@ def test_spec_table_is_the_models_prediction(tmp_path) -> None:
     assert sum(line.rstrip(" │").endswith("4 x 1") for line in r.stdout.splitlines()) == 2
 
 
-def test_bad_input_is_one_line(tmp_path) -> None:
-    r = _gs("--sizes", "12parsecs")
+def test_bad_input_is_one_line(tmp_path, gearshift) -> None:
+    r = gearshift("allreduce", "--sizes", "12parsecs")
     assert r.returncode == 2 and r.stderr.strip() == (
         "gearshift allreduce: error: --sizes: '12parsecs' is not a size (e.g. 4096, 64KiB, 16MiB, 1GiB)")
     bad = tmp_path / "bad.toml"
     bad.write_text(SPEC.replace("nic_gbps", "nic_gbs"))
-    r = _gs("--spec", str(bad))
+    r = gearshift("allreduce", "--spec", str(bad))
     assert r.returncode == 2 and "network.nic_gbs: unknown key" in r.stderr and len(r.stderr.splitlines()) == 1
-    r = _gs("--workers", "5", "--ranks-per-node", "2")
+    r = gearshift("allreduce", "--workers", "5", "--ranks-per-node", "2")
     assert r.returncode == 2 and "--workers, --ranks-per-node" in r.stderr and "got 5 and 2" in r.stderr
-    r = _gs("--workers", "6", "--ranks-per-node", "2", "--node-matrix", "2x2")
+    r = gearshift("allreduce", "--workers", "6", "--ranks-per-node", "2", "--node-matrix", "2x2")
     assert r.returncode == 2 and r.stderr.strip() == ("gearshift allreduce: error: --node-matrix: 2x2 holds 4 nodes "
                                                       "but the all-reduce spans 3 (allowed: auto, 1x3, 3x1)")
-    r = _gs("--node-matrix", "square")
+    r = gearshift("allreduce", "--node-matrix", "square")
     assert r.returncode == 2 and "--node-matrix: 'square' (allowed: auto, or RxC" in r.stderr
     (tmp_path / "afile").write_text("")
-    r = _gs("--out", str(tmp_path / "afile" / "x.json"))
+    r = gearshift("allreduce", "--out", str(tmp_path / "afile" / "x.json"))
     assert r.returncode == 2 and "--out:" in r.stderr and "which is a file" in r.stderr
     assert len(r.stderr.splitlines()) == 1
 
 
+@pytest.mark.multiprocess
 def test_measures_every_algorithm_on_local_workers(tmp_path) -> None:
     out = tmp_path / "measured.json"
     r = _gs("--workers", "4", "--ranks-per-node", "2", "--sizes", "4KiB,256KiB", "--reps", "1", "--out", str(out))
@@ -129,6 +132,8 @@ def test_measures_every_algorithm_on_local_workers(tmp_path) -> None:
 
 
 @pytest.mark.skipif(not is_root(), reason="the testbed needs root")
+@pytest.mark.multiprocess
+@pytest.mark.testbed
 def test_measures_on_the_testbed_over_shaped_links() -> None:
     """--testbed runs each node's ranks in its namespace: the calibrated inter-node rate is the cap."""
     r = _gs("--testbed", "--workers", "4", "--ranks-per-node", "2", "--bandwidth", "400mbit", "--sizes", "64KiB",

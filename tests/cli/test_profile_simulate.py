@@ -4,21 +4,14 @@ configured pipeline from it and compares with a finished run's metrics."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 TINY = ["--model.layers=2", "--model.width=32", "--model.heads=2", "--model.context=16", "--train.batch_size=8",
         "--data.max_bytes=100000", "--parallel.microbatches=2"]
 
 
-def _gs(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gearshift.cli.main", *args], capture_output=True, text=True,
-                          timeout=120)
-
-
-def test_profile_then_simulate(tmp_path):
+def test_profile_then_simulate(tmp_path, gearshift):
     prof = tmp_path / "profile.json"
-    r = _gs("profile", *TINY, f"--output.dir={tmp_path}", "--out", str(prof), "--repeats", "2", "--warmup", "1")
+    r = gearshift("profile", *TINY, f"--output.dir={tmp_path}", "--out", str(prof), "--repeats", "2", "--warmup", "1")
     assert r.returncode == 0, r.stderr
     d = json.loads(prof.read_text())
     assert [lp["name"] for lp in d["layers"]] == ["0:Embedding", "1:Block", "2:Block", "3:Head"]
@@ -26,7 +19,7 @@ def test_profile_then_simulate(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(
         json.dumps({"step": i, "step_time_s": 0.1, "bubble_fraction": 0.5}) + "\n" for i in range(3)))
     trace = tmp_path / "pred.json"
-    r = _gs("simulate", *TINY, f"--output.dir={tmp_path}", "--profile", str(prof), "--trace", str(trace))
+    r = gearshift("simulate", *TINY, f"--output.dir={tmp_path}", "--profile", str(prof), "--trace", str(trace))
     assert r.returncode == 0, r.stderr
     assert "predicted" in r.stdout and "measured" in r.stdout and "error" in r.stdout
     events = json.loads(trace.read_text())["traceEvents"]

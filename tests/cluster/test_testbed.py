@@ -66,6 +66,7 @@ def test_fallback_without_iproute2(monkeypatch, capsys) -> None:
 
 
 @pytest.mark.skipif(not tbm.is_root(), reason="the testbed needs root")
+@pytest.mark.testbed
 def test_up_shapes_and_down_cleans() -> None:
     cfg = TestbedConfig(2, 2, bandwidth="80mbit", prefix=PREFIX, subnet=SUBNET)
     with Testbed(cfg) as tb:

@@ -137,6 +137,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("world", sorted(CASES))
+@pytest.mark.multiprocess
 def test_matches_dist_all_reduce(world: int) -> None:
     results = spawn(_worker, world, CASES[world], world == 4)
     failures = sorted({f for r in results for f in r})

@@ -31,6 +31,7 @@ def _worker(rank: int, world: int) -> tuple:
     return costs, box[0], choices, describe(costs), traced
 
 
+@pytest.mark.multiprocess
 def test_costs_are_plausible_and_shared() -> None:
     results = spawn(_worker, 4)
     for mine, shared, choices, line, traced in results:

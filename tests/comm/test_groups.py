@@ -49,6 +49,7 @@ def _worker(rank: int, world: int) -> list[str]:
     return bad
 
 
+@pytest.mark.multiprocess
 def test_parts_sum_on_their_own() -> None:
     failures = sorted({f for r in spawn(_worker, 4) for f in r})
     assert not failures, failures[:10]

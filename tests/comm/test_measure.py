@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 import gearshift.comm.measure as measure
 from gearshift.cluster.topology import Topology
 
@@ -41,6 +43,7 @@ def _timing_worker(rank: int, world: int) -> list[dict]:
     return measure.time_algorithms(groups, [4096], None, ("gloo", "ring"), reps=3, again=("ring",))
 
 
+@pytest.mark.multiprocess
 def test_again_times_an_algorithm_as_a_second_series_of_its_own() -> None:
     from gearshift.comm.launch import spawn
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 import torch.distributed as dist
 from hypothesis import given
@@ -88,6 +89,7 @@ def _worker(rank: int, world: int) -> dict:
     return out
 
 
+@pytest.mark.multiprocess
 def test_transport_end_to_end() -> None:
     results = spawn(_worker, 4)
     for rank, r in enumerate(results):

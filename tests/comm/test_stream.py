@@ -4,6 +4,7 @@ dropped as they finish."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from gearshift.comm.launch import spawn
@@ -43,6 +44,7 @@ def _two_reduce_steps(rank: int, world: int) -> tuple[int, list[float]]:
     return posted_before_wait[0], x[:3].tolist()
 
 
+@pytest.mark.multiprocess
 def test_reduce_receives_are_posted_a_step_ahead() -> None:
     # both steps' receives are posted before the first wait (one at a time would count 1);
     # step 0: 1 + 2 = 3 on both; step 1: 3 + 3 = 6 on both
@@ -85,6 +87,7 @@ def _works_held(rank: int, world: int) -> tuple[list[int], list[bool], list[floa
     return held, alive, x[:3].tolist()
 
 
+@pytest.mark.multiprocess
 def test_finished_works_are_held_until_the_next_call_ends() -> None:
     # 1 + 2 = 3, 6; then 12, 24. Each call makes two sends and two receives: the first call's four are
     # alive after it (dropped at once they would be gone) and gone after the second

@@ -30,6 +30,7 @@ def _train_adaptive(out, *extra: str) -> list[dict]:
     return [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.multiprocess
 def test_slow_rank_loses_layers(tmp_path):
     rows = _train_adaptive(tmp_path / "adapt", "--train.steps=7", "--adapt.every=3", "--emulate.slowdown=[1,4]")
     steps = [x for x in rows if x.get("event") is None]
@@ -77,6 +78,7 @@ def test_period_estimates_blend_small_changes_and_take_large_ones(one_rank) -> N
         assert ad.monitor.speed(0) == pytest.approx(expected)
 
 
+@pytest.mark.multiprocess
 def test_link_probe_measures_the_emulated_cap(tmp_path):
     """The re-plan's link probe sees an emulated 200 kB/s link into rank 1 as about 200 kB/s."""
     rows = _train_adaptive(tmp_path / "links", "--train.steps=3", "--adapt.every=2",

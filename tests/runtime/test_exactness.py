@@ -12,6 +12,8 @@ from gearshift.train.build import build_runtime, gpt_config, lr_at
 from gearshift.train.config import load_config
 from gearshift.train.data import ByteCorpus
 
+pytestmark = pytest.mark.multiprocess
+
 STEPS = 3
 BASE = ["--model.layers=2", "--model.width=32", "--model.heads=2", "--model.context=16",
         "--train.batch_size=8", "--data.max_bytes=100000", "--train.warmup_steps=1", "--train.lr=1e-3",

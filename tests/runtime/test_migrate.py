@@ -4,6 +4,7 @@ AdamW state moving between ranks) equals a run that never does."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from gearshift.comm.launch import spawn
@@ -11,6 +12,8 @@ from gearshift.runtime.migrate import migrate
 from gearshift.train.build import build_runtime, lr_at
 from gearshift.train.config import load_config
 from gearshift.train.data import ByteCorpus
+
+pytestmark = pytest.mark.multiprocess
 
 ARGS = ["--model.layers=4", "--model.width=32", "--model.heads=2", "--model.context=16", "--train.batch_size=8",
         "--data.max_bytes=100000", "--train.warmup_steps=1", "--train.lr=1e-3", "--parallel.microbatches=4",

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import TINY
 
@@ -31,6 +32,7 @@ def _final(out: Path) -> dict:
     return ck
 
 
+@pytest.mark.multiprocess
 def test_resume_is_exact_and_partition_independent(tmp_path):
     straight, resumed, moved = tmp_path / "straight", tmp_path / "resumed", tmp_path / "moved"
     two = ["--cluster.workers=2", "--parallel.stages=2"]
@@ -58,6 +60,7 @@ def test_resume_is_exact_and_partition_independent(tmp_path):
         torch.testing.assert_close(c["model"][name], a["model"][name], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.multiprocess
 def test_corrupt_and_mismatched_checkpoints_are_clear_errors(tmp_path):
     out = tmp_path / "run"
     (out / "checkpoints").mkdir(parents=True)
@@ -79,6 +82,7 @@ def test_atomic_write_leaves_no_temp_files(tmp_path):
     assert [f.name for f in p.parent.iterdir()] == ["step_0000001.pt"]
 
 
+@pytest.mark.multiprocess
 def test_a_fresh_run_moves_the_old_one_aside_and_resume_refuses_another_jobs_checkpoint(tmp_path):
     """A fresh run into a run's directory moves that run aside (and says where) instead of mixing with it;
     --resume refuses a checkpoint whose job (model, data, seed, batch size) differs from the config."""

@@ -10,10 +10,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import TINY
 
 from gearshift.train.config import load_config
 from gearshift.train.launch import run_ranks
+
+pytestmark = pytest.mark.multiprocess
 
 
 def _gearshift(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
