@@ -32,10 +32,11 @@ def ref_stage(b, s, S, w, a, p, am, sp, bw, lat, mem, fl):
     return max(compute, inbound, outbound), fits
 
 
-def brute_force(L, S, *args):
-    """Best feasible bottleneck over every composition of L layers into S stages (None if none fits)."""
+def brute_force(L, S, *args, banned=frozenset()):
+    """Best feasible bottleneck over every composition of L layers into S stages that cuts no boundary in
+    `banned` (None if none fits)."""
     best = None
-    for cuts in itertools.combinations(range(1, L), S - 1):
+    for cuts in itertools.combinations([k for k in range(1, L) if k not in banned], S - 1):
         edges = [0, *cuts, L]
         stages = [ref_stage((edges[s], edges[s + 1]), s, S, *args) for s in range(S)]
         if all(f for _, f in stages):
@@ -223,18 +224,6 @@ def test_speed_1000_layers_64_devices():
     assert dt < 5.0  # generous: < 1 s on an idle core
 
 
-def brute_force_no_cut(L, S, banned, *args):
-    """brute_force over the cuts not in `banned` only: the best partition that keeps those layers together."""
-    best = None
-    for cuts in itertools.combinations([k for k in range(1, L) if k not in banned], S - 1):
-        edges = [0, *cuts, L]
-        stages = [ref_stage((edges[s], edges[s + 1]), s, S, *args) for s in range(S)]
-        if all(f for _, f in stages):
-            t = max(x for x, _ in stages)
-            best = t if best is None else min(best, t)
-    return best
-
-
 def as_profile_and_state(w, a, p, am, sp, bw, lat, mem):
     """The brute-force instance as a ModelProfile (one sample per micro-batch) and a ClusterState."""
     layers = [LayerProfile(f"l{i}", x / 3, 2 * x / 3, 0.0, pb, ab, mb) for i, (x, ab, pb, mb) in
@@ -255,7 +244,7 @@ def test_no_cut_equals_brute_force(inst, data):
     prof, state = as_profile_and_state(w, a, p, am, sp, bw, lat, mem)
     prof.no_cut = banned[: len(banned) // 2]
     args = (w, a, p, am, sp[:S], bw, lat, None if mem is None else mem[:S], fl[:S])
-    best = brute_force_no_cut(L, S, set(banned), *args)
+    best = brute_force(L, S, *args, banned=set(banned))
     if best is None:
         with pytest.raises(PlanError):
             plan_partition(prof, state, S, in_flight=fl, no_cut=banned[len(banned) // 2:])
