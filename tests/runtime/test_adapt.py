@@ -32,18 +32,40 @@ def _train_adaptive(out, *extra: str) -> list[dict]:
     return [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def _synthetic_profile(path) -> ModelProfile:
+    """8 layers of equal work whose activations are the tiny GPT's (2 KiB per sample), 100 bytes held per
+    micro-batch, no parameters: planning inputs the test can replay exactly."""
+    prof = ModelProfile([LayerProfile(f"l{i}", 0.5, 0.5, 1.0, 0, 2048, 100) for i in range(8)], microbatch_size=2,
+                        seq_len=16)
+    prof.save(path)
+    return prof
+
+
+def _state_of(measured: dict) -> ClusterState:
+    """The two-stage pipeline a logged decision planned on, rebuilt from its record."""
+    (fwd,), (back,) = measured["link_bandwidth"], measured["link_bandwidth_back"]
+    (lf,), (lb,) = measured["link_latency"], measured["link_latency_back"]
+    return ClusterState(measured["speeds"], [[float("inf"), fwd], [back, float("inf")]], [[0.0, lf], [lb, 0.0]],
+                        measured["memory"])
+
+
 @pytest.mark.multiprocess
 def test_first_plan_from_measurements_then_replan(tmp_path):
-    """No spec, 2 replicas of a 2-stage pipeline, position 1 emulated 4x slower, and replica 1's links capped
-    (200 kB/s forward into rank 3, 400 kB/s back into rank 2): the plan at step 0 comes from the measured
-    speeds and from the slowest replica's link in each direction, and step 0 runs it; the re-plan at step 3
-    is logged with its inputs, its schedule's in-flight counts, prediction and reason."""
+    """No spec, 2 replicas of a 2-stage pipeline, position 1 emulated 4x slower than position 0 (duty-cycle:
+    every rank sleeps most of its compute), and replica 1's links capped (200 kB/s forward into rank 3,
+    400 kB/s back into rank 2): the plan at step 0 is the DP's over the measured speeds and the slowest
+    replica's link in each direction, and step 0 runs it; the re-plan at step 3 is logged with its inputs,
+    its schedule's in-flight counts, prediction and reason."""
+    prof = _synthetic_profile(tmp_path / "profile.json")
     rows = _train_adaptive(tmp_path / "adapt", "--cluster.workers=4", "--train.steps=4", "--adapt.every=3",
-                           "--emulate.slowdown=[1,4,1,4]", "--emulate.link_bandwidth=[1e12,1e12,4e5,2e5]")
+                           f"--adapt.profile={tmp_path / 'profile.json'}", "--emulate.slowdown=[4,16,4,16]",
+                           "--emulate.link_bandwidth=[1e12,1e12,4e5,2e5]")
     steps = [x for x in rows if x.get("event") is None]
     (plan,) = [x for x in rows if x.get("event") == "plan"]
     (replan,) = [x for x in rows if x.get("event") == "replan"]
     assert plan["step"] == 0 and steps[0]["partition"] == plan["bounds"]
+    dp = plan_partition(prof, _state_of(plan["measured"]), 2, 2, [2, 1])
+    assert plan["bounds"] == [list(b) for b in dp.bounds] and plan["iteration_s"] == pytest.approx(dp.iteration_s(2))
     fast, slow = plan["measured"]["speeds"]
     assert slow < 0.6 * fast, (fast, slow)
     assert plan["bounds"][0][1] > 4, "the fast position starts with more layers"
@@ -63,13 +85,11 @@ def test_first_plan_from_the_spec_holds_gpipes_activations(tmp_path):
     100 bytes of activations per micro-batch. Under GPipe (2 micro-batches in flight on every stage) the fast
     device can hold 5 layers, under 1F1B 7 (1 in flight on the last stage): step 0 runs the DP's plan for the
     spec and GPipe, and the re-plan, from measured speeds (rank 0 emulated 4x slower), still counts GPipe's."""
-    spec, prof_path = tmp_path / "spec.toml", tmp_path / "profile.json"
+    spec = tmp_path / "spec.toml"
     spec.write_text('[types.slow]\nspeed = 0.25\nmemory_gb = 1\n[types.fast]\nspeed = 1.0\nmemory_gb = 1e-6\n'
                     '[[nodes]]\ndevices = ["slow", "fast"]\n')
-    prof = ModelProfile([LayerProfile(f"l{i}", 0.5, 0.5, 1.0, 0, 2048, 100) for i in range(8)], microbatch_size=2,
-                        seq_len=16)
-    prof.save(prof_path)
-    rows = _train_adaptive(tmp_path / "run", f"--cluster.spec={spec}", f"--adapt.profile={prof_path}",
+    prof = _synthetic_profile(tmp_path / "profile.json")
+    rows = _train_adaptive(tmp_path / "run", f"--cluster.spec={spec}", f"--adapt.profile={tmp_path / 'profile.json'}",
                            "--parallel.schedule=gpipe", "--train.steps=3", "--adapt.every=2",
                            "--emulate.slowdown=[4,1]")
     state = ClusterState.from_spec(load_spec(spec)).pipeline(2)

@@ -67,15 +67,17 @@ class ReplanDecision:
 
 
 def _measured(state: ClusterState, num_stages: int) -> dict:
-    """The measurements the decision used: speeds and neighbouring-link bandwidths, forward (stage s -> s+1,
-    activations) and back (s+1 -> s, gradients)."""
+    """The measurements the decision used: speeds, memory, and each neighbouring link's bandwidth and latency,
+    forward (stage s -> s+1, activations) and back (s+1 -> s, gradients)."""
     def fin(b: float) -> float | None:
         return None if b == float("inf") else b
 
+    links = range(num_stages - 1)
     return {"source": state.source, "state_step": state.step, "speeds": list(state.speeds[:num_stages]),
-            "link_bandwidth": [fin(state.bandwidth[s][s + 1]) for s in range(num_stages - 1)],
-            "link_bandwidth_back": [fin(state.bandwidth[s + 1][s]) for s in range(num_stages - 1)],
-            "memory": list(state.memory[:num_stages])}
+            "link_bandwidth": [fin(state.bandwidth[s][s + 1]) for s in links],
+            "link_bandwidth_back": [fin(state.bandwidth[s + 1][s]) for s in links],
+            "link_latency": [state.latency[s][s + 1] for s in links],
+            "link_latency_back": [state.latency[s + 1][s] for s in links], "memory": list(state.memory[:num_stages])}
 
 
 def _check_schedule(schedule: Schedule, num_stages: int) -> None:

@@ -38,21 +38,22 @@ def probe_links(num_ranks: int, prank: int, offset: int, nbytes: int,
 
 
 def _send_timed(big: Tensor, tiny: Tensor, peer: int, repeats: int) -> float:
-    """The sender's side: median one-way seconds of `big` to `peer`. A start mark (one float) goes just ahead
-    of `big`, so the receiver times `big` from when the mark arrives; a one-float round trip measured just
-    before is subtracted (the mark's way there and the answer's way back)."""
-    times = []
+    """The sender's side: one-way seconds of `big` to `peer`. A start mark (one float) goes just ahead of
+    `big`, so the receiver times `big` from when the mark arrives; the fastest of the one-float round trips
+    measured before each send is subtracted (the mark's way there and the answer's way back). The median send
+    and the fastest round trip: a busy machine's delays only lengthen either."""
+    rtts, times = [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
         dist.send(tiny, peer)
         dist.recv(tiny, peer)
-        rtt = time.perf_counter() - t0
+        rtts.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         dist.send(tiny, peer)
         dist.send(big, peer)
         dist.recv(tiny, peer)
-        times.append(max(time.perf_counter() - t0 - rtt, 1e-9))
-    return statistics.median(times)
+        times.append(time.perf_counter() - t0)
+    return max(statistics.median(times) - min(rtts), 1e-9)
 
 
 def _answer(big: Tensor, tiny: Tensor, peer: int, repeats: int,
