@@ -71,8 +71,11 @@ def test_cli_plan_counts_activations_of_the_jobs_schedule(tmp_path, capsys, make
     spec.write_text('[types.slow]\nspeed = 1.0\nmemory_gb = 2e-6\n[types.fast]\nspeed = 3.0\nmemory_gb = 2e-6\n'
                     '[[nodes]]\ndevices = ["slow", "fast"]\n')
     prof = tmp_path / "p.json"
-    make_profile([1.0] * 8, params=0, peak=100).save(prof)
-    for schedule, ranges in (("1f1b", "0-1 2-7"), ("gpipe", "0-2 3-7")):
+    profile = make_profile([1.0] * 8, params=0, peak=100)
+    for schedule, no_cut, ranges in (("1f1b", [], "0-1 2-7"), ("gpipe", [], "0-2 3-7"), ("1f1b", [2], "0 1-7"),
+                                     ("1f1b", [1, 2], "0-2 3-7")):  # the profile's no-cut boundaries hold too
+        profile.no_cut = no_cut
+        profile.save(prof)
         argv = ["plan", "--spec", str(spec), "--profile", str(prof), "--microbatches", "4",
                 f"--parallel.schedule={schedule}"]
         assert main(argv) == 0

@@ -4,14 +4,16 @@ optimizer settings and the gradient-sync policy, assembled into a PipelineRuntim
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch.distributed as dist
+from torch import nn
 
 from gearshift.comm.policy import ReplicaSync, SyncSettings
 from gearshift.models.gpt import GPTConfig, build_layer, gpt_loss
 from gearshift.runtime.adapt import Adapter
 from gearshift.runtime.pipeline import OptimConfig, PipelineRuntime
-from gearshift.schedules import make_schedule
+from gearshift.schedules import Schedule, make_schedule
 from gearshift.train.config import JobConfig
 from gearshift.train.layout import act_meta_fn, resolve_partition
 
@@ -35,13 +37,13 @@ def grad_sync(cfg: JobConfig) -> ReplicaSync | None:
     return sync if sync.needed else None
 
 
-def job_schedule(cfg: JobConfig):
+def job_schedule(cfg: JobConfig) -> Schedule:
     """The schedule every replica runs (parallel.schedule, stages, micro-batches, k)."""
     p = cfg.parallel
     return make_schedule(p.schedule, p.stages, p.microbatches, k=p.k)
 
 
-def layer_factory(cfg: JobConfig):
+def layer_factory(cfg: JobConfig) -> tuple[Callable[[int], nn.Module], Callable]:
     """(build_layer(i), act_meta(layer, batch)): layer i freshly initialised, and the shape a micro-batch has
     entering a layer; what the runtime and the speed probe build a stage from."""
     gcfg = gpt_config(cfg)
