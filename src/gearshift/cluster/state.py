@@ -40,6 +40,19 @@ class ClusterState:
                             [[self.latency[a][b] for b in idx] for a in idx], [self.memory[i] for i in idx],
                             self.step, self.source)
 
+    def pipeline(self, stages: int) -> ClusterState:
+        """One device per position of a pipeline replicated over these ranks (rank = replica x stages +
+        position), each as its slowest replica: the lowest speed and memory, and per pair of positions the
+        lowest bandwidth and the highest latency of any replica's link, each direction on its own."""
+        if stages < 1 or self.world_size % stages:
+            raise ValueError(f"ClusterState.pipeline: {stages} stages do not divide {self.world_size} ranks")
+        at = [range(p, self.world_size, stages) for p in range(stages)]  # the ranks of each position
+        pairs = [[list(zip(at[p], at[q])) for q in range(stages)] for p in range(stages)]
+        return ClusterState([min(self.speeds[r] for r in at[p]) for p in range(stages)],
+                            [[min(self.bandwidth[a][b] for a, b in row) for row in rows] for rows in pairs],
+                            [[max(self.latency[a][b] for a, b in row) for row in rows] for rows in pairs],
+                            [min(self.memory[r] for r in at[p]) for p in range(stages)], self.step, self.source)
+
     def to_dict(self) -> dict:
         def fin(x: float) -> float | None:
             return None if x == float("inf") else x

@@ -4,15 +4,17 @@ optimizer settings and the gradient-sync policy, assembled into a PipelineRuntim
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch.distributed as dist
+from torch import nn
 
 from gearshift.cluster.topology import parse_matrix
 from gearshift.comm.policy import ReplicaSync, SyncSettings
 from gearshift.models.gpt import GPTConfig, build_layer, gpt_loss
 from gearshift.runtime.adapt import Adapter
 from gearshift.runtime.pipeline import OptimConfig, PipelineRuntime
-from gearshift.schedules import make_schedule
+from gearshift.schedules import Schedule, make_schedule
 from gearshift.train.config import JobConfig
 from gearshift.train.layout import act_meta_fn, resolve_partition
 
@@ -38,16 +40,28 @@ def grad_sync(cfg: JobConfig) -> ReplicaSync | None:
     return sync if sync.needed else None
 
 
+def job_schedule(cfg: JobConfig) -> Schedule:
+    """The schedule every replica runs (parallel.schedule, stages, micro-batches, k)."""
+    p = cfg.parallel
+    return make_schedule(p.schedule, p.stages, p.microbatches, k=p.k)
+
+
+def layer_factory(cfg: JobConfig) -> tuple[Callable[[int], nn.Module], Callable]:
+    """(build_layer(i), act_meta(layer, batch)): layer i freshly initialised, and the shape a micro-batch has
+    entering a layer; what the runtime and the speed probe build a stage from."""
+    gcfg = gpt_config(cfg)
+    return (lambda i: build_layer(gcfg, i, seed=cfg.train.seed)), act_meta_fn(gcfg)
+
+
 def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None,
                   adapter: Adapter | None = None) -> PipelineRuntime:
     """This rank's pipeline runtime for the job (the partition from the config unless given)."""
-    gcfg = gpt_config(cfg)
-    p, t = cfg.parallel, cfg.train
+    t = cfg.train
     if bounds is None:
-        bounds = resolve_partition(cfg, gcfg)
-    schedule = make_schedule(p.schedule, p.stages, p.microbatches, k=p.k)
+        bounds = resolve_partition(cfg, gpt_config(cfg), adapter.profile.no_cut if adapter else ())
+    build, act_meta = layer_factory(cfg)
     return PipelineRuntime(
-        lambda i: build_layer(gcfg, i, seed=t.seed), gpt_loss, bounds, schedule, act_meta_fn(gcfg),
+        build, gpt_loss, bounds, job_schedule(cfg), act_meta,
         OptimConfig(t.weight_decay, (t.beta1, t.beta2), t.grad_clip),
         after_compute=adapter.after_compute if adapter else None, after_recv=adapter.after_recv if adapter else None,
         grad_sync_factory=grad_sync(cfg),

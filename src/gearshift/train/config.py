@@ -74,7 +74,8 @@ class ParallelConfig:
     schedule: str = key("1f1b", "pipeline schedule: gpipe, 1f1b, kfkb")
     microbatches: int = key(8, "micro-batches per step (per replica); must divide the replica's batch")
     k: int = key(1, "kfkb: forwards (then backwards) per group; 1 = 1F1B, >= microbatches = GPipe")
-    partition: Any = key("uniform", "uniform | params | adaptive | [[start, end], ...] layer ranges per stage")
+    partition: Any = key("uniform", "uniform | params | adaptive (the DP's plan from the spec or a measurement at "
+                                    "the start, re-planned every adapt.every steps) | [[start, end], ...] per stage")
     allreduce: str = key("auto", "gradient all-reduce: auto, gloo, ring, hierarchical, hierarchical_rs")
     tune_allreduce: bool = key(True, "auto across nodes: time the cost model's candidates once per bucket size")
     bucket_mb: float = key(25.0, "gradient bucket size in MiB (one all-reduce per bucket)")
@@ -129,7 +130,8 @@ class AdaptConfig:
     """Re-planning: every `every` steps the partition is re-planned from measured speeds and applied by live
     layer migration when the predicted gain over the next period beats the migration cost."""
 
-    every: int = key(100, "re-plan every this many steps (parallel.partition = adaptive); 0 = never")
+    every: int = key(100, "re-plan every this many steps (parallel.partition = adaptive); 0 = plan once at the "
+                          "start, never re-plan")
     alpha: float = key(0.5, "weight of the newest sample in the smoothed speed estimates, in (0, 1]")
     profile: str = key("", 'ModelProfile JSON from `gearshift profile`; "" = profile at start')
     force: list[Any] = key([], "forced re-partitions, [[step, [[start, end], ...]], ...] (tests, demos)")

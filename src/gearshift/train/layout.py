@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
+from gearshift.errors import ConfigError
 from gearshift.models.gpt import GPTConfig, build_layer
-from gearshift.planner.baselines import params_bounds, uniform_bounds
+from gearshift.planner.baselines import params_bounds, snap_bounds, uniform_bounds
 from gearshift.train.config import JobConfig
 
 
@@ -31,13 +34,20 @@ def act_meta_fn(gcfg: GPTConfig):
     return meta
 
 
-def resolve_partition(cfg: JobConfig, gcfg: GPTConfig) -> list[tuple[int, int]]:
-    """The stage bounds the config asks for: uniform, by parameters, explicit ranges (adaptive plans
-    start from uniform and re-plan from measurements)."""
+def resolve_partition(cfg: JobConfig, gcfg: GPTConfig, no_cut: Sequence[int] = ()) -> list[tuple[int, int]]:
+    """The stage bounds the config asks for: explicit ranges, or uniform / by parameters with each cut on a
+    no-cut boundary (layers the model keeps together) moved to the nearest allowed one (planner.baselines.
+    snap_bounds). Adaptive plans are made from the profile before the runtime is built (train.adaptation);
+    uniform is only their stand-in here."""
     p, n = cfg.parallel, gcfg.num_layers
     if isinstance(p.partition, list):
-        return [tuple(r) for r in p.partition]
+        bounds = [tuple(r) for r in p.partition]
+        cut = sorted({j for _, j in bounds[:-1]} & set(no_cut))
+        if cut:
+            raise ConfigError(f"parallel.partition: cuts at boundaries {cut}, which the model keeps together "
+                              f"(no-cut boundaries: {sorted(no_cut)})")
+        return bounds
     if p.partition == "params":
         sizes = [sum(q.numel() for q in build_layer(gcfg, i).parameters()) for i in range(n)]
-        return params_bounds(sizes, p.stages)
-    return uniform_bounds(n, p.stages)
+        return snap_bounds(params_bounds(sizes, p.stages), no_cut)
+    return snap_bounds(uniform_bounds(n, p.stages), no_cut)

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from gearshift.train.adaptation import build_adapter
+from gearshift.train.adaptation import build_adapter, plan_start
 from gearshift.train.build import build_runtime, lr_at
 from gearshift.train.checkpoint import Checkpointer
 from gearshift.train.config import JobConfig
@@ -39,13 +39,19 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
     corpus = ByteCorpus(cfg.data.path or None, cfg.data.val_fraction, cfg.data.max_bytes)
     adapter = build_adapter(cfg, corpus)
     ckpt = Checkpointer(cfg)
-    bounds = None
+    bounds, plan = None, None
     if resume and cfg.parallel.partition == "adaptive":  # continue from the partition that was learned
         bounds = [tuple(b) for b in ckpt.resumed().get("bounds", [])] or None
+    if bounds is None and cfg.parallel.partition == "adaptive":  # the DP's plan, before any layer is built
+        plan = plan_start(cfg, adapter)
+        bounds = [tuple(b) for b in plan["bounds"]]
     rt = build_runtime(cfg, bounds, adapter)
     start = ckpt.restore(rt) if resume else 0
     log = MetricsLog(out / "metrics.jsonl", resume_step=start if resume else None) if rank == 0 else None
     bar = Progress(t.steps, start, enabled=rank == 0 and cfg.output.progress)
+    if plan and log:
+        log.write(plan)
+        bar.note(_describe(plan))
     evaluate, tracer = Evaluator(cfg, corpus), Tracer(cfg, adapter)
     tokens = t.batch_size * cfg.model.context
     history: list[dict] = []
@@ -110,7 +116,9 @@ def _summary(cfg: JobConfig, history: list[dict], start: int, wall_s: float, cor
 
 
 def _describe(d: dict) -> str:
-    """One line for the console about a re-planning decision."""
+    """One line for the console about a planning decision (the first plan or a re-plan)."""
+    if d["event"] == "plan":
+        return f"first plan: {d['bounds']} ({d['reason']})"
     verdict = "applied" if d["apply"] else "kept"
     return (f"re-plan at step {d['step']}: {verdict} {d['new_bounds'] if d['apply'] else d['old_bounds']} "
             f"(predicted {d['old_iteration_s']:.3f} -> {d['new_iteration_s']:.3f} s/step; {d['reason']})")
