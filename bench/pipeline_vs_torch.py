@@ -41,8 +41,8 @@ class TorchPipeline:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
         from gearshift.models.gpt import build_layer, gpt_loss
-        from gearshift.train.layout import uniform_bounds
         from gearshift.train.build import gpt_config
+        from gearshift.train.layout import uniform_bounds
 
         self.rank, self.group, self.cfg = dist.get_rank(), group, cfg
         gcfg, t = gpt_config(cfg), cfg.train
@@ -89,9 +89,9 @@ def _worker(rank: int, world: int, a: argparse.Namespace) -> dict:
     """Build all four pipelines on this rank, then step them in rotating order; rank 0's timings count."""
     import torch.distributed as dist
 
+    from gearshift.train.build import build_runtime, lr_at
     from gearshift.train.config import load_config
     from gearshift.train.data import ByteCorpus
-    from gearshift.train.build import build_runtime, lr_at
 
     cfgs = {s: load_config(None, _overrides(a, s)) for s in SCHEDULES}
     cfg0 = cfgs["gpipe"]

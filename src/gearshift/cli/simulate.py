@@ -28,14 +28,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gearshift.report.trace import sim_trace, write_trace
-    from gearshift.train.build import gpt_config
+    from gearshift.train.build import job_model
     from gearshift.train.layout import resolve_partition
 
     cfg = load_config(args.config, args.overrides)
     prof = ModelProfile.load(args.profile) if args.profile else profile_job(cfg)
     p = cfg.parallel
     schedule = make_schedule(p.schedule, p.stages, p.microbatches, k=p.k)
-    bounds = resolve_partition(cfg, gpt_config(cfg))
+    bounds = resolve_partition(cfg, job_model(cfg))
     state = local_state(cfg.cluster.workers, cores=cfg.cluster.workers).resized(p.stages)  # full speed each
     slow = cfg.emulate.slowdown or [1.0] * cfg.cluster.workers
     state.speeds = [state.speeds[r] / slow[r] for r in range(p.stages)]

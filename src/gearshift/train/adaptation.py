@@ -8,10 +8,11 @@ import torch.distributed as dist
 from gearshift.cluster.emulate import EmulationConfig, Emulator
 from gearshift.cluster.spec import load_spec
 from gearshift.cluster.state import ClusterState, local_state
+from gearshift.models.spec import ModelSpec
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.runtime.adapt import Adapter
 from gearshift.train.config import JobConfig
-from gearshift.train.data import ByteCorpus
+from gearshift.train.datasets import JobData
 from gearshift.train.profiling import profile_job
 
 
@@ -29,7 +30,7 @@ def adapts(cfg: JobConfig, world: int) -> bool:
     return any(Emulator(emu, r).active for r in range(world)) or _replans(cfg) or bool(cfg.adapt.force)
 
 
-def build_adapter(cfg: JobConfig, corpus: ByteCorpus) -> Adapter | None:
+def build_adapter(cfg: JobConfig, data: JobData, spec: ModelSpec) -> Adapter | None:
     """The adaptation loop, or None; the same answer on every rank (it gates the profile's broadcast)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     if not adapts(cfg, world):
@@ -37,7 +38,7 @@ def build_adapter(cfg: JobConfig, corpus: ByteCorpus) -> Adapter | None:
     if cfg.adapt.profile:
         profile = ModelProfile.load(cfg.adapt.profile)
     else:  # rank 0 profiles (speed 1.0 by definition); everyone plans from the same numbers
-        box = [profile_job(cfg, repeats=3, warmup=1, corpus=corpus) if rank == 0 else None]
+        box = [profile_job(cfg, repeats=3, warmup=1, data=data, spec=spec) if rank == 0 else None]
         dist.broadcast_object_list(box, src=0)
         profile = box[0]
     base = ClusterState.from_spec(load_spec(cfg.cluster.spec)) if cfg.cluster.spec else local_state(world)

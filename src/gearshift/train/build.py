@@ -8,12 +8,16 @@ import math
 import torch.distributed as dist
 
 from gearshift.comm.policy import ReplicaSync, SyncSettings
-from gearshift.models.gpt import GPTConfig, build_layer, gpt_loss
+from gearshift.models.gpt import GPTConfig
+from gearshift.models.spec import ModelSpec, resolve_model
 from gearshift.runtime.adapt import Adapter
 from gearshift.runtime.pipeline import OptimConfig, PipelineRuntime
 from gearshift.schedules import make_schedule
 from gearshift.train.config import JobConfig
-from gearshift.train.layout import act_meta_fn, resolve_partition
+from gearshift.train.datasets import JobData, job_data
+from gearshift.train.layout import LayerMeta, act_meta_fn, layer_inputs, resolve_partition
+
+SAMPLE_BATCH = 2  # samples run through the layers to find activation shapes (2: the batch dimension shows)
 
 
 def gpt_config(cfg: JobConfig) -> GPTConfig:
@@ -35,20 +39,39 @@ def grad_sync(cfg: JobConfig) -> ReplicaSync | None:
     return sync if sync.needed else None
 
 
-def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None,
-                  adapter: Adapter | None = None) -> PipelineRuntime:
-    """This rank's pipeline runtime for the job (the partition from the config unless given)."""
-    gcfg = gpt_config(cfg)
+def job_model(cfg: JobConfig) -> ModelSpec:
+    """The job's model, layer by layer (the GPT, or the function model.name names)."""
+    return resolve_model(cfg.model.name, cfg.model.table(), cfg.train.seed)
+
+
+def check_job(cfg: JobConfig, spec: ModelSpec | None = None, data: JobData | None = None) -> list[LayerMeta]:
+    """Import the model and the data and run the layers and the loss on a sample batch (on the meta device
+    where they can): every one-line error a worker would hit at start, here first. Returns the shape and
+    dtype of each layer's input."""
+    spec = spec or job_model(cfg)
+    data = data or job_data(cfg)
+    x, y = data.sample(SAMPLE_BATCH, cfg.train.seed)
+    return layer_inputs(spec, x, y, cfg.train.seed)
+
+
+def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None, adapter: Adapter | None = None,
+                  spec: ModelSpec | None = None, data: JobData | None = None) -> PipelineRuntime:
+    """This rank's pipeline runtime for the job (the partition from the config unless given); only this rank's
+    layers are built."""
     p, t = cfg.parallel, cfg.train
+    spec = spec or job_model(cfg)
+    metas = check_job(cfg, spec, data)
     if bounds is None:
-        bounds = resolve_partition(cfg, gcfg)
+        bounds = resolve_partition(cfg, spec)
     schedule = make_schedule(p.schedule, p.stages, p.microbatches, k=p.k)
-    return PipelineRuntime(
-        lambda i: build_layer(gcfg, i, seed=t.seed), gpt_loss, bounds, schedule, act_meta_fn(gcfg),
+    rt = PipelineRuntime(
+        lambda i: spec.layer(i, t.seed), spec.loss_fn, bounds, schedule, act_meta_fn(metas),
         OptimConfig(t.weight_decay, (t.beta1, t.beta2), t.grad_clip),
         after_compute=adapter.after_compute if adapter else None, after_recv=adapter.after_recv if adapter else None,
         grad_sync_factory=grad_sync(cfg),
     )
+    spec.release()
+    return rt
 
 
 def lr_at(step: int, cfg: JobConfig) -> float:
