@@ -8,6 +8,7 @@ import math
 import torch.distributed as dist
 
 from gearshift.comm.policy import ReplicaSync, SyncSettings
+from gearshift.imports import is_import_path
 from gearshift.models.gpt import GPTConfig
 from gearshift.models.spec import ModelSpec, resolve_model
 from gearshift.runtime.adapt import Adapter
@@ -21,9 +22,8 @@ SAMPLE_BATCH = 2  # samples run through the layers to find activation shapes (2:
 
 
 def gpt_config(cfg: JobConfig) -> GPTConfig:
-    m = cfg.model
-    return GPTConfig(vocab_size=256, context=m.context, layers=m.layers, width=m.width, heads=m.heads,
-                     dropout=m.dropout)
+    """The GPT's shape from [model] (model.name = "gpt")."""
+    return GPTConfig(vocab_size=256, **cfg.model.table())
 
 
 def grad_sync(cfg: JobConfig) -> ReplicaSync | None:
@@ -42,6 +42,11 @@ def grad_sync(cfg: JobConfig) -> ReplicaSync | None:
 def job_model(cfg: JobConfig) -> ModelSpec:
     """The job's model, layer by layer (the GPT, or the function model.name names)."""
     return resolve_model(cfg.model.name, cfg.model.table(), cfg.train.seed)
+
+
+def brings_own(cfg: JobConfig) -> bool:
+    """Whether the job's model or data is the user's (by import path): only those can fail to fit."""
+    return is_import_path(cfg.model.name) or is_import_path(cfg.data.name)
 
 
 def check_job(cfg: JobConfig, spec: ModelSpec | None = None, data: JobData | None = None) -> list[LayerMeta]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from gearshift.comm.launch import free_port
 from gearshift.imports import is_import_path, path_of
-from gearshift.train.build import check_job
+from gearshift.train.build import brings_own, check_job
 from gearshift.train.config import JobConfig, validate
 from gearshift.train.rundir import prepare_run_dir
 
@@ -115,7 +115,7 @@ def launch(
     `env` adds variables to every worker. With a `testbed` (gearshift.cluster.testbed.Testbed, up), each
     node's ranks run inside that node's network namespace and talk over its shaped link."""
     cfg = use_functions(cfg, model, data)
-    if is_import_path(cfg.model.name) or is_import_path(cfg.data.name):  # the built-ins always fit
+    if brings_own(cfg):  # the built-ins always fit
         check_job(cfg)
     note = prepare_run_dir(cfg, resume)
     if note and not quiet:

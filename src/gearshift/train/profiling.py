@@ -19,14 +19,15 @@ def profile_job(cfg: JobConfig, repeats: int = 5, warmup: int = 2, data: JobData
                 spec: ModelSpec | None = None) -> ModelProfile:
     """Per-layer times and bytes of the job's model for one of its micro-batches, on one thread, layer by
     layer (each built, measured and dropped); the model's keep_together becomes the profile's no_cut."""
-    from gearshift.train.build import check_job, job_model
+    from gearshift.train.build import brings_own, check_job, job_model
     from gearshift.train.datasets import job_data
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         spec, data = spec or job_model(cfg), data or job_data(cfg)
-        check_job(cfg, spec, data)  # a model and data that do not fit: one line, not a traceback
+        if brings_own(cfg):  # a model and data that do not fit: one line, not a traceback
+            check_job(cfg, spec, data)
         x, y = data.sample(microbatch_size(cfg), cfg.train.seed)
         return profile_spec(spec, cfg.train.seed, x, y, repeats=repeats, warmup=warmup)
     finally:
