@@ -31,6 +31,14 @@ def test_bytes_data_are_the_corpus_batches():
     assert short.batch(0, 2, 0)[0].shape == (2, 8)
 
 
+def test_text_data_is_a_local_file_as_bytes(tmp_path):
+    f = tmp_path / "notes.txt"
+    f.write_bytes(bytes(range(256)) * 40)
+    data = job_data(load_config(None, ["--data.name=text", f"--data.path={f}", "--model.context=16"]))
+    x, y = data.batch(0, 4, 0)
+    assert x.shape == (4, 16) and torch.equal((x[:, 1:]), y[:, :-1]) and torch.equal((x + 1) % 256, y)
+
+
 def test_a_dataset_is_sampled_by_epochs_from_seed_step_and_split():
     train = TensorDataset(torch.arange(10.0).unsqueeze(1), torch.arange(10))
     val = TensorDataset(torch.arange(100.0, 104.0).unsqueeze(1), torch.arange(4))

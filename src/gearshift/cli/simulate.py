@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
               f"({cfg.cluster.workers} workers on {cores} cores: each computes at {share:.2f}x when sharing)")
     for col in ("", "iteration (s)", "tokens/s", "bubble"):
         t.add_column(col, justify="right")
-    tokens = cfg.train.batch_size * cfg.model.context
+    tokens = cfg.train.batch_size * prof.seq_len  # tokens per sample, as the profile measured them
     t.add_row("predicted", f"{res.iteration_s:.4f}", f"{tokens / res.iteration_s:,.0f}", f"{res.bubble_fraction:.1%}")
     metrics = Path(cfg.output.dir) / "metrics.jsonl"
     if metrics.is_file():
