@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 QUIET = ["--output.trace=false", "--output.progress=false"]
 MLP = ["--cluster.workers=2", "--parallel.stages=2", "--parallel.microbatches=2", "--train.batch_size=8",
        "--train.warmup_steps=2", "--train.eval_every=3", "--train.eval_batches=2", *QUIET]
-MIGRATE = ["--adapt.force=[[4, [[0, 2], [2, 8]]]]"]  # layers 2-3 move to the other stage before step 4
+MIGRATE = ["--adapt.force=[[4,[[0,2],[2,8]]]]"]  # layers 2-3 move to the other stage before step 4
 HF = ["examples/hf_gpt2.toml", "--model.context=16", "--data.seq_len=16", "--model.width=32", "--model.layers=2",
       "--model.heads=2", "--data.max_bytes=100000", "--train.batch_size=8", "--parallel.microbatches=4", *QUIET]
 
