@@ -79,12 +79,12 @@ def test_hf_gpt2_example_trains_as_a_4_stage_pipeline_and_profiles_and_plans(tmp
 
 @pytest.mark.parametrize("args, message", [
     (["--model.name=no_such_pkg.models:build"], "model.name: cannot import 'no_such_pkg.models'"),
-    (["--model.name=builtins:dict", "--data.seq_len=16"],
-     "model.name: builtins:dict: returned dict; expected a ModelSpec, a LayeredModel or an (nn.Sequential"),
     (["--model.name=examples.mlp:build", "--data.name=examples.mlp:data", "--data.inputs=31"],
      "model: layer 0 (Linear) fails on its input of shape (2, 31) (torch.float32)"),
 ])
 def test_bad_models_and_data_are_one_line_before_any_worker_starts(tmp_path, args, message):
+    """Found while validating the config (an import path) or by the launcher's check (the model run on the
+    data's sample); the other messages are tested in-process (test_model_spec, test_layout, test_datasets)."""
     out = tmp_path / "run"
     r = _gs("train", *args, *MLP, f"--output.dir={out}")
     assert r.returncode == 2, r.stderr
