@@ -31,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gearshift.report.trace import sim_trace, write_trace
-    from gearshift.train.build import gpt_config
+    from gearshift.train.build import job_model
     from gearshift.train.layout import resolve_partition
 
     cfg = load_config(args.config, args.overrides)
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     prof = read_profile(args.profile, "--profile", n_layers, UserError) if args.profile else profile_job(cfg)
     p = cfg.parallel
     schedule = make_schedule(p.schedule, p.stages, p.microbatches, k=p.k)
-    bounds = resolve_partition(cfg, gpt_config(cfg))
+    bounds = resolve_partition(cfg, job_model(cfg))
     state = local_state(cfg.cluster.workers, cores=cfg.cluster.workers).resized(p.stages)  # full speed each
     slow = cfg.emulate.slowdown or [1.0] * cfg.cluster.workers
     state.speeds = [state.speeds[r] / slow[r] for r in range(p.stages)]
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
               f"({cfg.cluster.workers} workers on {cores} cores: each computes at {share:.2f}x when sharing)")
     for col in ("", "iteration (s)", "tokens/s", "bubble"):
         t.add_column(col, justify="right")
-    tokens = cfg.train.batch_size * cfg.model.context
+    tokens = cfg.train.batch_size * prof.seq_len  # tokens per sample, as the profile measured them
     t.add_row("predicted", f"{res.iteration_s:.4f}", f"{tokens / res.iteration_s:,.0f}", f"{res.bubble_fraction:.1%}")
     metrics = Path(cfg.output.dir) / "metrics.jsonl"
     if metrics.is_file():

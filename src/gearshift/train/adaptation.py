@@ -10,13 +10,14 @@ import torch.distributed as dist
 from gearshift.cluster.emulate import EmulationConfig, Emulator
 from gearshift.cluster.spec import load_spec
 from gearshift.cluster.state import ClusterState, local_state
+from gearshift.models.spec import ModelSpec
 from gearshift.planner.baselines import uniform_bounds
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.runtime.adapt import Adapter
 from gearshift.runtime.probe import probe_speed
 from gearshift.train.build import job_schedule, layer_factory
 from gearshift.train.config import JobConfig
-from gearshift.train.data import ByteCorpus
+from gearshift.train.datasets import JobData
 from gearshift.train.profiling import microbatch_size, profile_job
 
 
@@ -36,7 +37,7 @@ def adapts(cfg: JobConfig, world: int) -> bool:
             or bool(cfg.adapt.force))
 
 
-def build_adapter(cfg: JobConfig, corpus: ByteCorpus) -> Adapter | None:
+def build_adapter(cfg: JobConfig, data: JobData, spec: ModelSpec) -> Adapter | None:
     """The adaptation loop, or None; the same answer on every rank (it gates the profile's broadcast)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     if not adapts(cfg, world):
@@ -44,7 +45,7 @@ def build_adapter(cfg: JobConfig, corpus: ByteCorpus) -> Adapter | None:
     if cfg.adapt.profile:
         profile = ModelProfile.load(cfg.adapt.profile)
     else:  # rank 0 profiles (speed 1.0 by definition); everyone plans from the same numbers
-        box = [profile_job(cfg, repeats=3, warmup=1, corpus=corpus) if rank == 0 else None]
+        box = [profile_job(cfg, repeats=3, warmup=1, data=data, spec=spec) if rank == 0 else None]
         dist.broadcast_object_list(box, src=0)
         profile = box[0]
     base = ClusterState.from_spec(load_spec(cfg.cluster.spec)) if cfg.cluster.spec else local_state(world)
@@ -56,7 +57,7 @@ def build_adapter(cfg: JobConfig, corpus: ByteCorpus) -> Adapter | None:
     return ad
 
 
-def plan_start(cfg: JobConfig, adapter: Adapter) -> dict:
+def plan_start(cfg: JobConfig, adapter: Adapter, spec: ModelSpec, data: JobData) -> dict:
     """The adaptive job's first partition, the DP's plan at step 0 (collective; its record is the "plan" event
     of metrics.jsonl). With cluster.spec, from the spec's speeds and links; without, from a short measurement
     on every rank first: its speed (the profile's work of its uniform share against the timed compute of it)
@@ -65,15 +66,15 @@ def plan_start(cfg: JobConfig, adapter: Adapter) -> dict:
     measured = not cfg.cluster.spec
     if measured:
         replica, prank = divmod(dist.get_rank(), stages)
-        adapter.seed_speed(_probe_speed(cfg, adapter, prank))
+        adapter.seed_speed(_probe_speed(cfg, adapter, prank, spec, data))
         adapter.measure_links(stages, prank, replica)
     return adapter.plan_start(job_schedule(cfg), measured)
 
 
-def _probe_speed(cfg: JobConfig, adapter: Adapter, prank: int) -> float:
+def _probe_speed(cfg: JobConfig, adapter: Adapter, prank: int, spec: ModelSpec, data: JobData) -> float:
     """This rank's speed on the layers a uniform split gives its pipeline position, on one micro-batch."""
     a, b = uniform_bounds(adapter.profile.num_layers, cfg.parallel.stages)[prank]
-    build, act_meta = layer_factory(cfg)
+    build, act_meta = layer_factory(cfg, spec, data)
     shape, dtype = act_meta(a, adapter.mb_size)
     x = torch.zeros(shape, dtype=dtype) if not dtype.is_floating_point else torch.randn(shape, dtype=dtype)
     layers = torch.nn.Sequential(*[build(i) for i in range(a, b)])

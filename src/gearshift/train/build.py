@@ -11,18 +11,22 @@ from torch import nn
 
 from gearshift.cluster.topology import parse_matrix
 from gearshift.comm.policy import ReplicaSync, SyncSettings
-from gearshift.models.gpt import GPTConfig, build_layer, gpt_loss
+from gearshift.imports import is_import_path
+from gearshift.models.gpt import GPTConfig
+from gearshift.models.spec import ModelSpec, resolve_model
 from gearshift.runtime.adapt import Adapter
 from gearshift.runtime.pipeline import OptimConfig, PipelineRuntime
 from gearshift.schedules import Schedule, make_schedule
 from gearshift.train.config import JobConfig
-from gearshift.train.layout import act_meta_fn, resolve_partition
+from gearshift.train.datasets import JobData, job_data
+from gearshift.train.layout import LayerMeta, act_meta_fn, layer_inputs, resolve_partition
+
+SAMPLE_BATCH = 2  # samples run through the layers to find activation shapes (2: the batch dimension shows)
 
 
 def gpt_config(cfg: JobConfig) -> GPTConfig:
-    m = cfg.model
-    return GPTConfig(vocab_size=256, context=m.context, layers=m.layers, width=m.width, heads=m.heads,
-                     dropout=m.dropout)
+    """The GPT's shape from [model] (model.name = "gpt")."""
+    return GPTConfig(vocab_size=256, **cfg.model.table())
 
 
 def grad_sync(cfg: JobConfig) -> ReplicaSync | None:
@@ -40,32 +44,56 @@ def grad_sync(cfg: JobConfig) -> ReplicaSync | None:
     return sync if sync.needed else None
 
 
+def job_model(cfg: JobConfig) -> ModelSpec:
+    """The job's model, layer by layer (the GPT, or the function model.name names)."""
+    return resolve_model(cfg.model.name, cfg.model.table(), cfg.train.seed)
+
+
 def job_schedule(cfg: JobConfig) -> Schedule:
     """The schedule every replica runs (parallel.schedule, stages, micro-batches, k)."""
     p = cfg.parallel
     return make_schedule(p.schedule, p.stages, p.microbatches, k=p.k)
 
 
-def layer_factory(cfg: JobConfig) -> tuple[Callable[[int], nn.Module], Callable]:
+def brings_own(cfg: JobConfig) -> bool:
+    """Whether the job's model or data is the user's (by import path): only those can fail to fit."""
+    return is_import_path(cfg.model.name) or is_import_path(cfg.data.name)
+
+
+def check_job(cfg: JobConfig, spec: ModelSpec | None = None, data: JobData | None = None) -> list[LayerMeta]:
+    """Import the model and the data and run the layers and the loss on a sample batch (on the meta device
+    where they can): every one-line error a worker would hit at start, here first. Returns the shape and
+    dtype of each layer's input."""
+    spec = spec or job_model(cfg)
+    data = data or job_data(cfg)
+    x, y = data.sample(SAMPLE_BATCH, cfg.train.seed)
+    return layer_inputs(spec, x, y, cfg.train.seed)
+
+
+def layer_factory(cfg: JobConfig, spec: ModelSpec, data: JobData | None = None) -> tuple[Callable[[int], nn.Module],
+                                                                                          Callable]:
     """(build_layer(i), act_meta(layer, batch)): layer i freshly initialised, and the shape a micro-batch has
     entering a layer; what the runtime and the speed probe build a stage from."""
-    gcfg = gpt_config(cfg)
-    return (lambda i: build_layer(gcfg, i, seed=cfg.train.seed)), act_meta_fn(gcfg)
+    return (lambda i: spec.layer(i, cfg.train.seed)), act_meta_fn(check_job(cfg, spec, data))
 
 
-def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None,
-                  adapter: Adapter | None = None) -> PipelineRuntime:
-    """This rank's pipeline runtime for the job (the partition from the config unless given)."""
+def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None, adapter: Adapter | None = None,
+                  spec: ModelSpec | None = None, data: JobData | None = None) -> PipelineRuntime:
+    """This rank's pipeline runtime for the job (the partition from the config unless given); only this rank's
+    layers are built."""
     t = cfg.train
+    spec = spec or job_model(cfg)
     if bounds is None:
-        bounds = resolve_partition(cfg, gpt_config(cfg), adapter.profile.no_cut if adapter else ())
-    build, act_meta = layer_factory(cfg)
-    return PipelineRuntime(
-        build, gpt_loss, bounds, job_schedule(cfg), act_meta,
+        bounds = resolve_partition(cfg, spec)
+    build, act_meta = layer_factory(cfg, spec, data)
+    rt = PipelineRuntime(
+        build, spec.loss_fn, bounds, job_schedule(cfg), act_meta,
         OptimConfig(t.weight_decay, (t.beta1, t.beta2), t.grad_clip),
         after_compute=adapter.after_compute if adapter else None, after_recv=adapter.after_recv if adapter else None,
         grad_sync_factory=grad_sync(cfg),
     )
+    spec.release()
+    return rt
 
 
 def lr_at(step: int, cfg: JobConfig) -> float:

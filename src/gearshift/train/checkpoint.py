@@ -28,10 +28,11 @@ def checkpoint_path(out_dir: str | Path, step: int) -> Path:
 
 
 def job_fingerprint(cfg: JobConfig) -> dict:
-    """What a resumed run must share with the run that wrote the checkpoint: the model, the data and the
-    data order (seed, batch size). Steps, schedule, partition, workers and outputs may change."""
-    fp = {f"model.{k}": v for k, v in vars(cfg.model).items()}
-    fp.update({f"data.{k}": v for k, v in vars(cfg.data).items()})
+    """What a resumed run must share with the run that wrote the checkpoint: the model and the data (their
+    tables, free-form keys included) and the data order (seed, batch size). Steps, schedule, partition,
+    workers and outputs may change."""
+    tables = cfg.to_dict()  # [model] and [data] as written: a custom model's or dataset's own keys too
+    fp = {f"{sec}.{k}": v for sec in ("model", "data") for k, v in tables[sec].items()}
     fp.update({"train.seed": cfg.train.seed, "train.batch_size": cfg.train.batch_size})
     return fp
 
