@@ -108,9 +108,9 @@ class Checkpointer:
         return int(ck["step"])
 
     def save(self, rt: PipelineRuntime, step: int) -> Path:
-        """Gather every layer (from replica 0) and its AdamW state on rank 0 and write one checkpoint
-        (collective)."""
-        model, optim = rt.state() if rt.replica == 0 else ({}, {})
+        """Gather every layer (from replica 0; experts from their first holders) and its AdamW state on rank 0
+        and write one checkpoint (collective)."""
+        model, optim = rt.saved_state()
         parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
         dist.gather_object((model, optim, torch.get_rng_state()), parts, dst=0)
         path = checkpoint_path(self.cfg.output.dir, step)
