@@ -1,7 +1,7 @@
 """Expert parallelism equals one process: a MoE GPT trained with its experts split over 2 or 4 ranks (with data
 parallelism around the expert-parallel groups, with pipeline stages, with an expert held by two ranks, with and
-without capacity) gives the losses, parameters and per-expert token counts of single-process training on the
-same micro-batches."""
+without capacity) gives the losses, parameters and per-expert token and drop counts of single-process training on
+the same micro-batches; a checkpoint of one layout resumes in another."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from gearshift.comm.launch import spawn
 from gearshift.models.moe import moe_modules
 from gearshift.runtime.experts import ExpertPlacement, ExpertShards
 from gearshift.train.build import build_runtime, job_model, lr_at, moe_config
+from gearshift.train.checkpoint import Checkpointer
 from gearshift.train.config import load_config
 from gearshift.train.datasets import job_data
 
@@ -35,14 +36,33 @@ RUNS = [
 ]
 
 
-def _cfg(stages: int, width: int, top_k: int, capacity: float, schedule: str, workers: int = 4):
+def _cfg(stages: int, width: int, top_k: int, capacity: float, schedule: str, workers: int = 4, out_dir: str = "",
+         more: tuple[str, ...] = ()):
     return load_config(None, BASE + [f"--cluster.workers={workers}", f"--parallel.stages={stages}",
                                      f"--parallel.experts={width}", f"--model.top_k={top_k}",
-                                     f"--model.capacity_factor={capacity}", f"--parallel.schedule={schedule}"])
+                                     f"--model.capacity_factor={capacity}", f"--parallel.schedule={schedule}"]
+                       + ([f"--output.dir={out_dir}"] if out_dir else []) + list(more))
 
 
-def _train(rank: int, world: int, runs: list) -> list:
-    out = []
+def _resume(cfg_a, cfg_b, steps_a: int) -> dict:
+    """Train `steps_a` steps under cfg_a, checkpoint, restore under cfg_b (another layout) and train to STEPS."""
+    data = job_data(cfg_a)
+    rt = build_runtime(cfg_a, data=data)
+    for step in range(steps_a):
+        rt.step(*data.batch(step, cfg_a.train.batch_size, cfg_a.train.seed), lr_at(step, cfg_a))
+    Checkpointer(cfg_a).save(rt, steps_a)
+    rt = build_runtime(cfg_b, data=data)
+    start = Checkpointer(cfg_b).restore(rt)
+    losses = [rt.step(*data.batch(step, cfg_b.train.batch_size, cfg_b.train.seed), lr_at(step, cfg_b)).loss
+              for step in range(start, STEPS)]
+    return {"losses": losses, "params": {k: v.numpy() for k, v in rt.saved_state()[0].items()}}
+
+
+def _train(rank: int, world: int, runs: list, out_dir: str) -> list:
+    # 2 stages x 2 replicas x 4 micro-batches: the same 8 micro-batches (routing populations) per step as 4 x 2
+    resumed = _resume(_cfg(1, 4, 2, 0.0, "1f1b", world, out_dir),
+                      _cfg(2, 2, 2, 0.0, "1f1b", world, out_dir, ["--parallel.microbatches=4"]), 2)
+    out = [resumed]
     for stages, width, top_k, capacity, schedule, holders in runs:
         cfg = _cfg(stages, width, top_k, capacity, schedule, world)
         data = job_data(cfg)
@@ -96,8 +116,17 @@ def _reference(cfg) -> tuple[list[float], list, dict[str, torch.Tensor]]:
     return losses, routed, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def test_expert_parallel_training_equals_one_process() -> None:
-    results = spawn(_train, 4, RUNS)
+def test_expert_parallel_training_equals_one_process(tmp_path) -> None:
+    results = spawn(_train, 4, RUNS, str(tmp_path))
+    # a checkpoint written with 4-wide expert parallelism resumes as 2 stages x 2-wide, and goes on exactly
+    ref_losses, _, ref_params = _reference(_cfg(1, 4, 2, 0.0, "1f1b"))
+    torch.testing.assert_close(torch.tensor(results[0][0]["losses"]), torch.tensor(ref_losses[2:]), rtol=1e-5,
+                               atol=1e-6)
+    params = {k: torch.from_numpy(v) for r in results for k, v in r[0]["params"].items()}
+    assert set(params) == set(ref_params)
+    for name, ref in ref_params.items():
+        torch.testing.assert_close(params[name], ref, rtol=1e-5, atol=PARAM_ATOL, msg=f"{name} differs after resume")
+    results = [r[1:] for r in results]
     for i, (stages, width, top_k, capacity, schedule, holders) in enumerate(RUNS):
         run = RUNS[i]
         ref_losses, ref_routed, ref_params = _reference(_cfg(stages, width, top_k, capacity, schedule))

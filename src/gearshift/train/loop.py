@@ -18,6 +18,7 @@ from gearshift.train.config import JobConfig
 from gearshift.train.datasets import JobData, job_data
 from gearshift.train.evaluation import Evaluator
 from gearshift.train.metrics import MetricsLog, read_metrics, step_record
+from gearshift.train.moe_trace import FILENAME, MoETrace
 from gearshift.train.profiling import microbatch_size
 from gearshift.train.progress import Progress, print_summary
 from gearshift.train.rundir import prepare_run_dir, write_config
@@ -49,6 +50,8 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
     start = ckpt.restore(rt) if resume else 0
     log = MetricsLog(out / "metrics.jsonl", resume_step=start if resume else None) if rank == 0 else None
     bar = Progress(t.steps, start, enabled=rank == 0 and cfg.output.progress)
+    trace = MoETrace(out / FILENAME, rt.experts.moe_layers, rt.experts.experts, start if resume else None) \
+        if rank == 0 and cfg.output.moe_trace and rt.experts is not None else None
     if plan and log:
         log.write(plan)
         bar.note(_describe(plan))
@@ -72,6 +75,10 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
         speed = adapter.monitor.speed(rank) if adapter else None
         rec, stopped = step_record(step, res.loss, res.grad_norm, lr, res.record.busy_s, res.record.step_s,
                                    rt.bounds, tokens, speed, stop is not None and stop.requested)
+        if res.moe is not None:
+            rec.update(res.moe.record())
+            if trace:
+                trace.add(step, res.moe.routed)
         if evaluate.due(step):
             rec["val_loss"] = evaluate(rt)
         tracer.maybe(step, rt, res.record)
@@ -89,6 +96,8 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
         if stopped:
             break
     bar.close()
+    if trace:
+        trace.save()
     summary = _summary(cfg, history, start, time.perf_counter() - wall0, data)
     if rank == 0:
         if log:
