@@ -23,12 +23,14 @@ from gearshift.train.profiling import microbatch_size
 from gearshift.train.progress import Progress, print_summary
 from gearshift.train.rundir import prepare_run_dir, write_config
 from gearshift.train.stop import StopRequest
+from gearshift.train.strategy import resolve_auto
 from gearshift.train.tracing import Tracer
 
 
 def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None) -> dict:
     """Run the job; returns the summary (on every rank)."""
     rank = dist.get_rank()
+    cfg, strategy = resolve_auto(cfg)  # parallel.strategy = "auto": the pool's best (collective)
     t, out = cfg.train, Path(cfg.output.dir)
     if rank == 0:
         note = prepare_run_dir(cfg, resume)
@@ -52,6 +54,9 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
     bar = Progress(t.steps, start, enabled=rank == 0 and cfg.output.progress)
     trace = MoETrace(out / FILENAME, rt.experts.moe_layers, rt.experts.experts, start if resume else None) \
         if rank == 0 and cfg.output.moe_trace and rt.experts is not None else None
+    if strategy and log:
+        log.write(strategy)
+        bar.note(f"strategy auto: {strategy['chosen']} (the fastest predicted of {len(strategy['pool'])})")
     if plan and log:
         log.write(plan)
         bar.note(_describe(plan))
