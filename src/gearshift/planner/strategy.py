@@ -183,7 +183,11 @@ def price(S: int, D: int, e: int, profiles: dict[int, ModelProfile], shape: MoES
                                for lp, f, b, af, ab, d, x in zip(prof.layers, fwd, bwd, a2a_f, a2a_b, dense_bytes,
                                                                  expert_bytes)],
                               mb, prof.seq_len, no_cut=prof.no_cut)
-        bounds = plan_partition(priced, pipe, S, M, in_flight).bounds
+        try:
+            bounds = plan_partition(priced, pipe, S, M, in_flight).bounds
+        except PlanError:  # nothing fits: the time-balanced split, priced and marked as not fitting
+            roomy = dataclasses.replace(pipe, memory=[math.inf] * S)
+            bounds = plan_partition(priced, roomy, S, M, in_flight).bounds
     bounds = [tuple(b) for b in bounds]
     # per position: its gradient all-reduces, optimizer step and memory
     sync, mem, opt = [], [], []

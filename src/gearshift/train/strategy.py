@@ -140,3 +140,16 @@ def resolve_auto(cfg: JobConfig) -> tuple[JobConfig, dict | None]:
     chosen = best(pool)
     event = {"event": "strategy", "chosen": chosen.name, "pool": [s.to_dict() for s in pool]}
     return with_strategy(cfg, chosen), event
+
+
+def _measure(rank: int, world: int) -> CommCosts:
+    from gearshift.comm.exchange_costs import measure_exchange_costs
+
+    return measure_exchange_costs()
+
+
+def measure_local(workers: int) -> CommCosts:
+    """The exchange costs of `workers` local gloo workers, measured by starting them for a moment."""
+    from gearshift.comm.launch import spawn
+
+    return spawn(_measure, workers)[0]
