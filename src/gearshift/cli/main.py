@@ -16,6 +16,7 @@ COMMANDS = {
     "simulate": ("simulate", "predict iteration time and bubbles of the configured pipeline"),
     "plan": ("plan", "partition a model over a cluster; compare with baselines"),
     "allreduce": ("allreduce", "all-reduce algorithm per message size: predicted for a spec, or measured"),
+    "moe": ("moe", "expert placement: replay policies on a routing trace, or write a synthetic one"),
     "testbed": ("testbed", "emulated multi-host network (Linux namespaces + tc)"),
 }
 

@@ -1,0 +1,180 @@
+"""Expert placement by measured load (pure planning, one MoE layer at a time): which devices hold which experts.
+
+The seed rule (SmartMoE, DeepSeek's EPLB): experts in descending load, each to the least-loaded device holding
+fewer than E / N experts. With `replicas` extra slots per device, the N * replicas extra copies go one by one to
+the expert with the highest load per copy (at most one copy per device), and the copies are placed the same way,
+each carrying load / copies. An expert's tokens are split among its copies by queue position (token index):
+position q goes to holders[q % copies], holders in ascending device order, as the all-to-all dispatcher does.
+Placements of equal predicted time differ by which device gets which set; the new placement's devices are
+relabelled to keep as many experts where they are as possible (fewest moves)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from gearshift.errors import PlanError
+
+
+@dataclass(frozen=True)
+class Placement:
+    """devices[d]: the experts device d holds, ascending; an expert held by several devices is replicated."""
+
+    devices: tuple[tuple[int, ...], ...]
+    experts: int
+
+    @classmethod
+    def contiguous(cls, experts: int, devices: int) -> Placement:
+        """E / N consecutive experts per device (the static layout)."""
+        per = experts // devices
+        return cls(tuple(tuple(range(d * per, (d + 1) * per)) for d in range(devices)), experts)
+
+    @classmethod
+    def from_holders(cls, holders: Sequence[Sequence[int]], devices: int) -> Placement:
+        return cls(tuple(tuple(e for e, h in enumerate(holders) if d in h) for d in range(devices)), len(holders))
+
+    def holders(self) -> tuple[tuple[int, ...], ...]:
+        """Per expert, the devices holding a copy of it (ascending)."""
+        return tuple(tuple(d for d, held in enumerate(self.devices) if e in held) for e in range(self.experts))
+
+    def copies(self) -> list[int]:
+        return [len(h) for h in self.holders()]
+
+    def to_list(self) -> list[list[int]]:
+        return [list(d) for d in self.devices]
+
+
+def split(tokens: float, copies: int) -> list[float]:
+    """An expert's tokens over its copies: integer counts by queue position (q % copies), else an even split."""
+    if float(tokens).is_integer():
+        n = int(tokens)
+        return [(n - j + copies - 1) // copies for j in range(copies)]
+    return [tokens / copies] * copies
+
+
+def device_loads(loads: Sequence[float], placement: Placement) -> np.ndarray:
+    """Tokens each device computes for one layer's per-expert `loads`."""
+    out = np.zeros(len(placement.devices))
+    for e, h in enumerate(placement.holders()):
+        for d, part in zip(h, split(float(loads[e]), len(h))):
+            out[d] += part
+    return out
+
+
+def busiest_over_mean(loads: Sequence[float], placement: Placement) -> float:
+    """The busiest device's tokens over the mean device's (1.0 = perfectly balanced; nan without tokens)."""
+    total = float(np.sum(loads))
+    if total <= 0:
+        return float("nan")
+    return float(device_loads(loads, placement).max() / (total / len(placement.devices)))
+
+
+def check_fit(experts: int, devices: int, replicas: int, names: tuple[str, str] = ("devices", "replicas")) -> None:
+    """E divisible by N, and the extra slots fillable (a device holds at most one copy of an expert); errors name
+    the fields `names`."""
+    if devices < 1 or experts % devices:
+        raise PlanError(f"{names[0]}: must divide the {experts} experts, got {devices}")
+    if replicas < 0 or experts // devices + replicas > experts:
+        raise PlanError(f"{names[1]}: extra expert slots per device must be in 0..{experts - experts // devices} "
+                        f"(a device holds at most one copy of each of the {experts} experts), got {replicas}")
+
+
+def greedy(loads: Sequence[float], devices: int, replicas: int = 0, current: Placement | None = None) -> Placement:
+    """The seed rule (replicas = 0) or the seed rule with `replicas` extra slots per device (see the module
+    doc); ties between equally loaded devices go to the one that holds the expert now, then the lowest index. With
+    a `current` placement: kept if it is as good with the same copies, else the result is relabelled to move as
+    few experts as possible."""
+    E = len(loads)
+    check_fit(E, devices, replicas)
+    load = [float(x) for x in loads]
+    copies = [1] * E
+    for _ in range(devices * replicas):
+        e = max((e for e in range(E) if copies[e] < devices), key=lambda e: (load[e] / copies[e], -e))
+        copies[e] += 1
+    slots = E // devices + replicas
+    items = sorted(((load[e] / copies[e], e) for e in range(E) for _ in range(copies[e])), key=lambda t: (-t[0], t[1]))
+    now = [set(d) for d in current.devices] if current is not None else [set() for _ in range(devices)]
+    held: list[set[int]] = [set() for _ in range(devices)]
+    total = [0.0] * devices
+    for share, e in items:
+        room = [d for d in range(devices) if len(held[d]) < slots and e not in held[d]]
+        d = min(room, key=lambda d: (total[d], e not in now[d], d))
+        held[d].add(e)
+        total[d] += share
+    new = Placement(tuple(tuple(sorted(h)) for h in held), E)
+    if current is None:
+        return new
+    if current.copies() == new.copies() and device_loads(load, current).max() <= device_loads(load, new).max():
+        return current  # as good as the new one: nothing moves
+    return align(new, current)
+
+
+def align(new: Placement, current: Placement) -> Placement:
+    """`new` with its devices relabelled so that the most experts stay where `current` has them (the same
+    predicted time: devices are interchangeable)."""
+    n = len(new.devices)
+    overlap = np.array([[len(set(current.devices[a]) & set(new.devices[b])) for b in range(n)] for a in range(n)])
+    perm = _assignment(-overlap)  # device a of the result gets the set new.devices[perm[a]]
+    return Placement(tuple(new.devices[perm[a]] for a in range(n)), new.experts)
+
+
+def _assignment(cost: np.ndarray) -> list[int]:
+    """Minimum-cost perfect assignment of rows to columns (Hungarian method, O(n^3)); returns col[row]."""
+    n = cost.shape[0]
+    INF = float("inf")
+    u, v = [0.0] * (n + 1), [0.0] * (n + 1)
+    p, way = [0] * (n + 1), [0] * (n + 1)
+    for i in range(1, n + 1):
+        p[0], j0 = i, 0
+        minv, used = [INF] * (n + 1), [False] * (n + 1)
+        while True:
+            used[j0] = True
+            i0, delta, j1 = p[j0], INF, 0
+            for j in range(1, n + 1):
+                if not used[j]:
+                    cur = cost[i0 - 1][j - 1] - u[i0] - v[j]
+                    if cur < minv[j]:
+                        minv[j], way[j] = cur, j0
+                    if minv[j] < delta:
+                        delta, j1 = minv[j], j
+            for j in range(n + 1):
+                if used[j]:
+                    u[p[j]] += delta
+                    v[j] -= delta
+                else:
+                    minv[j] -= delta
+            j0 = j1
+            if p[j0] == 0:
+                break
+        while j0:
+            j1 = way[j0]
+            p[j0] = p[j1]
+            j0 = j1
+    col = [0] * n
+    for j in range(1, n + 1):
+        col[p[j] - 1] = j - 1
+    return col
+
+
+def moves(old: Placement, new: Placement) -> list[tuple[int, int]]:
+    """(expert, device) for each copy `new` places on a device that does not hold it under `old`."""
+    return [(e, d) for d, held in enumerate(new.devices) for e in held if e not in old.devices[d]]
+
+
+def should_switch(t1: float, t2: float, k: int, tc: float) -> bool:
+    """The switch rule: move iff the next k steps at t2 plus the move's cost tc beat k steps at t1."""
+    return t1 * k > t2 * k + tc
+
+
+def window_loads(history: np.ndarray, window: int) -> np.ndarray:
+    """Per layer and expert, tokens over the last `window` steps of history[step, layer, expert]."""
+    return np.asarray(history)[-window:].sum(axis=0)
+
+
+def expert_state_bytes(width: int, bias: bool = True) -> int:
+    """Bytes that move with one expert of the MoE GPT (C -> 4C -> C MLP): float32 parameters and AdamW's two
+    moments."""
+    params = 8 * width * width + (5 * width if bias else 0)
+    return 3 * 4 * params
