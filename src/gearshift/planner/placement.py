@@ -81,6 +81,17 @@ def check_fit(experts: int, devices: int, replicas: int, names: tuple[str, str] 
                         f"(a device holds at most one copy of each of the {experts} experts), got {replicas}")
 
 
+def check_memory(per_rank: int, replicas: int, slot_bytes: float, memory: float,
+                 field: str = "moe.replicas") -> None:
+    """A rank's experts with `replicas` extra slots (slot_bytes each: an expert of every MoE layer it holds, with
+    gradients and optimizer state) must fit its memory."""
+    need = (per_rank + replicas) * slot_bytes
+    if replicas and need > memory:
+        raise PlanError(f"{field}: {per_rank} + {replicas} experts per rank need {need / 2**20:,.0f} MiB for their "
+                        f"parameters, gradients and AdamW state alone; a rank has {memory / 2**20:,.0f} MiB "
+                        f"(at most {max(0, int(memory // slot_bytes) - per_rank)} extra slots fit)")
+
+
 def greedy(loads: Sequence[float], devices: int, replicas: int = 0, current: Placement | None = None) -> Placement:
     """The seed rule (replicas = 0) or the seed rule with `replicas` extra slots per device (see the module
     doc); ties between equally loaded devices go to the one that holds the expert now, then the lowest index. With
@@ -173,8 +184,89 @@ def window_loads(history: np.ndarray, window: int) -> np.ndarray:
     return np.asarray(history)[-window:].sum(axis=0)
 
 
+def expert_params(width: int, bias: bool = True) -> int:
+    """Parameters of one expert of the MoE GPT (the C -> 4C -> C MLP)."""
+    return 8 * width * width + (5 * width if bias else 0)
+
+
 def expert_state_bytes(width: int, bias: bool = True) -> int:
-    """Bytes that move with one expert of the MoE GPT (C -> 4C -> C MLP): float32 parameters and AdamW's two
-    moments."""
-    params = 8 * width * width + (5 * width if bias else 0)
-    return 3 * 4 * params
+    """Bytes that move with one expert of the MoE GPT: float32 parameters and AdamW's two moments."""
+    return 3 * 4 * expert_params(width, bias)
+
+
+def fit_row_cost(samples: Sequence[tuple[int, float, float]]) -> float | None:
+    """Seconds of compute per expert row: the least-squares slope of a rank's compute seconds on the rows its
+    experts computed, over (key, rows, seconds) samples, one intercept per key (a pipeline position: its dense
+    layers). None when the rows do not vary within a key (nothing to fit)."""
+    by: dict[int, list[tuple[float, float]]] = {}
+    for key, rows, secs in samples:
+        by.setdefault(key, []).append((rows, secs))
+    sxx = sxy = 0.0
+    for pts in by.values():
+        x, y = np.array(pts).T
+        dx = x - x.mean()
+        sxx += float(dx @ dx)
+        sxy += float(dx @ (y - y.mean()))
+    if sxx <= 1e-9 * max(1.0, sum(r * r for _, r, _ in samples)):
+        return None
+    return max(sxy / sxx, 0.0)
+
+
+@dataclass
+class PlacementDecision:
+    """A placement decision after `step`: t1 / t2 the predicted step time under the current / new placement, tc
+    the predicted cost of moving, k the steps until the next decision; switch iff t1 * k > t2 * k + tc (or
+    forced). `moved`: (layer, expert, device) of each new copy, `bytes` what travels in the whole job."""
+
+    step: int
+    t1: float
+    t2: float
+    tc: float
+    k: int
+    switch: bool
+    moved: list[tuple[int, int, int]]
+    bytes: int
+    row_cost_s: float
+    bandwidth: float
+    placements: dict[int, Placement]
+    busiest_over_mean: tuple[float, float]  # the window's loads under the current and the new placement
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"event": "placement", "step": self.step, "t1": self.t1, "t2": self.t2, "tc": self.tc, "k": self.k,
+                "switch": self.switch, "moved": [list(m) for m in self.moved], "bytes": self.bytes,
+                "row_cost_s": self.row_cost_s, "bandwidth": self.bandwidth,
+                "placements": {str(i): p.to_list() for i, p in self.placements.items()},
+                "busiest_over_mean": list(self.busiest_over_mean), "reason": self.reason}
+
+
+def decide_placement(step: int, loads: dict[int, np.ndarray], current: dict[int, Placement], replicas: int, k: int,
+                     step_s: float, row_cost_s: float, expert_bytes: int, bandwidth: float, fixed_s: float,
+                     groups: int = 1, always: bool = False) -> PlacementDecision:
+    """Place each MoE layer from `loads[layer]` (tokens per expert per step, one expert-parallel group's), and
+    apply the switch rule: a step's expert time is row_cost_s per row of each layer's busiest device, so t2 = t1
+    (the measured step_s) less row_cost_s times the rows the new placement takes off the busiest devices; tc =
+    the most bytes one device receives over `bandwidth`, plus the measured fixed cost of a switch. `groups`
+    expert-parallel groups move the same copies at once."""
+    new = {i: greedy(loads[i], len(current[i].devices), replicas, current[i]) for i in sorted(current)}
+    before = sum(float(device_loads(loads[i], current[i]).max()) for i in current)
+    after = sum(float(device_loads(loads[i], new[i]).max()) for i in current)
+    total = sum(float(np.sum(loads[i])) / len(current[i].devices) for i in current)
+    moved = [(i, e, d) for i in sorted(new) for e, d in moves(current[i], new[i])]
+    per_device: dict[int, int] = {}
+    for _, _, d in moved:
+        per_device[d] = per_device.get(d, 0) + 1
+    t1, t2 = step_s, step_s - row_cost_s * (before - after)
+    tc = (max(per_device.values(), default=0) * expert_bytes / bandwidth + fixed_s) if moved else 0.0
+    rule = should_switch(t1, t2, k, tc)
+    switch = bool(moved) and (rule or always)
+    if not moved:
+        reason = "the placement is already the best found"
+    elif rule:
+        reason = f"{k} steps gain {(t1 - t2) * k:.3g} s > the move's {tc:.3g} s"
+    else:
+        reason = f"{k} steps gain {(t1 - t2) * k:.3g} s <= the move's {tc:.3g} s" + (
+            "; moved anyway (moe.always_switch)" if always else "")
+    ratio = (before / total if total else float("nan"), after / total if total else float("nan"))
+    return PlacementDecision(step, t1, t2, tc, k, switch, moved, len(moved) * groups * expert_bytes, row_cost_s,
+                             bandwidth, new if switch else dict(current), ratio, reason)

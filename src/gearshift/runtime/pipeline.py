@@ -4,6 +4,7 @@ optimizer, the executor for its action list, gradient sync across replicas, and 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -71,6 +72,7 @@ class PipelineRuntime:
         self.optim_cfg, self.after_compute, self.after_recv = optim, after_compute, after_recv
         self.grad_sync_factory = grad_sync_factory
         self.experts = experts  # a MoE model's expert parallelism (which experts here, their sync)
+        self.compute_s = 0.0
         # One data-parallel group per pipeline position (every rank creates every group, same order).
         self.dp_group = None
         if self.replicas > 1:
@@ -126,11 +128,25 @@ class PipelineRuntime:
 
     def _compute_hook(self) -> Callable[[int, Op, float], None] | None:
         """after_compute, told the compute time without the expert all-to-alls inside it (waiting on peers is
-        not this rank's compute: an emulated slowdown must not stretch it)."""
-        if self.after_compute is None or self.experts is None:
+        not this rank's compute: an emulated slowdown must not stretch it). With experts, that compute (and the
+        emulated slowdown's sleep) adds up in `compute_s`: what expert placement fits its cost per row to."""
+        if self.experts is None:
             return self.after_compute
         clock = self.experts.clock
-        return lambda stage, op, seconds: self.after_compute(stage, op, max(0.0, seconds - clock.take()))
+
+        def hook(stage: int, op: Op, seconds: float) -> None:
+            net = max(0.0, seconds - clock.take())
+            t0 = time.perf_counter()
+            if self.after_compute is not None:
+                self.after_compute(stage, op, net)
+            self.compute_s += net + time.perf_counter() - t0
+
+        return hook
+
+    def take_compute(self) -> float:
+        """Seconds of compute (all-to-alls excluded, emulated slowdown included) since the last call."""
+        s, self.compute_s = self.compute_s, 0.0
+        return s
 
     def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """This rank's parameters under global names ("layers.{i}.{name}")."""

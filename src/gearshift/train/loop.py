@@ -19,6 +19,7 @@ from gearshift.train.datasets import JobData, job_data
 from gearshift.train.evaluation import Evaluator
 from gearshift.train.metrics import MetricsLog, read_metrics, step_record
 from gearshift.train.moe_trace import FILENAME, MoETrace
+from gearshift.train.placement import Placer
 from gearshift.train.profiling import microbatch_size
 from gearshift.train.progress import Progress, print_summary
 from gearshift.train.rundir import prepare_run_dir, write_config
@@ -54,6 +55,8 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
     bar = Progress(t.steps, start, enabled=rank == 0 and cfg.output.progress)
     trace = MoETrace(out / FILENAME, rt.experts.moe_layers, rt.experts.experts, start if resume else None) \
         if rank == 0 and cfg.output.moe_trace and rt.experts is not None else None
+    placer = Placer(cfg, rt) if cfg.moe.every and rt.experts is not None else None
+    placements: list[dict] = []
     if strategy and log:
         log.write(strategy)
         bar.note(f"strategy auto: {strategy['chosen']} (the fastest predicted of {len(strategy['pool'])})")
@@ -84,6 +87,8 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
             rec.update(res.moe.record())
             if trace:
                 trace.add(step, res.moe.routed)
+        if placer:
+            placer.observe(step, rt, res, rec["step_time_s"])
         if evaluate.due(step):
             rec["val_loss"] = evaluate(rt)
         tracer.maybe(step, rt, res.record)
@@ -96,6 +101,12 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
         if decision and log:
             log.write(decision)
             bar.note(_describe(decision))
+        placed = placer.maybe_place(rt, step) if placer else None
+        if placed:
+            placements.append(placed)
+            if log:
+                log.write(placed)
+                bar.note(_describe(placed))
         if ckpt.due(step + 1, end) or stopped:
             path = ckpt.save(rt, step + 1)
         if stopped:
@@ -104,6 +115,9 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
     if trace:
         trace.save()
     summary = _summary(cfg, history, start, time.perf_counter() - wall0, data)
+    if placer:
+        summary["placement_decisions"] = len(placements)
+        summary["placement_switches"] = sum(1 for d in placements if d["switch"])
     if rank == 0:
         if log:
             log.close()
@@ -137,6 +151,10 @@ def _describe(d: dict) -> str:
     """One line for the console about a planning decision (the first plan or a re-plan)."""
     if d["event"] == "plan":
         return f"first plan: {d['bounds']} ({d['reason']})"
+    if d["event"] == "placement":
+        verdict = f"moved {len(d['moved'])} expert copies" if d["switch"] else "kept"
+        return (f"expert placement at step {d['step']}: {verdict} (predicted {d['t1']:.3f} -> {d['t2']:.3f} s/step, "
+                f"move {d['tc']:.3f} s; {d['reason']})")
     verdict = "applied" if d["apply"] else "kept"
     return (f"re-plan at step {d['step']}: {verdict} {d['new_bounds'] if d['apply'] else d['old_bounds']} "
             f"(predicted {d['old_iteration_s']:.3f} -> {d['new_iteration_s']:.3f} s/step; {d['reason']})")
