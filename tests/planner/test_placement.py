@@ -88,3 +88,29 @@ def test_drifting_zipf_trace():
     assert len({int(np.argmax(still[s:s + 20, 0].sum(axis=0))) for s in range(0, 120, 20)}) == 1
     shares = t[:, 0].sum(axis=0) / t[:, 0].sum()
     assert shares.max() > 2 / 16  # skewed
+
+
+def test_row_cost_fit_and_the_decision():
+    from gearshift.planner.placement import decide_placement, fit_row_cost
+
+    # rank compute = 0.5 s (position 0) or 0.9 s (position 1) + 2 ms per row
+    samples = [(p, rows, base + 0.002 * rows) for p, base in ((0, 0.5), (1, 0.9)) for rows in (100, 300, 700)]
+    assert fit_row_cost(samples) == pytest.approx(0.002)
+    assert fit_row_cost([(0, 100, 1.0), (0, 100, 1.2)]) is None  # rows never vary: nothing to fit
+    loads = {3: np.array([400.0, 300, 50, 50, 50, 50, 50, 50])}
+    current = {3: Placement.contiguous(8, 4)}  # the two hot experts share device 0: 700 of a mean 250 rows
+    d = decide_placement(10, loads, current, 1, k=10, step_s=2.0, row_cost_s=0.002, expert_bytes=1000,
+                         bandwidth=1e6, fixed_s=0.05)
+    assert d.switch and d.t1 == 2.0 and d.t2 == pytest.approx(2.0 - 0.002 * (700 - max(
+        device_loads(loads[3], d.placements[3]))))
+    per_device = max(sum(1 for _, _, dev in d.moved if dev == x) for x in range(4))
+    assert d.tc == pytest.approx(per_device * 1000 / 1e6 + 0.05) and d.bytes == len(d.moved) * 1000
+    assert d.busiest_over_mean[0] == pytest.approx(700 / 250) and d.busiest_over_mean[1] < 1.2
+    # the same gain does not pay for a slow move over one step; kept unless forced
+    slow = decide_placement(10, loads, current, 1, k=1, step_s=2.0, row_cost_s=0.002, expert_bytes=1000,
+                            bandwidth=1e3, fixed_s=0.0)
+    assert not slow.switch and slow.placements == current and "<=" in slow.reason
+    forced = decide_placement(10, loads, current, 1, k=1, step_s=2.0, row_cost_s=0.002, expert_bytes=1000,
+                              bandwidth=1e3, fixed_s=0.0, always=True)
+    assert forced.switch and forced.placements[3] != current[3]
+    assert d.to_dict()["event"] == "placement" and d.to_dict()["placements"]["3"] == d.placements[3].to_list()

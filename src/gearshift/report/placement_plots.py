@@ -24,7 +24,7 @@ def expert_map(maps: Sequence[Placement], devices: int) -> np.ndarray:
 def plot_replay(results: Sequence[PolicyReplay], path: str | Path, layer: int = 0) -> Path:
     """One panel per policy (layer `layer`'s tokens per device over steps, mean dashed), then for greedy_replicas
     (else the first policy that moves) its expert->device map and copies per expert over the periods."""
-    moving = [r for r in results if r.policy == "greedy_replicas"] + [r for r in results if r.moved_experts]
+    moving = [r for r in results if r.policy == "greedy_replicas"] + [r for r in results if len(r.maps) > 1]
     shown = (moving or list(results))[0]
     n = len(results)
     fig, axes = plt.subplots(n + 2, 1, figsize=(10, 2.2 * (n + 2)))
@@ -47,7 +47,7 @@ def plot_replay(results: Sequence[PolicyReplay], path: str | Path, layer: int = 
     copies = np.array([p.copies() for p in maps]).T
     im2 = axes[n + 1].imshow(copies, aspect="auto", interpolation="nearest", cmap="viridis")
     axes[n + 1].set_ylabel("expert")
-    axes[n + 1].set_xlabel("period")
+    axes[n + 1].set_xlabel("period" if shown.policy in ("greedy", "greedy_replicas", "oracle") else "switch")
     axes[n + 1].set_title(f"{shown.policy}: copies of each expert, per period", fontsize=9)
     fig.colorbar(im2, ax=axes[n + 1], label="copies")
     fig.tight_layout()
@@ -55,3 +55,16 @@ def plot_replay(results: Sequence[PolicyReplay], path: str | Path, layer: int = 
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+def plot_run_placement(records: list[dict], devices: int, path: str | Path) -> Path:
+    """A training run's expert placement from its metrics.jsonl records: each device's load over steps under the
+    contiguous placement and under the placements the run switched to, and its expert->device map over time."""
+    from gearshift.planner.replay import replay, replay_run
+
+    steps = [r for r in records if "expert_tokens" in r and r.get("event") is None]
+    loads = np.asarray([r["expert_tokens"] for r in steps], dtype=np.int64)
+    static = replay(loads, devices, max(len(steps), 1), 0, policies=("static",))[0]
+    run = replay_run(loads, devices, [r for r in records if r.get("event") == "placement"],
+                     steps[0]["step"] if steps else 0)
+    return plot_replay([static, run], path)

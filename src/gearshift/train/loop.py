@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from gearshift.models.moe import moe_modules
 from gearshift.train.adaptation import build_adapter, plan_start
 from gearshift.train.build import build_runtime, job_model, lr_at
 from gearshift.train.checkpoint import Checkpointer
@@ -77,6 +78,9 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
         lr = lr_at(step, cfg)
         if adapter:
             adapter.step = step
+        for layer in rt.layers.values():  # model.router_skew: the router's bias of this step
+            for m in moe_modules(layer):
+                m.at_step(step)
         res = rt.step(x, y, lr)
         if adapter:
             adapter.observe(rt, res.record, microbatch_size(cfg))
@@ -124,6 +128,10 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
             from gearshift.report.plots import plot_run
 
             plot_run(read_metrics(log.path), out / "metrics.png", summary["unigram_entropy"])
+            if placer:
+                from gearshift.report.placement_plots import plot_run_placement
+
+                plot_run_placement(read_metrics(log.path), cfg.parallel.experts, out / "placement.png")
         print_summary(cfg, summary)
         if stopped:
             print(f"gearshift: stopped after step {history[-1]['step'] + 1} ({stop.signal_name}); checkpoint "
