@@ -63,7 +63,8 @@ def replay_rows(a: argparse.Namespace) -> tuple[list[dict], dict]:
 def train_args(a: argparse.Namespace) -> list[str]:
     return ["--model.name=moe_gpt", "--model.layers=2", "--model.moe_every=1", f"--model.width={a.width}",
             "--model.heads=4", "--model.context=64", "--model.experts=8", "--model.top_k=2",
-            f"--model.router_skew={a.skew}", f"--model.router_drift={a.drift}", "--cluster.workers=4",
+            f"--model.router_skew={a.skew}", f"--model.router_drift={a.drift}", f"--model.aux_loss={a.aux_loss}",
+            "--cluster.workers=4",
             "--parallel.stages=1", "--parallel.experts=4", "--parallel.microbatches=2", "--train.batch_size=32",
             f"--train.steps={a.train_steps}", "--train.eval_every=0", "--train.checkpoint_every=0",
             "--output.trace=false", "--output.progress=false", "--data.max_bytes=200000",
@@ -108,7 +109,8 @@ def training_rows(a: argparse.Namespace) -> tuple[list[dict], dict]:
                      "measured_move_s": [round(x["move"]["seconds"], 4) for x in d if "move" in x],
                      "t1_t2": [[round(x["t1"], 4), round(x["t2"], 4)] for x in d]})
     setup = {"workers": 4, "stages": 1, "expert_parallel": 4, "experts": 8, "top_k": 2, "width": a.width,
-             "router_skew": a.skew, "router_drift": a.drift, "every": a.every, "replicas": a.replicas,
+             "router_skew": a.skew, "router_drift": a.drift, "aux_loss": a.aux_loss, "every": a.every,
+             "replicas": a.replicas,
              "steps": a.train_steps, "repeats": a.repeats, "emulate_slowdown": a.slowdown,
              "measured_from_step": a.every + 1}
     shutil.rmtree(work, ignore_errors=True)
@@ -128,8 +130,10 @@ def main() -> None:
     p.add_argument("--every", type=int, default=5)
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--width", type=int, default=128)
-    p.add_argument("--skew", type=float, default=1.2)
+    p.add_argument("--skew", type=float, default=0.3)
     p.add_argument("--drift", type=int, default=15)
+    p.add_argument("--aux-loss", type=float, default=0.0,
+                   help="the balancing loss (0: off, so the biased routing stays skewed while training)")
     p.add_argument("--slowdown", type=float, default=4.0)
     p.add_argument("--repeats", type=int, default=2)
     a = p.parse_args()
