@@ -3,18 +3,24 @@
 Semantics (shared with the validator and the runtime): each rank runs its list in order; compute waits for
 its inputs (activation of stage s-1 / gradient of s+1, local or received; B also its own F); a send does not
 block the sender and occupies its src->dst link (FIFO) for latency + bytes/bandwidth from when it is issued;
-a receive ends when its transfer arrives. Nothing else is shared, so action times follow from data
-dependencies alone and ranks can be advanced in any order: the loop runs each rank until it blocks on an
-unfinished action and wakes it when that action finishes (O(number of actions))."""
+a receive ends when its transfer arrives. With `step_barrier_s`, STEP first waits for every rank to reach
+its STEP (the job-wide all-reduce of the gradient-norm clip).
+
+When no host has more ranks than cores, nothing else is shared: action times follow from data dependencies
+alone and ranks can be advanced in any order (each runs until it blocks on an unfinished action and is woken
+when that finishes; O(number of actions)). Otherwise compute (F, B, STEP) is processor-shared per host: while
+k of its ranks compute, each progresses at min(1, cores / k), re-evaluated at every start and finish, so a
+global clock orders the starts and finishes (an event loop over ranks and hosts)."""
 
 from __future__ import annotations
 
 import gc
+import heapq
 from dataclasses import dataclass
 from itertools import accumulate, compress
 
 from gearshift.schedules.action import Action, Op, Schedule
-from gearshift.sim.cost import CostModel
+from gearshift.sim.cost import INF, CostModel
 
 _F, _B, _SA, _RA, _SG, _RG, _SYNC, _STEP = range(8)
 _CODE = {
@@ -29,6 +35,7 @@ _CODE = {
 }
 _NONE = -2  # no dependency
 _NEVER = -1  # a dependency that does not exist in the schedule: blocks forever
+_BARRIER = -3  # waiters key of ranks held at STEP's barrier
 
 
 @dataclass
@@ -52,7 +59,8 @@ def simulate(schedule: Schedule, cost: CostModel) -> SimResult:
     gc.disable()  # the replay allocates ~1e5 tuples and no cycles; collections would cost more than it
     try:
         prog = _compile(schedule, cost)
-        return _result(schedule, cost, prog, _run(prog))
+        run = _run_shared if cost.oversubscribed() else _run
+        return _result(schedule, cost, prog, run(prog, cost))
     finally:
         if gc_was_on:
             gc.enable()
@@ -67,7 +75,7 @@ class _Program:
     offs: list[int]  # rank r owns indices offs[r]..offs[r+1]-1
     dep1: list[int]  # data input: producer compute, receive, or matching send
     dep2: list[int]  # B's own F
-    dur: list[float]  # compute / sync / step time; for sends, the link occupancy
+    dur: list[float]  # compute / sync / step time (compute: on a core of its own); for sends, the link occupancy
     link: list[int]  # for sends: src * num_ranks + dst
     mem: list[float]  # activation memory taken (F) or released (B)
 
@@ -77,6 +85,7 @@ class _Times:
     start: list[float]
     end: list[float]
     arrive: list[float]  # for sends: when the transfer reaches the receiver
+    took: list[float]  # compute: wall time from start to end (sharing and emulated sleep included)
     pc: list[int]  # per rank: index of the first action not run (offs[r+1] when finished)
     xfers: list[tuple[int, int, float]]  # (send index, src rank, transfer start)
 
@@ -116,7 +125,7 @@ def _compile(schedule: Schedule, cost: CostModel) -> _Program:
     link = [0] * n
     mem = [0.0] * n
     fwd, bwd, nbytes, act_mem = cost.forward_s, cost.backward_s, cost.act_bytes, cost.act_mem_bytes
-    sync = cost.sync_s
+    sync, step = cost.sync_s, cost.step_times(num_ranks)
     for g, k, s, mb, r, p in zip(range(n), kind, stage, mbs, ranks, peer):
         i = s * m + mb
         if k == _F:
@@ -150,21 +159,24 @@ def _compile(schedule: Schedule, cost: CostModel) -> _Program:
         elif k == _SYNC:
             dur[g] = sync[r] if sync is not None else 0.0
         else:
-            dur[g] = cost.step_s
+            dur[g] = step[r]
     return _Program(flat, kind, offs, dep1, dep2, dur, link, mem)
 
 
-def _run(prog: _Program) -> _Times:
+def _run(prog: _Program, cost: CostModel) -> _Times:
     """The event loop: run each rank until it blocks on an unfinished action; wake it when that finishes."""
     kind, offs, dep1, dep2, dur, link = prog.kind, prog.offs, prog.dep1, prog.dep2, prog.dur, prog.link
     num_ranks, n = len(offs) - 1, len(kind)
     start = [0.0] * n
     end = [0.0] * n
     arrive = [0.0] * n
+    took = [0.0] * n
     done = bytearray(n)
     link_free = [0.0] * (num_ranks * num_ranks)
     pc = list(offs[:-1])
     clock = [0.0] * num_ranks
+    slow = _slowdowns(cost, num_ranks)
+    gate = _Barrier(prog, cost)
     waiters: dict[int, list[int]] = {}
     xfers: list[tuple[int, int, float]] = []
     ready = list(range(num_ranks - 1, -1, -1))
@@ -187,8 +199,158 @@ def _run(prog: _Program) -> _Times:
                     start[g] = t = end[d]
                 if d2 >= 0 and end[d2] > t:
                     start[g] = t = end[d2]
-                t += dur[g]
+                took[g] = dur[g] * slow[r]
+                t += took[g]
             elif k == _RA or k == _RG:
+                if arrive[d] > t:
+                    t = arrive[d]
+            elif k == _SA or k == _SG:
+                lk = link[g]
+                x0 = link_free[lk] if link_free[lk] > t else t
+                arrive[g] = link_free[lk] = x0 + dur[g]
+                xfers.append((g, r, x0))
+            else:
+                if k == _STEP and gate.holds(r):
+                    released = gate.arrive(r, t)
+                    if released is None:
+                        waiters.setdefault(_BARRIER, []).append(r)
+                        break
+                    for w in waiters.pop(_BARRIER, []):
+                        clock[w] = released
+                        ready.append(w)
+                    start[g] = t = released
+                t += dur[g]
+            end[g] = t
+            done[g] = 1
+            if g in waiters:
+                ready.extend(waiters.pop(g))
+            g += 1
+        pc[r], clock[r] = g, t
+    return _Times(start, end, arrive, took, pc, xfers)
+
+
+def _slowdowns(cost: CostModel, num_ranks: int) -> list[float]:
+    """Per rank: wall time of a compute over its time on a core (the duty-cycle emulation never speeds up)."""
+    return [max(1.0, f) for f in cost.duty] if cost.duty is not None else [1.0] * num_ranks
+
+
+class _Barrier:
+    """STEP's job-wide all-reduce: each STEP holder arrives once; the last arrival releases all of them
+    `step_barrier_s` later."""
+
+    def __init__(self, prog: _Program, cost: CostModel):
+        self.latency = cost.step_barrier_s
+        self.left = sum(k == _STEP for k in prog.kind) if self.latency is not None else 0
+        self.passed: set[int] = set()
+        self.latest = 0.0
+
+    def holds(self, r: int) -> bool:
+        """Whether rank r must still arrive at the barrier before its STEP."""
+        return self.latency is not None and r not in self.passed
+
+    def arrive(self, r: int, t: float) -> float | None:
+        """Rank r reaches STEP at t: the release time when it is the last, else None."""
+        self.passed.add(r)
+        self.latest = max(self.latest, t)
+        self.left -= 1
+        return self.latest + self.latency if self.left == 0 else None
+
+
+def _run_shared(prog: _Program, cost: CostModel) -> _Times:
+    """Global-clock event loop for processor-shared hosts. A rank runs its list until it blocks, or reaches a
+    compute: the compute joins its host at its start time (in time order, through the heap) and finishes
+    when the host's virtual time (work done by each of its k computing ranks, at min(1, cores / k) per
+    second) has advanced by its work. Sends, receives and SYNC need no core and are timed as in _run."""
+    kind, offs, dep1, dep2, dur, link = prog.kind, prog.offs, prog.dep1, prog.dep2, prog.dur, prog.link
+    num_ranks, n = len(offs) - 1, len(kind)
+    host, cores = cost.host, cost.cores
+    start = [0.0] * n
+    end = [0.0] * n
+    arrive = [0.0] * n
+    took = [0.0] * n
+    done = bytearray(n)
+    link_free = [0.0] * (num_ranks * num_ranks)
+    pc = list(offs[:-1])
+    clock = [0.0] * num_ranks
+    slow = _slowdowns(cost, num_ranks)
+    gate = _Barrier(prog, cost)
+    waiters: dict[int, list[int]] = {}
+    xfers: list[tuple[int, int, float]] = []
+    ready = [(0.0, r) for r in range(num_ranks)]  # (time, rank): rank continues its list at that time
+    vtime = [0.0] * len(cores)  # per host: work each computing rank has done so far
+    vat = [0.0] * len(cores)  # when vtime was last brought up to date
+    running: list[list[tuple[float, int, int]]] = [[] for _ in cores]  # heap of (vtime at finish, g, rank)
+    rate = [1.0] * len(cores)  # per host: speed of each computing rank, min(1, cores / computing)
+
+    def catch_up(h: int, t: float) -> None:
+        """Bring host h's virtual time to t (before its set of computing ranks changes)."""
+        vtime[h] += (t - vat[h]) * rate[h]
+        vat[h] = t
+
+    def rerate(h: int) -> None:
+        k = len(running[h])
+        rate[h] = 1.0 if k <= cores[h] else cores[h] / k
+
+    while True:
+        fin_t, fin_h = INF, -1
+        for h, tasks in enumerate(running):
+            if tasks:
+                t = vat[h] + (tasks[0][0] - vtime[h]) / rate[h]
+                if t < fin_t:
+                    fin_t, fin_h = t, h
+        if fin_h >= 0 and (not ready or fin_t <= ready[0][0]):
+            catch_up(fin_h, fin_t)
+            _, g, r = heapq.heappop(running[fin_h])
+            rerate(fin_h)
+            took[g] = fin_t - start[g]
+            if kind[g] <= _B:
+                took[g] *= slow[r]  # the emulation sleeps (f - 1) x the time it computed
+            end[g] = start[g] + took[g]
+            done[g] = 1
+            for w in waiters.pop(g, []):
+                heapq.heappush(ready, (fin_t, w))
+            pc[r], clock[r] = g + 1, end[g]
+            heapq.heappush(ready, (end[g], r))
+            continue
+        if not ready:
+            break
+        now, r = heapq.heappop(ready)
+        g, stop, t = pc[r], offs[r + 1], clock[r]
+        while g < stop:
+            d = dep1[g]
+            if d != _NONE and (d < 0 or not done[d]):
+                waiters.setdefault(d, []).append(r)
+                break
+            d2 = dep2[g]
+            if d2 != _NONE and (d2 < 0 or not done[d2]):
+                waiters.setdefault(d2, []).append(r)
+                break
+            k = kind[g]
+            if k <= _B or k == _STEP:
+                if k == _STEP and gate.holds(r):
+                    released = gate.arrive(r, t)
+                    if released is None:
+                        waiters.setdefault(_BARRIER, []).append(r)
+                        break
+                    for w in waiters.pop(_BARRIER, []):
+                        clock[w] = released
+                        heapq.heappush(ready, (released, w))
+                    t = released
+                if d >= 0 and end[d] > t:
+                    t = end[d]
+                if d2 >= 0 and end[d2] > t:
+                    t = end[d2]
+                if t > now:  # starts later: come back then, so that starts join their host in time order
+                    heapq.heappush(ready, (t, r))
+                    break
+                h = host[r]
+                catch_up(h, now)
+                start[g] = now
+                heapq.heappush(running[h], (vtime[h] + dur[g], g, r))
+                rerate(h)
+                break
+            start[g] = t
+            if k == _RA or k == _RG:
                 if arrive[d] > t:
                     t = arrive[d]
             elif k == _SA or k == _SG:
@@ -200,11 +362,11 @@ def _run(prog: _Program) -> _Times:
                 t += dur[g]
             end[g] = t
             done[g] = 1
-            if g in waiters:
-                ready.extend(waiters.pop(g))
+            for w in waiters.pop(g, []):
+                heapq.heappush(ready, (t if t > now else now, w))
             g += 1
         pc[r], clock[r] = g, t
-    return _Times(start, end, arrive, pc, xfers)
+    return _Times(start, end, arrive, took, pc, xfers)
 
 
 def _result(schedule: Schedule, cost: CostModel, prog: _Program, tm: _Times) -> SimResult:
@@ -219,7 +381,7 @@ def _result(schedule: Schedule, cost: CostModel, prog: _Program, tm: _Times) -> 
         lo, hi = offs[r], pc[r]
         timelines.append(list(zip(flat[lo:hi], tm.start[lo:hi], tm.end[lo:hi])))
         is_comp = [k <= _B for k in kind[lo:hi]]
-        busy.append(sum(compress(prog.dur[lo:hi], is_comp)))
+        busy.append(sum(compress(tm.took[lo:hi], is_comp)))
         held = max(accumulate(compress(prog.mem[lo:hi], is_comp), initial=0.0))
         peaks.append(held + sum(param[s] for s in schedule.stages_of(r)))
         if hi > lo:
