@@ -4,15 +4,14 @@
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from gearshift.cluster.state import local_state
-from gearshift.planner.predict import predict_shared_cores
+from gearshift.cluster.state import local_pipeline_state
+from gearshift.planner.predict import predict
 from gearshift.profile import ModelProfile
 from gearshift.schedules import make_schedule
 from gearshift.train.config import load_config
@@ -36,14 +35,11 @@ def run(args: argparse.Namespace) -> int:
     p = cfg.parallel
     schedule = make_schedule(p.schedule, p.stages, p.microbatches, k=p.k)
     bounds = resolve_partition(cfg, gpt_config(cfg))
-    state = local_state(cfg.cluster.workers, cores=cfg.cluster.workers).resized(p.stages)  # full speed each
-    slow = cfg.emulate.slowdown or [1.0] * cfg.cluster.workers
-    state.speeds = [state.speeds[r] / slow[r] for r in range(p.stages)]
-    cores = os.cpu_count() or 1
-    res, share = predict_shared_cores(prof, bounds, schedule, state, cores * p.stages / cfg.cluster.workers,
-                                      microbatch_size(cfg))
+    state = local_pipeline_state(cfg.cluster.workers, p.stages, cfg.emulate.slowdown)
+    res = predict(prof, bounds, schedule, state, microbatch_size(cfg))
+    cores = state.cores[0] * cfg.cluster.workers / p.stages
     t = Table(title=f"{p.schedule} x {p.stages} stages, {p.microbatches} micro-batches "
-              f"({cfg.cluster.workers} workers on {cores} cores: each computes at {share:.2f}x when sharing)")
+              f"({cfg.cluster.workers} workers sharing {cores:g} cores)")
     for col in ("", "iteration (s)", "tokens/s", "bubble"):
         t.add_column(col, justify="right")
     tokens = cfg.train.batch_size * cfg.model.context
