@@ -3,11 +3,14 @@ schedule's action lists (the same lists the runtime executes)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from gearshift.cluster.state import ClusterState
 from gearshift.errors import PlanError
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.schedules import Schedule
 from gearshift.sim import CostModel, SimResult, simulate
+from gearshift.sim.cost import INF
 
 
 def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Schedule, state: ClusterState,
@@ -36,3 +39,15 @@ def predict(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sche
             microbatch_size: int | None = None) -> SimResult:
     """Simulated iteration of `schedule` on `state` (processor-shared where ranks share a host's cores)."""
     return simulate(schedule, sim_cost(profile, bounds, schedule, state, microbatch_size))
+
+
+def predict_shared_cores(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Schedule,
+                         state: ClusterState, cores: float, microbatch_size: int | None = None
+                         ) -> tuple[SimResult, float]:
+    """Transitional, for the training loop's trace writer until it calls predict with a shared state: the
+    schedule's ranks on one host of `cores` cores, processor-shared. Returns the result and the mean speed
+    of a computing rank (busy time alone / busy time shared)."""
+    shared = replace(state, hosts=[0] * state.world_size, cores=[cores], duty=None)
+    res = predict(profile, bounds, schedule, shared, microbatch_size)
+    alone = simulate(schedule, replace(sim_cost(profile, bounds, schedule, shared, microbatch_size), cores=[INF]))
+    return res, sum(alone.busy_s) / sum(res.busy_s) if sum(res.busy_s) > 0 else 1.0
