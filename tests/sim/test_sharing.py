@@ -88,16 +88,17 @@ def test_duty_cycle_unshared_is_a_slower_device():
 
 
 def test_step_barrier_waits_for_the_last_rank():
-    # unshared gpipe(2, 2): r1 reaches STEP at 7, r0 at 9; both step from 9 + 0.5
+    # unshared gpipe(2, 2): r1 reaches STEP at 7, r0 at 9; both step from 9 + 0.5 (a STEP spans its wait)
     cost = CostModel.uniform(2, 2, 1.0, 2.0)
     cost.step_s, cost.step_barrier_s = [1.0, 3.0], 0.5
     res = simulate(gpipe(2, 2), cost)
-    assert step_spans(res) == [(9.5, 10.5), (9.5, 12.5)]
-    # on one core (r0 reaches STEP at 12, r1 at 10) both step from 12.5 at half speed: r0 ends at 14.5,
+    assert step_spans(res) == [(9.0, 10.5), (7.0, 12.5)]
+    # on one core r0 reaches STEP at 12, r1 at 10; both step from 12.5 at half speed: r0 ends at 14.5,
     # then r1 alone: 16.5
     res = simulate(gpipe(2, 2), shared(cost, 2, 1.0))
-    assert step_spans(res) == [(12.5, 14.5), (12.5, 16.5)]
+    assert step_spans(res) == [(12.0, 14.5), (10.0, 16.5)]
     assert res.iteration_s == 16.5
+    assert res.busy_s == [9.0, 9.0]  # STEP is not forward/backward time
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "kfkb"])

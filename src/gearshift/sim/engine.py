@@ -193,7 +193,8 @@ def _run(prog: _Program, cost: CostModel) -> _Times:
                 waiters.setdefault(d2, []).append(r)
                 break
             k = kind[g]
-            start[g] = t
+            if k != _STEP or not gate.passed_by(r):
+                start[g] = t
             if k <= _B:
                 if d >= 0 and end[d] > t:
                     start[g] = t = end[d]
@@ -211,6 +212,7 @@ def _run(prog: _Program, cost: CostModel) -> _Times:
                 xfers.append((g, r, x0))
             else:
                 if k == _STEP and gate.holds(r):
+                    start[g] = t  # STEP spans the wait, as the runtime's does
                     released = gate.arrive(r, t)
                     if released is None:
                         waiters.setdefault(_BARRIER, []).append(r)
@@ -218,7 +220,7 @@ def _run(prog: _Program, cost: CostModel) -> _Times:
                     for w in waiters.pop(_BARRIER, []):
                         clock[w] = released
                         ready.append(w)
-                    start[g] = t = released
+                    t = released  # STEP spans the wait, as the runtime's does
                 t += dur[g]
             end[g] = t
             done[g] = 1
@@ -243,6 +245,10 @@ class _Barrier:
         self.left = sum(k == _STEP for k in prog.kind) if self.latency is not None else 0
         self.passed: set[int] = set()
         self.latest = 0.0
+
+    def passed_by(self, r: int) -> bool:
+        """Whether rank r has arrived (its STEP started then)."""
+        return r in self.passed
 
     def holds(self, r: int) -> bool:
         """Whether rank r must still arrive at the barrier before its STEP."""
@@ -279,7 +285,7 @@ def _run_shared(prog: _Program, cost: CostModel) -> _Times:
     ready = [(0.0, r) for r in range(num_ranks)]  # (time, rank): rank continues its list at that time
     vtime = [0.0] * len(cores)  # per host: work each computing rank has done so far
     vat = [0.0] * len(cores)  # when vtime was last brought up to date
-    running: list[list[tuple[float, int, int]]] = [[] for _ in cores]  # heap of (vtime at finish, g, rank)
+    running: list[list[tuple[float, int, int, float]]] = [[] for _ in cores]  # (vtime at end, g, rank, start)
     rate = [1.0] * len(cores)  # per host: speed of each computing rank, min(1, cores / computing)
 
     def catch_up(h: int, t: float) -> None:
@@ -300,12 +306,12 @@ def _run_shared(prog: _Program, cost: CostModel) -> _Times:
                     fin_t, fin_h = t, h
         if fin_h >= 0 and (not ready or fin_t <= ready[0][0]):
             catch_up(fin_h, fin_t)
-            _, g, r = heapq.heappop(running[fin_h])
+            _, g, r, began = heapq.heappop(running[fin_h])
             rerate(fin_h)
-            took[g] = fin_t - start[g]
-            if kind[g] <= _B:
-                took[g] *= slow[r]  # the emulation sleeps (f - 1) x the time it computed
-            end[g] = start[g] + took[g]
+            end[g] = fin_t
+            if kind[g] <= _B:  # the emulation sleeps (f - 1) x the time it computed
+                end[g] = began + (fin_t - began) * slow[r]
+            took[g] = end[g] - start[g]
             done[g] = 1
             for w in waiters.pop(g, []):
                 heapq.heappush(ready, (fin_t, w))
@@ -328,6 +334,7 @@ def _run_shared(prog: _Program, cost: CostModel) -> _Times:
             k = kind[g]
             if k <= _B or k == _STEP:
                 if k == _STEP and gate.holds(r):
+                    start[g] = t  # STEP spans the wait, as the runtime's does
                     released = gate.arrive(r, t)
                     if released is None:
                         waiters.setdefault(_BARRIER, []).append(r)
@@ -345,8 +352,9 @@ def _run_shared(prog: _Program, cost: CostModel) -> _Times:
                     break
                 h = host[r]
                 catch_up(h, now)
-                start[g] = now
-                heapq.heappush(running[h], (vtime[h] + dur[g], g, r))
+                if not gate.passed_by(r) or k != _STEP:
+                    start[g] = now
+                heapq.heappush(running[h], (vtime[h] + dur[g], g, r, now))
                 rerate(h)
                 break
             start[g] = t
