@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gc
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import accumulate, compress
 
@@ -78,16 +79,6 @@ class _Program:
     dur: list[float]  # compute / sync / step time (compute: on a core of its own); for sends, the link occupancy
     link: list[int]  # for sends: src * num_ranks + dst
     mem: list[float]  # activation memory taken (F) or released (B)
-
-
-@dataclass
-class _Times:
-    start: list[float]
-    end: list[float]
-    arrive: list[float]  # for sends: when the transfer reaches the receiver
-    took: list[float]  # compute: wall time from start to end (sharing and emulated sleep included)
-    pc: list[int]  # per rank: index of the first action not run (offs[r+1] when finished)
-    xfers: list[tuple[int, int, float]]  # (send index, src rank, transfer start)
 
 
 def _compile(schedule: Schedule, cost: CostModel) -> _Program:
@@ -163,96 +154,20 @@ def _compile(schedule: Schedule, cost: CostModel) -> _Program:
     return _Program(flat, kind, offs, dep1, dep2, dur, link, mem)
 
 
-def _run(prog: _Program, cost: CostModel) -> _Times:
-    """The event loop: run each rank until it blocks on an unfinished action; wake it when that finishes."""
-    kind, offs, dep1, dep2, dur, link = prog.kind, prog.offs, prog.dep1, prog.dep2, prog.dur, prog.link
-    num_ranks, n = len(offs) - 1, len(kind)
-    start = [0.0] * n
-    end = [0.0] * n
-    arrive = [0.0] * n
-    took = [0.0] * n
-    done = bytearray(n)
-    link_free = [0.0] * (num_ranks * num_ranks)
-    pc = list(offs[:-1])
-    clock = [0.0] * num_ranks
-    slow = _slowdowns(cost, num_ranks)
-    gate = _Barrier(prog, cost)
-    waiters: dict[int, list[int]] = {}
-    xfers: list[tuple[int, int, float]] = []
-    ready = list(range(num_ranks - 1, -1, -1))
-    while ready:
-        r = ready.pop()
-        g, stop, t = pc[r], offs[r + 1], clock[r]
-        while g < stop:
-            d = dep1[g]
-            if d != _NONE and (d < 0 or not done[d]):
-                waiters.setdefault(d, []).append(r)
-                break
-            d2 = dep2[g]
-            if d2 != _NONE and (d2 < 0 or not done[d2]):
-                waiters.setdefault(d2, []).append(r)
-                break
-            k = kind[g]
-            if k != _STEP or not gate.passed_by(r):
-                start[g] = t
-            if k <= _B:
-                if d >= 0 and end[d] > t:
-                    start[g] = t = end[d]
-                if d2 >= 0 and end[d2] > t:
-                    start[g] = t = end[d2]
-                took[g] = dur[g] * slow[r]
-                t += took[g]
-            elif k == _RA or k == _RG:
-                if arrive[d] > t:
-                    t = arrive[d]
-            elif k == _SA or k == _SG:
-                lk = link[g]
-                x0 = link_free[lk] if link_free[lk] > t else t
-                arrive[g] = link_free[lk] = x0 + dur[g]
-                xfers.append((g, r, x0))
-            else:
-                if k == _STEP and gate.holds(r):
-                    start[g] = t  # STEP spans the wait, as the runtime's does
-                    released = gate.arrive(r, t)
-                    if released is None:
-                        waiters.setdefault(_BARRIER, []).append(r)
-                        break
-                    for w in waiters.pop(_BARRIER, []):
-                        clock[w] = released
-                        ready.append(w)
-                    t = released  # STEP spans the wait, as the runtime's does
-                t += dur[g]
-            end[g] = t
-            done[g] = 1
-            if g in waiters:
-                ready.extend(waiters.pop(g))
-            g += 1
-        pc[r], clock[r] = g, t
-    return _Times(start, end, arrive, took, pc, xfers)
-
-
-def _slowdowns(cost: CostModel, num_ranks: int) -> list[float]:
-    """Per rank: wall time of a compute over its time on a core (the duty-cycle emulation never speeds up)."""
-    return [max(1.0, f) for f in cost.duty] if cost.duty is not None else [1.0] * num_ranks
-
-
 class _Barrier:
     """STEP's job-wide all-reduce: each STEP holder arrives once; the last arrival releases all of them
     `step_barrier_s` later."""
 
     def __init__(self, prog: _Program, cost: CostModel):
         self.latency = cost.step_barrier_s
-        self.left = sum(k == _STEP for k in prog.kind) if self.latency is not None else 0
+        self.on = self.latency is not None
+        self.left = sum(k == _STEP for k in prog.kind) if self.on else 0
         self.passed: set[int] = set()
         self.latest = 0.0
 
-    def passed_by(self, r: int) -> bool:
-        """Whether rank r has arrived (its STEP started then)."""
-        return r in self.passed
-
     def holds(self, r: int) -> bool:
         """Whether rank r must still arrive at the barrier before its STEP."""
-        return self.latency is not None and r not in self.passed
+        return self.on and r not in self.passed
 
     def arrive(self, r: int, t: float) -> float | None:
         """Rank r reaches STEP at t: the release time when it is the last, else None."""
@@ -262,66 +177,34 @@ class _Barrier:
         return self.latest + self.latency if self.left == 0 else None
 
 
-def _run_shared(prog: _Program, cost: CostModel) -> _Times:
-    """Global-clock event loop for processor-shared hosts. A rank runs its list until it blocks, or reaches a
-    compute: the compute joins its host at its start time (in time order, through the heap) and finishes
-    when the host's virtual time (work done by each of its k computing ranks, at min(1, cores / k) per
-    second) has advanced by its work. Sends, receives and SYNC need no core and are timed as in _run."""
-    kind, offs, dep1, dep2, dur, link = prog.kind, prog.offs, prog.dep1, prog.dep2, prog.dur, prog.link
-    num_ranks, n = len(offs) - 1, len(kind)
-    host, cores = cost.host, cost.cores
-    start = [0.0] * n
-    end = [0.0] * n
-    arrive = [0.0] * n
-    took = [0.0] * n
-    done = bytearray(n)
-    link_free = [0.0] * (num_ranks * num_ranks)
-    pc = list(offs[:-1])
-    clock = [0.0] * num_ranks
-    slow = _slowdowns(cost, num_ranks)
-    gate = _Barrier(prog, cost)
-    waiters: dict[int, list[int]] = {}
-    xfers: list[tuple[int, int, float]] = []
-    ready = [(0.0, r) for r in range(num_ranks)]  # (time, rank): rank continues its list at that time
-    vtime = [0.0] * len(cores)  # per host: work each computing rank has done so far
-    vat = [0.0] * len(cores)  # when vtime was last brought up to date
-    running: list[list[tuple[float, int, int, float]]] = [[] for _ in cores]  # (vtime at end, g, rank, start)
-    rate = [1.0] * len(cores)  # per host: speed of each computing rank, min(1, cores / computing)
+class _Replay:
+    """Per-action times of one replay, and each rank's progress through its list."""
 
-    def catch_up(h: int, t: float) -> None:
-        """Bring host h's virtual time to t (before its set of computing ranks changes)."""
-        vtime[h] += (t - vat[h]) * rate[h]
-        vat[h] = t
+    def __init__(self, prog: _Program, cost: CostModel, shared: bool):
+        n, num_ranks = len(prog.kind), len(prog.offs) - 1
+        self.prog, self.shared = prog, shared
+        self.start = [0.0] * n
+        self.end = [0.0] * n
+        self.arrive = [0.0] * n  # for sends: when the transfer reaches the receiver
+        self.took = [0.0] * n  # compute: wall time from start to end (sharing and emulated sleep included)
+        self.done = bytearray(n)
+        self.link_free = [0.0] * (num_ranks * num_ranks)
+        self.pc = list(prog.offs[:-1])  # per rank: index of the first action not run (offs[r+1] when finished)
+        self.clock = [0.0] * num_ranks
+        self.slow = [max(1.0, f) for f in cost.duty] if cost.duty is not None else [1.0] * num_ranks
+        self.gate = _Barrier(prog, cost)
+        self.waiters: dict[int, list[int]] = {}  # action (or _BARRIER) -> ranks blocked on it
+        self.xfers: list[tuple[int, int, float]] = []  # (send index, src rank, transfer start)
+        self.wake: Callable[[float, int], None] = lambda t, r: None  # the driver's: rank r may go on at t
 
-    def rerate(h: int) -> None:
-        k = len(running[h])
-        rate[h] = 1.0 if k <= cores[h] else cores[h] / k
-
-    while True:
-        fin_t, fin_h = INF, -1
-        for h, tasks in enumerate(running):
-            if tasks:
-                t = vat[h] + (tasks[0][0] - vtime[h]) / rate[h]
-                if t < fin_t:
-                    fin_t, fin_h = t, h
-        if fin_h >= 0 and (not ready or fin_t <= ready[0][0]):
-            catch_up(fin_h, fin_t)
-            _, g, r, began = heapq.heappop(running[fin_h])
-            rerate(fin_h)
-            end[g] = fin_t
-            if kind[g] <= _B:  # the emulation sleeps (f - 1) x the time it computed
-                end[g] = began + (fin_t - began) * slow[r]
-            took[g] = end[g] - start[g]
-            done[g] = 1
-            for w in waiters.pop(g, []):
-                heapq.heappush(ready, (fin_t, w))
-            pc[r], clock[r] = g + 1, end[g]
-            heapq.heappush(ready, (end[g], r))
-            continue
-        if not ready:
-            break
-        now, r = heapq.heappop(ready)
-        g, stop, t = pc[r], offs[r + 1], clock[r]
+    def advance(self, r: int) -> int:
+        """Run rank r's list from its clock until it blocks or ends (-1) or, on shared hosts, reaches a compute
+        or STEP whose inputs are ready: its index, with clock[r] the earliest start (the driver runs it)."""
+        prog, start, end, arrive, done, gate = self.prog, self.start, self.end, self.arrive, self.done, self.gate
+        kind, dep1, dep2, dur, link = prog.kind, prog.dep1, prog.dep2, prog.dur, prog.link
+        waiters, wake, link_free = self.waiters, self.wake, self.link_free
+        g, stop, t = self.pc[r], prog.offs[r + 1], self.clock[r]
+        found = -1
         while g < stop:
             d = dep1[g]
             if d != _NONE and (d < 0 or not done[d]):
@@ -333,51 +216,133 @@ def _run_shared(prog: _Program, cost: CostModel) -> _Times:
                 break
             k = kind[g]
             if k <= _B or k == _STEP:
-                if k == _STEP and gate.holds(r):
+                if k <= _B:
+                    if d >= 0 and end[d] > t:
+                        t = end[d]
+                    if d2 >= 0 and end[d2] > t:
+                        t = end[d2]
+                elif gate.holds(r):
                     start[g] = t  # STEP spans the wait, as the runtime's does
                     released = gate.arrive(r, t)
                     if released is None:
                         waiters.setdefault(_BARRIER, []).append(r)
                         break
                     for w in waiters.pop(_BARRIER, []):
-                        clock[w] = released
-                        heapq.heappush(ready, (released, w))
+                        self.clock[w] = released
+                        wake(released, w)
                     t = released
-                if d >= 0 and end[d] > t:
-                    t = end[d]
-                if d2 >= 0 and end[d2] > t:
-                    t = end[d2]
-                if t > now:  # starts later: come back then, so that starts join their host in time order
-                    heapq.heappush(ready, (t, r))
+                if self.shared:
+                    found = g
                     break
-                h = host[r]
-                catch_up(h, now)
-                if not gate.passed_by(r) or k != _STEP:
-                    start[g] = now
-                heapq.heappush(running[h], (vtime[h] + dur[g], g, r, now))
-                rerate(h)
-                break
-            start[g] = t
-            if k == _RA or k == _RG:
-                if arrive[d] > t:
-                    t = arrive[d]
-            elif k == _SA or k == _SG:
-                lk = link[g]
-                x0 = link_free[lk] if link_free[lk] > t else t
-                arrive[g] = link_free[lk] = x0 + dur[g]
-                xfers.append((g, r, x0))
+                if k <= _B:
+                    start[g] = t
+                    self.took[g] = dur[g] * self.slow[r]
+                    t += self.took[g]
+                else:
+                    if not gate.on:
+                        start[g] = t
+                    t += dur[g]
             else:
-                t += dur[g]
+                start[g] = t
+                if k == _RA or k == _RG:
+                    if arrive[d] > t:
+                        t = arrive[d]
+                elif k == _SA or k == _SG:
+                    lk = link[g]
+                    x0 = link_free[lk] if link_free[lk] > t else t
+                    arrive[g] = link_free[lk] = x0 + dur[g]
+                    self.xfers.append((g, r, x0))
+                else:
+                    t += dur[g]
             end[g] = t
             done[g] = 1
-            for w in waiters.pop(g, []):
-                heapq.heappush(ready, (t if t > now else now, w))
+            if g in waiters:
+                for w in waiters.pop(g):
+                    wake(t, w)
             g += 1
-        pc[r], clock[r] = g, t
-    return _Times(start, end, arrive, took, pc, xfers)
+        self.pc[r], self.clock[r] = g, t
+        return found
 
 
-def _result(schedule: Schedule, cost: CostModel, prog: _Program, tm: _Times) -> SimResult:
+def _run(prog: _Program, cost: CostModel) -> _Replay:
+    """Nothing shared: run each rank until it blocks on an unfinished action; wake it when that finishes."""
+    rp = _Replay(prog, cost, shared=False)
+    ready = list(range(len(prog.offs) - 2, -1, -1))
+    rp.wake = lambda t, r: ready.append(r)
+    while ready:
+        rp.advance(ready.pop())
+    return rp
+
+
+def _run_shared(prog: _Program, cost: CostModel) -> _Replay:
+    """Processor-shared hosts: a global clock orders every start and finish of a compute (or STEP). A
+    compute joins its host when it starts and ends when the host's virtual time (the work each of its k
+    computing ranks has done, at min(1, cores / k) per second) has grown by its work; an emulated rank then
+    sleeps without a core. Sends, receives and SYNC need no core and run inside advance()."""
+    rp = _Replay(prog, cost, shared=True)
+    kind, dur, host, cores, gate = prog.kind, prog.dur, cost.host, cost.cores, rp.gate
+    start, end, took, clock, pc, slow = rp.start, rp.end, rp.took, rp.clock, rp.pc, rp.slow
+    ready = [(0.0, r) for r in range(len(prog.offs) - 1)]  # (time, rank): rank goes on at that time
+    now = 0.0
+    vtime = [0.0] * len(cores)  # per host: work each computing rank has done so far
+    vat = [0.0] * len(cores)  # when vtime was last brought up to date
+    rate = [1.0] * len(cores)  # per host: speed of each computing rank, min(1, cores / computing)
+    running: list[list[tuple[float, int, int, float]]] = [[] for _ in cores]  # (vtime at end, g, rank, start)
+
+    def wake(t: float, r: int) -> None:
+        heapq.heappush(ready, (t if t > now else now, r))
+
+    def catch_up(h: int, t: float) -> None:
+        """Bring host h's virtual time to t (before its set of computing ranks changes)."""
+        vtime[h] += (t - vat[h]) * rate[h]
+        vat[h] = t
+
+    def rerate(h: int) -> None:
+        k = len(running[h])
+        rate[h] = 1.0 if k <= cores[h] else cores[h] / k
+
+    rp.wake = wake
+    while True:
+        fin_t, fin_h = INF, -1
+        for h, tasks in enumerate(running):
+            if tasks:
+                t = vat[h] + (tasks[0][0] - vtime[h]) / rate[h]
+                if t < fin_t:
+                    fin_t, fin_h = t, h
+        if fin_h >= 0 and (not ready or fin_t <= ready[0][0]):
+            now = fin_t
+            catch_up(fin_h, now)
+            _, g, r, began = heapq.heappop(running[fin_h])
+            rerate(fin_h)
+            end[g] = now
+            if kind[g] <= _B:  # the emulation sleeps (f - 1) x the time it computed
+                end[g] = began + (now - began) * slow[r]
+                took[g] = end[g] - began
+            rp.done[g] = 1
+            for w in rp.waiters.pop(g, []):
+                wake(now, w)
+            pc[r], clock[r] = g + 1, end[g]
+            wake(end[g], r)
+            continue
+        if not ready:
+            break
+        now, r = heapq.heappop(ready)
+        g = rp.advance(r)
+        if g < 0:
+            continue
+        if clock[r] > now:  # starts later: come back then, so that starts join their host in time order
+            heapq.heappush(ready, (clock[r], r))
+            continue
+        h = host[r]
+        catch_up(h, now)
+        if kind[g] <= _B or not gate.on:
+            start[g] = now
+        heapq.heappush(running[h], (vtime[h] + dur[g], g, r, now))
+        rerate(h)
+    return rp
+
+
+def _result(schedule: Schedule, cost: CostModel, prog: _Program, tm: _Replay) -> SimResult:
     """Assemble timelines, busy time, memory peaks and the deadlock report from per-action times."""
     flat, kind, offs, pc = prog.flat, prog.kind, prog.offs, tm.pc
     num_ranks = schedule.num_ranks
