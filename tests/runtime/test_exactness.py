@@ -1,6 +1,7 @@
 """Pipeline training (1, 2, 4 stages; GPipe, 1F1B, kFkB; replicated) equals single-process training:
 same losses and parameters within float32 tolerance, for the GPT and for a custom model and dataset given by
-import path (examples/mlp.py)."""
+import path (examples/mlp.py). The steps run with torch's default device set to meta, so a tensor the runtime
+creates without naming the model's device (a receive buffer, the clip norm, a gradient bucket) fails the step."""
 
 from __future__ import annotations
 
@@ -35,9 +36,11 @@ def _run_pipeline(rank: int, world: int, runs: list) -> list:
         data = job_data(cfg)
         rt = build_runtime(cfg, data=data)
         losses = []
-        for step in range(STEPS):
-            x, y = data.batch(step, cfg.train.batch_size, cfg.train.seed)
-            losses.append(rt.step(x, y, lr_at(step, cfg)).loss)
+        with torch.device("meta"):  # only tensors placed on the model's device (the CPU here) can run
+            for step in range(STEPS):
+                x, y = data.batch(step, cfg.train.batch_size, cfg.train.seed)
+                losses.append(rt.step(x, y, lr_at(step, cfg)).loss)
+            losses.append(rt.evaluate(*data.batch(0, cfg.train.batch_size, cfg.train.seed, "val")))
         state = rt.state()[0] if rt.replica == 0 else {}
         out.append((losses, {k: v.numpy() for k, v in state.items()}))  # by value, not shared memory
     return out
@@ -76,7 +79,8 @@ def _check(results: list, runs: list, world: int) -> None:
         for r in results:
             params.update({k: torch.from_numpy(v) for k, v in r[i][1].items()})
         assert set(params) == set(ref_params), run
-        torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6,
+        assert losses[-1] == losses[-1], f"no validation loss for {run}"  # the evaluation ran, under meta too
+        torch.testing.assert_close(torch.tensor(losses[:STEPS]), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6,
                                    msg=f"losses differ for {run}")
         for name, ref in ref_params.items():
             torch.testing.assert_close(params[name], ref, rtol=1e-5, atol=1e-6, msg=f"{name} differs for {run}")
@@ -93,7 +97,8 @@ def test_pipeline_equals_single_process(stages: int) -> None:
 
 
 def test_replicated_pipeline_equals_single_process() -> None:
-    """4 workers as 2 replicas of a 2-stage 1F1B pipeline, gradients averaged across replicas."""
-    runs = [("1f1b", 2, 1, 2)]
+    """4 workers as 2 replicas of a 2-stage 1F1B pipeline, gradients averaged across replicas; and as 4 replicas
+    of one stage (pure data parallelism: the gradient-sync policy's buckets)."""
+    runs = [("1f1b", 2, 1, 2), ("1f1b", 1, 1, 2)]
     results = spawn(_run_pipeline, 4, runs)
     _check(results, runs, 4)

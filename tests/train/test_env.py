@@ -5,11 +5,14 @@ config error is one line per machine, no traceback."""
 from __future__ import annotations
 
 import pytest
+import torch
+import torch.distributed as dist
 
 from gearshift.cli.main import main as cli_main
 from gearshift.errors import ConfigError
 from gearshift.train.__main__ import main as worker_main
 from gearshift.train.env import TORCHRUN_VARS, load_job, reports_config_errors, under_torchrun
+from gearshift.train.worker import init_distributed
 
 TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
 
@@ -85,3 +88,16 @@ def test_worker_entry_reads_config_then_overrides_in_any_order(env, capsys, tmp_
     assert "(2 workers, 8 stages)" in capsys.readouterr().err
     assert worker_main([str(job), "--train.steps", "3"]) == 2
     assert "--train.steps: expected --train.steps=VALUE (got a space" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: cluster.device = cuda can run")
+def test_a_torchrun_worker_asked_for_cuda_without_it_stops_before_joining(env):
+    """Under torchrun no launcher checks first: the worker's ConfigError (one line from rank 0, exit 2: see
+    run_as_worker) comes before it joins the process group, so no peer waits on it."""
+    env(**dict(TORCHRUN, RANK="0", LOCAL_RANK="0"))
+    for override, field in (("--cluster.device=cuda", "cluster.device: cuda"), ("--cluster.backend=nccl",
+                                                                                  "cluster.backend: nccl")):
+        cfg = load_job(None, ["--parallel.stages=2", override])
+        with pytest.raises(ConfigError, match=f"^{field}, but torch finds no CUDA device on this machine"):
+            init_distributed(cfg)
+        assert not dist.is_initialized()

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from gearshift.cluster.device import stream_sync
 from gearshift.schedules import Op, Schedule
 
 COMPUTE = (Op.FORWARD, Op.BACKWARD)
@@ -40,9 +41,10 @@ def _tag(kind: int, stage: int, mb: int, num_stages: int, num_mb: int) -> int:
 class PipelineExecutor:
     """Runs `schedule.actions[rank]` against this rank's stage modules.
 
-    `act_meta(stage)` gives the (shape, dtype) of one micro-batch's input to `stage` (for receives).
-    `after_compute(stage, op, seconds)` and `after_recv(peer, nbytes, waited_s)` are the emulation and
-    monitoring hooks; they may sleep (emulated slow devices and links)."""
+    `act_meta(stage)` gives the (shape, dtype) of one micro-batch's input to `stage` (for receives, allocated on
+    `device`). `after_compute(stage, op, seconds)` and `after_recv(peer, nbytes, waited_s)` are the emulation and
+    monitoring hooks; they may sleep (emulated slow devices and links). On CUDA a compute action's time and a
+    receive's wait are read after its stream has finished (device time, what the monitor and emulation need)."""
 
     def __init__(
         self,
@@ -55,8 +57,11 @@ class PipelineExecutor:
         after_compute: Callable[[int, Op, float], None] | None = None,
         group: dist.ProcessGroup | None = None,
         after_recv: Callable[[int, int, float], None] | None = None,
+        device: torch.device | str = "cpu",
     ):
         self.schedule = schedule
+        self.device = torch.device(device)
+        self._sync = stream_sync(self.device)  # None on the CPU: its ops are done when they return
         self.rank = rank  # rank inside the schedule (0..num_ranks-1)
         self.stages = stages
         self.loss_fn = loss_fn
@@ -86,7 +91,7 @@ class PipelineExecutor:
         shape, dtype = self.act_meta(stage)
         buf = self._bufs.get(key)
         if buf is None or tuple(buf.shape) != tuple(shape) or buf.dtype != dtype:
-            buf = self._bufs[key] = torch.empty(shape, dtype=dtype)
+            buf = self._bufs[key] = torch.empty(shape, dtype=dtype, device=self.device)
         return buf
 
     def run(
@@ -100,6 +105,7 @@ class PipelineExecutor:
         """Execute the action list once. `inputs`/`targets` are the micro-batches (used by the first and
         last stage). With `forward_only`, backward and its transfers are skipped (evaluation)."""
         S, M = self.schedule.num_stages, self.schedule.num_microbatches
+        sync = self._sync
         rec = StepRecord()
         t0 = time.perf_counter()
         acts_in: dict[tuple[int, int], Tensor] = {}  # (stage, mb) -> input activation
@@ -126,14 +132,18 @@ class PipelineExecutor:
             work, buf, _ = pending_recv.pop((op, stage, mb))
             tw = time.perf_counter()
             work.wait()
+            if sync is not None:  # NCCL's wait only orders the stream: wait for the bytes themselves
+                sync()
             if self.after_recv is not None:
                 self.after_recv(peer + self.offset, buf.numel() * buf.element_size(), time.perf_counter() - tw)
             rec.recv_wait_s[peer] = rec.recv_wait_s.get(peer, 0.0) + time.perf_counter() - tw
             return buf
 
         for i, a in enumerate(actions):
-            start = time.perf_counter()
             op = a.op
+            if sync is not None and op in COMPUTE:  # the op alone: what was queued before it finishes first
+                sync()
+            start = time.perf_counter()
             if op in COMPUTE:
                 after = next_compute[i + 1] if i + 1 < len(actions) else len(actions)
                 post_until(next_compute[after + 1] if after + 1 < len(actions) else len(actions))
@@ -201,6 +211,8 @@ class PipelineExecutor:
             elif op == Op.STEP:
                 if on_step is not None:
                     on_step()
+            if sync is not None and op in COMPUTE:
+                sync()
             end = time.perf_counter()
             if op in COMPUTE:
                 if self.after_compute is not None:  # emulated slowdown sleeps here: it counts as compute
