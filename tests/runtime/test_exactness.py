@@ -1,12 +1,14 @@
 """Pipeline training (1, 2, 4 stages; GPipe, 1F1B, kFkB; replicated) equals single-process training:
 same losses and parameters within float32 tolerance, for the GPT and for a custom model and dataset given by
-import path (examples/mlp.py). The steps run with torch's default device set to meta, so a tensor the runtime
-creates without naming the model's device (a receive buffer, the clip norm, a gradient bucket) fails the step."""
+import path (examples/mlp.py). The steps run under placement.on_device_only, so a tensor the runtime makes
+without naming the model's device (a receive buffer, the clip norm, a loss reduction) fails the step; and with a
+process group per link direction, as NCCL needs (runtime.links), which every other CPU test leaves out."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from placement import on_device_only
 
 from gearshift.comm.launch import spawn
 from gearshift.train.build import build_runtime, job_model, lr_at
@@ -34,9 +36,9 @@ def _run_pipeline(rank: int, world: int, runs: list) -> list:
     for schedule, stages, k, micro, *model in runs:
         cfg = _cfg(world, stages, schedule, k, micro, *model)
         data = job_data(cfg)
-        rt = build_runtime(cfg, data=data)
+        rt = build_runtime(cfg, data=data, links=True)  # a group per link direction, as on NCCL (here gloo)
         losses = []
-        with torch.device("meta"):  # only tensors placed on the model's device (the CPU here) can run
+        with on_device_only(rt.device):  # a tensor made or sent off the model's device fails the step
             for step in range(STEPS):
                 x, y = data.batch(step, cfg.train.batch_size, cfg.train.seed)
                 losses.append(rt.step(x, y, lr_at(step, cfg)).loss)

@@ -1,12 +1,13 @@
 """Live migration does not change the math: a run that re-partitions mid-training (layers, parameters and
 AdamW state moving between ranks) equals a run that never does. Steps, migrations and link and speed probes run
-with torch's default device set to meta: a tensor made without naming the model's device fails them."""
+under placement.on_device_only: a tensor made or sent off the model's device fails them."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+from placement import on_device_only
 
 from gearshift.comm.launch import spawn
 from gearshift.runtime.migrate import migrate
@@ -29,7 +30,7 @@ def _run(rank: int, world: int, moves: dict) -> tuple[list[float], dict]:
     corpus = ByteCorpus(None, cfg.data.val_fraction, cfg.data.max_bytes)
     rt = build_runtime(cfg)
     losses, moved = [], []
-    with torch.device("meta"):  # only tensors placed on the model's device (the CPU here) can run
+    with on_device_only(rt.device):  # a tensor made or sent off the model's device fails the step
         for step in range(STEPS):
             x, y = corpus.batch(step, cfg.train.batch_size, cfg.model.context, cfg.train.seed)
             losses.append(rt.step(x, y, lr_at(step, cfg)).loss)

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from gearshift.cluster.device import stream_sync
+from gearshift.runtime.links import LinkGroups
 from gearshift.schedules import Op, Schedule
 
 COMPUTE = (Op.FORWARD, Op.BACKWARD)
@@ -44,7 +45,9 @@ class PipelineExecutor:
     `act_meta(stage)` gives the (shape, dtype) of one micro-batch's input to `stage` (for receives, allocated on
     `device`). `after_compute(stage, op, seconds)` and `after_recv(peer, nbytes, waited_s)` are the emulation and
     monitoring hooks; they may sleep (emulated slow devices and links). On CUDA a compute action's time and a
-    receive's wait are read after its stream has finished (device time, what the monitor and emulation need)."""
+    receive's wait are read after its stream has finished (device time, what the monitor and emulation need).
+    `links`: a process group per channel (direction and kind of message) of each link (NCCL, which matches
+    messages by order: runtime.links); None: every transfer in `group`."""
 
     def __init__(
         self,
@@ -58,8 +61,10 @@ class PipelineExecutor:
         group: dist.ProcessGroup | None = None,
         after_recv: Callable[[int, int, float], None] | None = None,
         device: torch.device | str = "cpu",
+        links: LinkGroups | None = None,
     ):
         self.schedule = schedule
+        self.links = links
         self.device = torch.device(device)
         self._sync = stream_sync(self.device)  # None on the CPU: its ops are done when they return
         self.rank = rank  # rank inside the schedule (0..num_ranks-1)
@@ -85,6 +90,12 @@ class PipelineExecutor:
                 nxt = i
             next_compute[i] = nxt
         return actions, next_compute
+
+    def _group(self, src: int, dst: int, grad: bool, stage: int) -> dist.ProcessGroup | None:
+        """The group of stage `stage`'s activations (or gradients) from schedule rank `src` to `dst`."""
+        if self.links is None:
+            return self.group
+        return self.links.group(src + self.offset, dst + self.offset, "grad" if grad else "act", stage)
 
     def _buffer(self, key: tuple[Op, int, int], stage: int) -> Tensor:
         """The receive buffer for `key`: last step's when the shape still fits (its contents are dead by now)."""
@@ -124,7 +135,8 @@ class PipelineExecutor:
                     buf = self._buffer((a.op, a.stage, a.mb), a.stage + 1 if a.op == Op.RECV_GRAD else a.stage)
                     src_stage = a.stage - 1 if a.op == Op.RECV_ACT else a.stage + 1
                     tag = _tag(int(a.op == Op.RECV_GRAD), src_stage, a.mb, S, M)
-                    work = dist.irecv(buf, a.peer + self.offset, group=self.group, tag=tag)
+                    group = self._group(a.peer, self.rank, a.op == Op.RECV_GRAD, src_stage)
+                    work = dist.irecv(buf, a.peer + self.offset, group=group, tag=tag)
                     pending_recv[(a.op, a.stage, a.mb)] = (work, buf, time.perf_counter())
                 posted += 1
 
@@ -188,12 +200,12 @@ class PipelineExecutor:
                 t = out.detach()
                 if forward_only:
                     saved.pop((a.stage, a.mb))
-                sends.append((dist.isend(t, a.peer + self.offset, group=self.group,
+                sends.append((dist.isend(t, a.peer + self.offset, group=self._group(self.rank, a.peer, False, a.stage),
                                          tag=_tag(0, a.stage, a.mb, S, M)), t))
                 rec.sent_bytes[a.peer] = rec.sent_bytes.get(a.peer, 0) + t.numel() * t.element_size()
             elif op == Op.SEND_GRAD:
                 g, _ = saved.pop(("g", a.stage, a.mb))
-                sends.append((dist.isend(g, a.peer + self.offset, group=self.group,
+                sends.append((dist.isend(g, a.peer + self.offset, group=self._group(self.rank, a.peer, True, a.stage),
                                          tag=_tag(1, a.stage, a.mb, S, M)), g))
                 rec.sent_bytes[a.peer] = rec.sent_bytes.get(a.peer, 0) + g.numel() * g.element_size()
             elif op == Op.RECV_ACT:

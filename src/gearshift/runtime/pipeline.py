@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from gearshift.runtime.executor import PipelineExecutor, StepRecord
+from gearshift.runtime.links import LinkGroups
 from gearshift.schedules import Op, Schedule, make_schedule, validate
 
 
@@ -44,7 +45,8 @@ class PipelineRuntime:
     """Runs schedule rank `rank % ranks_per_replica` of replica `rank // ranks_per_replica` on `device`.
 
     `build_layer(i)` returns global layer i, freshly initialised; only this rank's layers are built, on the CPU
-    (the same initialisation whatever the device), then moved to `device`."""
+    (the same initialisation whatever the device), then moved to `device`. `links`: a process group per
+    direction of each pipeline link (runtime.links); None: where the backend matches messages by order (NCCL)."""
 
     def __init__(
         self,
@@ -59,9 +61,11 @@ class PipelineRuntime:
         grad_sync_factory: Callable[[list[nn.Parameter], dist.ProcessGroup | None], Callable[[], None]]
         | None = None,
         device: torch.device | str = "cpu",
+        links: bool | None = None,
     ):
         validate(schedule)
         self.device = torch.device(device)
+        self.links = LinkGroups() if (dist.get_backend() == "nccl" if links is None else links) else None
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
         self.R = schedule.num_ranks
@@ -86,6 +90,8 @@ class PipelineRuntime:
     def set_layout(self, bounds: list[tuple[int, int]], schedule: Schedule, keep: dict[int, nn.Module]) -> None:
         """(Re)build stages for `bounds`: reuse modules in `keep`, build the rest."""
         self.bounds, self.schedule = [tuple(b) for b in bounds], schedule
+        if self.links is not None:
+            self.links.ensure(schedule, self.replicas, self.device)  # collective: new channels' groups, opened
         mine = [s for s, r in enumerate(schedule.placement) if r == self.prank]
         self.layers = {}
         for s in mine:
@@ -104,12 +110,12 @@ class PipelineRuntime:
             schedule, self.prank, self.stages, self.loss_fn,
             lambda stage: self.act_meta_fn(self.bounds[stage][0], self._mb_size),
             rank_offset=self.replica * self.R, after_compute=self.after_compute, after_recv=self.after_recv,
-            device=self.device,
+            device=self.device, links=self.links,
         )
         self.eval_executor = PipelineExecutor(
             forward_only(schedule), self.prank, self.stages, self.loss_fn,
             lambda stage: self.act_meta_fn(self.bounds[stage][0], self._mb_size),
-            rank_offset=self.replica * self.R, after_recv=self.after_recv, device=self.device,
+            rank_offset=self.replica * self.R, after_recv=self.after_recv, device=self.device, links=self.links,
         )
         params = [p for _, p in self.named_parameters()]
         self._params = params

@@ -82,9 +82,10 @@ def layer_factory(cfg: JobConfig, spec: ModelSpec, data: JobData | None = None) 
 
 
 def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None, adapter: Adapter | None = None,
-                  spec: ModelSpec | None = None, data: JobData | None = None) -> PipelineRuntime:
+                  spec: ModelSpec | None = None, data: JobData | None = None,
+                  links: bool | None = None) -> PipelineRuntime:
     """This rank's pipeline runtime for the job (the partition from the config unless given) on the job's device;
-    only this rank's layers are built."""
+    only this rank's layers are built. links: a group per link direction (PipelineRuntime; None: on NCCL)."""
     t = cfg.train
     device = job_device(cfg)
     spec = spec or job_model(cfg)
@@ -95,7 +96,7 @@ def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None, a
         build, spec.loss_fn, bounds, job_schedule(cfg), act_meta,
         OptimConfig(t.weight_decay, (t.beta1, t.beta2), t.grad_clip),
         after_compute=adapter.after_compute if adapter else None, after_recv=adapter.after_recv if adapter else None,
-        grad_sync_factory=grad_sync(cfg, device), device=device,
+        grad_sync_factory=grad_sync(cfg, device), device=device, links=links,
     )
     spec.release()
     return rt
