@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gearshift.cluster.device import check_pair, choose, stream_sync
+from gearshift.cluster.device import check_pair, choose, stream_sync, stream_wait
 from gearshift.errors import ConfigError
 
 CPU = torch.device("cpu")
@@ -74,4 +74,5 @@ def test_check_pair_allows_every_other_pair():
 
 def test_the_cpu_needs_no_wait_before_reading_the_clock():
     assert stream_sync(CPU) is None
+    assert stream_wait(CPU)() is None  # a call that does nothing
     assert callable(stream_sync(torch.device("cuda", 0)))  # made without touching CUDA

@@ -89,3 +89,12 @@ def stream_sync(device: torch.device) -> Callable[[], None] | None:
     if device.type != "cuda":
         return None
     return lambda: torch.cuda.current_stream(device).synchronize()
+
+
+def stream_wait(device: torch.device) -> Callable[[], None]:
+    """stream_sync, with a call that does nothing on the CPU (for code that waits unconditionally)."""
+    return stream_sync(device) or _idle
+
+
+def _idle() -> None:
+    """The CPU's wait for finished work: nothing."""

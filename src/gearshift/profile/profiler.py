@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from torch import Tensor, nn
 
-from gearshift.cluster.device import stream_sync
+from gearshift.cluster.device import stream_wait
 from gearshift.models.gpt import estimate_flops
 from gearshift.models.layered import LayeredModel, LossFn, no_cut
 from gearshift.models.spec import ModelSpec
@@ -23,7 +23,7 @@ def _median_time(fn: Callable[[], object], repeats: int, warmup: int, device: to
                  setup: Callable[[], object] | None = None) -> float:
     """Median wall time of fn(setup()) over `repeats` runs after `warmup` untimed ones (on CUDA, from an idle
     stream to a finished one)."""
-    sync = stream_sync(device) or (lambda: None)
+    sync = stream_wait(device)
     times = []
     for r in range(warmup + repeats):
         arg = setup() if setup is not None else None

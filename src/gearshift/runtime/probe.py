@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from gearshift.cluster.device import stream_sync
+from gearshift.cluster.device import stream_wait
 from gearshift.schedules import Op
 
 
@@ -28,7 +28,7 @@ def probe_links(num_ranks: int, prank: int, offset: int, nbytes: int,
     device = torch.device(device)
     big = torch.zeros(max(nbytes // 4, 1), device=device)
     tiny = torch.zeros(1, device=device)
-    wait = stream_sync(device) or _done
+    wait = stream_wait(device)
     size = big.numel() * big.element_size()
     out = {}
     for p in range(num_ranks - 1):
@@ -40,10 +40,6 @@ def probe_links(num_ranks: int, prank: int, offset: int, nbytes: int,
             else:
                 _answer(big, tiny, offset + src, repeats, after_recv, wait)
     return out
-
-
-def _done() -> None:
-    """The CPU's wait for a finished op: nothing."""
 
 
 def _send_timed(big: Tensor, tiny: Tensor, peer: int, repeats: int, wait: Callable[[], None]) -> float:
@@ -91,7 +87,7 @@ def probe_speed(layers: nn.Module, x: Tensor, profiled_s: float,
     """This rank's speed as the monitor measures it: `profiled_s` (the profile's forward + backward work of
     `layers` for input `x`, both on the rank's device) over the median measured time of the same (device time),
     emulated slowdown included."""
-    wait = stream_sync(x.device) or _done
+    wait = stream_wait(x.device)
     times = []
     for r in range(warmup + repeats):
         xi = x.detach().requires_grad_(x.is_floating_point())

@@ -45,8 +45,11 @@ def init_distributed(cfg: JobConfig) -> None:
     if placed.device.type == "cuda":
         torch.cuda.set_device(placed.device)
     dist.init_process_group(placed.backend, timeout=datetime.timedelta(seconds=cfg.cluster.timeout_s))
-    if placed.note and dist.get_rank() == 0:
-        print(f"gearshift: {placed.note}", flush=True)
+    if dist.get_rank() == 0 and (placed.note or placed.device.type == "cuda"):
+        n = dist.get_world_size()
+        said = f"training on CUDA with NCCL ({n} rank{'s' if n > 1 else ''}, rank 0 on {placed.device})" \
+            if placed.device.type == "cuda" else ""
+        print(f"gearshift: {'; '.join(s for s in (said, placed.note) if s)}", flush=True)
 
 
 def run_worker(cfg: JobConfig, resume: bool) -> None:
