@@ -9,12 +9,12 @@ import pytest
 import torch
 from placement import on_device_only
 
-from gearshift.comm.launch import spawn
 from gearshift.runtime.migrate import migrate
 from gearshift.runtime.probe import probe_links, probe_speed
 from gearshift.train.build import build_runtime, lr_at
 from gearshift.train.config import load_config
 from gearshift.train.data import ByteCorpus
+from gloo_spawn import spawn
 
 pytestmark = pytest.mark.multiprocess
 

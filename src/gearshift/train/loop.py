@@ -93,9 +93,8 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
     if rank == 0:
         if log:
             log.close()
-            from gearshift.report.plots import plot_run
-
             from gearshift.report.html import write_report
+            from gearshift.report.plots import plot_run
 
             plot_run(read_metrics(log.path), out / "metrics.png", summary["unigram_entropy"])
             summary["report"] = str(write_report(out))
