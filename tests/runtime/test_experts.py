@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gearshift.comm.launch import spawn
 from gearshift.models.moe import moe_modules
 from gearshift.runtime.experts import ExpertPlacement, ExpertShards
 from gearshift.train.build import build_runtime, job_model, lr_at, moe_config
 from gearshift.train.checkpoint import Checkpointer
 from gearshift.train.config import load_config
 from gearshift.train.datasets import job_data
+from gloo_spawn import spawn
 
 pytestmark = pytest.mark.multiprocess
 
