@@ -29,6 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "tests"))  # gloo_spawn: the test suite's local worker launcher (the peer)
 
 WORLD = 4
 SKIP = 3  # steps left out of the median (start-up, allocation, warm caches)
@@ -144,7 +145,7 @@ def deepspeed_step(overrides: list[str], width: int, steps: int) -> dict:
         import deepspeed  # noqa: F401
     except Exception as e:  # noqa: BLE001
         return {"ok": False, "error": f"deepspeed does not import: {type(e).__name__}: {e}"}
-    from gearshift.comm.launch import spawn
+    from gloo_spawn import spawn
 
     res = spawn(_deepspeed_worker, WORLD, overrides, width, steps, timeout_s=900)
     bad = [r for r in res if not r["ok"]]

@@ -1,16 +1,19 @@
 """Pipeline training (1, 2, 4 stages; GPipe, 1F1B, kFkB; replicated) equals single-process training:
 same losses and parameters within float32 tolerance, for the GPT and for a custom model and dataset given by
-import path (examples/mlp.py)."""
+import path (examples/mlp.py). The steps run under placement.on_device_only, so a tensor the runtime makes
+without naming the model's device (a receive buffer, the clip norm, a loss reduction) fails the step; and with a
+process group per link direction, as NCCL needs (runtime.links), which every other CPU test leaves out."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from placement import on_device_only
 
-from gearshift.comm.launch import spawn
 from gearshift.train.build import build_runtime, job_model, lr_at
 from gearshift.train.config import load_config
 from gearshift.train.datasets import job_data
+from gloo_spawn import spawn
 
 pytestmark = pytest.mark.multiprocess
 
@@ -33,11 +36,13 @@ def _run_pipeline(rank: int, world: int, runs: list) -> list:
     for schedule, stages, k, micro, *model in runs:
         cfg = _cfg(world, stages, schedule, k, micro, *model)
         data = job_data(cfg)
-        rt = build_runtime(cfg, data=data)
+        rt = build_runtime(cfg, data=data, links=True)  # a group per link direction, as on NCCL (here gloo)
         losses = []
-        for step in range(STEPS):
-            x, y = data.batch(step, cfg.train.batch_size, cfg.train.seed)
-            losses.append(rt.step(x, y, lr_at(step, cfg)).loss)
+        with on_device_only(rt.device):  # a tensor made or sent off the model's device fails the step
+            for step in range(STEPS):
+                x, y = data.batch(step, cfg.train.batch_size, cfg.train.seed)
+                losses.append(rt.step(x, y, lr_at(step, cfg)).loss)
+            losses.append(rt.evaluate(*data.batch(0, cfg.train.batch_size, cfg.train.seed, "val")))
         state = rt.state()[0] if rt.replica == 0 else {}
         out.append((losses, {k: v.numpy() for k, v in state.items()}))  # by value, not shared memory
     return out
@@ -76,24 +81,19 @@ def _check(results: list, runs: list, world: int) -> None:
         for r in results:
             params.update({k: torch.from_numpy(v) for k, v in r[i][1].items()})
         assert set(params) == set(ref_params), run
-        torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6,
+        assert losses[-1] == losses[-1], f"no validation loss for {run}"  # the evaluation ran, under meta too
+        torch.testing.assert_close(torch.tensor(losses[:STEPS]), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6,
                                    msg=f"losses differ for {run}")
         for name, ref in ref_params.items():
             torch.testing.assert_close(params[name], ref, rtol=1e-5, atol=1e-6, msg=f"{name} differs for {run}")
 
 
-@pytest.mark.parametrize("stages", [1, 2, 4])
-def test_pipeline_equals_single_process(stages: int) -> None:
-    micro = 4
-    runs = [("gpipe", stages, 1, micro), ("1f1b", stages, 1, micro), ("kfkb", stages, 2, micro)]
-    if stages > 1:  # a custom model and dataset, by import path, pipelined
-        runs += [("1f1b", stages, 1, micro, "mlp"), ("kfkb", stages, 2, micro, "mlp")]
-    results = spawn(_run_pipeline, stages, runs)
-    _check(results, runs, stages)
-
-
-def test_replicated_pipeline_equals_single_process() -> None:
-    """4 workers as 2 replicas of a 2-stage 1F1B pipeline, gradients averaged across replicas."""
-    runs = [("1f1b", 2, 1, 2)]
+def test_pipelines_equal_single_process() -> None:
+    """One group of 4 workers runs every case: each schedule on 4 stages, on 2 stages x 2 replicas and on 1 stage
+    x 4 replicas (pure data parallelism: the gradient-sync policy's buckets); a custom model and dataset, by
+    import path, pipelined."""
+    runs = [("gpipe", 4, 1, 4), ("1f1b", 4, 1, 4), ("kfkb", 4, 2, 4), ("1f1b", 4, 1, 4, "mlp"),
+            ("gpipe", 2, 1, 2), ("1f1b", 2, 1, 2), ("kfkb", 2, 2, 2), ("kfkb", 2, 2, 2, "mlp"),
+            ("1f1b", 1, 1, 2)]
     results = spawn(_run_pipeline, 4, runs)
     _check(results, runs, 4)

@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gearshift.comm.launch import spawn
 from gearshift.models.moe import moe_modules
 from gearshift.runtime.experts import ExpertPlacement, ExpertShards
 from gearshift.train.build import build_runtime, job_model, lr_at, moe_config
 from gearshift.train.checkpoint import Checkpointer
 from gearshift.train.config import load_config
 from gearshift.train.datasets import job_data
+from gloo_spawn import spawn
 
 pytestmark = pytest.mark.multiprocess
 
@@ -28,11 +28,13 @@ BASE = ["--model.name=moe_gpt", "--model.layers=2", "--model.width=32", "--model
         "--data.max_bytes=100000", "--train.warmup_steps=1", "--train.lr=1e-3", "--train.grad_clip=0.5",
         "--parallel.microbatches=2"]
 # (stages, expert-parallel width, top_k, capacity_factor, schedule, placement of every MoE layer or None)
+# (the resume below adds 2 stages x 2 replicas x EP 2 without capacity)
 RUNS = [
     (1, 4, 2, 0.0, "1f1b", None),
-    (1, 2, 2, 1.0, "1f1b", None),  # two expert-parallel groups of two: each expert summed over 2 copies
     (2, 2, 1, 1.25, "1f1b", None),  # 2 stages x 2 replicas, top-1, a capacity
-    (1, 2, 2, 0.0, "gpipe", ((0,), (0, 1), (1,), (1, 0))),  # experts 1 and 3 on both ranks of a group
+    # two expert-parallel groups of two (each expert summed over its copies), experts 1 and 3 on both ranks of a
+    # group, a capacity
+    (1, 2, 2, 1.0, "gpipe", ((0,), (0, 1), (1,), (1, 0))),
 ]
 
 

@@ -18,6 +18,7 @@ COMMANDS = {
     "allreduce": ("allreduce", "all-reduce algorithm per message size: predicted for a spec, or measured"),
     "moe": ("moe", "expert placement: replay policies on a routing trace, or write a synthetic one"),
     "testbed": ("testbed", "emulated multi-host network (Linux namespaces + tc)"),
+    "report": ("report", "write RUN_DIR/report.html: loss, throughput, partition, bubbles, decisions, config"),
 }
 
 

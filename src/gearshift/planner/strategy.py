@@ -9,10 +9,10 @@ uniform, or the mean shares of a recorded trace) and adds its all-to-alls (forwa
 backward: dispatch, combine), each priced alpha per peer plus the bytes the busiest rank sends or receives; at
 the end, the dense gradients are all-reduced over the D replicas and each expert's over its D / e copies
 (sim.collectives), then AdamW steps. Ranks that share cores compute at a shared speed found as a fixed point
-(mean-field processor sharing, as planner.predict.predict_shared_cores): a rank computes at min(1, cores / A)
-of its speed, A the mean number of ranks using a core at once. Memory per rank: parameters x 4 (weights,
-gradients, AdamW's two moments) of its dense layers and its experts, plus the activations of the micro-batches
-the schedule holds at once."""
+(mean-field processor sharing over all S x D ranks; the simulator's own sharing sees one pipeline's ranks only):
+a rank computes at min(1, cores / A) of its speed, A the mean number of ranks using a core at once. Memory per
+rank: parameters x 4 (weights, gradients, AdamW's two moments) of its dense layers and its experts, plus the
+activations of the micro-batches the schedule holds at once."""
 
 from __future__ import annotations
 

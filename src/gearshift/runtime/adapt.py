@@ -8,6 +8,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+import torch
 import torch.distributed as dist
 
 from gearshift.cluster.emulate import Emulator
@@ -41,6 +42,7 @@ class Adapter:
     period_alpha: float = 0.5  # weight of the newest period's median in the speed estimate (damps chasing noise)
     mb_size: int = 1  # samples per micro-batch, as last observed
     reset_ratio: float = 1.6  # a period median this many times off the estimate is a change: taken as it is
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # where this rank's probes run
 
     def __post_init__(self) -> None:
         self.monitor = Monitor(dist.get_world_size(), self.alpha)
@@ -108,7 +110,7 @@ class Adapter:
         if stages < 2:
             return
         act = max(lp.activation_bytes for lp in self.profile.layers[:-1]) * self.mb_size
-        found = probe_links(stages, prank, replica * stages, int(act), self.after_recv)
+        found = probe_links(stages, prank, replica * stages, int(act), self.after_recv, device=self.device)
         for (a, b), (nbytes, seconds) in found.items():
             self.monitor.record_transfer(a, b, nbytes, seconds)
 

@@ -18,6 +18,7 @@ from gearshift.runtime.probe import probe_speed
 from gearshift.train.build import job_schedule, layer_factory
 from gearshift.train.config import JobConfig
 from gearshift.train.datasets import JobData
+from gearshift.train.env import job_device
 from gearshift.train.profiling import microbatch_size, profile_job
 
 
@@ -42,10 +43,11 @@ def build_adapter(cfg: JobConfig, data: JobData, spec: ModelSpec) -> Adapter | N
     rank, world = dist.get_rank(), dist.get_world_size()
     if not adapts(cfg, world):
         return None
+    device = job_device(cfg)
     if cfg.adapt.profile:
         profile = ModelProfile.load(cfg.adapt.profile)
-    else:  # rank 0 profiles (speed 1.0 by definition); everyone plans from the same numbers
-        box = [profile_job(cfg, repeats=3, warmup=1, data=data, spec=spec) if rank == 0 else None]
+    else:  # rank 0 profiles on its device (speed 1.0 by definition); everyone plans from the same numbers
+        box = [profile_job(cfg, repeats=3, warmup=1, data=data, spec=spec, device=device) if rank == 0 else None]
         dist.broadcast_object_list(box, src=0)
         profile = box[0]
     base = ClusterState.from_spec(load_spec(cfg.cluster.spec)) if cfg.cluster.spec else local_state(world)
@@ -53,7 +55,7 @@ def build_adapter(cfg: JobConfig, data: JobData, spec: ModelSpec) -> Adapter | N
     forced = {int(step): [tuple(b) for b in bounds] for step, bounds in cfg.adapt.force}
     ad = Adapter(profile, base, cfg.adapt.every if _replans(cfg) else 0, cfg.adapt.alpha,
                  emulator if emulator.active else None, forced)
-    ad.mb_size = microbatch_size(cfg)
+    ad.mb_size, ad.device = microbatch_size(cfg), device
     return ad
 
 
@@ -72,12 +74,17 @@ def plan_start(cfg: JobConfig, adapter: Adapter, spec: ModelSpec, data: JobData)
 
 
 def _probe_speed(cfg: JobConfig, adapter: Adapter, prank: int, spec: ModelSpec, data: JobData) -> float:
-    """This rank's speed on the layers a uniform split gives its pipeline position, on one micro-batch."""
+    """This rank's speed on the layers a uniform split gives its pipeline position, on one micro-batch, on its
+    device."""
     a, b = uniform_bounds(adapter.profile.num_layers, cfg.parallel.stages)[prank]
     build, act_meta = layer_factory(cfg, spec, data)
     shape, dtype = act_meta(a, adapter.mb_size)
-    x = torch.zeros(shape, dtype=dtype) if not dtype.is_floating_point else torch.randn(shape, dtype=dtype)
-    layers = torch.nn.Sequential(*[build(i) for i in range(a, b)])
+    cpu = torch.device("cpu")  # built where the runtime builds them, then moved
+    x = torch.zeros(shape, dtype=dtype, device=cpu) if not dtype.is_floating_point else \
+        torch.randn(shape, dtype=dtype, device=cpu)
+    with cpu:
+        layers = torch.nn.Sequential(*[build(i) for i in range(a, b)])
+    x, layers = x.to(adapter.device), layers.to(adapter.device)
     prof = adapter.profile
     profiled = adapter.mb_size / prof.microbatch_size * sum(lp.work_s for lp in prof.layers[a:b])
     return probe_speed(layers, x, profiled, adapter.after_compute)

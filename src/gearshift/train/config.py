@@ -100,13 +100,16 @@ class ClusterConfig:
 
     workers: int = key(4, "local worker processes (under torchrun: the processes torchrun started)")
     spec: str = key("", 'cluster spec TOML for planning (devices, speeds, links); "" = the local workers, all equal')
-    backend: str = key("auto", "process-group backend: auto (nccl with CUDA, else gloo), gloo, nccl")
+    backend: str = key("auto", "process-group backend: auto (nccl for cuda, gloo for cpu), gloo (CPU tensors), "
+                               "nccl (CUDA tensors)")
     timeout_s: float = key(120.0, "collective timeout in seconds: a dead peer surfaces within this")
     ranks_per_node: int = key(0, "local ranks per (emulated) node; 0 = every worker on one node")
     testbed: bool = key(False, "run each node's ranks in its own network namespace over shaped links (root)")
     bandwidth: str = key("1gbit", "testbed per-host link rate (tc syntax: 200mbit, 1gbit, ...)")
     stop_grace_s: float = key(60.0, "after SIGTERM / SIGINT, seconds the workers get to finish their step and "
                                     "checkpoint before they are killed")
+    device: str = key("auto", "where each rank computes: auto (cuda:LOCAL_RANK where CUDA has a GPU for every local "
+                              "rank, else the CPU), cpu, cuda (fewer GPUs than ranks: shared)")
 
 
 @dataclass
@@ -356,7 +359,11 @@ def validate(cfg: JobConfig) -> JobConfig:
     n_layers, layers_are, no_cut = _validate_model(cfg)
     _validate_data(cfg)
     _check(1 <= c.workers <= 64, f"cluster.workers: must be in 1..64, got {c.workers}")
-    _check(c.backend in ("auto", "gloo", "nccl"), f"cluster.backend: {c.backend!r} (allowed: auto, gloo, nccl)")
+    from gearshift.cluster.device import BACKENDS, DEVICES, check_pair
+
+    _check(c.backend in BACKENDS, f"cluster.backend: {c.backend!r} (allowed: {', '.join(BACKENDS)})")
+    _check(c.device in DEVICES, f"cluster.device: {c.device!r} (allowed: {', '.join(DEVICES)})")
+    check_pair(c.device, c.backend)  # whether this machine has CUDA is checked where the workers start
     _check(c.timeout_s > 0, f"cluster.timeout_s: must be > 0, got {c.timeout_s}")
     _check(c.stop_grace_s > 0, f"cluster.stop_grace_s: must be > 0, got {c.stop_grace_s}")
     if c.spec:

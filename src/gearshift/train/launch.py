@@ -8,6 +8,7 @@ import copy
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -16,10 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gearshift.comm.launch import free_port
 from gearshift.imports import is_import_path, path_of
 from gearshift.train.build import brings_own, check_job
 from gearshift.train.config import JobConfig, validate
+from gearshift.train.env import job_placement
 from gearshift.train.rundir import prepare_run_dir
 
 
@@ -38,6 +39,13 @@ class WorkerFailure:
         lines = [ln for ln in self.error.strip().splitlines() if ln.strip()]
         last = lines[-1] if lines else f"exited with code {self.returncode} (no Python error: killed?)"
         return f"rank {self.rank} failed: {last}"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _read_failure(rank: int, rc: int, err_file: Path) -> WorkerFailure:
@@ -115,6 +123,7 @@ def launch(
     `env` adds variables to every worker. With a `testbed` (gearshift.cluster.testbed.Testbed, up), each
     node's ranks run inside that node's network namespace and talk over its shaped link."""
     cfg = use_functions(cfg, model, data)
+    job_placement(cfg, local_world=cfg.cluster.ranks_per_node or cfg.cluster.workers)  # a device not here: one line
     if brings_own(cfg):  # the built-ins always fit
         check_job(cfg)
     note = prepare_run_dir(cfg, resume)

@@ -125,6 +125,7 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
     if rank == 0:
         if log:
             log.close()
+            from gearshift.report.html import write_report
             from gearshift.report.plots import plot_run
 
             plot_run(read_metrics(log.path), out / "metrics.png", summary["unigram_entropy"])
@@ -132,6 +133,7 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
                 from gearshift.report.placement_plots import plot_run_placement
 
                 plot_run_placement(read_metrics(log.path), cfg.parallel.experts, out / "placement.png")
+            summary["report"] = str(write_report(out))
         print_summary(cfg, summary)
         if stopped:
             print(f"gearshift: stopped after step {history[-1]['step'] + 1} ({stop.signal_name}); checkpoint "

@@ -9,6 +9,7 @@ from gearshift.profile import ModelProfile
 from gearshift.profile.profiler import profile_spec
 from gearshift.train.config import JobConfig
 from gearshift.train.datasets import JobData
+from gearshift.train.env import job_device
 
 
 def microbatch_size(cfg: JobConfig) -> int:
@@ -16,9 +17,10 @@ def microbatch_size(cfg: JobConfig) -> int:
 
 
 def profile_job(cfg: JobConfig, repeats: int = 5, warmup: int = 2, data: JobData | None = None,
-                spec: ModelSpec | None = None) -> ModelProfile:
+                spec: ModelSpec | None = None, device: torch.device | None = None) -> ModelProfile:
     """Per-layer times and bytes of the job's model for one of its micro-batches, on one thread, layer by
-    layer (each built, measured and dropped); the model's keep_together becomes the profile's no_cut."""
+    layer (each built, measured and dropped), on `device` (default: the job's, cluster.device); the model's
+    keep_together becomes the profile's no_cut."""
     from gearshift.train.build import brings_own, check_job, job_model
     from gearshift.train.datasets import job_data
 
@@ -29,6 +31,7 @@ def profile_job(cfg: JobConfig, repeats: int = 5, warmup: int = 2, data: JobData
         if brings_own(cfg):  # a model and data that do not fit: one line, not a traceback
             check_job(cfg, spec, data)
         x, y = data.sample(microbatch_size(cfg), cfg.train.seed)
-        return profile_spec(spec, cfg.train.seed, x, y, repeats=repeats, warmup=warmup)
+        return profile_spec(spec, cfg.train.seed, x, y, repeats=repeats, warmup=warmup,
+                            device=job_device(cfg) if device is None else device)
     finally:
         torch.set_num_threads(threads)

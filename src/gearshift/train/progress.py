@@ -60,4 +60,6 @@ def print_summary(cfg: JobConfig, s: dict) -> None:
         t.add_row("expert placement", f"{s['placement_switches']} moves in {s['placement_decisions']} decisions "
                                       f"(every {cfg.moe.every} steps)")
     t.add_row("output", cfg.output.dir)
+    if s.get("report"):
+        t.add_row("report", f"{s['report']} (open in a browser)")
     Console().print(t)

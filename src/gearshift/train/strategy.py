@@ -5,6 +5,7 @@ slowdowns and shared cores), the measured or specified communication costs; pric
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import os
 import time
@@ -147,14 +148,48 @@ def resolve_auto(cfg: JobConfig) -> tuple[JobConfig, dict | None]:
     return with_strategy(cfg, chosen), event
 
 
-def _measure(rank: int, world: int) -> CommCosts:
+def _measure_rank(out: str) -> None:
+    """One rank of measure_local's workers (env://, started by train.launch.run_ranks): measure the exchanges
+    together; rank 0 writes them to `out` as JSON."""
+    import json
+
+    import torch.distributed as dist
+
     from gearshift.comm.exchange_costs import measure_exchange_costs
 
-    return measure_exchange_costs()
+    if os.environ.get("MASTER_ADDR") == "127.0.0.1":
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # keep every byte on loopback
+    dist.init_process_group("gloo")
+    comm = measure_exchange_costs()
+    if dist.get_rank() == 0:
+        tmp = f"{out}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(dataclasses.asdict(comm), f)
+        os.replace(tmp, out)
 
 
 def measure_local(workers: int) -> CommCosts:
-    """The exchange costs of `workers` local gloo workers, measured by starting them for a moment."""
-    from gearshift.comm.launch import spawn
+    """The exchange costs of `workers` local gloo workers, measured by starting them for a moment (each runs
+    this module as a rank of train.launch.run_ranks)."""
+    import json
+    import sys
+    import tempfile
+    from pathlib import Path
 
-    return spawn(_measure, workers)[0]
+    from gearshift.train.launch import run_ranks
+
+    with tempfile.TemporaryDirectory(prefix="gs-exchange-") as run_dir:
+        out = Path(run_dir) / "comm.json"
+        cmd = [sys.executable, "-m", "gearshift.train.strategy", str(out)]
+        if run_ranks(cmd, workers, workers, Path(run_dir), quiet=True) != 0 or not out.is_file():
+            raise PlanError(f"strategy: measuring the exchanges of {workers} local workers failed")
+        d = json.loads(out.read_text())
+    return CommCosts(**{**d, "links": LinkCosts(**d["links"])})
+
+
+if __name__ == "__main__":  # a rank of measure_local
+    import sys
+
+    from gearshift.train.worker import run_as_worker
+
+    run_as_worker(lambda: _measure_rank(sys.argv[1]))
