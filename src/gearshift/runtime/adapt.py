@@ -19,7 +19,7 @@ from gearshift.runtime.executor import StepRecord
 from gearshift.runtime.migrate import migrate
 from gearshift.runtime.monitor import Ewma, Monitor, merge
 from gearshift.runtime.pipeline import PipelineRuntime
-from gearshift.runtime.probe import probe_links
+from gearshift.runtime.probe import probe_latency, probe_links
 from gearshift.schedules import Op, Schedule
 
 
@@ -41,9 +41,11 @@ class Adapter:
     period_alpha: float = 0.5  # weight of the newest period's median in the speed estimate (damps chasing noise)
     mb_size: int = 1  # samples per micro-batch, as last observed
     reset_ratio: float = 1.6  # a period median this many times off the estimate is a change: taken as it is
+    profiles: dict[int, ModelProfile] = field(default_factory=dict)  # micro-batch size -> profile at that size
+    start_measured: bool = False  # speed and links probed before training
 
     def __post_init__(self) -> None:
-        self.monitor = Monitor(dist.get_world_size(), self.alpha)
+        self.monitor = Monitor(dist.get_world_size(), self.alpha, self.reset_ratio)
         self.window: list[float] = []  # this rank's speed samples since the last re-plan
         self._skip = self.skip
         self._estimate: float | None = None
@@ -103,14 +105,24 @@ class Adapter:
         return merge(dicts).state(step, self.base.resized(dist.get_world_size())).pipeline(stages)
 
     def measure_links(self, stages: int, prank: int, replica: int) -> None:
-        """Probe each pipeline link, both ways, with a message of the largest activation a stage sends
-        (collective: every replica probes its own pipeline's links at once)."""
+        """Probe each pipeline link, both ways, with a message of the largest activation a stage sends, and its
+        latency with small round trips (collective: every replica probes its own pipeline's links at once)."""
         if stages < 2:
             return
         act = max(lp.activation_bytes for lp in self.profile.layers[:-1]) * self.mb_size
         found = probe_links(stages, prank, replica * stages, int(act), self.after_recv)
         for (a, b), (nbytes, seconds) in found.items():
             self.monitor.record_transfer(a, b, nbytes, seconds)
+        for (a, b), seconds in probe_latency(stages, prank, replica * stages, self.after_recv).items():
+            self.monitor.record_latency(a, b, seconds)
+
+    def use_microbatch(self, size: int) -> None:
+        """A new split runs: observe and probe at its micro-batch size, against its own profile (speeds stay
+        comparable: profiled work at that size over measured time), and skip the first step's sample."""
+        self.mb_size = size
+        if size in self.profiles:
+            self.profile = self.profiles[size]
+        self._skip = self.skip
 
     def plan_start(self, schedule: Schedule, measured: bool) -> dict:
         """The partition to start from (collective): the DP over the pipeline as specified, or as measured

@@ -1,6 +1,12 @@
-"""Profile the configured job's model on one micro-batch of its own data (what planners read)."""
+"""Profile the configured job's model on micro-batches of its own data (what planners read): at the job's
+micro-batch size, or at each size a schedule choice may run (cached per model and size)."""
 
 from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import replace
+from pathlib import Path
 
 import torch
 
@@ -16,9 +22,10 @@ def microbatch_size(cfg: JobConfig) -> int:
 
 
 def profile_job(cfg: JobConfig, repeats: int = 5, warmup: int = 2, data: JobData | None = None,
-                spec: ModelSpec | None = None) -> ModelProfile:
-    """Per-layer times and bytes of the job's model for one of its micro-batches, on one thread, layer by
-    layer (each built, measured and dropped); the model's keep_together becomes the profile's no_cut."""
+                spec: ModelSpec | None = None, size: int | None = None) -> ModelProfile:
+    """Per-layer times and bytes of the job's model for one of its micro-batches (or one of `size` samples),
+    on one thread, layer by layer (each built, measured and dropped); the model's keep_together becomes the
+    profile's no_cut."""
     from gearshift.train.build import brings_own, check_job, job_model
     from gearshift.train.datasets import job_data
 
@@ -28,7 +35,43 @@ def profile_job(cfg: JobConfig, repeats: int = 5, warmup: int = 2, data: JobData
         spec, data = spec or job_model(cfg), data or job_data(cfg)
         if brings_own(cfg):  # a model and data that do not fit: one line, not a traceback
             check_job(cfg, spec, data)
-        x, y = data.sample(microbatch_size(cfg), cfg.train.seed)
+        x, y = data.sample(size or microbatch_size(cfg), cfg.train.seed)
         return profile_spec(spec, cfg.train.seed, x, y, repeats=repeats, warmup=warmup)
     finally:
         torch.set_num_threads(threads)
+
+
+def profile_sizes(cfg: JobConfig, sizes: list[int], cache: str = "", passes: int = 1, repeats: int = 3,
+                  warmup: int = 1, data: JobData | None = None,
+                  spec: ModelSpec | None = None) -> dict[int, ModelProfile]:
+    """The job's model profiled at each micro-batch size, once: read from the `cache` directory when a profile
+    of this model at that size is there, else measured (per layer, the fastest of `passes` passes: a shared
+    machine only ever adds time) and written there."""
+    from gearshift.train.build import job_model
+    from gearshift.train.datasets import job_data
+
+    spec, data = spec or job_model(cfg), data or job_data(cfg)
+    out = {}
+    for size in sorted(set(sizes)):
+        path = Path(cache) / f"profile-{model_key(cfg)}-mb{size}.json" if cache else None
+        if path is not None and path.is_file():
+            out[size] = ModelProfile.load(path)
+            continue
+        runs = [profile_job(cfg, repeats, warmup, data, spec, size) for _ in range(passes)]
+        layers = [replace(lps[0], forward_s=min(lp.forward_s for lp in lps),
+                          backward_s=min(lp.backward_s for lp in lps)) for lps in zip(*(r.layers for r in runs))]
+        out[size] = replace(runs[0], layers=layers, meta={**runs[0].meta, "passes": passes})
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            out[size].save(tmp)
+            tmp.replace(path)
+    return out
+
+
+def model_key(cfg: JobConfig) -> str:
+    """A short digest of what a profile depends on: the model and the shape of its samples."""
+    what = {"model": cfg.model.name, "table": cfg.model.table(), "data": cfg.data.name, "seq_len": cfg.data.seq_len,
+            "data_table": cfg.data.table() if cfg.data.name not in ("bytes", "text") else {},
+            "torch": torch.__version__}
+    return hashlib.sha1(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:12]
