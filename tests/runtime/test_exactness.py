@@ -97,3 +97,36 @@ def test_replicated_pipeline_equals_single_process() -> None:
     runs = [("1f1b", 2, 1, 2)]
     results = spawn(_run_pipeline, 4, runs)
     _check(results, runs, 4)
+
+
+SWITCHES = [(4, 1), (2, 2), (8, 8)]  # (m, K) of steps 0, 1, 2: 1F1B, then 2F2B on 2 micro-batches, then GPipe
+
+
+def _run_switching(rank: int, world: int) -> tuple:
+    from gearshift.schedules import make_schedule
+
+    cfg = _cfg(world, world, "kfkb", k=1, micro=4)
+    data = job_data(cfg)
+    rt = build_runtime(cfg, data=data)
+    opt_id = id(rt.optimizer)
+    losses = []
+    for step, (m, k) in enumerate(SWITCHES):
+        if (m, k) != (rt.schedule.num_microbatches, rt.schedule.params.get("k")):
+            rt.set_schedule(make_schedule("kfkb", world, m, k=k))  # at the step boundary, on every rank
+        x, y = data.batch(step, cfg.train.batch_size, cfg.train.seed)
+        losses.append(rt.step(x, y, lr_at(step, cfg)).loss)
+    steps = {int(st["step"]) for st in rt.optimizer.state.values()}
+    return losses, {k: v.numpy() for k, v in rt.state()[0].items()}, id(rt.optimizer) == opt_id, steps
+
+
+def test_switching_schedules_mid_run_equals_single_process() -> None:
+    """A run that switches (m, K) at every step boundary (set_schedule: new executors, same optimizer and
+    state) trains exactly as single-process training, so as a run that does not switch."""
+    results = spawn(_run_switching, 2)
+    ref_losses, ref_params = _reference(_cfg(2, 2, "kfkb", micro=4))
+    torch.testing.assert_close(torch.tensor(results[0][0]), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6)
+    params = {k: torch.from_numpy(v) for r in results for k, v in r[1].items()}
+    assert set(params) == set(ref_params)
+    for name, ref in ref_params.items():
+        torch.testing.assert_close(params[name], ref, rtol=1e-5, atol=1e-6, msg=f"{name} differs")
+    assert all(same_optimizer and steps == {len(SWITCHES)} for _, _, same_optimizer, steps in results)
