@@ -43,6 +43,7 @@ class Adapter:
     reset_ratio: float = 1.6  # a period median this many times off the estimate is a change: taken as it is
     profiles: dict[int, ModelProfile] = field(default_factory=dict)  # micro-batch size -> profile at that size
     start_measured: bool = False  # speed and links probed before training
+    probe_bytes: int = 0  # the smallest link probe (a longer message times the bandwidth better)
 
     def __post_init__(self) -> None:
         self.monitor = Monitor(dist.get_world_size(), self.alpha, self.reset_ratio)
@@ -105,11 +106,12 @@ class Adapter:
         return merge(dicts).state(step, self.base.resized(dist.get_world_size())).pipeline(stages)
 
     def measure_links(self, stages: int, prank: int, replica: int) -> None:
-        """Probe each pipeline link, both ways, with a message of the largest activation a stage sends, and its
-        latency with small round trips (collective: every replica probes its own pipeline's links at once)."""
+        """Probe each pipeline link, both ways, with a message of the largest activation a stage sends (at least
+        probe_bytes), and its latency with small round trips (collective: every replica probes its own
+        pipeline's links at once)."""
         if stages < 2:
             return
-        act = max(lp.activation_bytes for lp in self.profile.layers[:-1]) * self.mb_size
+        act = max(max(lp.activation_bytes for lp in self.profile.layers[:-1]) * self.mb_size, self.probe_bytes)
         found = probe_links(stages, prank, replica * stages, int(act), self.after_recv)
         for (a, b), (nbytes, seconds) in found.items():
             self.monitor.record_transfer(a, b, nbytes, seconds)

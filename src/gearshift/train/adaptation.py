@@ -96,6 +96,9 @@ def build_switcher(cfg: JobConfig, adapter: Adapter | None) -> ScheduleSwitcher 
     if adapter is None or not switches(cfg):
         return None
     a, auto = cfg.adapt, cfg.parallel.schedule == "auto"
+    batch = cfg.train.batch_size // cfg.replicas
+    # links are probed with the largest message a candidate sends: a whole replica batch's activation
+    adapter.probe_bytes = batch * max(lp.activation_bytes for lp in adapter.profile.layers[:-1])
     return ScheduleSwitcher(adapter.profiles, cfg.train.batch_size // cfg.replicas, cfg.parallel.stages,
                             memory_limit(cfg), a.every if auto else 0, a.link_change if auto else 0.0,
                             a.schedule_margin, {int(s): (int(m), int(k)) for s, m, k in a.force_schedule})
