@@ -59,6 +59,12 @@ def test_every_split_and_k_up_to_m_without_a_limit() -> None:
         [4 * 2 * PARAMS + n * 2 * PEAK for n in peak_in_flight(make_schedule("gpipe", 4, 8))])
 
 
+def test_the_measured_step_overhead_adds_to_every_candidate() -> None:
+    plain = price(profiles(8), BOUNDS, state(), 8)
+    more = price(profiles(8), BOUNDS, state(), 8, step_overhead_s=0.25)
+    assert [b.predicted_s - a.predicted_s for a, b in zip(plain, more)] == pytest.approx([0.25] * len(plain))
+
+
 def test_a_candidate_over_the_memory_limit_is_never_chosen() -> None:
     slow = state(bandwidth=2e6, latency=5e-3)  # transfers matter: holding more micro-batches pays
     free = choose(profiles(8), BOUNDS, slow, 8)

@@ -99,11 +99,12 @@ class ScheduleChoice:
 
 def price(profiles: Mapping[int, ModelProfile], bounds: Sequence[tuple[int, int]], state: ClusterState, batch: int,
           memory: Sequence[float] | None = None, ms: Sequence[int] | None = None,
-          predictor: Predictor = predict) -> list[Candidate]:
+          predictor: Predictor = predict, step_overhead_s: float = 0.0) -> list[Candidate]:
     """Every (m, K) for a replica's `batch`, each simulated under `state` (one device per stage) with the
     profile measured at its micro-batch size (`profiles[size]`). `memory` caps each rank (bytes; None: no
     cap, K runs to m); a candidate over it is kept, marked not fitting, and is never chosen. `ms` restricts
-    the splits (each must divide the batch)."""
+    the splits (each must divide the batch). `step_overhead_s`, the time a step spends after the pipeline
+    drains (the gradient-norm all-reduce and the optimizer, as measured), is added to every prediction."""
     bounds = [tuple(b) for b in bounds]
     S = len(bounds)
     all_ms = splits(batch)
@@ -130,7 +131,7 @@ def price(profiles: Mapping[int, ModelProfile], bounds: Sequence[tuple[int, int]
             seen.add(acts)
             res = predictor(prof, bounds, sch, st, mb)
             out.append(Candidate(m, k, mb, list(res.peak_act_mem), res.fits_memory,
-                                 res.iteration_s if res.fits_memory else INF, res.bubble_fraction))
+                                 res.iteration_s + step_overhead_s if res.fits_memory else INF, res.bubble_fraction))
     return out
 
 
@@ -185,10 +186,13 @@ def _nothing_fits(candidates: list[Candidate], memory: Sequence[float] | None) -
 
 def choose(profiles: Mapping[int, ModelProfile], bounds: Sequence[tuple[int, int]], state: ClusterState, batch: int,
            memory: Sequence[float] | None = None, step: int = 0, current: tuple[int, int] | None = None,
-           margin: float = 0.0, ms: Sequence[int] | None = None, predictor: Predictor = predict) -> ScheduleChoice:
+           margin: float = 0.0, ms: Sequence[int] | None = None, predictor: Predictor = predict,
+           step_overhead_s: float = 0.0) -> ScheduleChoice:
     """price() then decide(): the schedule to run under `state`."""
-    cands = price(profiles, bounds, state, batch, memory, ms, predictor)
-    return decide(cands, state, step, current, margin, memory)
+    cands = price(profiles, bounds, state, batch, memory, ms, predictor, step_overhead_s)
+    ch = decide(cands, state, step, current, margin, memory)
+    ch.extra["step_overhead_s"] = step_overhead_s
+    return ch
 
 
 def links_moved(priced: dict, now: dict, act_bytes: Sequence[float], fraction: float) -> list[str]:

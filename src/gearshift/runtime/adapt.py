@@ -44,9 +44,11 @@ class Adapter:
     profiles: dict[int, ModelProfile] = field(default_factory=dict)  # micro-batch size -> profile at that size
     start_measured: bool = False  # speed and links probed before training
     probe_bytes: int = 0  # the smallest link probe (a longer message times the bandwidth better)
+    link_reset: float = 3.0  # a link sample this many times off its estimate is a changed link: taken as it is
 
     def __post_init__(self) -> None:
-        self.monitor = Monitor(dist.get_world_size(), self.alpha, self.reset_ratio)
+        self.monitor = Monitor(dist.get_world_size(), self.alpha, self.link_reset)
+        self.merged: Monitor | None = None  # every rank's monitor, as last gathered
         self.window: list[float] = []  # this rank's speed samples since the last re-plan
         self._skip = self.skip
         self._estimate: float | None = None
@@ -64,6 +66,7 @@ class Adapter:
     def observe(self, rt: PipelineRuntime, rec: StepRecord, mb_size: int) -> None:
         """Feed this rank's measured compute against the profiled work of its stages."""
         self.mb_size = mb_size
+        self.monitor.record_step(dist.get_rank(), sum(e - s for label, s, e in rec.events if label == "STEP"))
         scale = mb_size / self.profile.microbatch_size
         m = rt.schedule.num_microbatches
         profiled = sum(scale * m * sum(lp.work_s for lp in self.profile.layers[a:b])
@@ -103,7 +106,8 @@ class Adapter:
         specified cluster."""
         dicts: list = [None] * dist.get_world_size()
         dist.all_gather_object(dicts, self.monitor.to_dict())
-        return merge(dicts).state(step, self.base.resized(dist.get_world_size())).pipeline(stages)
+        self.merged = merge(dicts)
+        return self.merged.state(step, self.base.resized(dist.get_world_size())).pipeline(stages)
 
     def measure_links(self, stages: int, prank: int, replica: int) -> None:
         """Probe each pipeline link, both ways, with a message of the largest activation a stage sends (at least

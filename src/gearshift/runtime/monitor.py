@@ -40,6 +40,7 @@ class Monitor:
         self.speeds: list[Ewma | None] = [None] * num_ranks
         self.links: dict[tuple[int, int], Ewma] = {}
         self.latencies: dict[tuple[int, int], Ewma] = {}
+        self.steps: list[Ewma | None] = [None] * num_ranks  # the STEP action: clip all-reduce + optimizer
 
     def record_compute(self, rank: int, profiled_s: float, measured_s: float) -> None:
         """One compute measurement: effective speed = profiled time / measured time."""
@@ -57,6 +58,22 @@ class Monitor:
         if num_bytes <= 0 or seconds <= 0 or src == dst:
             return
         self._record(self.links, src, dst, num_bytes / seconds)
+
+    def record_step(self, rank: int, seconds: float) -> None:
+        """One measurement of `rank`'s STEP action (the gradient-norm all-reduce and the optimizer step)."""
+        if seconds < 0:
+            return
+        cur = self.steps[rank]
+        if cur is None:
+            self.steps[rank] = Ewma(seconds)
+        else:
+            cur.update(seconds, self.alpha)
+
+    def step_overhead(self) -> float | None:
+        """Seconds a step spends after the pipeline drains: the fastest rank's STEP (the last to reach the
+        collective waits least: its time is the all-reduce's and the optimizer's own). None before any."""
+        xs = [e.value for e in self.steps if e is not None]
+        return min(xs) if xs else None
 
     def record_latency(self, src: int, dst: int, seconds: float) -> None:
         """One latency measurement of link src -> dst (e.g. half a small message's round trip)."""
@@ -111,6 +128,7 @@ class Monitor:
             "links": [[a, b, e.value, e.samples] for (a, b), e in sorted(self.links.items())],
             "latencies": [[a, b, e.value, e.samples] for (a, b), e in sorted(self.latencies.items())],
             "reset_ratio": self.reset_ratio,
+            "steps": [None if e is None else [e.value, e.samples] for e in self.steps],
         }
 
     @classmethod
@@ -123,6 +141,8 @@ class Monitor:
             m.links[(a, b)] = Ewma(v, n)
         for a, b, v, n in d.get("latencies", []):
             m.latencies[(a, b)] = Ewma(v, n)
+        for r, x in enumerate(d.get("steps", [])):
+            m.steps[r] = None if x is None else Ewma(x[0], x[1])
         return m
 
 
@@ -143,6 +163,7 @@ def merge(dicts: list[dict]) -> Monitor:
     out = Monitor(max(p.num_ranks for p in parts), parts[0].alpha, parts[0].reset_ratio)
     for r in range(out.num_ranks):
         out.speeds[r] = _combine([p.speeds[r] for p in parts if r < p.num_ranks and p.speeds[r] is not None])
+        out.steps[r] = _combine([p.steps[r] for p in parts if r < p.num_ranks and p.steps[r] is not None])
     for table in ("links", "latencies"):
         mine = getattr(out, table)
         for key in sorted({k for p in parts for k in getattr(p, table)}):

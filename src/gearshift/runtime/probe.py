@@ -89,7 +89,7 @@ def probe_speed(layers: nn.Module, x: Tensor, profiled_s: float,
 
 
 def probe_latency(num_ranks: int, prank: int, offset: int,
-                  after_recv: Callable[[int, int, float], None] | None = None, repeats: int = 5) -> dict:
+                  after_recv: Callable[[int, int, float], None] | None = None, repeats: int = 7) -> dict:
     """Collective over each pipeline of `num_ranks` ranks: one-float round trips over each link p <-> p+1
     (through the receive hook, so an emulated latency counts). Returns {(src, dst): seconds}, half the median
     round trip, for both directions of the links this rank started (p; one-way delays cannot be told apart

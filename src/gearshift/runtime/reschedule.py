@@ -53,7 +53,8 @@ class ScheduleSwitcher:
         """The first choice, under the links measured before training (adapter.measure_links first)."""
         state = adapter.pipeline_state(self.stages, 0)
         forced = self.forced.get(0)
-        rec = self._broadcast(lambda: self._decide(state, bounds, 0, "forced" if forced else "start", forced))
+        rec = self._broadcast(lambda: self._decide(state, bounds, 0, "forced" if forced else "start", forced,
+                                                   adapter.merged.step_overhead() or 0.0))
         self._adopt(rec, adapter, 0)
         return rec
 
@@ -77,7 +78,8 @@ class ScheduleSwitcher:
             adapter.measure_links(rt.R, rt.prank, rt.replica)
         state = adapter.pipeline_state(rt.R, nxt)
         trigger = "forced" if forced else "period" if due else "step time moved"
-        rec = self._broadcast(lambda: self._decide(state, rt.bounds, nxt, trigger, forced))
+        rec = self._broadcast(lambda: self._decide(state, rt.bounds, nxt, trigger, forced,
+                                                   adapter.merged.step_overhead() or 0.0))
         if rec.get("skip"):  # cued, but no link moved: keep watching from here
             self.times, self._skip = [], 0
             return None
@@ -108,8 +110,9 @@ class ScheduleSwitcher:
         return box[0]
 
     def _decide(self, state: ClusterState, bounds: list[tuple[int, int]], step: int, trigger: str,
-                forced: tuple[int, int] | None = None) -> dict:
-        """Rank 0: the decision record (metrics.jsonl "schedule" event) under `state`."""
+                forced: tuple[int, int] | None = None, overhead_s: float = 0.0) -> dict:
+        """Rank 0: the decision record (metrics.jsonl "schedule" event) under `state`, each candidate's step
+        time with the measured `overhead_s` after its pipeline drains."""
         S = self.stages
         now = measured_inputs(state, S)
         moved = []
@@ -120,10 +123,11 @@ class ScheduleSwitcher:
             moved = links_moved(self.priced, now, act, self.change or float("inf"))
         if trigger == "step time moved" and not moved:
             return {"skip": True}
-        cands = price(self.profiles, bounds, state, self.batch, self.memory)
+        cands = price(self.profiles, bounds, state, self.batch, self.memory, step_overhead_s=overhead_s)
         rec = decide(cands, state, step, self.current, self.margin, self.memory).to_dict()
+        rec["step_overhead_s"] = overhead_s
         if forced is not None:
-            rec.update(chosen=list(forced), switch=tuple(forced) != self.current,
+            rec.update(chosen=list(forced), switch=tuple(forced) != self.current, would_choose=rec["chosen"],
                        reason=f"forced by adapt.force_schedule (the choice would be m={rec['chosen'][0]} "
                               f"K={rec['chosen'][1]})",
                        predicted_s=next((c["predicted_s"] for c in rec["candidates"]
