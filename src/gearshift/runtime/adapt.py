@@ -6,6 +6,7 @@ prediction and reason."""
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch.distributed as dist
@@ -21,6 +22,20 @@ from gearshift.runtime.monitor import Ewma, Monitor, merge
 from gearshift.runtime.pipeline import PipelineRuntime
 from gearshift.runtime.probe import probe_latency, probe_links
 from gearshift.schedules import Op, Schedule
+
+
+def rank0_decides(decide: Callable[[], dict]) -> dict:
+    """Rank 0's decide(), on every rank (collective); a PlanError there is raised on every rank."""
+    box: list = [None]
+    if dist.get_rank() == 0:
+        try:
+            box[0] = decide()
+        except PlanError as e:
+            box[0] = {"error": str(e)}
+    dist.broadcast_object_list(box, src=0)
+    if "error" in box[0]:
+        raise PlanError(box[0]["error"])
+    return box[0]
 
 
 @dataclass
@@ -135,16 +150,7 @@ class Adapter:
         before training (`measured`: speeds seeded, links probed). Rank 0 decides; every rank gets its record."""
         stages, world = schedule.num_stages, dist.get_world_size()
         state = self.pipeline_state(stages, 0) if measured else self.base.resized(world).pipeline(stages)
-        box: list = [None]
-        if dist.get_rank() == 0:
-            try:
-                box[0] = first_plan(self.profile, state, schedule).to_dict()
-            except PlanError as e:
-                box[0] = {"error": str(e)}
-        dist.broadcast_object_list(box, src=0)
-        if "error" in box[0]:
-            raise PlanError(box[0]["error"])
-        return box[0]
+        return rank0_decides(lambda: first_plan(self.profile, state, schedule).to_dict())
 
     def maybe_replan(self, rt: PipelineRuntime, step: int) -> dict | None:
         """After `step` completed: re-plan if due (or forced) and migrate if it pays. Collective."""

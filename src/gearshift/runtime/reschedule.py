@@ -9,14 +9,11 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-import torch.distributed as dist
-
 from gearshift.cluster.state import ClusterState
-from gearshift.errors import PlanError
 from gearshift.planner.replan import measured_inputs
 from gearshift.planner.schedule_choice import decide, label, links_moved, price
 from gearshift.profile.model_profile import ModelProfile
-from gearshift.runtime.adapt import Adapter
+from gearshift.runtime.adapt import Adapter, rank0_decides
 from gearshift.runtime.pipeline import PipelineRuntime
 from gearshift.schedules import Schedule, make_schedule
 
@@ -53,7 +50,7 @@ class ScheduleSwitcher:
         """The first choice, under the links measured before training (adapter.measure_links first)."""
         state = adapter.pipeline_state(self.stages, 0)
         forced = self.forced.get(0)
-        rec = self._broadcast(lambda: self._decide(state, bounds, 0, "forced" if forced else "start", forced,
+        rec = rank0_decides(lambda: self._decide(state, bounds, 0, "forced" if forced else "start", forced,
                                                    adapter.merged.step_overhead() or 0.0))
         self._adopt(rec, adapter, 0)
         return rec
@@ -78,7 +75,7 @@ class ScheduleSwitcher:
             adapter.measure_links(rt.R, rt.prank, rt.replica)
         state = adapter.pipeline_state(rt.R, nxt)
         trigger = "forced" if forced else "period" if due else "step time moved"
-        rec = self._broadcast(lambda: self._decide(state, rt.bounds, nxt, trigger, forced,
+        rec = rank0_decides(lambda: self._decide(state, rt.bounds, nxt, trigger, forced,
                                                    adapter.merged.step_overhead() or 0.0))
         if rec.get("skip"):  # cued, but no link moved: keep watching from here
             self.times, self._skip = [], 0
@@ -95,19 +92,6 @@ class ScheduleSwitcher:
             return False
         ref, now = statistics.median(self.times[:w]), statistics.median(self.times[-w:])
         return ref > 0 and abs(now / ref - 1) > self.change
-
-    def _broadcast(self, decide) -> dict:
-        """Rank 0's decision, on every rank; a PlanError there is raised on every rank."""
-        box: list = [None]
-        if dist.get_rank() == 0:
-            try:
-                box[0] = decide()
-            except PlanError as e:
-                box[0] = {"error": str(e)}
-        dist.broadcast_object_list(box, src=0)
-        if "error" in box[0]:
-            raise PlanError(box[0]["error"])
-        return box[0]
 
     def _decide(self, state: ClusterState, bounds: list[tuple[int, int]], step: int, trigger: str,
                 forced: tuple[int, int] | None = None, overhead_s: float = 0.0) -> dict:
