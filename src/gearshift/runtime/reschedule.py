@@ -46,13 +46,14 @@ class ScheduleSwitcher:
         return make_schedule("kfkb", self.stages, m, k=k)
 
     # ---- decisions (collective) ---------------------------------------------------------------
-    def start(self, adapter: Adapter, bounds: list[tuple[int, int]]) -> dict:
-        """The first choice, under the links measured before training (adapter.measure_links first)."""
-        state = adapter.pipeline_state(self.stages, 0)
-        forced = self.forced.get(0)
-        rec = rank0_decides(lambda: self._decide(state, bounds, 0, "forced" if forced else "start", forced,
-                                                   adapter.merged.step_overhead() or 0.0))
-        self._adopt(rec, adapter, 0)
+    def start(self, adapter: Adapter, bounds: list[tuple[int, int]], step: int = 0) -> dict:
+        """The first choice, at `step` (0, or where a resumed run continues), under the links measured before
+        training (adapter.measure_links first)."""
+        state = adapter.pipeline_state(self.stages, step)
+        forced = self.forced.get(step)
+        rec = rank0_decides(lambda: self._decide(state, bounds, step, "forced" if forced else "start", forced,
+                                                 adapter.merged.step_overhead() or 0.0))
+        self._adopt(rec, adapter, step)
         return rec
 
     def after_step(self, adapter: Adapter, rt: PipelineRuntime, step: int, step_s: float,
@@ -76,7 +77,7 @@ class ScheduleSwitcher:
         state = adapter.pipeline_state(rt.R, nxt)
         trigger = "forced" if forced else "period" if due else "step time moved"
         rec = rank0_decides(lambda: self._decide(state, rt.bounds, nxt, trigger, forced,
-                                                   adapter.merged.step_overhead() or 0.0))
+                                                 adapter.merged.step_overhead() or 0.0))
         if rec.get("skip"):  # cued, but no link moved: keep watching from here
             self.times, self._skip = [], 0
             return None

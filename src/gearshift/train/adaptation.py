@@ -105,12 +105,12 @@ def build_switcher(cfg: JobConfig, adapter: Adapter | None) -> ScheduleSwitcher 
 
 
 def start_schedule(cfg: JobConfig, adapter: Adapter, switcher: ScheduleSwitcher, bounds: list[tuple[int, int]],
-                   spec: ModelSpec, data: JobData) -> dict:
+                   spec: ModelSpec, data: JobData, step: int = 0) -> dict:
     """The first schedule choice (collective; its record is the first "schedule" event of metrics.jsonl),
     under this rank's speed and its pipeline's links as measured now (unless plan_start just measured them)."""
     if not adapter.start_measured:
         measure_start(cfg, adapter, spec, data)
-    return switcher.start(adapter, bounds)
+    return switcher.start(adapter, bounds, step)
 
 
 def measure_start(cfg: JobConfig, adapter: Adapter, spec: ModelSpec, data: JobData) -> None:

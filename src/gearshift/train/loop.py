@@ -50,7 +50,8 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
     choice = None
     if switcher:  # the schedule for the partition it starts with, under the links as measured now
         bounds = bounds or resolve_partition(cfg, spec)
-        choice = start_schedule(cfg, adapter, switcher, bounds, spec, data)
+        first = int(ckpt.resumed()["step"]) if resume else 0
+        choice = start_schedule(cfg, adapter, switcher, bounds, spec, data, first)
     rt = build_runtime(cfg, bounds, adapter, spec, data, switcher.schedule() if switcher else None)
     start = ckpt.restore(rt) if resume else 0
     log = MetricsLog(out / "metrics.jsonl", resume_step=start if resume else None) if rank == 0 else None
