@@ -1,13 +1,18 @@
-"""Pipeline training (1, 2, 4 stages; GPipe, 1F1B, kFkB; replicated) equals single-process training:
-same losses and parameters within float32 tolerance, for the GPT and for a custom model and dataset given by
-import path (examples/mlp.py)."""
+"""Pipeline training (1, 2, 4 stages; GPipe, 1F1B, kFkB; replicated; switching (m, K) at step boundaries)
+equals single-process training: same losses and parameters within float32 tolerance, for the GPT and for a
+custom model and dataset given by import path (examples/mlp.py). The steps run under placement.on_device_only,
+so a tensor the runtime makes without naming the model's device (a receive buffer, the clip norm, a loss
+reduction) fails the step; and with a process group per link direction, as NCCL needs (runtime.links), which
+every other CPU test leaves out."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from placement import on_device_only
 
 from gearshift.comm.launch import spawn
+from gearshift.schedules import make_schedule
 from gearshift.train.build import build_runtime, job_model, lr_at
 from gearshift.train.config import load_config
 from gearshift.train.datasets import job_data
@@ -18,6 +23,7 @@ STEPS = 3
 BASE = ["--model.layers=2", "--model.width=32", "--model.heads=2", "--model.context=16",
         "--train.batch_size=8", "--data.max_bytes=100000", "--train.warmup_steps=1", "--train.lr=1e-3",
         "--train.grad_clip=0.5"]
+SWITCHES = [(4, 1), (2, 2), (8, 8)]  # (m, K) of steps 0, 1, 2 of a "switch" run: 1F1B, 2F2B on 2, GPipe on 8
 MODELS = {"gpt": [], "mlp": ["--model.name=examples.mlp:build", "--model.depth=2", "--model.width=16",
                              "--data.name=examples.mlp:data", "--data.samples=64"]}
 
@@ -31,13 +37,20 @@ def _cfg(workers: int, stages: int, schedule: str, k: int = 1, micro: int = 4, m
 def _run_pipeline(rank: int, world: int, runs: list) -> list:
     out = []
     for schedule, stages, k, micro, *model in runs:
-        cfg = _cfg(world, stages, schedule, k, micro, *model)
+        switching = schedule == "switch"
+        cfg = _cfg(world, stages, "kfkb" if switching else schedule, k, micro, *model)
         data = job_data(cfg)
-        rt = build_runtime(cfg, data=data)
-        losses = []
-        for step in range(STEPS):
-            x, y = data.batch(step, cfg.train.batch_size, cfg.train.seed)
-            losses.append(rt.step(x, y, lr_at(step, cfg)).loss)
+        rt = build_runtime(cfg, data=data, links=True)  # a group per link direction, as on NCCL (here gloo)
+        optimizer, losses = rt.optimizer, []
+        with on_device_only(rt.device):  # a tensor made or sent off the model's device fails the step
+            for step in range(STEPS):
+                if switching:  # at the step boundary, on every rank: new executors, same optimizer and state
+                    rt.set_schedule(make_schedule("kfkb", stages, *SWITCHES[step]))
+                x, y = data.batch(step, cfg.train.batch_size, cfg.train.seed)
+                losses.append(rt.step(x, y, lr_at(step, cfg)).loss)
+        if switching:
+            assert rt.optimizer is optimizer and {int(st["step"]) for st in optimizer.state.values()} == {STEPS}
+            losses.append(rt.evaluate(*data.batch(0, cfg.train.batch_size, cfg.train.seed, "val")))
         state = rt.state()[0] if rt.replica == 0 else {}
         out.append((losses, {k: v.numpy() for k, v in state.items()}))  # by value, not shared memory
     return out
@@ -76,7 +89,8 @@ def _check(results: list, runs: list, world: int) -> None:
         for r in results:
             params.update({k: torch.from_numpy(v) for k, v in r[i][1].items()})
         assert set(params) == set(ref_params), run
-        torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6,
+        assert losses[-1] == losses[-1], f"no validation loss for {run}"  # the evaluation ran, under meta too
+        torch.testing.assert_close(torch.tensor(losses[:STEPS]), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6,
                                    msg=f"losses differ for {run}")
         for name, ref in ref_params.items():
             torch.testing.assert_close(params[name], ref, rtol=1e-5, atol=1e-6, msg=f"{name} differs for {run}")
@@ -88,45 +102,16 @@ def test_pipeline_equals_single_process(stages: int) -> None:
     runs = [("gpipe", stages, 1, micro), ("1f1b", stages, 1, micro), ("kfkb", stages, 2, micro)]
     if stages > 1:  # a custom model and dataset, by import path, pipelined
         runs += [("1f1b", stages, 1, micro, "mlp"), ("kfkb", stages, 2, micro, "mlp")]
+    if stages == 2:  # a run switching (m, K) at every step boundary equals one that does not
+        runs.append(("switch", stages, 1, micro))
     results = spawn(_run_pipeline, stages, runs)
     _check(results, runs, stages)
 
 
 def test_replicated_pipeline_equals_single_process() -> None:
-    """4 workers as 2 replicas of a 2-stage 1F1B pipeline, gradients averaged across replicas."""
-    runs = [("1f1b", 2, 1, 2)]
+    """4 workers as 2 replicas of a 2-stage 1F1B pipeline, gradients averaged across replicas; and as 4 replicas
+    of one stage (pure data parallelism: the gradient-sync policy's buckets)."""
+    runs = [("1f1b", 2, 1, 2), ("1f1b", 1, 1, 2)]
     results = spawn(_run_pipeline, 4, runs)
     _check(results, runs, 4)
 
-
-SWITCHES = [(4, 1), (2, 2), (8, 8)]  # (m, K) of steps 0, 1, 2: 1F1B, then 2F2B on 2 micro-batches, then GPipe
-
-
-def _run_switching(rank: int, world: int) -> tuple:
-    from gearshift.schedules import make_schedule
-
-    cfg = _cfg(world, world, "kfkb", k=1, micro=4)
-    data = job_data(cfg)
-    rt = build_runtime(cfg, data=data)
-    opt_id = id(rt.optimizer)
-    losses = []
-    for step, (m, k) in enumerate(SWITCHES):
-        if (m, k) != (rt.schedule.num_microbatches, rt.schedule.params.get("k")):
-            rt.set_schedule(make_schedule("kfkb", world, m, k=k))  # at the step boundary, on every rank
-        x, y = data.batch(step, cfg.train.batch_size, cfg.train.seed)
-        losses.append(rt.step(x, y, lr_at(step, cfg)).loss)
-    steps = {int(st["step"]) for st in rt.optimizer.state.values()}
-    return losses, {k: v.numpy() for k, v in rt.state()[0].items()}, id(rt.optimizer) == opt_id, steps
-
-
-def test_switching_schedules_mid_run_equals_single_process() -> None:
-    """A run that switches (m, K) at every step boundary (set_schedule: new executors, same optimizer and
-    state) trains exactly as single-process training, so as a run that does not switch."""
-    results = spawn(_run_switching, 2)
-    ref_losses, ref_params = _reference(_cfg(2, 2, "kfkb", micro=4))
-    torch.testing.assert_close(torch.tensor(results[0][0]), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6)
-    params = {k: torch.from_numpy(v) for r in results for k, v in r[1].items()}
-    assert set(params) == set(ref_params)
-    for name, ref in ref_params.items():
-        torch.testing.assert_close(params[name], ref, rtol=1e-5, atol=1e-6, msg=f"{name} differs")
-    assert all(same_optimizer and steps == {len(SWITCHES)} for _, _, same_optimizer, steps in results)

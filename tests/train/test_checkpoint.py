@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY
 
+from conftest import TINY
 from gearshift.train.checkpoint import FORMAT, job_fingerprint, latest_checkpoint, save_checkpoint
 from gearshift.train.config import load_config
 

@@ -1,4 +1,5 @@
-"""Profile a LayeredModel layer by layer on one micro-batch: times, FLOPs, parameter and activation bytes."""
+"""Profile a LayeredModel layer by layer on one micro-batch: times, FLOPs, parameter and activation bytes. The
+layers run on the device of the sample input (device time: on CUDA each timing waits for the stream)."""
 
 from __future__ import annotations
 
@@ -11,27 +12,25 @@ from rich.console import Console
 from rich.table import Table
 from torch import Tensor, nn
 
+from gearshift.cluster.device import stream_wait
 from gearshift.models.gpt import estimate_flops
 from gearshift.models.layered import LayeredModel, LossFn, no_cut
 from gearshift.models.spec import ModelSpec
 from gearshift.profile.model_profile import LayerProfile, ModelProfile
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _median_time(fn: Callable[[], object], repeats: int, warmup: int, device: torch.device,
                  setup: Callable[[], object] | None = None) -> float:
-    """Median wall time of fn(setup()) over `repeats` runs after `warmup` untimed ones."""
+    """Median wall time of fn(setup()) over `repeats` runs after `warmup` untimed ones (on CUDA, from an idle
+    stream to a finished one)."""
+    sync = stream_wait(device)
     times = []
     for r in range(warmup + repeats):
         arg = setup() if setup is not None else None
-        _sync(device)
+        sync()
         t0 = time.perf_counter()
         fn(arg) if setup is not None else fn()
-        _sync(device)
+        sync()
         if r >= warmup:
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
@@ -113,12 +112,19 @@ def profile_model(model: LayeredModel, sample_input: Tensor, sample_target: Tens
 
 
 def profile_spec(spec: ModelSpec, seed: int, sample_input: Tensor, sample_target: Tensor, repeats: int = 10,
-                 warmup: int = 3) -> ModelProfile:
-    """Measure a ModelSpec's layers on one micro-batch, building each layer as it comes and dropping it
-    after (the model is never whole in memory)."""
-    layers = (spec.layer(i, seed) for i in range(spec.num_layers))
-    return profile_layers(layers, spec.num_layers, spec.loss_fn, sample_input, sample_target, repeats, warmup,
-                          spec.keep_together)
+                 warmup: int = 3, device: torch.device | str = "cpu") -> ModelProfile:
+    """Measure a ModelSpec's layers on one micro-batch on `device`, building each layer as it comes (on the CPU,
+    as the runtime does, then moved) and dropping it after (the model is never whole in memory)."""
+    device = torch.device(device)
+
+    def layers() -> Iterator[nn.Module]:
+        for i in range(spec.num_layers):
+            with torch.device("cpu"):
+                layer = spec.layer(i, seed)
+            yield layer.to(device)
+
+    return profile_layers(layers(), spec.num_layers, spec.loss_fn, sample_input.to(device), sample_target.to(device),
+                          repeats, warmup, spec.keep_together)
 
 
 def profile_layers(layers: Iterator[nn.Module], num_layers: int, loss_fn: LossFn, sample_input: Tensor,

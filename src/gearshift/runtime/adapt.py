@@ -9,6 +9,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
 import torch.distributed as dist
 
 from gearshift.cluster.emulate import Emulator
@@ -60,6 +61,7 @@ class Adapter:
     start_measured: bool = False  # speed and links probed before training
     probe_bytes: int = 0  # the smallest link probe (a longer message times the bandwidth better)
     link_reset: float = 3.0  # a link sample this many times off its estimate is a changed link: taken as it is
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # where this rank's probes run
 
     def __post_init__(self) -> None:
         self.monitor = Monitor(dist.get_world_size(), self.alpha, self.link_reset)
@@ -131,10 +133,11 @@ class Adapter:
         if stages < 2:
             return
         act = max(max(lp.activation_bytes for lp in self.profile.layers[:-1]) * self.mb_size, self.probe_bytes)
-        found = probe_links(stages, prank, replica * stages, int(act), self.after_recv)
+        found = probe_links(stages, prank, replica * stages, int(act), self.after_recv, device=self.device)
         for (a, b), (nbytes, seconds) in found.items():
             self.monitor.record_transfer(a, b, nbytes, seconds)
-        for (a, b), seconds in probe_latency(stages, prank, replica * stages, self.after_recv).items():
+        for (a, b), seconds in probe_latency(stages, prank, replica * stages, self.after_recv,
+                                              device=self.device).items():
             self.monitor.record_latency(a, b, seconds)
 
     def use_microbatch(self, size: int) -> None:

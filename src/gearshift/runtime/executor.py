@@ -11,6 +11,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from gearshift.cluster.device import stream_sync
+from gearshift.runtime.links import LinkGroups
 from gearshift.schedules import Op, Schedule
 
 COMPUTE = (Op.FORWARD, Op.BACKWARD)
@@ -40,9 +42,12 @@ def _tag(kind: int, stage: int, mb: int, num_stages: int, num_mb: int) -> int:
 class PipelineExecutor:
     """Runs `schedule.actions[rank]` against this rank's stage modules.
 
-    `act_meta(stage)` gives the (shape, dtype) of one micro-batch's input to `stage` (for receives).
-    `after_compute(stage, op, seconds)` and `after_recv(peer, nbytes, waited_s)` are the emulation and
-    monitoring hooks; they may sleep (emulated slow devices and links)."""
+    `act_meta(stage)` gives the (shape, dtype) of one micro-batch's input to `stage` (for receives, allocated on
+    `device`). `after_compute(stage, op, seconds)` and `after_recv(peer, nbytes, waited_s)` are the emulation and
+    monitoring hooks; they may sleep (emulated slow devices and links). On CUDA a compute action's time and a
+    receive's wait are read after its stream has finished (device time, what the monitor and emulation need).
+    `links`: a process group per channel (direction and kind of message) of each link (NCCL, which matches
+    messages by order: runtime.links); None: every transfer in `group`."""
 
     def __init__(
         self,
@@ -55,8 +60,13 @@ class PipelineExecutor:
         after_compute: Callable[[int, Op, float], None] | None = None,
         group: dist.ProcessGroup | None = None,
         after_recv: Callable[[int, int, float], None] | None = None,
+        device: torch.device | str = "cpu",
+        links: LinkGroups | None = None,
     ):
         self.schedule = schedule
+        self.links = links
+        self.device = torch.device(device)
+        self._sync = stream_sync(self.device)  # None on the CPU: its ops are done when they return
         self.rank = rank  # rank inside the schedule (0..num_ranks-1)
         self.stages = stages
         self.loss_fn = loss_fn
@@ -81,12 +91,18 @@ class PipelineExecutor:
             next_compute[i] = nxt
         return actions, next_compute
 
+    def _group(self, src: int, dst: int, grad: bool, stage: int) -> dist.ProcessGroup | None:
+        """The group of stage `stage`'s activations (or gradients) from schedule rank `src` to `dst`."""
+        if self.links is None:
+            return self.group
+        return self.links.group(src + self.offset, dst + self.offset, "grad" if grad else "act", stage)
+
     def _buffer(self, key: tuple[Op, int, int], stage: int) -> Tensor:
         """The receive buffer for `key`: last step's when the shape still fits (its contents are dead by now)."""
         shape, dtype = self.act_meta(stage)
         buf = self._bufs.get(key)
         if buf is None or tuple(buf.shape) != tuple(shape) or buf.dtype != dtype:
-            buf = self._bufs[key] = torch.empty(shape, dtype=dtype)
+            buf = self._bufs[key] = torch.empty(shape, dtype=dtype, device=self.device)
         return buf
 
     def run(
@@ -100,6 +116,7 @@ class PipelineExecutor:
         """Execute the action list once. `inputs`/`targets` are the micro-batches (used by the first and
         last stage). With `forward_only`, backward and its transfers are skipped (evaluation)."""
         S, M = self.schedule.num_stages, self.schedule.num_microbatches
+        sync = self._sync
         rec = StepRecord()
         t0 = time.perf_counter()
         acts_in: dict[tuple[int, int], Tensor] = {}  # (stage, mb) -> input activation
@@ -118,7 +135,8 @@ class PipelineExecutor:
                     buf = self._buffer((a.op, a.stage, a.mb), a.stage + 1 if a.op == Op.RECV_GRAD else a.stage)
                     src_stage = a.stage - 1 if a.op == Op.RECV_ACT else a.stage + 1
                     tag = _tag(int(a.op == Op.RECV_GRAD), src_stage, a.mb, S, M)
-                    work = dist.irecv(buf, a.peer + self.offset, group=self.group, tag=tag)
+                    group = self._group(a.peer, self.rank, a.op == Op.RECV_GRAD, src_stage)
+                    work = dist.irecv(buf, a.peer + self.offset, group=group, tag=tag)
                     pending_recv[(a.op, a.stage, a.mb)] = (work, buf, time.perf_counter())
                 posted += 1
 
@@ -126,14 +144,18 @@ class PipelineExecutor:
             work, buf, _ = pending_recv.pop((op, stage, mb))
             tw = time.perf_counter()
             work.wait()
+            if sync is not None:  # NCCL's wait only orders the stream: wait for the bytes themselves
+                sync()
             if self.after_recv is not None:
                 self.after_recv(peer + self.offset, buf.numel() * buf.element_size(), time.perf_counter() - tw)
             rec.recv_wait_s[peer] = rec.recv_wait_s.get(peer, 0.0) + time.perf_counter() - tw
             return buf
 
         for i, a in enumerate(actions):
-            start = time.perf_counter()
             op = a.op
+            if sync is not None and op in COMPUTE:  # the op alone: what was queued before it finishes first
+                sync()
+            start = time.perf_counter()
             if op in COMPUTE:
                 after = next_compute[i + 1] if i + 1 < len(actions) else len(actions)
                 post_until(next_compute[after + 1] if after + 1 < len(actions) else len(actions))
@@ -178,12 +200,12 @@ class PipelineExecutor:
                 t = out.detach()
                 if forward_only:
                     saved.pop((a.stage, a.mb))
-                sends.append((dist.isend(t, a.peer + self.offset, group=self.group,
+                sends.append((dist.isend(t, a.peer + self.offset, group=self._group(self.rank, a.peer, False, a.stage),
                                          tag=_tag(0, a.stage, a.mb, S, M)), t))
                 rec.sent_bytes[a.peer] = rec.sent_bytes.get(a.peer, 0) + t.numel() * t.element_size()
             elif op == Op.SEND_GRAD:
                 g, _ = saved.pop(("g", a.stage, a.mb))
-                sends.append((dist.isend(g, a.peer + self.offset, group=self.group,
+                sends.append((dist.isend(g, a.peer + self.offset, group=self._group(self.rank, a.peer, True, a.stage),
                                          tag=_tag(1, a.stage, a.mb, S, M)), g))
                 rec.sent_bytes[a.peer] = rec.sent_bytes.get(a.peer, 0) + g.numel() * g.element_size()
             elif op == Op.RECV_ACT:
@@ -201,6 +223,8 @@ class PipelineExecutor:
             elif op == Op.STEP:
                 if on_step is not None:
                     on_step()
+            if sync is not None and op in COMPUTE:
+                sync()
             end = time.perf_counter()
             if op in COMPUTE:
                 if self.after_compute is not None:  # emulated slowdown sleeps here: it counts as compute

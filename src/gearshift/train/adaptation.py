@@ -20,6 +20,7 @@ from gearshift.runtime.reschedule import ScheduleSwitcher
 from gearshift.train.build import job_schedule, layer_factory
 from gearshift.train.config import JobConfig
 from gearshift.train.datasets import JobData
+from gearshift.train.env import job_device
 from gearshift.train.profiling import microbatch_size, profile_job, profile_sizes
 
 
@@ -49,8 +50,9 @@ def build_adapter(cfg: JobConfig, data: JobData, spec: ModelSpec) -> Adapter | N
     rank, world = dist.get_rank(), dist.get_world_size()
     if not adapts(cfg, world):
         return None
-    # rank 0 profiles (speed 1.0 by definition); everyone plans from the same numbers
-    box = [_profiles(cfg, data, spec) if rank == 0 else None]
+    device = job_device(cfg)
+    # rank 0 profiles on its device (speed 1.0 by definition); everyone plans from the same numbers
+    box = [_profiles(cfg, data, spec, device) if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
     profile, profiles = box[0]
     base = ClusterState.from_spec(load_spec(cfg.cluster.spec)) if cfg.cluster.spec else local_state(world)
@@ -58,11 +60,12 @@ def build_adapter(cfg: JobConfig, data: JobData, spec: ModelSpec) -> Adapter | N
     forced = {int(step): [tuple(b) for b in bounds] for step, bounds in cfg.adapt.force}
     ad = Adapter(profile, base, cfg.adapt.every if _replans(cfg) else 0, cfg.adapt.alpha,
                  emulator if emulator.active else None, forced, profiles=profiles)
-    ad.mb_size = microbatch_size(cfg)
+    ad.mb_size, ad.device = microbatch_size(cfg), device
     return ad
 
 
-def _profiles(cfg: JobConfig, data: JobData, spec: ModelSpec) -> tuple[ModelProfile, dict[int, ModelProfile]]:
+def _profiles(cfg: JobConfig, data: JobData, spec: ModelSpec,
+              device: torch.device) -> tuple[ModelProfile, dict[int, ModelProfile]]:
     """The profile at the job's micro-batch size (adapt.profile, or measured) and, when the schedule switches,
     one at every micro-batch size a split of the replica's batch gives (from adapt.profiles where there)."""
     mb = microbatch_size(cfg)
@@ -70,10 +73,11 @@ def _profiles(cfg: JobConfig, data: JobData, spec: ModelSpec) -> tuple[ModelProf
     profiles = {}
     if switches(cfg):
         batch = cfg.train.batch_size // cfg.replicas
-        profiles = profile_sizes(cfg, [batch // m for m in splits(batch)], cfg.adapt.profiles, data=data, spec=spec)
+        profiles = profile_sizes(cfg, [batch // m for m in splits(batch)], cfg.adapt.profiles, data=data, spec=spec,
+                                 device=device)
         if profile is not None:
             profiles[profile.microbatch_size] = profile
-    profile = profile or profiles.get(mb) or profile_job(cfg, repeats=3, warmup=1, data=data, spec=spec)
+    profile = profile or profiles.get(mb) or profile_job(cfg, repeats=3, warmup=1, data=data, spec=spec, device=device)
     return profile, profiles
 
 
@@ -134,12 +138,17 @@ def plan_start(cfg: JobConfig, adapter: Adapter, spec: ModelSpec, data: JobData)
 
 
 def _probe_speed(cfg: JobConfig, adapter: Adapter, prank: int, spec: ModelSpec, data: JobData) -> float:
-    """This rank's speed on the layers a uniform split gives its pipeline position, on one micro-batch."""
+    """This rank's speed on the layers a uniform split gives its pipeline position, on one micro-batch, on its
+    device."""
     a, b = uniform_bounds(adapter.profile.num_layers, cfg.parallel.stages)[prank]
     build, act_meta = layer_factory(cfg, spec, data)
     shape, dtype = act_meta(a, adapter.mb_size)
-    x = torch.zeros(shape, dtype=dtype) if not dtype.is_floating_point else torch.randn(shape, dtype=dtype)
-    layers = torch.nn.Sequential(*[build(i) for i in range(a, b)])
+    cpu = torch.device("cpu")  # built where the runtime builds them, then moved
+    x = torch.zeros(shape, dtype=dtype, device=cpu) if not dtype.is_floating_point else \
+        torch.randn(shape, dtype=dtype, device=cpu)
+    with cpu:
+        layers = torch.nn.Sequential(*[build(i) for i in range(a, b)])
+    x, layers = x.to(adapter.device), layers.to(adapter.device)
     prof = adapter.profile
     profiled = adapter.mb_size / prof.microbatch_size * sum(lp.work_s for lp in prof.layers[a:b])
     return probe_speed(layers, x, profiled, adapter.after_compute)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -19,6 +20,7 @@ from gearshift.runtime.pipeline import OptimConfig, PipelineRuntime
 from gearshift.schedules import Schedule, make_schedule
 from gearshift.train.config import JobConfig
 from gearshift.train.datasets import JobData, job_data
+from gearshift.train.env import job_device
 from gearshift.train.layout import LayerMeta, act_meta_fn, layer_inputs, resolve_partition
 
 SAMPLE_BATCH = 2  # samples run through the layers to find activation shapes (2: the batch dimension shows)
@@ -29,8 +31,9 @@ def gpt_config(cfg: JobConfig) -> GPTConfig:
     return GPTConfig(vocab_size=256, **cfg.model.table())
 
 
-def grad_sync(cfg: JobConfig) -> ReplicaSync | None:
-    """The job's gradient-sync policy (None: the runtime's own flat all-reduce over each replica group)."""
+def grad_sync(cfg: JobConfig, device: torch.device | None = None) -> ReplicaSync | None:
+    """The job's gradient-sync policy for gradients on `device` (default: the job's; None: the runtime's own
+    flat all-reduce over each replica group)."""
     p = cfg.parallel
     settings = SyncSettings(p.allreduce, int(p.bucket_mb * (1 << 20)), p.tune_allreduce,
                             parse_matrix(p.node_matrix, "parallel.node_matrix"), p.shm,
@@ -40,7 +43,8 @@ def grad_sync(cfg: JobConfig) -> ReplicaSync | None:
         if dist.get_rank() == 0:
             print(line, flush=True)
 
-    sync = ReplicaSync(settings, p.stages, cfg.cluster.workers, announce)
+    device = job_device(cfg) if device is None else device
+    sync = ReplicaSync(settings, p.stages, cfg.cluster.workers, announce, device.type)
     return sync if sync.needed else None
 
 
@@ -80,10 +84,12 @@ def layer_factory(cfg: JobConfig, spec: ModelSpec, data: JobData | None = None) 
 
 def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None, adapter: Adapter | None = None,
                   spec: ModelSpec | None = None, data: JobData | None = None,
-                  schedule: Schedule | None = None) -> PipelineRuntime:
-    """This rank's pipeline runtime for the job (the partition and schedule from the config unless given);
-    only this rank's layers are built."""
+                  schedule: Schedule | None = None, links: bool | None = None) -> PipelineRuntime:
+    """This rank's pipeline runtime for the job (the partition and schedule from the config unless given) on the
+    job's device; only this rank's layers are built. links: a group per link direction (PipelineRuntime; None: on
+    NCCL)."""
     t = cfg.train
+    device = job_device(cfg)
     spec = spec or job_model(cfg)
     if bounds is None:
         bounds = resolve_partition(cfg, spec)
@@ -92,7 +98,7 @@ def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None, a
         build, spec.loss_fn, bounds, schedule or job_schedule(cfg), act_meta,
         OptimConfig(t.weight_decay, (t.beta1, t.beta2), t.grad_clip),
         after_compute=adapter.after_compute if adapter else None, after_recv=adapter.after_recv if adapter else None,
-        grad_sync_factory=grad_sync(cfg),
+        grad_sync_factory=grad_sync(cfg, device), device=device, links=links,
     )
     spec.release()
     return rt

@@ -83,7 +83,8 @@ class ClusterConfig:
 
     workers: int = key(4, "local worker processes (under torchrun: the processes torchrun started)")
     spec: str = key("", 'cluster spec TOML for planning (devices, speeds, links); "" = the local workers, all equal')
-    backend: str = key("auto", "process-group backend: auto (nccl with CUDA, else gloo), gloo, nccl")
+    backend: str = key("auto", "process-group backend: auto (nccl for cuda, gloo for cpu), gloo (CPU tensors), "
+                               "nccl (CUDA tensors)")
     timeout_s: float = key(120.0, "collective timeout in seconds: a dead peer surfaces within this")
     ranks_per_node: int = key(0, "local ranks per (emulated) node; 0 = every worker on one node")
     testbed: bool = key(False, "run each node's ranks in its own network namespace over shaped links (root)")
@@ -95,6 +96,8 @@ class ClusterConfig:
                                               "rank); 0 = the cluster spec's, or no limit")
     traffic: list[Any] = key([], 'testbed: other traffic from a step on, e.g. ["100:flows:1:2:4"] (4 bulk TCP flows '
                                  'host 1 -> 2; 0 stops them) or ["200:rate:2:50mbit"] (host 2\'s link, both ways)')
+    device: str = key("auto", "where each rank computes: auto (cuda:LOCAL_RANK where CUDA has a GPU for every local "
+                              "rank, else the CPU), cpu, cuda (fewer GPUs than ranks: shared)")
 
 
 @dataclass
@@ -325,7 +328,11 @@ def validate(cfg: JobConfig) -> JobConfig:
     n_layers, layers_are, no_cut = _validate_model(cfg)
     _validate_data(cfg)
     _check(1 <= c.workers <= 64, f"cluster.workers: must be in 1..64, got {c.workers}")
-    _check(c.backend in ("auto", "gloo", "nccl"), f"cluster.backend: {c.backend!r} (allowed: auto, gloo, nccl)")
+    from gearshift.cluster.device import BACKENDS, DEVICES, check_pair
+
+    _check(c.backend in BACKENDS, f"cluster.backend: {c.backend!r} (allowed: {', '.join(BACKENDS)})")
+    _check(c.device in DEVICES, f"cluster.device: {c.device!r} (allowed: {', '.join(DEVICES)})")
+    check_pair(c.device, c.backend)  # whether this machine has CUDA is checked where the workers start
     _check(c.timeout_s > 0, f"cluster.timeout_s: must be > 0, got {c.timeout_s}")
     _check(c.stop_grace_s > 0, f"cluster.stop_grace_s: must be > 0, got {c.stop_grace_s}")
     if c.spec:

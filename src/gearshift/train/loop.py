@@ -111,9 +111,11 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
     if rank == 0:
         if log:
             log.close()
+            from gearshift.report.html import write_report
             from gearshift.report.plots import plot_run
 
             plot_run(read_metrics(log.path), out / "metrics.png", summary["unigram_entropy"])
+            summary["report"] = str(write_report(out))
         print_summary(cfg, summary)
         if stopped:
             print(f"gearshift: stopped after step {history[-1]['step'] + 1} ({stop.signal_name}); checkpoint "

@@ -61,4 +61,6 @@ def print_summary(cfg: JobConfig, s: dict) -> None:
     t.add_row("throughput", f"{s['tokens_per_s']:,.0f} tokens/s (median)")
     t.add_row("bubble fraction", f"{s['bubble_fraction']:.1%} (median, measured)")
     t.add_row("output", cfg.output.dir)
+    if s.get("report"):
+        t.add_row("report", f"{s['report']} (open in a browser)")
     Console().print(t)

@@ -3,15 +3,14 @@ same action lists (RUN_DIR/trace.json, for ui.perfetto.dev)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch.distributed as dist
 
-from gearshift.cluster.state import local_state
+from gearshift.cluster.state import local_pipeline_state
 from gearshift.comm.policy import gather
 from gearshift.models.spec import ModelSpec
-from gearshift.planner.predict import predict, predict_shared_cores
+from gearshift.planner.predict import predict
 from gearshift.report.trace import chrome_trace, merge_traces, sim_trace, write_trace
 from gearshift.runtime.adapt import Adapter
 from gearshift.runtime.executor import StepRecord
@@ -51,6 +50,5 @@ class Tracer:
             state.speeds = [self.adapter.monitor.speed(r) or state.speeds[r] for r in range(rt.R)]
             return predict(self.adapter.profile, list(rt.bounds), rt.schedule, state, mb)
         profile = profile_job(self.cfg, repeats=3, warmup=1, data=self.data, spec=self.spec, size=mb)
-        cores = (os.cpu_count() or 1) * rt.R / dist.get_world_size()
-        return predict_shared_cores(profile, list(rt.bounds), rt.schedule, local_state(rt.R, cores=rt.R), cores,
-                                    mb)[0]
+        state = local_pipeline_state(dist.get_world_size(), rt.R, self.cfg.emulate.slowdown)
+        return predict(profile, list(rt.bounds), rt.schedule, state, mb)
