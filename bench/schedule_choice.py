@@ -165,8 +165,8 @@ def change(a: argparse.Namespace, base: list[str], work: Path, tb) -> dict:
     rows = run_job("change", [*base, *contention(a, C), f"--train.steps={steps}", f"--adapt.every={E}"], work, tb)
     st = {r["step"]: r for r in rows if "event" not in r}
     decs = [r for r in rows if r.get("event") == "schedule"]
-    before_key = tuple(next(d for d in reversed(decs) if d["step"] <= C)["chosen"])
-    after = [d for d in decs if d["step"] > C]
+    before_key = tuple(next(d for d in reversed(decs) if d["step"] < C)["chosen"])
+    after = [d for d in decs if d["step"] >= C]  # a decision at step C is priced after the traffic started
     repick = next((d for d in after if d["switch"]), None)
     settled = (repick["step"] if repick else C) + 2
     before = [st[s]["step_time_s"] for s in range(max(2, C - 2 * E), C) if s in st]
@@ -209,7 +209,8 @@ def table(res: dict) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="one round, short segments (a smoke run)")
+    p.add_argument("--quick", action="store_true", help="two rounds of 3-step segments, a shorter change job "
+                                                         "(about 10 minutes on the 2-core machine)")
     p.add_argument("--layers", type=int, default=2, help="GPT blocks (+ embedding + head: one layer per stage)")
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--heads", type=int, default=4)
@@ -221,7 +222,8 @@ def main() -> None:
     p.add_argument("--segment", type=int, default=5, help="steps per candidate segment in the grid jobs")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--every", type=int, default=10, help="adapt.every of the change job")
-    p.add_argument("--change", type=int, default=30, help="the step the change job's links become contended")
+    p.add_argument("--change", type=int, default=35,
+                   help="the step the change job's links become contended (mid-period)")
     p.add_argument("--after", type=int, default=4, help="periods the change job runs after the change")
     p.add_argument("--max-bytes", type=int, default=1_000_000)
     p.add_argument("--scenarios", default="idle,contended,change")
@@ -229,7 +231,7 @@ def main() -> None:
     p.add_argument("--out", default=str(ROOT / "bench/results/schedule_choice.json"))
     a = p.parse_args()
     if a.quick:
-        a.rounds, a.segment, a.change, a.after = 1, 4, 20, 3
+        a.rounds, a.segment, a.change, a.after = 2, 3, 25, 3
 
     from gearshift.cluster.testbed import Testbed, TestbedConfig, is_root
     from gearshift.train.config import load_config
@@ -273,7 +275,7 @@ def main() -> None:
         for when in ("before", "after"):
             d = chg[when]
             pred = [x["predicted_s"] for x in chg["decisions"] if x["chosen"] == [d["m"], d["k"]]
-                    and (x["step"] > chg["change_step"]) == (when == "after")]
+                    and (x["step"] >= chg["change_step"]) == (when == "after")]
             rows.append({"scenario": "change", "m": d["m"], "k": d["k"], "when": when,
                          "tokens_per_s": chg["tokens"] / d["step_s"] if d["step_s"] else None,
                          "measured_step_s": d["step_s"], "predicted_step_s": pred[-1] if pred else None,

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from gearshift.cli.config_help import add_config_help
 from gearshift.cluster.spec import load_spec
-from gearshift.cluster.state import ClusterState, local_state
+from gearshift.cluster.state import ClusterState, local_pipeline_state
 from gearshift.cluster.testbed import parse_rate
 from gearshift.errors import UsageError
 from gearshift.planner.schedule_choice import choose, splits
@@ -38,13 +38,17 @@ def _latency(text: str) -> float:
 
 
 def link_state(cfg, stages: int, bandwidth: str | None, latency: str | None) -> ClusterState:
-    """One device per stage at the profile's speed over the emulated slowdown; links from the spec, the
-    testbed's rate or unlimited, then the --bandwidth / --latency what-if."""
+    """One device per stage: the cluster spec's (emulated slowdown as a duty cycle), or this machine's cores
+    shared by the job's workers as the simulator replays them; links from the spec, the testbed's rate or
+    unlimited, then the --bandwidth / --latency what-if."""
     c = cfg.cluster
-    state = (ClusterState.from_spec(load_spec(c.spec)) if c.spec else local_state(c.workers, cores=c.workers))
-    state = state.resized(c.workers).pipeline(stages)
-    slow = cfg.emulate.slowdown or [1.0] * c.workers
-    state.speeds = [state.speeds[p] / max(slow[r] for r in range(p, c.workers, stages)) for p in range(stages)]
+    slow = cfg.emulate.slowdown or None
+    if c.spec:
+        state = ClusterState.from_spec(load_spec(c.spec)).resized(c.workers).pipeline(stages)
+        if slow and any(f != 1.0 for f in slow):
+            state.duty = [max(slow[r] for r in range(p, c.workers, stages)) for p in range(stages)]
+    else:
+        state = local_pipeline_state(c.workers, stages, slow)
     rate = parse_rate(bandwidth) / 8 if bandwidth else parse_rate(c.bandwidth) / 8 if c.testbed and not c.spec else None
     lat = _latency(latency) if latency else None
     for a in range(stages):

@@ -55,21 +55,26 @@ def profile_sizes(cfg: JobConfig, sizes: list[int], cache: str = "", passes: int
 
     spec, data = spec or job_model(cfg), data or job_data(cfg)
     device = job_device(cfg) if device is None else device
-    out = {}
+    out, paths = {}, {}
     for size in sorted(set(sizes)):
-        path = Path(cache) / f"profile-{model_key(cfg, device)}-mb{size}.json" if cache else None
-        if path is not None and path.is_file():
-            out[size] = ModelProfile.load(path)
-            continue
-        runs = [profile_job(cfg, repeats, warmup, data, spec, size, device) for _ in range(passes)]
+        paths[size] = Path(cache) / f"profile-{model_key(cfg, device)}-mb{size}.json" if cache else None
+        if paths[size] is not None and paths[size].is_file():
+            out[size] = ModelProfile.load(paths[size])
+    todo = [size for size in paths if size not in out]
+    runs: dict[int, list[ModelProfile]] = {size: [] for size in todo}
+    for _ in range(passes):  # pass by pass over the sizes: a burst of other load lands on one pass of each
+        for size in todo:
+            runs[size].append(profile_job(cfg, repeats, warmup, data, spec, size, device))
+    for size in todo:
+        rs = runs[size]
         layers = [replace(lps[0], forward_s=min(lp.forward_s for lp in lps),
-                          backward_s=min(lp.backward_s for lp in lps)) for lps in zip(*(r.layers for r in runs))]
-        out[size] = replace(runs[0], layers=layers, meta={**runs[0].meta, "passes": passes})
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
+                          backward_s=min(lp.backward_s for lp in lps)) for lps in zip(*(r.layers for r in rs))]
+        out[size] = replace(rs[0], layers=layers, meta={**rs[0].meta, "passes": passes})
+        if paths[size] is not None:
+            paths[size].parent.mkdir(parents=True, exist_ok=True)
+            tmp = paths[size].with_suffix(".tmp")
             out[size].save(tmp)
-            tmp.replace(path)
+            tmp.replace(paths[size])
     return out
 
 
