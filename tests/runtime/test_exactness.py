@@ -11,11 +11,11 @@ import pytest
 import torch
 from placement import on_device_only
 
-from gearshift.comm.launch import spawn
 from gearshift.schedules import make_schedule
 from gearshift.train.build import build_runtime, job_model, lr_at
 from gearshift.train.config import load_config
 from gearshift.train.datasets import job_data
+from gloo_spawn import spawn
 
 pytestmark = pytest.mark.multiprocess
 
@@ -48,9 +48,9 @@ def _run_pipeline(rank: int, world: int, runs: list) -> list:
                     rt.set_schedule(make_schedule("kfkb", stages, *SWITCHES[step]))
                 x, y = data.batch(step, cfg.train.batch_size, cfg.train.seed)
                 losses.append(rt.step(x, y, lr_at(step, cfg)).loss)
+            losses.append(rt.evaluate(*data.batch(0, cfg.train.batch_size, cfg.train.seed, "val")))
         if switching:
             assert rt.optimizer is optimizer and {int(st["step"]) for st in optimizer.state.values()} == {STEPS}
-            losses.append(rt.evaluate(*data.batch(0, cfg.train.batch_size, cfg.train.seed, "val")))
         state = rt.state()[0] if rt.replica == 0 else {}
         out.append((losses, {k: v.numpy() for k, v in state.items()}))  # by value, not shared memory
     return out
@@ -89,29 +89,20 @@ def _check(results: list, runs: list, world: int) -> None:
         for r in results:
             params.update({k: torch.from_numpy(v) for k, v in r[i][1].items()})
         assert set(params) == set(ref_params), run
-        assert losses[-1] == losses[-1], f"no validation loss for {run}"  # the evaluation ran, under meta too
+        # the evaluation ran, under meta too
+        assert len(losses) == STEPS + 1 and losses[-1] == losses[-1], f"no validation loss for {run}"
         torch.testing.assert_close(torch.tensor(losses[:STEPS]), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6,
                                    msg=f"losses differ for {run}")
         for name, ref in ref_params.items():
             torch.testing.assert_close(params[name], ref, rtol=1e-5, atol=1e-6, msg=f"{name} differs for {run}")
 
 
-@pytest.mark.parametrize("stages", [1, 2, 4])
-def test_pipeline_equals_single_process(stages: int) -> None:
-    micro = 4
-    runs = [("gpipe", stages, 1, micro), ("1f1b", stages, 1, micro), ("kfkb", stages, 2, micro)]
-    if stages > 1:  # a custom model and dataset, by import path, pipelined
-        runs += [("1f1b", stages, 1, micro, "mlp"), ("kfkb", stages, 2, micro, "mlp")]
-    if stages == 2:  # a run switching (m, K) at every step boundary equals one that does not
-        runs.append(("switch", stages, 1, micro))
-    results = spawn(_run_pipeline, stages, runs)
-    _check(results, runs, stages)
-
-
-def test_replicated_pipeline_equals_single_process() -> None:
-    """4 workers as 2 replicas of a 2-stage 1F1B pipeline, gradients averaged across replicas; and as 4 replicas
-    of one stage (pure data parallelism: the gradient-sync policy's buckets)."""
-    runs = [("1f1b", 2, 1, 2), ("1f1b", 1, 1, 2)]
+def test_pipelines_equal_single_process() -> None:
+    """One group of 4 workers runs every case: each schedule on 4 stages, on 2 stages x 2 replicas and on 1 stage
+    x 4 replicas (pure data parallelism: the gradient-sync policy's buckets); a custom model and dataset, by
+    import path, pipelined; a run switching (m, K) at every step boundary on 4 stages."""
+    runs = [("gpipe", 4, 1, 4), ("1f1b", 4, 1, 4), ("kfkb", 4, 2, 4), ("1f1b", 4, 1, 4, "mlp"),
+            ("gpipe", 2, 1, 2), ("1f1b", 2, 1, 2), ("kfkb", 2, 2, 2), ("kfkb", 2, 2, 2, "mlp"),
+            ("1f1b", 1, 1, 2), ("switch", 4, 1, 4)]
     results = spawn(_run_pipeline, 4, runs)
     _check(results, runs, 4)
-
