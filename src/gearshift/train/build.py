@@ -14,8 +14,10 @@ from gearshift.cluster.topology import parse_matrix
 from gearshift.comm.policy import ReplicaSync, SyncSettings
 from gearshift.imports import is_import_path
 from gearshift.models.gpt import GPTConfig
+from gearshift.models.moe import MoEConfig
 from gearshift.models.spec import ModelSpec, resolve_model
 from gearshift.runtime.adapt import Adapter
+from gearshift.runtime.experts import ExpertShards
 from gearshift.runtime.pipeline import OptimConfig, PipelineRuntime
 from gearshift.schedules import Schedule, make_schedule
 from gearshift.train.config import JobConfig
@@ -46,6 +48,20 @@ def grad_sync(cfg: JobConfig, device: torch.device | None = None) -> ReplicaSync
     device = job_device(cfg) if device is None else device
     sync = ReplicaSync(settings, p.stages, cfg.cluster.workers, announce, device.type)
     return sync if sync.needed else None
+
+
+def moe_config(cfg: JobConfig) -> MoEConfig | None:
+    """The MoE GPT's shape from [model] (model.name = "moe_gpt"), else None."""
+    return MoEConfig(vocab_size=256, **cfg.model.table()) if cfg.model.name == "moe_gpt" else None
+
+
+def expert_shards(cfg: JobConfig) -> ExpertShards | None:
+    """The job's expert parallelism (parallel.experts wide, contiguous placement) for a MoE model (collective:
+    it creates process groups)."""
+    mc = moe_config(cfg)
+    if mc is None:
+        return None
+    return ExpertShards(cfg.parallel.stages, cfg.parallel.experts, mc.experts, mc.moe_layers())
 
 
 def job_model(cfg: JobConfig) -> ModelSpec:
@@ -84,10 +100,11 @@ def layer_factory(cfg: JobConfig, spec: ModelSpec, data: JobData | None = None) 
 
 def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None, adapter: Adapter | None = None,
                   spec: ModelSpec | None = None, data: JobData | None = None,
-                  schedule: Schedule | None = None, links: bool | None = None) -> PipelineRuntime:
+                  schedule: Schedule | None = None, experts: ExpertShards | None = None,
+                  links: bool | None = None) -> PipelineRuntime:
     """This rank's pipeline runtime for the job (the partition and schedule from the config unless given) on the
-    job's device; only this rank's layers are built. links: a group per link direction (PipelineRuntime; None: on
-    NCCL)."""
+    job's device; only this rank's layers are built. A MoE model's experts as `experts` places them, else
+    contiguously. links: a group per link direction (PipelineRuntime; None: on NCCL)."""
     t = cfg.train
     device = job_device(cfg)
     spec = spec or job_model(cfg)
@@ -98,7 +115,7 @@ def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None, a
         build, spec.loss_fn, bounds, schedule or job_schedule(cfg), act_meta,
         OptimConfig(t.weight_decay, (t.beta1, t.beta2), t.grad_clip),
         after_compute=adapter.after_compute if adapter else None, after_recv=adapter.after_recv if adapter else None,
-        grad_sync_factory=grad_sync(cfg, device), device=device, links=links,
+        grad_sync_factory=grad_sync(cfg, device), experts=experts or expert_shards(cfg), device=device, links=links,
     )
     spec.release()
     return rt

@@ -22,6 +22,9 @@ SCHEDULES = ("gpipe", "1f1b", "kfkb", "auto")
 PARTITIONS = ("uniform", "params", "adaptive")
 EXISTING = ("move", "refuse")
 ALLREDUCE = ("auto", "gloo", "ring", "hierarchical", "hierarchical_rs")
+STRATEGIES = ("fixed", "auto")
+MOE_KEYS = ("moe_every", "experts", "top_k", "capacity_factor", "aux_loss")  # [model] keys of moe_gpt alone
+BUILT_IN_MODELS = ("gpt", "moe_gpt")
 DATA_NAMES = ("bytes", "text")
 
 
@@ -36,13 +39,21 @@ def key(default: Any, doc: str) -> Any:
 class ModelConfig:
     """The model: the built-in byte-level GPT (vocabulary 256), or any layered model by import path."""
 
-    name: str = key("gpt", 'gpt (the built-in byte-level GPT) or "package.module:function", called with the '
-                           "[model] table as a dict, returning a ModelSpec, a LayeredModel or (nn.Sequential, loss_fn)")
-    layers: int = key(4, "gpt: transformer blocks (the LayeredModel adds an embedding and a head layer)")
-    width: int = key(128, "gpt: embedding width; divisible by heads")
-    heads: int = key(4, "gpt: attention heads per block")
-    context: int = key(128, "gpt: sequence length in tokens (bytes)")
-    dropout: float = key(0.0, "gpt: dropout probability in [0, 1)")
+    name: str = key("gpt", 'gpt (the built-in byte-level GPT), moe_gpt (the GPT with mixture-of-experts blocks) or '
+                           '"package.module:function", called with the [model] table as a dict, returning a '
+                           "ModelSpec, a LayeredModel or (nn.Sequential, loss_fn)")
+    layers: int = key(4, "gpt, moe_gpt: transformer blocks (the LayeredModel adds an embedding and a head layer; "
+                         "moe_gpt's MoE blocks are two layers, attention and experts)")
+    width: int = key(128, "gpt, moe_gpt: embedding width; divisible by heads")
+    heads: int = key(4, "gpt, moe_gpt: attention heads per block")
+    context: int = key(128, "gpt, moe_gpt: sequence length in tokens (bytes)")
+    dropout: float = key(0.0, "gpt, moe_gpt: dropout probability in [0, 1)")
+    moe_every: int = key(2, "moe_gpt: every this many blocks has a mixture-of-experts feed-forward (1 = all)")
+    experts: int = key(8, "moe_gpt: experts per MoE layer (E)")
+    top_k: int = key(2, "moe_gpt: experts per token, 1 or 2")
+    capacity_factor: float = key(0.0, "moe_gpt: an expert keeps ceil(factor * top_k * tokens / experts) of a "
+                                      "micro-batch's assignments (first choices first, in token order); 0 = all")
+    aux_loss: float = key(0.01, "moe_gpt: weight of the load-balancing loss (Switch / GShard); 0 = off")
     options: dict[str, Any] = key({}, "model.KEY = value for any other KEY: passed to a model given by import path")
 
     def table(self) -> dict[str, Any]:
@@ -71,10 +82,11 @@ class DataConfig:
 
 def table_of(section: ModelConfig | DataConfig) -> dict[str, Any]:
     """A [model] or [data] table without `name`: its free-form keys when the name is an import path (the
-    fields are then unused), else its fields."""
+    fields are then unused), else its fields (the MoE keys only for moe_gpt)."""
     if is_import_path(section.name):
         return copy.deepcopy(section.options)
-    return {f.name: getattr(section, f.name) for f in dataclasses.fields(section) if f.name not in ("name", "options")}
+    skip = ("name", "options") + (MOE_KEYS if section.name != "moe_gpt" else ())
+    return {f.name: getattr(section, f.name) for f in dataclasses.fields(section) if f.name not in skip}
 
 
 @dataclass
@@ -120,6 +132,11 @@ class ParallelConfig:
     shm: bool = key(True, "gradient-sync messages between ranks of a node through shared memory (false: TCP)")
     send_thread: Any = key("auto", "large gradient-sync sends from a second thread: auto (where the machine has "
                                    "two cores per rank), true, false")
+    experts: int = key(1, "moe_gpt: expert-parallel width: each MoE layer's experts split over this many replicas "
+                          "of a stage (contiguous, model.experts / experts each); divides the replicas")
+    strategy: str = key("fixed", "fixed (parallel.stages and experts as given) or auto (moe_gpt: the fastest "
+                                 "strategy of the pool the performance model prices, as `gearshift plan --moe` "
+                                 "prints it; sets stages, experts and partition)")
 
 
 @dataclass
@@ -192,6 +209,8 @@ class OutputConfig:
     trace: bool = key(True, "write trace.json (Perfetto): one step's measured timeline beside the simulator's")
     trace_step: int = key(-1, "the step to trace; -1 = the last")
     progress: bool = key(True, "progress bar and summary on the console")
+    moe_trace: bool = key(False, "moe_gpt: write moe_trace.npz, every step's tokens routed per MoE layer and expert "
+                                 "(summed over ranks): loads[step, layer, expert]")
 
 
 @dataclass
@@ -299,6 +318,13 @@ def _apply_free_form(obj: ModelConfig | DataConfig, sec: str, table: dict, hints
                               f"{sec}.name = 'package.module:function')")
         else:
             setattr(obj, key, _coerce(f"{sec}.{key}", hints[key], value))
+            given(obj).add(key)
+
+
+def given(section: ModelConfig | DataConfig) -> set[str]:
+    """The fields of [model] or [data] that a config file or override set (kept beside the dataclass fields:
+    validation refuses moe_gpt's keys set for another model)."""
+    return section.__dict__.setdefault("_given", set())
 
 
 def parse_override(arg: str) -> tuple[str, str, Any]:
@@ -376,6 +402,7 @@ def validate(cfg: JobConfig) -> JobConfig:
         f"train.batch_size: must split evenly over {cfg.replicas} replica(s) x parallel.microbatches "
         f"({p.microbatches}), got {t.batch_size}",
     )
+    _validate_experts(cfg)
     _check(t.steps >= 1, f"train.steps: must be >= 1, got {t.steps}")
     _check(t.lr > 0, f"train.lr: must be > 0, got {t.lr}")
     _check(0 <= t.min_lr <= t.lr, f"train.min_lr: must be in [0, train.lr], got {t.min_lr}")
@@ -485,6 +512,14 @@ def _validate_model(cfg: JobConfig) -> tuple[int, str, list[int]]:
     """Check [model]; returns its number of layers, where that number comes from, and the layer boundaries
     it must not be cut at. A model given by import path is imported and called to know them."""
     m = cfg.model
+    moe = sorted(given(m) & set(MOE_KEYS))
+    _check(m.name == "moe_gpt" or not moe or is_import_path(m.name),
+           f"model.{moe[0] if moe else ''}: a key of model.name = \"moe_gpt\" (the model is {m.name!r})")
+    if m.name == "moe_gpt":
+        from gearshift.models.moe import MoEConfig
+
+        mc = MoEConfig(vocab_size=256, **m.table())
+        return mc.num_layers, "= embedding + blocks + MoE blocks + head", []
     if m.name != "gpt":
         from gearshift.models.spec import resolve_model
 
@@ -495,6 +530,23 @@ def _validate_model(cfg: JobConfig) -> tuple[int, str, list[int]]:
     _check(m.width % m.heads == 0, f"model.width: must be divisible by model.heads ({m.width} % {m.heads} != 0)")
     _check(0 <= m.dropout < 1, f"model.dropout: must be in [0, 1), got {m.dropout}")
     return m.layers + 2, "= model.layers + embedding + head", []
+
+
+def _validate_experts(cfg: JobConfig) -> None:
+    """parallel.experts and parallel.strategy against the model and the replicas."""
+    p, moe = cfg.parallel, cfg.model.name == "moe_gpt"
+    _check(p.strategy in STRATEGIES, f"parallel.strategy: {p.strategy!r} (allowed: {', '.join(STRATEGIES)})")
+    _check(moe or p.strategy == "fixed", f"parallel.strategy: auto is for model.name = \"moe_gpt\" (the model is "
+                                         f"{cfg.model.name!r})")
+    _check(p.experts >= 1, f"parallel.experts: must be >= 1, got {p.experts}")
+    _check(moe or p.experts == 1, f"parallel.experts: expert parallelism needs model.name = \"moe_gpt\" (the model "
+                                  f"is {cfg.model.name!r})")
+    _check(cfg.replicas % p.experts == 0, f"parallel.experts: must divide the replicas of a stage (cluster.workers / "
+                                          f"parallel.stages = {cfg.replicas}), got {p.experts}")
+    _check(not moe or cfg.model.experts % p.experts == 0,
+           f"parallel.experts: must divide model.experts ({cfg.model.experts}), got {p.experts}")
+    _check(not cfg.output.moe_trace or moe, f"output.moe_trace: for model.name = \"moe_gpt\" (the model is "
+                                            f"{cfg.model.name!r})")
 
 
 def _validate_data(cfg: JobConfig) -> None:
@@ -510,7 +562,7 @@ def _validate_data(cfg: JobConfig) -> None:
     _check(0 < d.val_fraction < 1, f"data.val_fraction: must be in (0, 1), got {d.val_fraction}")
     _check(d.max_bytes >= 1024, f"data.max_bytes: must be >= 1024, got {d.max_bytes}")
     _check(d.seq_len >= 0, f"data.seq_len: must be >= 0 (0 = model.context), got {d.seq_len}")
-    if cfg.model.name == "gpt":
+    if cfg.model.name in BUILT_IN_MODELS:
         _check(d.seq_len <= cfg.model.context,
                f"data.seq_len: at most model.context ({cfg.model.context}), got {d.seq_len}")
     else:

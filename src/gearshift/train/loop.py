@@ -20,15 +20,18 @@ from gearshift.train.datasets import JobData, job_data
 from gearshift.train.evaluation import Evaluator
 from gearshift.train.layout import resolve_partition
 from gearshift.train.metrics import MetricsLog, read_metrics, step_record
+from gearshift.train.moe_trace import FILENAME, MoETrace
 from gearshift.train.progress import Progress, print_summary
 from gearshift.train.rundir import prepare_run_dir, write_config
 from gearshift.train.stop import StopRequest
+from gearshift.train.strategy import resolve_auto
 from gearshift.train.tracing import Tracer
 
 
 def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None) -> dict:
     """Run the job; returns the summary (on every rank)."""
     rank = dist.get_rank()
+    cfg, strategy = resolve_auto(cfg)  # parallel.strategy = "auto": the pool's best (collective)
     t, out = cfg.train, Path(cfg.output.dir)
     if rank == 0:
         note = prepare_run_dir(cfg, resume)
@@ -56,6 +59,11 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
     start = ckpt.restore(rt) if resume else 0
     log = MetricsLog(out / "metrics.jsonl", resume_step=start if resume else None) if rank == 0 else None
     bar = Progress(t.steps, start, enabled=rank == 0 and cfg.output.progress)
+    trace = MoETrace(out / FILENAME, rt.experts.moe_layers, rt.experts.experts, start if resume else None) \
+        if rank == 0 and cfg.output.moe_trace and rt.experts is not None else None
+    if strategy and log:
+        log.write(strategy)
+        bar.note(f"strategy auto: {strategy['chosen']} (the fastest predicted of {len(strategy['pool'])})")
     if plan and log:
         log.write(plan)
         bar.note(_describe(plan))
@@ -83,6 +91,10 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
         speed = adapter.monitor.speed(rank) if adapter else None
         rec, stopped = step_record(step, res.loss, res.grad_norm, lr, res.record.busy_s, res.record.step_s,
                                    rt.bounds, tokens, speed, stop is not None and stop.requested)
+        if res.moe is not None:
+            rec.update(res.moe.record())
+            if trace:
+                trace.add(step, res.moe.routed)
         if evaluate.due(step):
             rec["val_loss"] = evaluate(rt)
         tracer.maybe(step, rt, res.record)
@@ -105,6 +117,8 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
         if stopped:
             break
     bar.close()
+    if trace:
+        trace.save()
     summary = _summary(cfg, history, start, time.perf_counter() - wall0, data)
     if switcher:
         summary["schedule_runs"] = switcher.runs
