@@ -114,17 +114,7 @@ class PipelineRuntime:
              {"params": other, "weight_decay": 0.0}],
             lr=1e-3, betas=self.optim_cfg.betas,
         )
-        self.executor = PipelineExecutor(
-            schedule, self.prank, self.stages, self.loss_fn,
-            lambda stage: self.act_meta_fn(self.bounds[stage][0], self._mb_size),
-            rank_offset=self.replica * self.R, after_compute=self._compute_hook(), after_recv=self.after_recv,
-            device=self.device, links=self.links,
-        )
-        self.eval_executor = PipelineExecutor(
-            forward_only(schedule), self.prank, self.stages, self.loss_fn,
-            lambda stage: self.act_meta_fn(self.bounds[stage][0], self._mb_size),
-            rank_offset=self.replica * self.R, after_recv=self.after_recv, device=self.device, links=self.links,
-        )
+        self._build_executors()
         params = [p for _, p in self.named_parameters()]
         self._params = params
         self._grad_sync, self._expert_sync, self._norm_weights = None, None, {}
@@ -137,6 +127,33 @@ class PipelineRuntime:
             else:
                 self._grad_sync = _flat_allreduce(dense, self.dp_group)
         self._mb_size = 1
+
+    def set_schedule(self, schedule: Schedule) -> None:
+        """Run `schedule` from the next step on (at a step boundary, on every rank): same stages, parameters
+        and optimizer state, new executors. Only the split into micro-batches and their order change, which
+        a step's math does not depend on."""
+        if schedule.num_stages != self.schedule.num_stages or schedule.placement != self.schedule.placement:
+            raise ValueError(f"set_schedule: {schedule.num_stages} stages on {schedule.placement}, the pipeline has "
+                             f"{self.schedule.num_stages} on {self.schedule.placement} (a new layout: set_layout)")
+        validate(schedule)
+        self.schedule = schedule
+        if self.links is not None:
+            self.links.ensure(schedule, self.replicas, self.device)  # collective, as in set_layout
+        self._build_executors()
+
+    def _build_executors(self) -> None:
+        """The executors of this rank's action list (training) and of its forward half (evaluation)."""
+        self.executor = PipelineExecutor(
+            self.schedule, self.prank, self.stages, self.loss_fn,
+            lambda stage: self.act_meta_fn(self.bounds[stage][0], self._mb_size),
+            rank_offset=self.replica * self.R, after_compute=self._compute_hook(), after_recv=self.after_recv,
+            device=self.device, links=self.links,
+        )
+        self.eval_executor = PipelineExecutor(
+            forward_only(self.schedule), self.prank, self.stages, self.loss_fn,
+            lambda stage: self.act_meta_fn(self.bounds[stage][0], self._mb_size),
+            rank_offset=self.replica * self.R, after_recv=self.after_recv, device=self.device, links=self.links,
+        )
 
     def _compute_hook(self) -> Callable[[int, Op, float], None] | None:
         """after_compute, told the compute time without the expert all-to-alls inside it (waiting on peers is

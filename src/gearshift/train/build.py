@@ -70,9 +70,10 @@ def job_model(cfg: JobConfig) -> ModelSpec:
 
 
 def job_schedule(cfg: JobConfig) -> Schedule:
-    """The schedule every replica runs (parallel.schedule, stages, micro-batches, k)."""
+    """The schedule every replica runs (parallel.schedule, stages, micro-batches, k); with "auto", the kFkB of
+    parallel.microbatches and k the job measures and plans its partition with before it chooses."""
     p = cfg.parallel
-    return make_schedule(p.schedule, p.stages, p.microbatches, k=p.k)
+    return make_schedule("kfkb" if p.schedule == "auto" else p.schedule, p.stages, p.microbatches, k=p.k)
 
 
 def brings_own(cfg: JobConfig) -> bool:
@@ -99,10 +100,11 @@ def layer_factory(cfg: JobConfig, spec: ModelSpec, data: JobData | None = None) 
 
 def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None, adapter: Adapter | None = None,
                   spec: ModelSpec | None = None, data: JobData | None = None,
-                  experts: ExpertShards | None = None, links: bool | None = None) -> PipelineRuntime:
-    """This rank's pipeline runtime for the job (the partition from the config unless given) on the job's device;
-    only this rank's layers are built. A MoE model's experts as `experts` places them, else contiguously. links:
-    a group per link direction (PipelineRuntime; None: on NCCL)."""
+                  schedule: Schedule | None = None, experts: ExpertShards | None = None,
+                  links: bool | None = None) -> PipelineRuntime:
+    """This rank's pipeline runtime for the job (the partition and schedule from the config unless given) on the
+    job's device; only this rank's layers are built. A MoE model's experts as `experts` places them, else
+    contiguously. links: a group per link direction (PipelineRuntime; None: on NCCL)."""
     t = cfg.train
     device = job_device(cfg)
     spec = spec or job_model(cfg)
@@ -110,7 +112,7 @@ def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None, a
         bounds = resolve_partition(cfg, spec)
     build, act_meta = layer_factory(cfg, spec, data)
     rt = PipelineRuntime(
-        build, spec.loss_fn, bounds, job_schedule(cfg), act_meta,
+        build, spec.loss_fn, bounds, schedule or job_schedule(cfg), act_meta,
         OptimConfig(t.weight_decay, (t.beta1, t.beta2), t.grad_clip),
         after_compute=adapter.after_compute if adapter else None, after_recv=adapter.after_recv if adapter else None,
         grad_sync_factory=grad_sync(cfg, device), experts=experts or expert_shards(cfg), device=device, links=links,

@@ -18,7 +18,7 @@ from gearshift.paths import check_dir, check_input_file, read_json
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.tomlfile import read_toml
 
-SCHEDULES = ("gpipe", "1f1b", "kfkb")
+SCHEDULES = ("gpipe", "1f1b", "kfkb", "auto")
 PARTITIONS = ("uniform", "params", "adaptive")
 EXISTING = ("move", "refuse")
 ALLREDUCE = ("auto", "gloo", "ring", "hierarchical", "hierarchical_rs")
@@ -108,6 +108,11 @@ class ClusterConfig:
     bandwidth: str = key("1gbit", "testbed per-host link rate (tc syntax: 200mbit, 1gbit, ...)")
     stop_grace_s: float = key(60.0, "after SIGTERM / SIGINT, seconds the workers get to finish their step and "
                                     "checkpoint before they are killed")
+    memory_gb: float | list[float] = key(0.0, "memory per rank in GB that parallel.schedule = auto keeps parameters, "
+                                              "optimizer state and activations within (one for all or one per "
+                                              "rank); 0 = the cluster spec's, or no limit")
+    traffic: list[Any] = key([], 'testbed: other traffic from a step on, e.g. ["100:flows:1:2:4"] (4 bulk TCP flows '
+                                 'host 1 -> 2; 0 stops them) or ["200:rate:2:50mbit"] (host 2\'s link, both ways)')
     device: str = key("auto", "where each rank computes: auto (cuda:LOCAL_RANK where CUDA has a GPU for every local "
                               "rank, else the CPU), cpu, cuda (fewer GPUs than ranks: shared)")
 
@@ -117,7 +122,9 @@ class ParallelConfig:
     """How the model is split, scheduled and synchronised."""
 
     stages: int = key(4, "pipeline stages; cluster.workers / stages data-parallel replicas of the pipeline")
-    schedule: str = key("1f1b", "pipeline schedule: gpipe, 1f1b, kfkb")
+    schedule: str = key("1f1b", "pipeline schedule: gpipe, 1f1b, kfkb, or auto (the split into micro-batches and "
+                                "K of kFkB chosen by simulation under the measured links, chosen again as they "
+                                "change; microbatches and k are then only where the job starts measuring)")
     microbatches: int = key(8, "micro-batches per step (per replica); must divide the replica's batch")
     k: int = key(1, "kfkb: forwards (then backwards) per group; 1 = 1F1B, >= microbatches = GPipe")
     partition: Any = key("uniform", "uniform | params | adaptive (the DP's plan from the spec or a measurement at "
@@ -186,6 +193,15 @@ class AdaptConfig:
     alpha: float = key(0.5, "weight of the newest sample in the smoothed speed estimates, in (0, 1]")
     profile: str = key("", 'ModelProfile JSON from `gearshift profile`; "" = profile at start')
     force: list[Any] = key([], "forced re-partitions, [[step, [[start, end], ...]], ...] (tests, demos)")
+    link_change: float = key(0.25, "parallel.schedule = auto: re-price between periods when the step time moves by "
+                                   "this fraction and a probed link's bandwidth or latency moved by it too; 0 = "
+                                   "only every adapt.every steps")
+    schedule_margin: float = key(0.05, "parallel.schedule = auto: switch only when the new schedule is predicted "
+                                       "faster by this fraction")
+    profiles: str = key("", "directory of per-micro-batch-size profiles (read if there, written when measured); "
+                            '"" = profile at start')
+    force_schedule: list[Any] = key([], "forced schedule switches, [[step, m, k], ...]: from `step` on, m "
+                                        "micro-batches in groups of k (tests, benchmarks)")
 
 
 @dataclass
@@ -383,6 +399,8 @@ def validate(cfg: JobConfig) -> JobConfig:
                                  f"keep_together leaves {cuts} places to cut")
     _check(p.schedule in SCHEDULES, f"parallel.schedule: {p.schedule!r} (allowed: {', '.join(SCHEDULES)})")
     _check(p.microbatches >= 1, f"parallel.microbatches: must be >= 1, got {p.microbatches}")
+    _validate_memory(c.memory_gb, c.workers)
+    _validate_traffic(c)
     _check(p.k >= 1, f"parallel.k: must be >= 1, got {p.k}")
     _check(p.allreduce in ALLREDUCE, f"parallel.allreduce: {p.allreduce!r} (allowed: {', '.join(ALLREDUCE)})")
     _check(p.bucket_mb > 0, f"parallel.bucket_mb: must be > 0, got {p.bucket_mb}")
@@ -437,11 +455,43 @@ def validate(cfg: JobConfig) -> JobConfig:
     _check(0 < a.alpha <= 1, f"adapt.alpha: must be in (0, 1], got {a.alpha}")
     if a.profile:
         read_profile(a.profile, "adapt.profile", n_layers, ConfigError, layers_are)
+    _check(a.link_change >= 0, f"adapt.link_change: must be >= 0 (0 = off), got {a.link_change}")
+    _check(0 <= a.schedule_margin < 1, f"adapt.schedule_margin: must be in [0, 1), got {a.schedule_margin}")
+    if a.profiles:
+        check_dir(a.profiles, "adapt.profiles", ConfigError)
+    _validate_force_schedule(a.force_schedule, t.batch_size // max(cfg.replicas, 1))
     for i, f in enumerate(a.force):
         _check(isinstance(f, list) and len(f) == 2 and isinstance(f[0], int) and f[0] >= 0,
                f"adapt.force[{i}]: expected [step, [[start, end], ...]] with step >= 0, got {f!r}")
         _check_ranges(f[1], p.stages, n_layers, no_cut, f"adapt.force[{i}]")
     return cfg
+
+
+def _validate_memory(memory_gb: float | list[float], workers: int) -> None:
+    if isinstance(memory_gb, list):
+        _check(len(memory_gb) == workers and all(x > 0 for x in memory_gb),
+               f"cluster.memory_gb: expected one value > 0 per rank ({workers} workers), got {memory_gb!r}")
+    else:
+        _check(memory_gb >= 0, f"cluster.memory_gb: must be >= 0 (0 = no limit of its own), got {memory_gb}")
+
+
+def _validate_traffic(c: ClusterConfig) -> None:
+    if not c.traffic:
+        return
+    from gearshift.cluster.traffic import parse_events
+
+    _check(c.testbed, "cluster.traffic: needs cluster.testbed = true (the traffic runs between its hosts)")
+    parse_events(c.traffic, c.workers // (c.ranks_per_node or c.workers))
+
+
+def _validate_force_schedule(force: list, batch: int) -> None:
+    for i, f in enumerate(force):
+        _check(isinstance(f, list) and len(f) == 3 and all(isinstance(x, int) and not isinstance(x, bool) for x in f)
+               and f[0] >= 0 and f[1] >= 1 and f[2] >= 1,
+               f"adapt.force_schedule[{i}]: expected [step, m, k] with step >= 0 and m, k >= 1, got {f!r}")
+        _check(batch % f[1] == 0, f"adapt.force_schedule[{i}]: m = {f[1]} does not divide the batch per replica "
+                                  f"({batch})")
+        _check(f[2] <= f[1], f"adapt.force_schedule[{i}]: k = {f[2]} is more than m = {f[1]} (k = m is GPipe)")
 
 
 def _check_corpus(path: str) -> None:
