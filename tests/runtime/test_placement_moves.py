@@ -11,7 +11,6 @@ import pytest
 import torch
 from test_experts import PARAM_ATOL, STEPS, _cfg, _reference
 
-from gearshift.comm.launch import spawn
 from gearshift.models.moe import moe_modules
 from gearshift.planner.placement import Placement, greedy
 from gearshift.runtime.experts import ExpertPlacement
@@ -20,6 +19,7 @@ from gearshift.train.build import build_runtime, lr_at
 from gearshift.train.checkpoint import checkpoint_path
 from gearshift.train.datasets import job_data
 from gearshift.train.loop import train
+from gloo_spawn import spawn
 
 pytestmark = pytest.mark.multiprocess
 
