@@ -61,7 +61,7 @@ def print_summary(cfg: JobConfig, s: dict) -> None:
     t.add_row("throughput", f"{s['tokens_per_s']:,.0f} tokens/s (median)")
     t.add_row("bubble fraction", f"{s['bubble_fraction']:.1%} (median, measured)")
     if "placement_decisions" in s:
-        t.add_row("expert placement", f"{s['placement_switches']} moves in {s['placement_decisions']} decisions "
+        t.add_row("expert placement", f"moved at {s['placement_switches']} of {s['placement_decisions']} decisions "
                                       f"(every {cfg.moe.every} steps)")
     t.add_row("output", cfg.output.dir)
     if s.get("report"):
