@@ -22,6 +22,7 @@ class CostModel:
     memory_bytes: list[float] | None = None  # per-rank capacity; None means unlimited
     sync_s: list[float] | None = None  # per-rank gradient sync time; None means zero
     step_s: float = 0.0
+    param_bytes: list[float] = field(default_factory=list)  # per stage: what a slice's update moves; [] = 0
 
     @classmethod
     def uniform(
@@ -59,6 +60,8 @@ class CostModel:
         }
         if self.param_mem_bytes:
             per_stage["param_mem_bytes"] = self.param_mem_bytes
+        if self.param_bytes:
+            per_stage["param_bytes"] = self.param_bytes
         for name, xs in per_stage.items():
             if len(xs) != num_stages:
                 raise ValueError(

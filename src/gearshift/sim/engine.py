@@ -1,11 +1,16 @@
 """Discrete-event replay of a Schedule's per-rank action lists under a CostModel, on a virtual clock.
 
 Semantics (shared with the validator and the runtime): each rank runs its list in order; compute waits for
-its inputs (activation of stage s-1 / gradient of s+1, local or received; B also its own F); a send does not
-block the sender and occupies its src->dst link (FIFO) for latency + bytes/bandwidth from when it is issued;
-a receive ends when its transfer arrives. Nothing else is shared, so action times follow from data
-dependencies alone and ranks can be advanced in any order: the loop runs each rank until it blocks on an
-unfinished action and wakes it when that action finishes (O(number of actions))."""
+its inputs (activation of the previous stage of its pipe / gradient of the next, local or received; B also
+its own F); a send does not block the sender and occupies its src->dst link (FIFO) for latency +
+bytes/bandwidth from when it is issued; a receive ends when its transfer arrives. A slice's update
+(multi-directional pipelines) moves gradients and parameters the same way (REDUCE, SEND_PAR / RECV_RED,
+RECV_PAR, a slice's parameter bytes); NORM is the non-blocking start of a collective that a STEP(stage)
+waits for on every rank; BARRIER waits for every rank to reach it. In a window (Schedule.window) what the
+previous step produced (forwards and messages of ids < M that the list does not hold) is there at time 0.
+Nothing else is shared, so action times follow from data dependencies alone and ranks can be advanced in
+any order: the loop runs each rank until it blocks on an unfinished action and wakes it when that action
+finishes (O(number of actions))."""
 
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from itertools import accumulate, compress
 from gearshift.schedules.action import Action, Op, Schedule
 from gearshift.sim.cost import CostModel
 
-_F, _B, _SA, _RA, _SG, _RG, _SYNC, _STEP = range(8)
+_F, _B, _SA, _RA, _SG, _RG, _SYNC, _STEP, _RED, _RR, _NORM, _SP, _RP, _BAR = range(14)
 _CODE = {
     Op.FORWARD: _F,
     Op.BACKWARD: _B,
@@ -26,7 +31,15 @@ _CODE = {
     Op.RECV_GRAD: _RG,
     Op.SYNC: _SYNC,
     Op.STEP: _STEP,
+    Op.REDUCE: _RED,
+    Op.RECV_RED: _RR,
+    Op.NORM: _NORM,
+    Op.SEND_PAR: _SP,
+    Op.RECV_PAR: _RP,
+    Op.BARRIER: _BAR,
 }
+_SENDS = (_SA, _SG, _RED, _SP)
+_RECVS = (_RA, _RG, _RR, _RP)
 _NONE = -2  # no dependency
 _NEVER = -1  # a dependency that does not exist in the schedule: blocks forever
 
@@ -43,6 +56,7 @@ class SimResult:
     fits_memory: bool
     deadlock: list[tuple[int, Action]] | None  # stuck ranks and the action each cannot finish
     transfers: list[tuple[Action, int, int, float, float]]  # (send action, src, dst, start, arrival)
+    peak_act_bytes: list[float] | None = None  # per rank: max activation bytes held (saved for backward)
 
 
 def simulate(schedule: Schedule, cost: CostModel) -> SimResult:
@@ -67,9 +81,11 @@ class _Program:
     offs: list[int]  # rank r owns indices offs[r]..offs[r+1]-1
     dep1: list[int]  # data input: producer compute, receive, or matching send
     dep2: list[int]  # B's own F
+    depn: dict[int, list[int]]  # STEP of a slice: every rank's NORM; BARRIER: every rank's action before it
     dur: list[float]  # compute / sync / step time; for sends, the link occupancy
     link: list[int]  # for sends: src * num_ranks + dst
     mem: list[float]  # activation memory taken (F) or released (B)
+    carried: list[float]  # per rank: activation memory held at the start (forwards of the previous step)
 
 
 @dataclass
@@ -83,7 +99,7 @@ class _Times:
 
 def _compile(schedule: Schedule, cost: CostModel) -> _Program:
     """Flatten the lists and resolve each action's dependency to the index of the action it waits for."""
-    num_ranks, last, placement = schedule.num_ranks, schedule.num_stages - 1, schedule.placement
+    num_ranks, placement, spp = schedule.num_ranks, schedule.placement, schedule.stages_per_pipe
     offs = [0]
     ranks: list[int] = []
     for r, acts in enumerate(schedule.actions):
@@ -97,10 +113,12 @@ def _compile(schedule: Schedule, cost: CostModel) -> _Program:
     n = len(flat)
 
     # slot[(kind * S + stage) * M + mb] = index of the first such action (F/B/SA/RA/SG/RG), else _NEVER
-    num_stages = last + 1
+    num_stages = schedule.num_stages
     used = [(s, mb) for k, s, mb in zip(kind, stage, mbs) if k < _SYNC]
     if any(not (0 <= s < num_stages and mb >= 0) for s, mb in used):
         raise ValueError("simulate: an action has a stage or micro-batch out of range (run validate first)")
+    if any(not 0 <= s < num_stages for k, s in zip(kind, stage) if k in (_RED, _RR, _SP, _RP)):
+        raise ValueError("simulate: an update action has a stage out of range (run validate first)")
     m = max((mb for _, mb in used), default=0) + 1
     slot = [_NEVER] * (6 * num_stages * m)
     for g, k, s, mb in zip(range(n), kind, stage, mbs):
@@ -109,32 +127,45 @@ def _compile(schedule: Schedule, cost: CostModel) -> _Program:
             if slot[i] == _NEVER:
                 slot[i] = g
     fs, bs, sas, ras, sgs, rgs = (k * num_stages * m for k in (_F, _B, _SA, _RA, _SG, _RG))
+    carry_below = schedule.num_microbatches if schedule.window else 0  # ids the previous step produced
+
+    def carried(d: int, mb: int) -> int:
+        return _NONE if d == _NEVER and mb < carry_below else d
 
     dep1 = [_NONE] * n
     dep2 = [_NONE] * n
+    depn: dict[int, list[int]] = {}
     dur = [0.0] * n
     link = [0] * n
     mem = [0.0] * n
     fwd, bwd, nbytes, act_mem = cost.forward_s, cost.backward_s, cost.act_bytes, cost.act_mem_bytes
+    pbytes = cost.param_bytes or [0.0] * num_stages
     sync = cost.sync_s
+    seen: dict[tuple, int] = {}  # (kind, stage, peer, rank) -> occurrences so far (update messages pair in order)
+    updates: dict[tuple, list[int]] = {}
+    norms: list[list[int]] = [[] for _ in range(num_ranks)]
+    bars: list[list[int]] = [[] for _ in range(num_ranks)]
+    carried_mem = [0.0] * num_ranks
     for g, k, s, mb, r, p in zip(range(n), kind, stage, mbs, ranks, peer):
         i = s * m + mb
         if k == _F:
             dur[g] = fwd[s]
             mem[g] = act_mem[s]
-            if s > 0:
+            if s % spp:
                 if placement[s - 1] == r:
-                    dep1[g] = slot[fs + i - m]
+                    dep1[g] = carried(slot[fs + i - m], mb)
                 else:
                     d = slot[ras + i]
                     dep1[g] = d if d >= 0 and ranks[d] == r else _NEVER
         elif k == _B:
             dur[g] = bwd[s]
             mem[g] = -act_mem[s]
-            dep2[g] = slot[fs + i]
-            if s < last:
+            dep2[g] = carried(slot[fs + i], mb)
+            if dep2[g] == _NONE:
+                carried_mem[r] += act_mem[s]
+            if (s + 1) % spp:
                 if placement[s + 1] == r:
-                    dep1[g] = slot[bs + i + m]
+                    dep1[g] = carried(slot[bs + i + m], mb)
                 else:
                     d = slot[rgs + i]
                     dep1[g] = d if d >= 0 and ranks[d] == r else _NEVER
@@ -145,18 +176,56 @@ def _compile(schedule: Schedule, cost: CostModel) -> _Program:
             link[g] = r * num_ranks + p
         elif k == _RA or k == _RG:
             src = s - 1 if k == _RA else s + 1
-            d = slot[(sas if k == _RA else sgs) + i + (src - s) * m] if 0 <= src <= last else _NEVER
-            dep1[g] = d if d >= 0 and ranks[d] == p and peer[d] == r else _NEVER
+            ok = (s % spp != 0) if k == _RA else ((s + 1) % spp != 0)
+            d = slot[(sas if k == _RA else sgs) + i + (src - s) * m] if ok else _NEVER
+            dep1[g] = carried(d if d >= 0 and ranks[d] == p and peer[d] == r else _NEVER, mb)
+        elif k == _RED or k == _SP:
+            if p >= 0:
+                dur[g] = cost.transfer_s(r, p, pbytes[s])
+                link[g] = r * num_ranks + p
+            else:
+                link[g] = -1  # the optimizer holder's own gradient: stays on the rank
+            key = (k, s, p, r)
+            updates.setdefault(key, []).append(g)
+        elif k == _RR or k == _RP:
+            src_stage = schedule.stage_on(p, schedule.slice_of(s)) if 0 <= p < num_ranks else -1
+            key = (_RED if k == _RR else _SP, src_stage, r, p)
+            seen[key] = j = seen.get(key, 0) + 1
+            dep1[g] = key, j - 1  # resolved below, once every send is known
         elif k == _SYNC:
             dur[g] = sync[r] if sync is not None else 0.0
+        elif k == _NORM:
+            norms[r].append(g)
+        elif k == _BAR:
+            bars[r].append(g)
+        elif s >= 0:  # STEP of one slice: waits for the norm every rank contributed
+            dur[g] = cost.step_s
+            depn[g] = []  # filled below
         else:
             dur[g] = cost.step_s
-    return _Program(flat, kind, offs, dep1, dep2, dur, link, mem)
+    for g, k in enumerate(kind):
+        if k == _RR or k == _RP:
+            key, j = dep1[g]
+            sends = updates.get(key, [])
+            dep1[g] = sends[j] if j < len(sends) else _NEVER
+    steps_seen = [0] * num_ranks
+    for g in sorted(depn):
+        r = ranks[g]
+        j = steps_seen[r]
+        steps_seen[r] += 1
+        depn[g] = [ns[j] if j < len(ns) else _NEVER for ns in norms]
+    for r in range(num_ranks):
+        for j, g in enumerate(bars[r]):
+            depn[g] = [(bs_[j] - 1 if bs_[j] > offs[q] else _NONE) if j < len(bs_) else _NEVER
+                       for q, bs_ in enumerate(bars)]
+            depn[g] = [d for d in depn[g] if d != _NONE]
+    return _Program(flat, kind, offs, dep1, dep2, depn, dur, link, mem, carried_mem)
 
 
 def _run(prog: _Program) -> _Times:
     """The event loop: run each rank until it blocks on an unfinished action; wake it when that finishes."""
     kind, offs, dep1, dep2, dur, link = prog.kind, prog.offs, prog.dep1, prog.dep2, prog.dur, prog.link
+    depn = prog.depn
     num_ranks, n = len(offs) - 1, len(kind)
     start = [0.0] * n
     end = [0.0] * n
@@ -180,6 +249,12 @@ def _run(prog: _Program) -> _Times:
             if d2 != _NONE and (d2 < 0 or not done[d2]):
                 waiters.setdefault(d2, []).append(r)
                 break
+            ds = depn.get(g) if depn else None
+            if ds is not None:
+                blocker = next((x for x in ds if x < 0 or not done[x]), None)
+                if blocker is not None:
+                    waiters.setdefault(blocker, []).append(r)
+                    break
             k = kind[g]
             start[g] = t
             if k <= _B:
@@ -188,15 +263,20 @@ def _run(prog: _Program) -> _Times:
                 if d2 >= 0 and end[d2] > t:
                     start[g] = t = end[d2]
                 t += dur[g]
-            elif k == _RA or k == _RG:
+            elif k in _RECVS:
                 if arrive[d] > t:
                     t = arrive[d]
-            elif k == _SA or k == _SG:
+            elif k in _SENDS:
                 lk = link[g]
-                x0 = link_free[lk] if link_free[lk] > t else t
-                arrive[g] = link_free[lk] = x0 + dur[g]
-                xfers.append((g, r, x0))
+                if lk < 0:
+                    arrive[g] = t
+                else:
+                    x0 = link_free[lk] if link_free[lk] > t else t
+                    arrive[g] = link_free[lk] = x0 + dur[g]
+                    xfers.append((g, r, x0))
             else:
+                if ds:
+                    t = max(t, max(end[x] for x in ds))
                 t += dur[g]
             end[g] = t
             done[g] = 1
@@ -213,14 +293,15 @@ def _result(schedule: Schedule, cost: CostModel, prog: _Program, tm: _Times) -> 
     num_ranks = schedule.num_ranks
     deadlock = [(r, flat[pc[r]]) for r in range(num_ranks) if pc[r] < offs[r + 1]] or None
     param = cost.param_mem_bytes or [0.0] * schedule.num_stages
-    timelines, busy, peaks = [], [], []
+    timelines, busy, peaks, acts = [], [], [], []
     iteration = max((tm.arrive[g] for g, _, _ in tm.xfers), default=0.0)
     for r in range(num_ranks):
         lo, hi = offs[r], pc[r]
         timelines.append(list(zip(flat[lo:hi], tm.start[lo:hi], tm.end[lo:hi])))
         is_comp = [k <= _B for k in kind[lo:hi]]
         busy.append(sum(compress(prog.dur[lo:hi], is_comp)))
-        held = max(accumulate(compress(prog.mem[lo:hi], is_comp), initial=0.0))
+        held = max(accumulate(compress(prog.mem[lo:hi], is_comp), initial=prog.carried[r]))
+        acts.append(held)
         peaks.append(held + sum(param[s] for s in schedule.stages_of(r)))
         if hi > lo:
             iteration = max(iteration, tm.end[hi - 1])
@@ -233,4 +314,4 @@ def _result(schedule: Schedule, cost: CostModel, prog: _Program, tm: _Times) -> 
     cap = cost.memory_bytes
     fits = cap is None or all(p <= c for p, c in zip(peaks, cap))
     transfers = [(flat[g], r, flat[g].peer, x0, tm.arrive[g]) for g, r, x0 in tm.xfers]
-    return SimResult(iteration, timelines, busy, bubble, peaks, fits, deadlock, transfers)
+    return SimResult(iteration, timelines, busy, bubble, peaks, fits, deadlock, transfers, acts)

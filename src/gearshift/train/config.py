@@ -17,7 +17,8 @@ from gearshift.paths import check_dir, check_input_file, read_json
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.tomlfile import read_toml
 
-SCHEDULES = ("gpipe", "1f1b", "kfkb")
+SCHEDULES = ("gpipe", "1f1b", "kfkb", "multidir")
+UPDATES = ("flush", "async")
 PARTITIONS = ("uniform", "params", "adaptive")
 EXISTING = ("move", "refuse")
 ALLREDUCE = ("auto", "gloo", "ring", "hierarchical", "hierarchical_rs")
@@ -71,8 +72,10 @@ class ParallelConfig:
     """How the model is split, scheduled and synchronised."""
 
     stages: int = key(4, "pipeline stages; cluster.workers / stages data-parallel replicas of the pipeline")
-    schedule: str = key("1f1b", "pipeline schedule: gpipe, 1f1b, kfkb")
-    microbatches: int = key(8, "micro-batches per step (per replica); must divide the replica's batch")
+    schedule: str = key("1f1b", "pipeline schedule: gpipe, 1f1b, kfkb, multidir (parallel.directions pipelines "
+                                "over the same ranks in different orders, optimizer state held once)")
+    microbatches: int = key(8, "micro-batches per step (per replica; multidir: per direction); must divide the "
+                               "replica's batch")
     k: int = key(1, "kfkb: forwards (then backwards) per group; 1 = 1F1B, >= microbatches = GPipe")
     partition: Any = key("uniform", "uniform | params | adaptive | [[start, end], ...] layer ranges per stage")
     allreduce: str = key("auto", "gradient all-reduce: auto, gloo, ring, hierarchical, hierarchical_rs")
@@ -83,6 +86,10 @@ class ParallelConfig:
     shm: bool = key(True, "gradient-sync messages between ranks of a node through shared memory (false: TCP)")
     send_thread: Any = key("auto", "large gradient-sync sends from a second thread: auto (where the machine has "
                                    "two cores per rank), true, false")
+    directions: int = key(2, "multidir: pipelines over all the stages, each in its own order and on its own "
+                             "1/directions of the batch, 2..stages/2")
+    update: str = key("flush", "multidir: flush (a batch's update before the next batch: single-process training) or "
+                               "async (the next batch enters at once, on weights at most one step stale)")
 
 
 @dataclass
@@ -163,7 +170,9 @@ class JobConfig:
 
     @property
     def replicas(self) -> int:
-        return self.cluster.workers // self.parallel.stages
+        """Parts the batch is split into: the pipeline's replicas (multidir: its directions)."""
+        p = self.parallel
+        return self.cluster.workers // p.stages * (p.directions if p.schedule == "multidir" else 1)
 
 
 def _type_name(tp: Any) -> str:
@@ -280,6 +289,9 @@ def validate(cfg: JobConfig) -> JobConfig:
     _check(p.schedule in SCHEDULES, f"parallel.schedule: {p.schedule!r} (allowed: {', '.join(SCHEDULES)})")
     _check(p.microbatches >= 1, f"parallel.microbatches: must be >= 1, got {p.microbatches}")
     _check(p.k >= 1, f"parallel.k: must be >= 1, got {p.k}")
+    _check(p.update in UPDATES, f"parallel.update: {p.update!r} (allowed: {', '.join(UPDATES)})")
+    if p.schedule == "multidir":
+        _check_multidir(cfg)
     _check(p.allreduce in ALLREDUCE, f"parallel.allreduce: {p.allreduce!r} (allowed: {', '.join(ALLREDUCE)})")
     _check(p.bucket_mb > 0, f"parallel.bucket_mb: must be > 0, got {p.bucket_mb}")
     from gearshift.cluster.topology import parse_matrix
@@ -298,7 +310,8 @@ def validate(cfg: JobConfig) -> JobConfig:
     per_replica = t.batch_size // max(cfg.replicas, 1)
     _check(
         t.batch_size % cfg.replicas == 0 and per_replica % p.microbatches == 0,
-        f"train.batch_size: must split evenly over {cfg.replicas} replica(s) x parallel.microbatches "
+        f"train.batch_size: must split evenly over {cfg.replicas} "
+        f"{'direction(s)' if p.schedule == 'multidir' else 'replica(s)'} x parallel.microbatches "
         f"({p.microbatches}), got {t.batch_size}",
     )
     _check(t.steps >= 1, f"train.steps: must be >= 1, got {t.steps}")
@@ -337,6 +350,21 @@ def validate(cfg: JobConfig) -> JobConfig:
                f"adapt.force[{i}]: expected [step, [[start, end], ...]] with step >= 0, got {f!r}")
         _check_ranges(f[1], p.stages, n_layers, f"adapt.force[{i}]")
     return cfg
+
+
+def _check_multidir(cfg: JobConfig) -> None:
+    """multidir: every worker in every direction, 2..stages/2 directions, >= stages micro-batches each."""
+    p, w = cfg.parallel, cfg.cluster.workers
+    _check(p.stages == w, f"parallel.stages: multidir runs every direction over all the workers, so stages must "
+                          f"equal cluster.workers ({w}), got {p.stages}")
+    _check(p.stages >= 4, f"parallel.stages: multidir needs at least 4 (2 directions of 2 or more), got {p.stages}")
+    _check(2 <= p.directions <= p.stages // 2,
+           f"parallel.directions: must be in 2..{p.stages // 2} (parallel.stages / 2) for multidir, got {p.directions}")
+    _check(p.microbatches >= p.stages, f"parallel.microbatches: multidir needs at least parallel.stages "
+                                       f"({p.stages}) micro-batches per direction, got {p.microbatches}")
+    _check(p.partition != "adaptive", "parallel.partition: adaptive re-partitioning does not apply to multidir "
+                                      "(allowed: uniform = equal compute time, params, [[start, end], ...])")
+    _check(not cfg.adapt.force, "adapt.force: re-partitioning does not apply to parallel.schedule = multidir")
 
 
 def _check_corpus(path: str) -> None:
