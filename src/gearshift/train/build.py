@@ -66,9 +66,8 @@ def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None,
 
 def multidir_slices(cfg: JobConfig, adapter: Adapter | None = None) -> list[tuple[int, int]]:
     """The cut of every direction: parallel.partition's ranges or parameter split as given; "uniform" is
-    slices of equal profiled compute time (the partitioner at equal speeds, transfers left out), from the
-    adapter's profile, adapt.profile, or rank 0's profile of the job's micro-batch (broadcast)."""
-    from gearshift.planner.partition import partition_dp
+    slices of equal profiled compute time, from the adapter's profile, adapt.profile, or rank 0's profile
+    of the job's micro-batch (broadcast)."""
     from gearshift.profile.model_profile import ModelProfile
     from gearshift.train.profiling import profile_job
 
@@ -83,9 +82,16 @@ def multidir_slices(cfg: JobConfig, adapter: Adapter | None = None) -> list[tupl
         box = [profile_job(cfg, repeats=3, warmup=1) if dist.get_rank() == 0 else None]
         dist.broadcast_object_list(box, src=0)
         profile = box[0]
-    n, inf = profile.num_layers, float("inf")
-    res = partition_dp([lp.work_s for lp in profile.layers], [0.0] * n, [0.0] * n, [1.0] * p.stages,
-                       [[inf] * p.stages for _ in range(p.stages)], [[0.0] * p.stages for _ in range(p.stages)])
+    return equal_time_slices(profile, p.stages)
+
+
+def equal_time_slices(profile, num_slices: int) -> list[tuple[int, int]]:
+    """Slices of (nearly) equal compute time: the partitioner at equal speeds, transfers left out."""
+    from gearshift.planner.partition import partition_dp
+
+    n, inf, S = profile.num_layers, float("inf"), num_slices
+    res = partition_dp([lp.work_s for lp in profile.layers], [0.0] * n, [0.0] * n, [1.0] * S,
+                       [[inf] * S for _ in range(S)], [[0.0] * S for _ in range(S)])
     return [tuple(b) for b in res.bounds]
 
 

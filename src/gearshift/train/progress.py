@@ -44,8 +44,12 @@ def print_summary(cfg: JobConfig, s: dict) -> None:
     """The end-of-run table: losses against the corpus's unigram entropy, throughput, bubbles."""
     t = Table(title="Gearshift run summary", show_header=False)
     p = cfg.parallel
-    t.add_row("job", f"{cfg.cluster.workers} workers, {p.stages} stages x {cfg.replicas} replica(s), "
-              f"{p.schedule}{'' if p.schedule != 'kfkb' else f' K={p.k}'}, {p.microbatches} micro-batches")
+    if p.schedule == "multidir":
+        t.add_row("job", f"{cfg.cluster.workers} workers, multidir: {p.directions} directions over {p.stages} stages, "
+                  f"update {p.update}, {p.microbatches} micro-batches per direction")
+    else:
+        t.add_row("job", f"{cfg.cluster.workers} workers, {p.stages} stages x {cfg.replicas} replica(s), "
+                  f"{p.schedule}{'' if p.schedule != 'kfkb' else f' K={p.k}'}, {p.microbatches} micro-batches")
     t.add_row("steps", f"{s['start_step']} -> {s['steps']} in {s['wall_s']:.1f} s")
     t.add_row("train loss", f"{s['first_loss']:.3f} -> {s['final_loss']:.3f} nats")
     if s.get("val_loss") is not None:
@@ -53,5 +57,8 @@ def print_summary(cfg: JobConfig, s: dict) -> None:
     t.add_row("unigram entropy", f"{s['unigram_entropy']:.3f} nats (a model that ignores context)")
     t.add_row("throughput", f"{s['tokens_per_s']:,.0f} tokens/s (median)")
     t.add_row("bubble fraction", f"{s['bubble_fraction']:.1%} (median, measured)")
+    if s.get("peak_act_bytes"):
+        t.add_row("activations", "peak saved for backward per rank: "
+                  + " / ".join(f"{b / 2**20:.1f}" for b in s["peak_act_bytes"]) + " MiB")
     t.add_row("output", cfg.output.dir)
     Console().print(t)
