@@ -13,12 +13,15 @@ a flush; the steady step is a window (Schedule.window) that finishes the previou
 after its inputs are ready. A forward that starts before a slice's new parameters arrive uses the previous
 version (at most one version stale); its backward uses the same version.
 
-Direction orders (direction_orders): direction 0 is 0..P-1; each next direction is the assignment of
-ranks to positions that minimises sum_r (load_r + P - position)^2, where load_r = sum over the earlier
-directions of P - position (the micro-batches a 1F1B stage at that position holds at once: its activation
-memory), never giving a rank a position it already holds (no rank holds one slice twice); ties go to
-ranks that are not yet a direction's first or last stage. For D = 2 and even P this is an order and its
-reverse (every rank holds P + 1 micro-batches' activations)."""
+Direction orders (direction_orders): direction 0 is 0..P-1. The others minimise sum_r load_r^2, where
+load_r = sum over directions of P - (rank r's position): the micro-batches a 1F1B stage at that position
+holds at once, i.e. the rank's activation memory in units of one slice's; no rank may take a position it
+holds in another direction (no rank holds one slice twice), and ties go to ranks that are not yet some
+direction's first or last stage (embedding, head, the ends of the bubbles). Each direction is an exact
+assignment (Hungarian method) given the others: first one after another, then each again while the total
+improves (a local optimum; for up to 16 ranks, also from cyclic shifts, keeping the best). For D = 2 and
+even P this is an order and its reverse (every rank holds P + 1 micro-batches); even D balances exactly;
+odd D as nearly as the positions allow (P = 6, D = 3: 10 or 11 per rank)."""
 
 from __future__ import annotations
 
