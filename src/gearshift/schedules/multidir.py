@@ -32,6 +32,7 @@ from gearshift.schedules.validate import ScheduleError
 UPDATES = ("flush", "async")
 OPT = 0  # the optimizer direction
 _STEP_COST = 0.5  # unit-cost placement: an optimizer step of a slice, against F = 1, B = 2
+_SLACK = 3.0  # a bubble that begins later than this after an update's inputs are ready is not waited for
 
 
 def direction_orders(num_ranks: int, directions: int, rounds: int = 20) -> list[list[int]]:
@@ -262,19 +263,21 @@ def _arrival(sch: Schedule, line: list, rank: int, recv: Action) -> float:
     raise ScheduleError(f"multidir: no {want.value} for {recv} on rank {rank}")
 
 
-def _position(line: list[tuple[Action, float, float]], ready: float, lo: int) -> int:
+def _position(line: list[tuple[Action, float, float]], ready: float, lo: int, slack: float = _SLACK) -> int:
     """Where on a rank (at or after index `lo`) an action that waits for `ready` goes: before the first
-    action preceded by idle time that lasts past `ready` (the first bubble: a receive that waits, or a
-    compute that waits for a local input), else before the first action that starts after `ready`, else
-    at the end. What it waits for finished by `ready`, before the action it is put in front of ends, so it
-    cannot wait on that action: the insertion never deadlocks."""
+    action preceded by idle time that lasts past `ready` (a bubble: a receive that waits, or a compute that
+    waits for a local input) if that idle time begins within `slack` of `ready`, else before the first
+    action that starts after `ready` (at once), else at the end. What it waits for finished by `ready`,
+    before the action it is put in front of ends, so it cannot wait on that action: never a deadlock."""
     for i in range(lo, len(line)):
         a, start, end = line[i]
         clock = line[i - 1][2] if i else 0.0
+        if clock > ready + slack:
+            break
         idle_until = end if a.op in (Op.RECV_ACT, Op.RECV_GRAD, Op.RECV_RED, Op.RECV_PAR) else start
         if idle_until > clock + 1e-9 and idle_until > ready:
             return i
-    # no bubble: strictly after `ready` (an action at `ready` itself may be what the awaited message follows)
+    # at once: strictly after `ready` (an action at `ready` itself may be what the awaited message follows)
     return next((i for i in range(lo, len(line)) if line[i][1] > ready), len(line))
 
 
