@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# Pin torch first: the local CPU wheel; an unpinned torch would pull several GB of CUDA.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,hf]'
 	touch $(STAMP)
 
 train: $(STAMP)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from gearshift.cli.main import main
 
@@ -35,6 +36,10 @@ CASES = [
     (["train", "--parallel.partition=[[0,1],[1,2]]"], "parallel.partition: expected 4 ranges"),
     (["train", "--train.batch_size=30"], "train.batch_size: must split evenly"),
     (["train", "--cluster.spec=missing.toml"], "cluster.spec: file not found"),
+    (["train", "--cluster.device=tpu"], "cluster.device: 'tpu' (allowed: auto, cpu, cuda)"),
+    (["train", "--cluster.device=cpu", "--cluster.backend=nccl"],
+     "cluster.backend: nccl carries CUDA tensors, but cluster.device is cpu (allowed with cpu: gloo or auto)"),
+    (["profile", "--cluster.device=cuda", "--cluster.backend=gloo"], "cluster.backend: gloo carries CPU tensors"),
     (["train", "--train"], "expected --section.key=value"),
     (["train", "--train.steps", "5"], "--train.steps: expected --train.steps=VALUE (got a space: --train.steps 5)"),
     (["train", "--train.steps"], "--train.steps: expected --train.steps=VALUE"),
@@ -78,6 +83,11 @@ CASES = [
     (["plan", "--profile", "nolayers.json"], "--profile: nolayers.json is not a ModelProfile"),
     (["trian"], "argument COMMAND: invalid choice: 'trian'"),
 ]
+if not torch.cuda.is_available():  # a device this machine cannot give: caught before workers start or profiling
+    CASES += [(["train", "--cluster.device=cuda"], "cluster.device: cuda, but torch finds no CUDA device on this "
+                                                   "machine"),
+              (["train", "--cluster.backend=nccl"], "cluster.backend: nccl, but torch finds no CUDA device"),
+              (["profile", "--cluster.device=cuda"], "cluster.device: cuda, but torch finds no CUDA device")]
 
 
 def _profile(layers: int) -> dict:

@@ -43,6 +43,10 @@ def test_parse_rate() -> None:
             parse_rate(bad)
     with pytest.raises(ConfigError):
         TestbedConfig(2, per_node_bandwidth=["1gbit"])
+    with pytest.raises(ConfigError, match="testbed.per_node_ingress: expected 2 rates, got 1"):
+        TestbedConfig(2, per_node_ingress=["1gbit"])
+    both = TestbedConfig(2, bandwidth="80mbit", per_node_ingress=["10mbit", "20mbit"])
+    assert (both.rate_bits(1), both.ingress_bits(1), TestbedConfig(2).ingress_bits(0)) == (80e6, 20e6, 1e9)
     for bad in (100, 1 << 20):
         with pytest.raises(ConfigError, match="testbed.max_packet: expected 1500..65536 bytes"):
             TestbedConfig(2, max_packet=bad)
@@ -65,6 +69,7 @@ def test_fallback_without_iproute2(monkeypatch, capsys) -> None:
     assert len(out) == 1 and "needs iproute2 (tc not found)" in out[0]
 
 
+@pytest.mark.testbed
 @pytest.mark.skipif(not tbm.is_root(), reason="the testbed needs root")
 @pytest.mark.testbed
 def test_up_shapes_and_down_cleans() -> None:
@@ -112,3 +117,37 @@ def test_up_shapes_and_down_cleans() -> None:
     st = status(PREFIX)
     assert not st["namespaces"] and not st["links"] and st["config"] is None
     assert cleanup(PREFIX) == []
+
+
+@pytest.mark.testbed
+@pytest.mark.multiprocess
+@pytest.mark.skipif(not tbm.is_root(), reason="the testbed needs root")
+def test_monitor_measures_each_direction_of_an_asymmetric_link(tmp_path) -> None:
+    """Host 1 sends at 20 Mbit/s and receives at 80 (host 0: 80 both ways): an adaptive job's measurement
+    before training (the monitor's state in its first plan) sees the link 0 -> 1 about 4x faster than
+    1 -> 0, each near its cap. A loose factor: shaped TCP on a shared 2-core machine. set_rate re-caps a
+    direction in place."""
+    from gearshift.train.config import load_config
+    from gearshift.train.launch import launch
+    from gearshift.train.metrics import read_metrics
+
+    cfg = TestbedConfig(2, per_node_bandwidth=["80mbit", "20mbit"], per_node_ingress=["80mbit", "80mbit"],
+                        prefix=PREFIX, subnet=SUBNET)
+    job = load_config(None, ["--model.layers=2", "--model.width=128", "--model.heads=2", "--model.context=128",
+                             "--train.batch_size=8", "--parallel.microbatches=2", "--data.max_bytes=100000",
+                             "--cluster.workers=2", "--cluster.ranks_per_node=1", "--parallel.stages=2",
+                             "--parallel.partition=adaptive",
+                             "--adapt.every=0", "--train.steps=1", "--train.eval_every=0", "--output.trace=false",
+                             "--output.progress=false", f"--output.dir={tmp_path / 'run'}"])
+    with Testbed(cfg) as tb:
+        assert launch(job, testbed=tb, quiet=True) == 0
+        hosts = status(PREFIX)["namespaces"]
+        assert (hosts["gt-n1"]["rate"], hosts["gt-n1"]["rate_in"]) == ("20Mbit", "80Mbit")
+        tb.set_rate(1, out="40mbit", into="10mbit")
+        hosts = status(PREFIX)["namespaces"]
+        assert (hosts["gt-n1"]["rate"], hosts["gt-n1"]["rate_in"], hosts["gt-n0"]["rate"]) == \
+            ("40Mbit", "10Mbit", "80Mbit")
+    (plan,) = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r.get("event") == "plan"]
+    (fwd,), (back,) = plan["measured"]["link_bandwidth"], plan["measured"]["link_bandwidth_back"]
+    assert 0.4 * 80e6 / 8 < fwd < 1.3 * 80e6 / 8 and 0.4 * 20e6 / 8 < back < 1.3 * 20e6 / 8, (fwd, back)
+    assert fwd > 2 * back, (fwd, back)

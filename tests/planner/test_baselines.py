@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gearshift.planner.baselines import all_baselines, uniform_bounds
+from gearshift.errors import PlanError
+from gearshift.planner.baselines import all_baselines, snap_bounds, uniform_bounds
 from gearshift.planner.partition import cost_model, plan_partition
 
 
@@ -65,3 +66,37 @@ def test_dp_never_worse_than_baselines(make_profile, make_state, args):
     for name in ("uniform", "params", "equal_speed"):
         base = plan_partition(prof, state, len(speeds), microbatches=mbs, method=name)
         assert ad.bottleneck_s <= base.bottleneck_s * (1 + 1e-12), name
+
+
+def test_snap_moves_banned_cuts_to_the_nearest_allowed_boundary():
+    assert snap_bounds([(0, 4), (4, 7), (7, 10)], []) == [(0, 4), (4, 7), (7, 10)]
+    assert snap_bounds([(0, 4), (4, 7), (7, 10)], [4, 5]) == [(0, 3), (3, 7), (7, 10)]  # 3 and 6: a tie goes low
+    assert snap_bounds([(0, 4), (4, 7), (7, 10)], [3, 4, 5, 6, 7]) == [(0, 2), (2, 8), (8, 10)]
+    assert snap_bounds([(0, 1), (1, 2), (2, 4)], [1]) == [(0, 2), (2, 3), (3, 4)]  # later cuts make room
+    assert snap_bounds([(0, 2), (2, 3), (3, 4)], [3]) == [(0, 1), (1, 2), (2, 4)]  # earlier cuts make room
+    with pytest.raises(PlanError, match=r"3 stages but the model can be cut in only 2 pieces"):
+        snap_bounds([(0, 1), (1, 2), (2, 3)], [1])
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.integers(2, 12).flatmap(lambda L: st.tuples(
+    st.just(L), st.integers(1, L), st.lists(st.integers(1, L - 1), max_size=L - 1, unique=True))))
+def test_snapped_bounds_are_valid_and_avoid_no_cut(args):
+    L, S, banned = args
+    if L - 1 - len(banned) < S - 1:
+        with pytest.raises(PlanError):
+            snap_bounds(uniform_bounds(L, S), banned)
+        return
+    out = snap_bounds(uniform_bounds(L, S), banned)
+    assert len(out) == S and out[0][0] == 0 and out[-1][1] == L
+    assert all(i < j for i, j in out) and all(out[s][1] == out[s + 1][0] for s in range(S - 1))
+    assert not {j for _, j in out[:-1]} & set(banned)
+
+
+def test_baselines_honour_no_cut(make_profile, make_state):
+    prof = make_profile([1.0] * 10)
+    prof.no_cut = [4, 5]
+    for method in ("uniform", "params", "equal_speed"):
+        r = plan_partition(prof, make_state([1.0, 1.0, 1.0]), 3, method=method)
+        assert not {j for _, j in r.bounds} & {4, 5} and r.method == method
+    assert plan_partition(prof, make_state([1.0, 1.0, 1.0]), 3, method="uniform").bounds == [(0, 3), (3, 7), (7, 10)]

@@ -62,3 +62,22 @@ def test_cli_plan_local_cluster_from_job_config(capsys):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "local x4" in out and "uniform" in out and "speedup" in out
+
+
+def test_cli_plan_counts_activations_of_the_jobs_schedule(tmp_path, capsys, make_profile):
+    """GPipe holds all 4 micro-batches' activations per stage, 1F1B one on the last stage: with 2,000 bytes
+    per device the fast device takes 6 layers under 1F1B but only 5 under GPipe."""
+    spec = tmp_path / "spec.toml"
+    spec.write_text('[types.slow]\nspeed = 1.0\nmemory_gb = 2e-6\n[types.fast]\nspeed = 3.0\nmemory_gb = 2e-6\n'
+                    '[[nodes]]\ndevices = ["slow", "fast"]\n')
+    prof = tmp_path / "p.json"
+    profile = make_profile([1.0] * 8, params=0, peak=100)
+    for schedule, no_cut, ranges in (("1f1b", [], "0-1 2-7"), ("gpipe", [], "0-2 3-7"), ("1f1b", [2], "0 1-7"),
+                                     ("1f1b", [1, 2], "0-2 3-7")):  # the profile's no-cut boundaries hold too
+        profile.no_cut = no_cut
+        profile.save(prof)
+        argv = ["plan", "--spec", str(spec), "--profile", str(prof), "--microbatches", "4",
+                f"--parallel.schedule={schedule}"]
+        assert main(argv) == 0
+        out = " ".join(capsys.readouterr().out.replace("│", " ").split())
+        assert f"adaptive {ranges} " in out, out

@@ -1,4 +1,5 @@
-"""The partition DP against brute force, its edge cases, blocks, and its speed."""
+"""The partition DP against brute force (with and without no-cut boundaries), its edge cases, blocks, and
+its speed."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gearshift.cluster.state import ClusterState
 from gearshift.errors import PlanError
 from gearshift.planner.partition import blocks, partition_dp, plan_partition
+from gearshift.profile.model_profile import LayerProfile, ModelProfile
 
 
 def ref_stage(b, s, S, w, a, p, am, sp, bw, lat, mem, fl):
@@ -29,10 +32,11 @@ def ref_stage(b, s, S, w, a, p, am, sp, bw, lat, mem, fl):
     return max(compute, inbound, outbound), fits
 
 
-def brute_force(L, S, *args):
-    """Best feasible bottleneck over every composition of L layers into S stages (None if none fits)."""
+def brute_force(L, S, *args, banned=frozenset()):
+    """Best feasible bottleneck over every composition of L layers into S stages that cuts no boundary in
+    `banned` (None if none fits)."""
     best = None
-    for cuts in itertools.combinations(range(1, L), S - 1):
+    for cuts in itertools.combinations([k for k in range(1, L) if k not in banned], S - 1):
         edges = [0, *cuts, L]
         stages = [ref_stage((edges[s], edges[s + 1]), s, S, *args) for s in range(S)]
         if all(f for _, f in stages):
@@ -218,3 +222,45 @@ def test_speed_1000_layers_64_devices():
     print(f"partition_dp 1000 layers x 64 devices: {dt:.3f} s")
     assert r.fits and len(r.bounds) == S
     assert dt < 5.0  # generous: < 1 s on an idle core
+
+
+def as_profile_and_state(w, a, p, am, sp, bw, lat, mem):
+    """The brute-force instance as a ModelProfile (one sample per micro-batch) and a ClusterState."""
+    layers = [LayerProfile(f"l{i}", x / 3, 2 * x / 3, 0.0, pb, ab, mb) for i, (x, ab, pb, mb) in
+              enumerate(zip(w, a, p, am))]
+    state = ClusterState(list(sp), bw, lat, list(mem) if mem is not None else [1e30] * len(sp))
+    return ModelProfile(layers, microbatch_size=1, seq_len=1), state
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(instances(), st.data())
+def test_no_cut_equals_brute_force(inst, data):
+    """plan_partition with no-cut boundaries (in the profile and as an argument) finds the best partition
+    among those that never cut them, or says none exists."""
+    L, S, w, a, p, am, sp, bw, lat, mem, fl = inst
+    if L < 2:
+        return
+    banned = data.draw(st.lists(st.integers(1, L - 1), max_size=L - 1, unique=True))
+    prof, state = as_profile_and_state(w, a, p, am, sp, bw, lat, mem)
+    prof.no_cut = banned[: len(banned) // 2]
+    args = (w, a, p, am, sp[:S], bw, lat, None if mem is None else mem[:S], fl[:S])
+    best = brute_force(L, S, *args, banned=set(banned))
+    if best is None:
+        with pytest.raises(PlanError):
+            plan_partition(prof, state, S, in_flight=fl, no_cut=banned[len(banned) // 2:])
+        return
+    r = plan_partition(prof, state, S, in_flight=fl, no_cut=banned[len(banned) // 2:])
+    assert not {j for _, j in r.bounds[:-1]} & set(banned)
+    assert r.fits and r.bottleneck_s == pytest.approx(best, rel=1e-9)
+
+
+def test_no_cut_survives_save_and_load(tmp_path, make_profile, make_state):
+    prof = make_profile([1.0] * 6)
+    prof.no_cut = [1, 2]
+    prof.save(tmp_path / "p.json")
+    again = ModelProfile.load(tmp_path / "p.json")
+    assert again.no_cut == [1, 2]
+    assert plan_partition(again, make_state([1.0, 1.0]), 2).bounds == [(0, 3), (3, 6)]
+    for k in (0, 6):
+        with pytest.raises(PlanError, match=r"no-cut boundaries must lie between two layers \(1..5\)"):
+            plan_partition(again, make_state([1.0, 1.0]), 2, no_cut=[k])

@@ -88,3 +88,25 @@ def test_bad_repeats():
     x = torch.zeros(1, 4, dtype=torch.long)
     with pytest.raises(ValueError):
         profile_model(model, x, x, repeats=0)
+
+
+def test_a_spec_is_profiled_layer_by_layer_with_its_keep_together_as_no_cut(gpt_profile, tmp_path):
+    """profile_spec builds each layer as it comes (never the whole model) and measures what profile_model
+    measures; layers kept together become boundaries the planner must not cut, kept through JSON."""
+    from gearshift.models.gpt import gpt_spec
+    from gearshift.profile.profiler import profile_spec
+
+    model, whole = gpt_profile
+    built = []
+    spec = gpt_spec(CFG)
+    spec.build_layer = lambda i, make=spec.build_layer: built.append(i) or make(i)
+    spec.keep_together = [(1, 3)]
+    x = torch.randint(0, 256, (B, T), generator=torch.Generator().manual_seed(0))
+    prof = profile_spec(spec, 0, x, x, repeats=2, warmup=1)
+    assert built == [0, 1, 2, 3]
+    assert [lp.name for lp in prof.layers] == [lp.name for lp in whole.layers]
+    assert [lp.param_bytes for lp in prof.layers] == [lp.param_bytes for lp in whole.layers]
+    assert [lp.activation_bytes for lp in prof.layers] == [lp.activation_bytes for lp in whole.layers]
+    assert prof.no_cut == [2] and whole.no_cut == []
+    prof.save(tmp_path / "p.json")
+    assert ModelProfile.load(tmp_path / "p.json").no_cut == [2]

@@ -1,5 +1,5 @@
-"""Adaptation end to end: an emulated 4x slower rank is measured as slower, the re-plan moves layers off
-it, and the decision is logged with its inputs, prediction and reason."""
+"""Adaptation end to end: the first plan from measurements (speeds, links both ways, every replica) or from
+the spec, with the schedule's activation memory; re-plans logged with their inputs, prediction and reason."""
 
 from __future__ import annotations
 
@@ -11,10 +11,12 @@ from types import SimpleNamespace
 import pytest
 import torch.distributed as dist
 
-from gearshift.cluster.spec import ClusterSpec
+from gearshift.cluster.spec import ClusterSpec, load_spec
 from gearshift.cluster.state import ClusterState
+from gearshift.planner.partition import plan_partition
 from gearshift.profile.model_profile import LayerProfile, ModelProfile
 from gearshift.runtime.adapt import Adapter
+from gearshift.schedules import make_schedule, peak_in_flight
 
 ARGS = ["--model.layers=6", "--model.width=32", "--model.heads=2", "--model.context=16", "--train.batch_size=8",
         "--data.max_bytes=100000", "--train.eval_every=0", "--parallel.microbatches=2", "--output.trace=false",
@@ -30,21 +32,76 @@ def _train_adaptive(out, *extra: str) -> list[dict]:
     return [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def _synthetic_profile(path) -> ModelProfile:
+    """8 layers of equal work whose activations are the tiny GPT's (2 KiB per sample), 100 bytes held per
+    micro-batch, no parameters: planning inputs the test can replay exactly."""
+    prof = ModelProfile([LayerProfile(f"l{i}", 0.5, 0.5, 1.0, 0, 2048, 100) for i in range(8)], microbatch_size=2,
+                        seq_len=16)
+    prof.save(path)
+    return prof
+
+
+def _state_of(measured: dict) -> ClusterState:
+    """The two-stage pipeline a logged decision planned on, rebuilt from its record."""
+    (fwd,), (back,) = measured["link_bandwidth"], measured["link_bandwidth_back"]
+    (lf,), (lb,) = measured["link_latency"], measured["link_latency_back"]
+    return ClusterState(measured["speeds"], [[float("inf"), fwd], [back, float("inf")]], [[0.0, lf], [lb, 0.0]],
+                        measured["memory"])
+
+
 @pytest.mark.multiprocess
-def test_slow_rank_loses_layers(tmp_path):
-    rows = _train_adaptive(tmp_path / "adapt", "--train.steps=7", "--adapt.every=3", "--emulate.slowdown=[1,4]")
+def test_first_plan_from_measurements_then_replan(tmp_path):
+    """No spec, 2 replicas of a 2-stage pipeline, position 1 emulated 4x slower than position 0 (duty-cycle:
+    every rank sleeps most of its compute), and replica 1's links capped (200 kB/s forward into rank 3,
+    400 kB/s back into rank 2): the plan at step 0 is the DP's over the measured speeds and the slowest
+    replica's link in each direction, and step 0 runs it; the re-plan at step 3 is logged with its inputs,
+    its schedule's in-flight counts, prediction and reason."""
+    prof = _synthetic_profile(tmp_path / "profile.json")
+    rows = _train_adaptive(tmp_path / "adapt", "--cluster.workers=4", "--train.steps=4", "--adapt.every=3",
+                           f"--adapt.profile={tmp_path / 'profile.json'}", "--emulate.slowdown=[4,16,4,16]",
+                           "--emulate.link_bandwidth=[1e12,1e12,4e5,2e5]")
     steps = [x for x in rows if x.get("event") is None]
-    replans = [x for x in rows if x.get("event") == "replan"]
-    assert steps[0]["partition"] == [[0, 4], [4, 8]]  # uniform start
-    fast, slow = steps[2]["measured_speed"]
-    assert slow < 0.5 * fast, (fast, slow)
-    first = replans[0]
-    assert first["apply"] and first["step"] == 3
-    assert first["new_bounds"][0][1] > 4, "layers moved to the fast rank"
-    assert first["new_iteration_s"] < first["old_iteration_s"]
-    for key in ("measured", "old_bounds", "old_stage_s", "new_stage_s", "migration_cost_s", "reason", "migration"):
-        assert key in first
-    assert steps[-1]["partition"] == first["new_bounds"] or len(replans) > 1
+    (plan,) = [x for x in rows if x.get("event") == "plan"]
+    (replan,) = [x for x in rows if x.get("event") == "replan"]
+    assert plan["step"] == 0 and steps[0]["partition"] == plan["bounds"]
+    dp = plan_partition(prof, _state_of(plan["measured"]), 2, 2, [2, 1])
+    assert plan["bounds"] == [list(b) for b in dp.bounds] and plan["iteration_s"] == pytest.approx(dp.iteration_s(2))
+    fast, slow = plan["measured"]["speeds"]
+    assert slow < 0.6 * fast, (fast, slow)
+    assert plan["bounds"][0][1] > 4, "the fast position starts with more layers"
+    assert plan["iteration_s"] < plan["uniform_iteration_s"] and "measured" in plan["reason"]
+    for d in (plan, replan):
+        (fwd,), (back,) = d["measured"]["link_bandwidth"], d["measured"]["link_bandwidth_back"]
+        assert 1e5 < fwd < 3e5 and 2e5 < back < 6e5, (fwd, back)
+    assert replan["step"] == 3 and replan["in_flight"] == [2, 1] and replan["schedule"] == "1f1b"
+    for key in ("measured", "old_bounds", "old_stage_s", "new_stage_s", "migration_cost_s", "reason"):
+        assert key in replan
+    assert steps[-1]["partition"] == (replan["new_bounds"] if replan["apply"] else plan["bounds"])
+
+
+@pytest.mark.multiprocess
+def test_first_plan_from_the_spec_holds_gpipes_activations(tmp_path):
+    """A spec of a slow device then a fast one, the fast one with 1,000 bytes of memory; every layer holds
+    100 bytes of activations per micro-batch. Under GPipe (2 micro-batches in flight on every stage) the fast
+    device can hold 5 layers, under 1F1B 7 (1 in flight on the last stage): step 0 runs the DP's plan for the
+    spec and GPipe, and the re-plan, from measured speeds (rank 0 emulated 4x slower), still counts GPipe's."""
+    spec = tmp_path / "spec.toml"
+    spec.write_text('[types.slow]\nspeed = 0.25\nmemory_gb = 1\n[types.fast]\nspeed = 1.0\nmemory_gb = 1e-6\n'
+                    '[[nodes]]\ndevices = ["slow", "fast"]\n')
+    prof = _synthetic_profile(tmp_path / "profile.json")
+    rows = _train_adaptive(tmp_path / "run", f"--cluster.spec={spec}", f"--adapt.profile={tmp_path / 'profile.json'}",
+                           "--parallel.schedule=gpipe", "--train.steps=3", "--adapt.every=2",
+                           "--emulate.slowdown=[4,1]")
+    state = ClusterState.from_spec(load_spec(spec)).pipeline(2)
+    dp = {name: plan_partition(prof, state, 2, 2, peak_in_flight(make_schedule(name, 2, 2))).bounds
+          for name in ("gpipe", "1f1b")}
+    assert dp == {"gpipe": [(0, 3), (3, 8)], "1f1b": [(0, 1), (1, 8)]}
+    (plan,) = [x for x in rows if x.get("event") == "plan"]
+    steps = [x for x in rows if x.get("event") is None]
+    assert steps[0]["partition"] == plan["bounds"] == [list(b) for b in dp["gpipe"]]
+    assert plan["in_flight"] == [2, 2] and "specified" in plan["reason"]
+    (replan,) = [x for x in rows if x.get("event") == "replan"]
+    assert replan["in_flight"] == [2, 2] and replan["new_bounds"][1][0] >= 3, replan
 
 
 @pytest.fixture
@@ -76,12 +133,3 @@ def test_period_estimates_blend_small_changes_and_take_large_ones(one_rank) -> N
         ad.window = list(samples)
         ad.settle_speed()
         assert ad.monitor.speed(0) == pytest.approx(expected)
-
-
-@pytest.mark.multiprocess
-def test_link_probe_measures_the_emulated_cap(tmp_path):
-    """The re-plan's link probe sees an emulated 200 kB/s link into rank 1 as about 200 kB/s."""
-    rows = _train_adaptive(tmp_path / "links", "--train.steps=3", "--adapt.every=2",
-                           "--emulate.link_bandwidth=[1e9,2e5]")
-    (bw,) = next(x for x in rows if x.get("event") == "replan")["measured"]["link_bandwidth"]
-    assert 1e5 < bw < 3e5, bw

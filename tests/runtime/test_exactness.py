@@ -1,16 +1,19 @@
 """Pipeline training (1, 2, 4 stages; GPipe, 1F1B, kFkB; replicated) equals single-process training:
-same losses and parameters within float32 tolerance."""
+same losses and parameters within float32 tolerance, for the GPT and for a custom model and dataset given by
+import path (examples/mlp.py). The steps run under placement.on_device_only, so a tensor the runtime makes
+without naming the model's device (a receive buffer, the clip norm, a loss reduction) fails the step; and with a
+process group per link direction, as NCCL needs (runtime.links), which every other CPU test leaves out."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from placement import on_device_only
 
 from gearshift.comm.launch import spawn
-from gearshift.models.gpt import build_gpt
-from gearshift.train.build import build_runtime, gpt_config, lr_at
+from gearshift.train.build import build_runtime, job_model, lr_at
 from gearshift.train.config import load_config
-from gearshift.train.data import ByteCorpus
+from gearshift.train.datasets import job_data
 
 pytestmark = pytest.mark.multiprocess
 
@@ -18,24 +21,28 @@ STEPS = 3
 BASE = ["--model.layers=2", "--model.width=32", "--model.heads=2", "--model.context=16",
         "--train.batch_size=8", "--data.max_bytes=100000", "--train.warmup_steps=1", "--train.lr=1e-3",
         "--train.grad_clip=0.5"]
+MODELS = {"gpt": [], "mlp": ["--model.name=examples.mlp:build", "--model.depth=2", "--model.width=16",
+                             "--data.name=examples.mlp:data", "--data.samples=64"]}
 
 
-def _cfg(workers: int, stages: int, schedule: str, k: int = 1, micro: int = 4):
-    return load_config(None, BASE + [f"--cluster.workers={workers}", f"--parallel.stages={stages}",
-                                     f"--parallel.schedule={schedule}", f"--parallel.k={k}",
-                                     f"--parallel.microbatches={micro}"])
+def _cfg(workers: int, stages: int, schedule: str, k: int = 1, micro: int = 4, model: str = "gpt"):
+    return load_config(None, BASE + MODELS[model] + [f"--cluster.workers={workers}", f"--parallel.stages={stages}",
+                                                     f"--parallel.schedule={schedule}", f"--parallel.k={k}",
+                                                     f"--parallel.microbatches={micro}"])
 
 
 def _run_pipeline(rank: int, world: int, runs: list) -> list:
     out = []
-    for schedule, stages, k, micro in runs:
-        cfg = _cfg(world, stages, schedule, k, micro)
-        corpus = ByteCorpus(None, cfg.data.val_fraction, cfg.data.max_bytes)
-        rt = build_runtime(cfg)
+    for schedule, stages, k, micro, *model in runs:
+        cfg = _cfg(world, stages, schedule, k, micro, *model)
+        data = job_data(cfg)
+        rt = build_runtime(cfg, data=data, links=True)  # a group per link direction, as on NCCL (here gloo)
         losses = []
-        for step in range(STEPS):
-            x, y = corpus.batch(step, cfg.train.batch_size, cfg.model.context, cfg.train.seed)
-            losses.append(rt.step(x, y, lr_at(step, cfg)).loss)
+        with on_device_only(rt.device):  # a tensor made or sent off the model's device fails the step
+            for step in range(STEPS):
+                x, y = data.batch(step, cfg.train.batch_size, cfg.train.seed)
+                losses.append(rt.step(x, y, lr_at(step, cfg)).loss)
+            losses.append(rt.evaluate(*data.batch(0, cfg.train.batch_size, cfg.train.seed, "val")))
         state = rt.state()[0] if rt.replica == 0 else {}
         out.append((losses, {k: v.numpy() for k, v in state.items()}))  # by value, not shared memory
     return out
@@ -44,16 +51,16 @@ def _run_pipeline(rank: int, world: int, runs: list) -> list:
 def _reference(cfg) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Plain single-process training of the same model on the same batches."""
     torch.set_num_threads(1)
-    model = build_gpt(gpt_config(cfg), seed=cfg.train.seed)
+    model = job_model(cfg).model(cfg.train.seed)
     t = cfg.train
     decay = [p for p in model.parameters() if p.dim() >= 2]
     other = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
                              {"params": other, "weight_decay": 0.0}], lr=t.lr, betas=(t.beta1, t.beta2))
-    corpus = ByteCorpus(None, cfg.data.val_fraction, cfg.data.max_bytes)
+    data = job_data(cfg)
     losses = []
     for step in range(STEPS):
-        x, y = corpus.batch(step, t.batch_size, cfg.model.context, t.seed)
+        x, y = data.batch(step, t.batch_size, t.seed)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg)
         opt.zero_grad()
@@ -66,14 +73,16 @@ def _reference(cfg) -> tuple[list[float], dict[str, torch.Tensor]]:
 
 
 def _check(results: list, runs: list, world: int) -> None:
-    ref_losses, ref_params = _reference(_cfg(world, runs[0][1], runs[0][0]))
+    refs = {model: _reference(_cfg(world, runs[0][1], runs[0][0], model=model)) for model in MODELS}
     for i, run in enumerate(runs):
+        ref_losses, ref_params = refs[run[4] if len(run) > 4 else "gpt"]
         losses = results[0][i][0]
         params: dict[str, torch.Tensor] = {}
         for r in results:
             params.update({k: torch.from_numpy(v) for k, v in r[i][1].items()})
         assert set(params) == set(ref_params), run
-        torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6,
+        assert losses[-1] == losses[-1], f"no validation loss for {run}"  # the evaluation ran, under meta too
+        torch.testing.assert_close(torch.tensor(losses[:STEPS]), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6,
                                    msg=f"losses differ for {run}")
         for name, ref in ref_params.items():
             torch.testing.assert_close(params[name], ref, rtol=1e-5, atol=1e-6, msg=f"{name} differs for {run}")
@@ -83,12 +92,15 @@ def _check(results: list, runs: list, world: int) -> None:
 def test_pipeline_equals_single_process(stages: int) -> None:
     micro = 4
     runs = [("gpipe", stages, 1, micro), ("1f1b", stages, 1, micro), ("kfkb", stages, 2, micro)]
+    if stages > 1:  # a custom model and dataset, by import path, pipelined
+        runs += [("1f1b", stages, 1, micro, "mlp"), ("kfkb", stages, 2, micro, "mlp")]
     results = spawn(_run_pipeline, stages, runs)
     _check(results, runs, stages)
 
 
 def test_replicated_pipeline_equals_single_process() -> None:
-    """4 workers as 2 replicas of a 2-stage 1F1B pipeline, gradients averaged across replicas."""
-    runs = [("1f1b", 2, 1, 2)]
+    """4 workers as 2 replicas of a 2-stage 1F1B pipeline, gradients averaged across replicas; and as 4 replicas
+    of one stage (pure data parallelism: the gradient-sync policy's buckets)."""
+    runs = [("1f1b", 2, 1, 2), ("1f1b", 1, 1, 2)]
     results = spawn(_run_pipeline, 4, runs)
     _check(results, runs, 4)

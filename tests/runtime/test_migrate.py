@@ -1,14 +1,17 @@
 """Live migration does not change the math: a run that re-partitions mid-training (layers, parameters and
-AdamW state moving between ranks) equals a run that never does."""
+AdamW state moving between ranks) equals a run that never does. Steps, migrations and link and speed probes run
+under placement.on_device_only: a tensor made or sent off the model's device fails them."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+from placement import on_device_only
 
 from gearshift.comm.launch import spawn
 from gearshift.runtime.migrate import migrate
+from gearshift.runtime.probe import probe_links, probe_speed
 from gearshift.train.build import build_runtime, lr_at
 from gearshift.train.config import load_config
 from gearshift.train.data import ByteCorpus
@@ -27,13 +30,19 @@ def _run(rank: int, world: int, moves: dict) -> tuple[list[float], dict]:
     corpus = ByteCorpus(None, cfg.data.val_fraction, cfg.data.max_bytes)
     rt = build_runtime(cfg)
     losses, moved = [], []
-    for step in range(STEPS):
-        x, y = corpus.batch(step, cfg.train.batch_size, cfg.model.context, cfg.train.seed)
-        losses.append(rt.step(x, y, lr_at(step, cfg)).loss)
-        if step + 1 in moves:
-            rep = migrate(rt, moves[step + 1])
-            moved.append(rep.moved_layers)
-            assert rt.bounds == moves[step + 1]
+    with on_device_only(rt.device):  # a tensor made or sent off the model's device fails the step
+        for step in range(STEPS):
+            x, y = corpus.batch(step, cfg.train.batch_size, cfg.model.context, cfg.train.seed)
+            losses.append(rt.step(x, y, lr_at(step, cfg)).loss)
+            if step + 1 in moves:
+                rep = migrate(rt, moves[step + 1])
+                moved.append(rep.moved_layers)
+                assert rt.bounds == moves[step + 1]
+        links = probe_links(rt.R, rt.prank, rt.replica * rt.R, 4096, repeats=1, device=rt.device)
+        stage = min(rt.stages)
+        shape, dtype = rt.act_meta_fn(rt.bounds[stage][0], 2)
+        speed = probe_speed(rt.stages[stage], torch.zeros(shape, dtype=dtype, device=rt.device), 1.0, repeats=1)
+    assert speed > 0 and len(links) == 1 and all(t > 0 for _, t in links.values()), (speed, links)
     model, optim = rt.state() if rt.replica == 0 else ({}, {})
     state = {k: v.numpy() for k, v in model.items()}
     state.update({f"{k}/{n}": v.numpy() for k, d in optim.items() for n, v in d.items()})

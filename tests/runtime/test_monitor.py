@@ -70,3 +70,25 @@ def test_merge_combines_ranks():
     assert merged.links[(0, 1)].samples == 3
     with pytest.raises(ValueError):
         merge([])
+
+
+def test_pipeline_view_takes_the_slowest_replica_per_link_and_direction():
+    """4 ranks = 2 replicas of a 2-stage pipeline (ranks 0-1, 2-3): each position is as slow as its slowest
+    replica, each link direction as its slowest replica's, measured both ways."""
+    ranks = [Monitor(4) for _ in range(4)]
+    for r, speed in enumerate([1.0, 0.5, 0.8, 0.9]):
+        ranks[r].record_compute(r, speed, 1.0)
+    ranks[0].record_transfer(0, 1, 900, 1.0)  # replica 0: fast forward, slow back
+    ranks[1].record_transfer(1, 0, 100, 1.0)
+    ranks[2].record_transfer(2, 3, 300, 1.0)  # replica 1: slow forward, fast back
+    ranks[3].record_transfer(3, 2, 700, 1.0)
+    world = merge([m.to_dict() for m in ranks]).state(5, base_state(4))
+    assert world.bandwidth[0][1] == 900 and world.bandwidth[1][0] == 100  # both directions kept apart
+    pipe = world.pipeline(2)
+    assert pipe.speeds == [0.8, 0.5] and pipe.world_size == 2 and (pipe.step, pipe.source) == (5, "monitor")
+    assert pipe.bandwidth[0][1] == 300 and pipe.bandwidth[1][0] == 100
+    lat = base_state(4)
+    lat.latency[2][3] = 0.5
+    assert lat.pipeline(2).latency[0][1] == 0.5 and lat.pipeline(2).latency[1][0] == lat.latency[1][0]
+    with pytest.raises(ValueError, match="3 stages do not divide 4 ranks"):
+        world.pipeline(3)

@@ -62,3 +62,31 @@ def test_a_window_starts_holding_its_previous_batch():
         carried = sum(1 for a in acts if a.op is Op.BACKWARD and a.mb < M)  # tails: forwards ran last step
         assert res.peak_act_bytes[r] >= carried
     assert res.peak_act_bytes == [5.0] * 4  # P + 1 micro-batches on every rank
+
+
+def test_update_ops_on_shared_cores():
+    """The global-clock driver (four ranks sharing two cores) replays a multidir schedule's updates: every STEP
+    after every NORM, every update receive after its message arrives, slower than with a core each."""
+    for update in ("flush", "async"):
+        for sch in (make_schedule("multidir", 4, 4, directions=2, update=update),
+                    unroll(make_schedule("multidir", 4, 4, directions=2, update=update))):
+            alone = cost(sch, param_bytes=100.0, bandwidth=50.0, act_mem=1.0)
+            alone.step_s = 0.5
+            shared = cost(sch, param_bytes=100.0, bandwidth=50.0, act_mem=1.0)
+            shared.step_s, shared.host, shared.cores = 0.5, [0, 0, 0, 0], [2.0]
+            a, res = simulate(sch, alone), simulate(sch, shared)
+            assert not res.deadlock and res.iteration_s > a.iteration_s
+            assert res.peak_act_bytes == a.peak_act_bytes
+            norms = [[end for x, _, end in line if x.op is Op.NORM] for line in res.timelines]
+            steps = [[start for x, start, _ in line if x.op is Op.STEP] for line in res.timelines]
+            for j in range(len(steps[0])):  # each rank's j-th STEP waits for every rank's j-th NORM
+                assert min(st[j] for st in steps) >= max(ns[j] for ns in norms)
+            arrived = {}
+            for x, src, dst, _, end in res.transfers:
+                if x.op in (Op.REDUCE, Op.SEND_PAR):
+                    arrived.setdefault((x.op, src, dst), []).append(end)
+            for r, line in enumerate(res.timelines):
+                for x, _, end in line:
+                    if x.op in (Op.RECV_RED, Op.RECV_PAR):
+                        sent = Op.REDUCE if x.op is Op.RECV_RED else Op.SEND_PAR
+                        assert end >= min(arrived[(sent, x.peer, r)])

@@ -5,11 +5,14 @@ config error is one line per machine, no traceback."""
 from __future__ import annotations
 
 import pytest
+import torch
+import torch.distributed as dist
 
 from gearshift.cli.main import main as cli_main
 from gearshift.errors import ConfigError
 from gearshift.train.__main__ import main as worker_main
-from gearshift.train.env import TORCHRUN_VARS, load_job, reports_config_errors, under_torchrun
+from gearshift.train.env import TORCHRUN_VARS, job_placement, load_job, reports_config_errors, under_torchrun
+from gearshift.train.worker import init_distributed
 
 TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
 
@@ -85,3 +88,30 @@ def test_worker_entry_reads_config_then_overrides_in_any_order(env, capsys, tmp_
     assert "(2 workers, 8 stages)" in capsys.readouterr().err
     assert worker_main([str(job), "--train.steps", "3"]) == 2
     assert "--train.steps: expected --train.steps=VALUE (got a space" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: cluster.device = cuda can run")
+def test_a_torchrun_worker_asked_for_cuda_without_it_stops_before_joining(env):
+    """Under torchrun no launcher checks first: the worker's ConfigError (one line from rank 0, exit 2: see
+    run_as_worker) comes before it joins the process group, so no peer waits on it."""
+    env(**dict(TORCHRUN, RANK="0", LOCAL_RANK="0"))
+    for override, field in (("--cluster.device=cuda", "cluster.device: cuda"), ("--cluster.backend=nccl",
+                                                                                  "cluster.backend: nccl")):
+        cfg = load_job(None, ["--parallel.stages=2", override])
+        with pytest.raises(ConfigError, match=f"^{field}, but torch finds no CUDA device on this machine"):
+            init_distributed(cfg)
+        assert not dist.is_initialized()
+
+
+def test_outside_a_launched_job_auto_picks_what_the_jobs_workers_would(env, monkeypatch):
+    """`gearshift profile` or `plan` on a one-GPU machine: a job of 4 local workers trains on the CPU (a GPU per
+    local rank or none), so its profile is taken there; one worker gets the GPU; torchrun's count wins."""
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    four = load_job(None, [])
+    assert job_placement(four).device == torch.device("cpu")
+    one = load_job(None, ["--cluster.workers=1", "--parallel.stages=1"])
+    assert job_placement(one).device == torch.device("cuda", 0)
+    env(LOCAL_WORLD_SIZE="1")
+    assert job_placement(four).device == torch.device("cuda", 0)

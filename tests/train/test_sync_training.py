@@ -1,6 +1,7 @@
 """Training with each parallel.allreduce (and a pinned node matrix) gives gloo's losses, data-parallel and
-as a replicated pipeline: the algorithm only changes how gradients travel. One job of 4 workers, 2 to a node,
-runs every case."""
+as a replicated pipeline: the algorithm only changes how gradients travel. So does the policy for CUDA
+gradients (the backend's own all_reduce in buckets on each replica group, whatever was asked), run here on CPU
+tensors over gloo. One job of 4 workers, 2 to a node, runs every case."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import io
 import os
 
 import pytest
+import torch
 
 from gearshift.comm.launch import spawn
-from gearshift.train.build import build_runtime, lr_at
+from gearshift.train.build import build_runtime, grad_sync, lr_at
 from gearshift.train.config import load_config
 from gearshift.train.data import ByteCorpus
 
@@ -19,6 +21,7 @@ TINY = ["--model.layers=2", "--model.width=32", "--model.heads=2", "--model.cont
         "--data.max_bytes=100000", "--parallel.microbatches=2", "--cluster.workers=4", "--cluster.ranks_per_node=2"]
 CASES = [(1, a) for a in ("gloo", "ring", "hierarchical", "auto", "hierarchical 2x1")] + \
     [(2, a) for a in ("gloo", "hierarchical", "auto")]
+CUDA_POLICY = [(1, "ring"), (2, "hierarchical")]  # what was asked; CUDA gradients take the backend's all_reduce
 
 
 def _train(rank: int, world: int) -> dict:
@@ -34,6 +37,15 @@ def _train(rank: int, world: int) -> dict:
             rt = build_runtime(cfg)
             losses = [rt.step(*corpus.batch(s, 8, 16, 0), lr_at(s, cfg)).loss for s in range(3)]
         out[(stages, algo)] = (losses, said.getvalue())
+    for stages, algo in CUDA_POLICY:
+        cfg = load_config(None, [*TINY, f"--parallel.stages={stages}", f"--parallel.allreduce={algo}"])
+        said = io.StringIO()
+        with contextlib.redirect_stdout(said):
+            rt = build_runtime(cfg)
+            rt.grad_sync_factory = grad_sync(cfg, torch.device("cuda"))  # the CUDA policy, on CPU tensors
+            rt.set_layout(rt.bounds, rt.schedule, rt.layers)
+            losses = [rt.step(*corpus.batch(s, 8, 16, 0), lr_at(s, cfg)).loss for s in range(3)]
+        out[(stages, f"cuda {algo}")] = (losses, said.getvalue())
     return out
 
 
@@ -46,3 +58,9 @@ def test_every_allreduce_trains_like_gloo():
         scope = "2 nodes" if stages == 1 else "2 nodes, each stage's 2 replicas"
         assert (f"all-reduce auto ({scope}):" in said) == (algo == "auto"), said  # auto measured and said so
         assert ("(measured " in said) == (algo == "auto"), said  # and timed its candidates
+    for stages, algo in CUDA_POLICY:
+        losses, said = results[0][(stages, f"cuda {algo}")]
+        assert losses == pytest.approx(results[0][(stages, "gloo")][0], rel=1e-6), (stages, algo)
+        scope = "the 4" if stages == 1 else "each stage's 2"
+        assert f"all-reduce: cuda tensors: GLOO all_reduce over {scope} replicas in 25.0 MiB buckets " \
+               f"(parallel.allreduce = {algo}: the hierarchical forms" in said, said

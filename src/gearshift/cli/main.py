@@ -17,6 +17,7 @@ COMMANDS = {
     "plan": ("plan", "partition a model over a cluster; compare with baselines"),
     "allreduce": ("allreduce", "all-reduce algorithm per message size: predicted for a spec, or measured"),
     "testbed": ("testbed", "emulated multi-host network (Linux namespaces + tc)"),
+    "report": ("report", "write RUN_DIR/report.html: loss, throughput, partition, bubbles, decisions, config"),
 }
 
 

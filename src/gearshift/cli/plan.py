@@ -14,6 +14,7 @@ from gearshift.cluster.state import ClusterState, local_state
 from gearshift.errors import DataError
 from gearshift.planner.partition import PartitionResult, plan_partition
 from gearshift.profile.model_profile import ModelProfile
+from gearshift.schedules import make_schedule, peak_in_flight
 from gearshift.train.config import load_config, read_profile
 from gearshift.train.profiling import profile_job
 
@@ -97,9 +98,16 @@ def run(args: argparse.Namespace) -> int:
     microbatches = args.microbatches or cfg.parallel.microbatches
     if spec_path:
         spec = load_spec(spec_path)
-        print_plan(profile, ClusterState.from_spec(spec), args.stages, microbatches,
-                   kinds=[d.kind for d in spec.devices])
+        state, kinds = ClusterState.from_spec(spec), [d.kind for d in spec.devices]
+        stages = args.stages or state.world_size
     else:
-        print_plan(profile, _local_state(cfg), args.stages or cfg.parallel.stages, microbatches,
-                   kinds=[f"local x{f:g}" for f in (cfg.emulate.slowdown or [1.0] * cfg.cluster.workers)])
+        state, stages = _local_state(cfg), args.stages or cfg.parallel.stages
+        kinds = [f"local x{f:g}" for f in (cfg.emulate.slowdown or [1.0] * cfg.cluster.workers)]
+    print_plan(profile, state, stages, microbatches, kinds=kinds, in_flight=_in_flight(cfg, stages, microbatches))
     return 0
+
+
+def _in_flight(cfg, stages: int, microbatches: int) -> list[int]:
+    """Micro-batches whose activations each stage holds at once under the job's schedule (memory model)."""
+    p = cfg.parallel
+    return peak_in_flight(make_schedule(p.schedule, stages, microbatches, k=p.k))

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 from pathlib import Path
 
@@ -12,10 +11,10 @@ from rich.console import Console
 from rich.table import Table
 
 from gearshift.cli.config_help import add_config_help
-from gearshift.cluster.state import local_state
+from gearshift.cluster.state import local_pipeline_state
 from gearshift.errors import UserError
 from gearshift.paths import check_output_file
-from gearshift.planner.predict import predict_shared_cores
+from gearshift.planner.predict import predict
 from gearshift.train.config import load_config, read_profile
 from gearshift.train.metrics import read_metrics
 from gearshift.train.profiling import microbatch_size, profile_job
@@ -30,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gearshift.report.trace import sim_trace, write_trace
-    from gearshift.train.build import equal_time_slices, gpt_config, job_schedule
+    from gearshift.train.build import equal_time_slices, job_model, job_schedule
     from gearshift.train.layout import resolve_partition
 
     cfg = load_config(args.config, args.overrides)
@@ -43,18 +42,15 @@ def run(args: argparse.Namespace) -> int:
     if p.schedule == "multidir" and p.partition == "uniform":
         bounds = equal_time_slices(prof, p.stages)  # what the multidir runtime cuts
     else:
-        bounds = resolve_partition(cfg, gpt_config(cfg))
-    state = local_state(cfg.cluster.workers, cores=cfg.cluster.workers).resized(p.stages)  # full speed each
-    slow = cfg.emulate.slowdown or [1.0] * cfg.cluster.workers
-    state.speeds = [state.speeds[r] / slow[r] for r in range(p.stages)]
-    cores = os.cpu_count() or 1
-    res, share = predict_shared_cores(prof, bounds, schedule, state, cores * p.stages / cfg.cluster.workers,
-                                      microbatch_size(cfg))
+        bounds = resolve_partition(cfg, job_model(cfg))
+    state = local_pipeline_state(cfg.cluster.workers, p.stages, cfg.emulate.slowdown)
+    res = predict(prof, bounds, schedule, state, microbatch_size(cfg))
+    cores = state.cores[0] * cfg.cluster.workers / p.stages
     t = Table(title=f"{p.schedule} x {p.stages} stages, {p.microbatches} micro-batches "
-              f"({cfg.cluster.workers} workers on {cores} cores: each computes at {share:.2f}x when sharing)")
+              f"({cfg.cluster.workers} workers sharing {cores:g} cores)")
     for col in ("", "iteration (s)", "tokens/s", "bubble"):
         t.add_column(col, justify="right")
-    tokens = cfg.train.batch_size * cfg.model.context
+    tokens = cfg.train.batch_size * prof.seq_len  # tokens per sample, as the profile measured them
     t.add_row("predicted", f"{res.iteration_s:.4f}", f"{tokens / res.iteration_s:,.0f}", f"{res.bubble_fraction:.1%}")
     metrics = Path(cfg.output.dir) / "metrics.jsonl"
     if metrics.is_file():

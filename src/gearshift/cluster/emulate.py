@@ -129,7 +129,8 @@ class Emulator:
         return b
 
     def after_compute(self, measured_s: float, step: int) -> float:
-        """Sleep (f - 1) x measured_s so compute appears f times slower; returns the seconds slept."""
+        """Sleep (f - 1) x measured_s so compute appears f times slower; returns the seconds slept. measured_s is
+        the op's device time: callers on CUDA read it after the stream has finished (runtime.executor)."""
         extra = max(0.0, (self.slowdown_at(step) - 1.0) * measured_s)
         if extra > 0:
             self._sleep(extra)

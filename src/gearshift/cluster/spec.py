@@ -37,10 +37,12 @@ class Network:
 
 @dataclass
 class ClusterSpec:
-    """Devices in topology (rank) order plus the network that joins them."""
+    """Devices in topology (rank) order plus the network that joins them. `cores[node]`: CPU cores the
+    node's workers share (co-tenant hosts, more workers than cores); a node without one is not shared."""
 
     devices: list[Device]
     network: Network = field(default_factory=Network)
+    cores: dict[int, float] = field(default_factory=dict)
 
     @property
     def world_size(self) -> int:
@@ -60,11 +62,14 @@ class ClusterSpec:
 
     @classmethod
     def uniform(cls, n: int, speed: float = 1.0, memory_bytes: float = 16 * GB,
-                ranks_per_node: int | None = None, network: Network | None = None) -> ClusterSpec:
-        """n identical devices, `ranks_per_node` to a node (all on one node by default)."""
+                ranks_per_node: int | None = None, network: Network | None = None,
+                cores: float | None = None) -> ClusterSpec:
+        """n identical devices, `ranks_per_node` to a node (all on one node by default), each node's
+        workers sharing `cores` CPU cores (None: not shared)."""
         per = ranks_per_node or n
         devs = [Device("cpu", speed, memory_bytes, node=i // per, local_rank=i % per) for i in range(n)]
-        return cls(devs, network or Network())
+        nodes = (n + per - 1) // per
+        return cls(devs, network or Network(), {} if cores is None else dict.fromkeys(range(nodes), cores))
 
     @classmethod
     def from_speeds(cls, speeds: list[float], memory_bytes: float = 16 * GB,
@@ -91,7 +96,8 @@ def parse_spec(data: dict) -> ClusterSpec:
     """Build a ClusterSpec from a parsed TOML table.
 
     [types.A100]  speed = 1.0, memory_gb = 40
-    [[nodes]]     devices = ["A100", "T4"], nic_hops = [0, 1]   (nic_hops optional)
+    [[nodes]]     devices = ["A100", "T4"], nic_hops = [0, 1]   (nic_hops optional),
+                  cores = 2 (optional: CPU cores the node's workers share; default: not shared)
     [network]     intra_gbps, inter_gbps (Gbit/s, one flow), intra_latency_us, inter_latency_us,
                   nic_gbps (optional: a node's card, shared by all its flows; default no cap)
     """
@@ -109,7 +115,16 @@ def parse_spec(data: dict) -> ClusterSpec:
     if not nodes:
         raise SpecError("cluster spec: [[nodes]] is missing (list at least one node)")
     devices: list[Device] = []
+    cores: dict[int, float] = {}
+    node_keys = ("devices", "nic_hops", "cores")
     for ni, node in enumerate(nodes):
+        if not isinstance(node, dict):
+            raise SpecError(f"nodes[{ni}]: expected a table (devices = [...]), got {node!r}")
+        for k in node:
+            if k not in node_keys:
+                raise SpecError(f"nodes[{ni}].{k}: unknown key (allowed: {', '.join(node_keys)})")
+        if "cores" in node:
+            cores[ni] = _num(node, "cores", f"nodes[{ni}]")
         names = node.get("devices")
         if not isinstance(names, list) or not names:
             raise SpecError(f"nodes[{ni}].devices: expected a non-empty list of device type names")
@@ -136,7 +151,7 @@ def parse_spec(data: dict) -> ClusterSpec:
         inter_latency=_num(net, "inter_latency_us", "network", d.inter_latency * 1e6) * 1e-6,
         nic_bandwidth=_num(net, "nic_gbps", "network", float("inf")) * GB / 8,
     )
-    return ClusterSpec(devices, network)
+    return ClusterSpec(devices, network, cores)
 
 
 def load_spec(path: str | Path) -> ClusterSpec:

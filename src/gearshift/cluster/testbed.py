@@ -47,7 +47,9 @@ def _sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 @dataclass
 class TestbedConfig:
-    """N emulated hosts with L ranks each; every host link capped at `bandwidth` (or per node)."""
+    """N emulated hosts with L ranks each; every host link capped at `bandwidth` (or per node) each way, or
+    into each host at its own `per_node_ingress` rate (links that differ by direction). A transfer from host
+    a to host b runs at most at min(a's rate out, b's rate in)."""
 
     __test__ = False  # not a pytest class
 
@@ -60,6 +62,7 @@ class TestbedConfig:
     # largest packet the shaper sees (GSO): a smaller one bursts less past the cap, a larger one costs
     # less CPU per byte (docs/benchmarks.md: 1,500-byte packets against 16 KiB)
     max_packet: int = 16 << 10
+    per_node_ingress: list[str] | None = None  # rate into each host (network -> host); None: as its rate out
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.nodes > 250:
@@ -69,7 +72,10 @@ class TestbedConfig:
         if self.per_node_bandwidth is not None and len(self.per_node_bandwidth) != self.nodes:
             raise ConfigError(f"testbed.per_node_bandwidth: expected {self.nodes} rates, "
                               f"got {len(self.per_node_bandwidth)}")
-        for r in [self.bandwidth, *(self.per_node_bandwidth or [])]:
+        if self.per_node_ingress is not None and len(self.per_node_ingress) != self.nodes:
+            raise ConfigError(f"testbed.per_node_ingress: expected {self.nodes} rates, "
+                              f"got {len(self.per_node_ingress)}")
+        for r in [self.bandwidth, *(self.per_node_bandwidth or []), *(self.per_node_ingress or [])]:
             parse_rate(r)
         if not 1500 <= self.max_packet <= 65536:
             raise ConfigError(f"testbed.max_packet: expected 1500..65536 bytes, got {self.max_packet}")
@@ -77,7 +83,12 @@ class TestbedConfig:
             raise ConfigError(f"testbed.prefix: expected 1-4 lowercase letters/digits and '-', got {self.prefix!r}")
 
     def rate_bits(self, node: int) -> float:
+        """The cap on what `node` sends (host -> network), bits/s."""
         return parse_rate(self.per_node_bandwidth[node] if self.per_node_bandwidth else self.bandwidth)
+
+    def ingress_bits(self, node: int) -> float:
+        """The cap on what `node` receives (network -> host), bits/s."""
+        return parse_rate(self.per_node_ingress[node]) if self.per_node_ingress else self.rate_bits(node)
 
 
 @dataclass
@@ -135,7 +146,7 @@ class Testbed:
             # collectives send in bursts: do not fall back to slow start between steps
             _sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.tcp_slow_start_after_idle=0")
             _shape(["ip", "netns", "exec", ns], self.ifname, c.rate_bits(k), c.max_packet)  # host -> network
-            _shape([], hv, c.rate_bits(k), c.max_packet)  # network -> host
+            _shape([], hv, c.ingress_bits(k), c.max_packet)  # network -> host
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         (STATE_DIR / f"testbed-{c.prefix}json").write_text(json.dumps(asdict(c)))
         return self
@@ -145,6 +156,16 @@ class Testbed:
         if self.emulated:
             cleanup(self.config.prefix)
             self.emulated = False
+
+    def set_rate(self, node: int, out: str | None = None, into: str | None = None) -> None:
+        """Change `node`'s caps while workers run (htb classes changed in place, queues kept): `out` on what it
+        sends, `into` on what it receives (rates like 200mbit); None leaves that direction as it is."""
+        if not self.emulated:
+            raise RuntimeError("testbed: set_rate needs the emulated testbed (up, as root)")
+        if out is not None:
+            _set_rate(["ip", "netns", "exec", self.namespace(node)], self.ifname, parse_rate(out))
+        if into is not None:
+            _set_rate([], self.host_veth(node), parse_rate(into))
 
     def __enter__(self) -> Testbed:
         return self.up()
@@ -183,22 +204,40 @@ def _shape(prefix: list[str], dev: str, bits: float, max_packet: int) -> None:
     their connection's queued bulk, and receivers that saw them early made senders retransmit for nothing.
     GSO packets are capped at `max_packet` bytes: htb charges a packet after sending it, so a rested link
     passes one whole packet at once, however long it holds the wire."""
-    rate, tc = f"{int(bits)}bit", [*prefix, "tc"]
+    tc = [*prefix, "tc"]
     _sh(*prefix, "ip", "link", "set", "dev", dev, "gso_max_size", str(max_packet))
-    limit = max(64 << 10, int(bits / 8 * QUEUE_S))
     _sh(*tc, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "20", "r2q", "100")
-    _sh(*tc, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", rate, "ceil", rate)
-    _sh(*tc, "class", "add", "dev", dev, "parent", "1:1", "classid", "1:10", "htb", "rate", f"{int(bits / 10)}bit",
-        "ceil", rate, "prio", "0")
-    _sh(*tc, "class", "add", "dev", dev, "parent", "1:1", "classid", "1:20", "htb", "rate",
-        f"{int(bits * 0.9)}bit", "ceil", rate, "prio", "1")
-    _sh(*tc, "qdisc", "add", "dev", dev, "parent", "1:20", "handle", "20:", "bfifo", "limit", str(limit))
+    for cls in _classes(bits):
+        _sh(*tc, "class", "add", "dev", dev, *cls)
+    _sh(*tc, "qdisc", "add", "dev", dev, "parent", "1:20", "handle", "20:", "bfifo", "limit", str(_queue(bits)))
     for words in range(5, 16):  # TCP header length in 32-bit words: a segment is payload-free when the IP
         # packet (20-byte header) is exactly 20 + 4 words bytes long
         _sh(*tc, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
             "match", "ip", "protocol", "6", "0xff", "match", "u8", "0x05", "0x0f", "at", "0",
             "match", "u16", str(20 + 4 * words), "0xffff", "at", "2",
             "match", "u8", hex(words << 4), "0xf0", "at", "32", "flowid", "1:10")
+
+
+def _classes(bits: float) -> list[list[str]]:
+    """The `tc class add|change dev DEV` arguments of _shape's htb classes for a cap of `bits`/s: the link, the
+    priority class of payload-free segments and the data class (a change restates every parameter)."""
+    rate = f"{int(bits)}bit"
+    return [["parent", "1:", "classid", "1:1", "htb", "rate", rate, "ceil", rate],
+            ["parent", "1:1", "classid", "1:10", "htb", "rate", f"{int(bits / 10)}bit", "ceil", rate, "prio", "0"],
+            ["parent", "1:1", "classid", "1:20", "htb", "rate", f"{int(bits * 0.9)}bit", "ceil", rate, "prio", "1"]]
+
+
+def _set_rate(prefix: list[str], dev: str, bits: float) -> None:
+    """Re-cap dev's shaper (built by _shape) at `bits`/s: its classes' rates and its data queue's length."""
+    tc = [*prefix, "tc"]
+    for cls in _classes(bits):
+        _sh(*tc, "class", "change", "dev", dev, *cls)
+    _sh(*tc, "qdisc", "change", "dev", dev, "parent", "1:20", "handle", "20:", "bfifo", "limit", str(_queue(bits)))
+
+
+def _queue(bits: float) -> int:
+    """Bytes of the data queue: QUEUE_S of the link, at least 64 KiB."""
+    return max(64 << 10, int(bits / 8 * QUEUE_S))
 
 
 def _our_namespaces(prefix: str) -> list[str]:
@@ -246,19 +285,24 @@ def traffic_totals(hosts: dict) -> dict:
     return {k: sum(c[k] for c in ways) for k in ("bytes", "packets", "dropped", "throttled")}
 
 
+def _link_rate(prefix: list[str], dev: str) -> str | None:
+    """The cap of dev's shaper as tc prints it ('80Mbit'), None when dev has none of ours."""
+    m = re.search(r"class htb 1:1 root rate (\S+)", _sh(*prefix, "tc", "class", "show", "dev", dev, check=False).stdout)
+    return m.group(1) if m else None
+
+
 def status(prefix: str = "gs-") -> dict:
     """What exists now: namespaces, root links, the saved config, and per namespace its address, shaped
-    rate and link_counters in both directions ("sent": host to network, "received": network to host)."""
+    rates ("rate" out, "rate_in" in) and link_counters in both directions ("sent": host to network,
+    "received": network to host)."""
     state = STATE_DIR / f"testbed-{prefix}json"
     info = {"namespaces": {}, "links": _our_links(prefix) if is_root() else [],
             "config": json.loads(state.read_text()) if state.is_file() else None}
     for ns in _our_namespaces(prefix) if is_root() else []:
         ex = ["ip", "netns", "exec", ns]
         addr = _sh(*ex, "ip", "-o", "-4", "addr", "show", "dev", f"{prefix}eth", check=False).stdout.split()
-        tc = _sh(*ex, "tc", "class", "show", "dev", f"{prefix}eth", check=False).stdout
-        rate = re.search(r"class htb 1:1 root rate (\S+)", tc)
         host_veth = f"{prefix}v{ns[len(prefix) + 1:]}"  # namespace {prefix}n{k} hangs off {prefix}v{k}
         info["namespaces"][ns] = {"address": addr[3] if len(addr) > 3 else None,
-                                  "rate": rate.group(1) if rate else None,
+                                  "rate": _link_rate(ex, f"{prefix}eth"), "rate_in": _link_rate([], host_veth),
                                   "sent": link_counters(ex, f"{prefix}eth"), "received": link_counters([], host_veth)}
     return info

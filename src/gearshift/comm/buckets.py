@@ -41,6 +41,8 @@ class GradientSync:
     dict to the GradientSync that replaces this one (after a re-plan) and known sizes are not timed again.
     node_matrix: pin the leaders' R x C for the hierarchical forms (R x C = the nodes the sync spans;
     None: the cost model picks per bucket). shm, send_thread: for the groups built here (CommGroups.build).
+    group: the process group "gloo" (the backend's own all_reduce: NCCL's for CUDA tensors) sums over when no
+    groups are given (None: the default group).
     """
 
     params: list[torch.nn.Parameter]
@@ -54,6 +56,7 @@ class GradientSync:
     node_matrix: tuple[int, int] | None = None
     shm: bool = True
     send_thread: bool | None = None
+    group: object | None = None
     buckets: list[Bucket] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -99,7 +102,10 @@ class GradientSync:
         for b in self.buckets:
             flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
                               for p in b.params])
-            all_reduce(flat, b.algorithm, self.topology, self.groups, self.costs, matrix=self.node_matrix)
+            if b.algorithm == "gloo" and self.groups is None:
+                dist.all_reduce(flat, group=self.group)
+            else:
+                all_reduce(flat, b.algorithm, self.topology, self.groups, self.costs, matrix=self.node_matrix)
             flat.div_(world)
             offset = 0
             for p in b.params:

@@ -42,12 +42,17 @@ def gather(obj: object) -> list:
 class ReplicaSync:
     """Gradient sync of a pipeline of `stages` ranks replicated over `workers`: pure data parallelism sums
     over the whole job, a replicated pipeline over each stage's replicas (schedule rank p of replica d is
-    global rank d * stages + p). Call it as the runtime's grad_sync_factory(params, group) -> sync()."""
+    global rank d * stages + p). Call it as the runtime's grad_sync_factory(params, group) -> sync().
+
+    Gradients on a `device` other than the CPU (cuda) take the backend's own all_reduce (NCCL's) on the
+    replica group, in buckets: the other forms' shared-memory and doorbell transports, and auto's pricing
+    of links, carry CPU tensors; not tested on CUDA, they are not run there, and the start-up line says so."""
 
     settings: SyncSettings
     stages: int
     workers: int
     announce: Callable[[str], None] | None = None  # rank 0's console
+    device: str = "cpu"  # the gradients' device type
     topology: Topology | None = field(default=None, init=False)
     groups: CommGroups | None = field(default=None, init=False)
     costs: LinkCosts | None = field(default=None, init=False)
@@ -57,6 +62,8 @@ class ReplicaSync:
     def needed(self) -> bool:
         """False where the runtime's own flat gloo all-reduce over the replica group is the policy."""
         R, algo = self.stages, self.settings.algorithm
+        if self.device != "cpu":
+            return self.workers > R  # every replicated job: the start-up line says what runs
         return self.workers > 1 and not (R > 1 and (algo == "gloo" or self.workers == R))
 
     def _setup(self) -> bool:
@@ -80,6 +87,8 @@ class ReplicaSync:
         return True
 
     def __call__(self, params: list[nn.Parameter], group: dist.ProcessGroup | None) -> SyncFn:
+        if self.device != "cpu":
+            return self._backend_sync(params, group)
         first = self._setup()
         algorithm = self.settings.algorithm
         if self.stages > 1 and algorithm == "auto" and self.topology.num_nodes == 1:
@@ -91,6 +100,21 @@ class ReplicaSync:
         self.groups = self.groups or sync.groups  # built by GradientSync (collective): reuse after a re-plan
         if first and self.costs is not None and self.announce is not None:
             self.announce(self.describe(sync))
+        return sync.sync
+
+    def _backend_sync(self, params: list[nn.Parameter], group: dist.ProcessGroup | None) -> SyncFn:
+        """The backend's own all_reduce over `group` (the replica group), bucketed; announced the first time."""
+        s = self.settings
+        sync = GradientSync(params, "gloo", s.bucket_bytes, Topology.from_ranks_per_node([dist.get_world_size(group)]),
+                            group=group)
+        if self.topology is None:
+            self.topology = sync.topology
+            if self.announce is not None:
+                scope = f"each stage's {self.workers // self.stages}" if self.stages > 1 else f"the {self.workers}"
+                asked = "" if s.algorithm == "gloo" else f"parallel.allreduce = {s.algorithm}: "
+                self.announce(f"all-reduce: {self.device} tensors: {dist.get_backend(group).upper()} all_reduce over "
+                              f"{scope} replicas in {s.bucket_bytes / 2**20:.1f} MiB buckets ({asked}the hierarchical "
+                              "forms, their transports and auto's link pricing run on CPU tensors only)")
         return sync.sync
 
     def describe(self, sync: GradientSync) -> str:

@@ -1,6 +1,8 @@
-"""gearshift.models: LayeredModel (ordered layers + loss) and the GPT built from it."""
+"""gearshift.models: LayeredModel (ordered layers + loss), ModelSpec (a model built layer by layer) and the
+GPT built from them."""
 
 from gearshift.models.gpt import GPTConfig, build_gpt
 from gearshift.models.layered import LayeredModel
+from gearshift.models.spec import ModelSpec
 
-__all__ = ["GPTConfig", "LayeredModel", "build_gpt"]
+__all__ = ["GPTConfig", "LayeredModel", "ModelSpec", "build_gpt"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +13,7 @@ from torch import Tensor, nn
 
 from gearshift.errors import ConfigError
 from gearshift.models.layered import LayeredModel, seeded
+from gearshift.models.spec import ModelSpec
 
 
 @dataclass
@@ -173,19 +175,29 @@ def init_weights(layer: nn.Module, n_blocks: int) -> None:
             nn.init.normal_(m.weight, 0.0, 0.02)
 
 
-def build_layer(cfg: GPTConfig, index: int, seed: int = 0) -> nn.Module:
-    """Layer `index` of the GPT, initialised from (seed, index) alone: a rank can build just its slice."""
+def make_layer(cfg: GPTConfig, index: int) -> nn.Module:
+    """Layer `index` of the GPT, initialised from the current RNG state (ModelSpec.layer seeds it)."""
     if not 0 <= index < cfg.num_layers:
         raise ValueError(f"layer {index} out of range for {cfg.num_layers} layers")
-    with seeded(seed, index):
-        if index == 0:
-            layer: nn.Module = Embedding(cfg)
-        elif index == cfg.num_layers - 1:
-            layer = Head(cfg)
-        else:
-            layer = Block(cfg)
-        init_weights(layer, cfg.layers)
+    if index == 0:
+        layer: nn.Module = Embedding(cfg)
+    elif index == cfg.num_layers - 1:
+        layer = Head(cfg)
+    else:
+        layer = Block(cfg)
+    init_weights(layer, cfg.layers)
     return layer
+
+
+def build_layer(cfg: GPTConfig, index: int, seed: int = 0) -> nn.Module:
+    """Layer `index` of the GPT, initialised from (seed, index) alone: a rank can build just its slice."""
+    with seeded(seed, index):
+        return make_layer(cfg, index)
+
+
+def gpt_spec(cfg: GPTConfig) -> ModelSpec:
+    """The GPT as a ModelSpec (what `model.name = "gpt"` trains)."""
+    return ModelSpec(cfg.num_layers, partial(make_layer, cfg), gpt_loss)
 
 
 def build_gpt(cfg: GPTConfig, seed: int = 0) -> LayeredModel:

@@ -13,19 +13,23 @@ LossFn = Callable[[Tensor, Tensor], Tensor]
 
 class LayeredModel(nn.Module):
     """Layers run in order; state is keyed "layers.{i}.*" by global index so checkpoints and migrations
-    do not depend on how the model was partitioned. `loss_fn` should be stateless (a plain function)."""
+    do not depend on how the model was partitioned. `loss_fn` should be stateless (a plain function).
+    `keep_together` lists layer ranges [a, b) that must stay on one device (never cut between)."""
 
-    def __init__(self, layers: Iterable[nn.Module], loss_fn: LossFn):
+    def __init__(self, layers: Iterable[nn.Module], loss_fn: LossFn,
+                 keep_together: Iterable[tuple[int, int]] = ()):
         super().__init__()
         self.layers = nn.ModuleList(layers)
         if len(self.layers) == 0:
             raise ValueError("LayeredModel needs at least one layer")
         self.loss_fn = loss_fn
+        self.keep_together = [tuple(r) for r in keep_together]
 
     @classmethod
-    def from_sequential(cls, seq: nn.Sequential, loss_fn: LossFn) -> LayeredModel:
+    def from_sequential(cls, seq: nn.Sequential, loss_fn: LossFn,
+                        keep_together: Iterable[tuple[int, int]] = ()) -> LayeredModel:
         """Wrap an nn.Sequential (its children become the layers, shared, not copied)."""
-        return cls(list(seq.children()), loss_fn)
+        return cls(list(seq.children()), loss_fn, keep_together)
 
     @property
     def num_layers(self) -> int:
@@ -70,6 +74,11 @@ class LayeredModel(nn.Module):
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def no_cut(keep_together: Iterable[tuple[int, int]]) -> list[int]:
+    """Layer boundaries k (between layers k-1 and k) inside the ranges [a, b) that stay together."""
+    return sorted({k for a, b in keep_together for k in range(a + 1, b)})
 
 
 @contextmanager

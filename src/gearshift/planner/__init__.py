@@ -8,7 +8,7 @@ from gearshift.planner.partition import (
     partition_dp,
     plan_partition,
 )
-from gearshift.planner.replan import ReplanDecision, decide_replan
+from gearshift.planner.replan import FirstPlan, ReplanDecision, decide_replan, first_plan
 
-__all__ = ["CostModel", "PartitionResult", "ReplanDecision", "blocks", "cost_model", "decide_replan",
-           "partition_dp", "plan_partition"]
+__all__ = ["CostModel", "FirstPlan", "PartitionResult", "ReplanDecision", "blocks", "cost_model", "decide_replan",
+           "first_plan", "partition_dp", "plan_partition"]

@@ -3,6 +3,7 @@ same cost model under the true cluster state so they compare fairly with the ada
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from gearshift.errors import PlanError
@@ -48,6 +49,29 @@ def equal_speed(cost: CostModel) -> PartitionResult:
     mean = sum(cost.speeds) / len(cost.speeds)
     same = replace(cost, speeds=[mean] * cost.num_stages)
     return cost.evaluate(dp(same).bounds, "equal_speed")
+
+
+def snap_bounds(bounds: Sequence[tuple[int, int]], no_cut: Sequence[int]) -> Bounds:
+    """`bounds` with each cut that lies on a no-cut boundary moved to the nearest allowed boundary (the lower
+    one on a tie), in order, leaving room for the stages after it: how a split that ignores the model's
+    structure (uniform, params) honours the layers a model keeps together. Unchanged if no cut is banned."""
+    n, S = bounds[-1][1], len(bounds)
+    banned = set(no_cut)
+    cuts = [j for _, j in bounds[:-1]]
+    if not banned.intersection(cuts):
+        return [tuple(b) for b in bounds]
+    allowed = [k for k in range(1, n) if k not in banned]
+    if len(allowed) < S - 1:
+        raise PlanError(f"partition: {S} stages but the model can be cut in only {len(allowed) + 1} pieces "
+                        f"(no-cut boundaries {sorted(banned)})")
+    edges, lo = [0], 0
+    for i, c in enumerate(cuts):
+        hi = len(allowed) - (S - 2 - i)  # the S - 2 - i later cuts need the allowed boundaries from hi on
+        pick = min(range(lo, hi), key=lambda x: (abs(allowed[x] - c), allowed[x]))
+        edges.append(allowed[pick])
+        lo = pick + 1
+    edges.append(n)
+    return [(edges[s], edges[s + 1]) for s in range(S)]
 
 
 BASELINES = {"uniform": uniform, "params": by_params, "equal_speed": equal_speed}

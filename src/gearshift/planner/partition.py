@@ -263,7 +263,8 @@ def blocks(profile: ModelProfile | Sequence[float], max_blocks: int = 512,
 
 
 def default_in_flight(num_stages: int, microbatches: int) -> list[int]:
-    """1F1B: stage s holds the activations of min(S - s, micro-batches) micro-batches."""
+    """1F1B: stage s holds the activations of min(S - s, micro-batches) micro-batches (the count when no
+    schedule is given; schedules.peak_in_flight counts it for the schedule that runs)."""
     return [min(num_stages - s, microbatches) for s in range(num_stages)]
 
 
@@ -289,20 +290,33 @@ def cost_model(profile: ModelProfile, state: ClusterState, num_stages: int | Non
                      list(state.memory[:S]), amem, fl)
 
 
+def no_cut_boundaries(profile: ModelProfile, extra: Sequence[int] = ()) -> list[int]:
+    """The layer boundaries no partition of `profile` may cut: its `no_cut` plus `extra`, each in 1..L-1."""
+    n = profile.num_layers
+    out = sorted(set(profile.no_cut) | set(extra))
+    bad = [k for k in out if not 1 <= k < n]
+    if bad:
+        raise PlanError(f"partition: no-cut boundaries must lie between two layers (1..{n - 1}), got {bad}")
+    return out
+
+
 def plan_partition(profile: ModelProfile, state: ClusterState, num_stages: int | None = None,
                    microbatches: int = 1, in_flight: list[int] | None = None, method: str = "adaptive",
                    per_iteration: bool = False, max_blocks: int = 512,
                    no_cut: Sequence[int] = ()) -> PartitionResult:
     """Partition `profile` over `state` with `method` (adaptive | uniform | params | equal_speed); every
-    method's result is evaluated per layer by the same cost model, so results compare fairly."""
+    method's result is evaluated per layer by the same cost model, so results compare fairly. No method cuts
+    a no-cut boundary (`profile.no_cut` and `no_cut`): the DP never considers one, and a baseline's cut that
+    lands on one moves to the nearest allowed boundary (baselines.snap_bounds)."""
     from gearshift.planner import baselines  # baselines builds on this module
 
     cost = cost_model(profile, state, num_stages, microbatches, in_flight, per_iteration)
     if cost.num_stages > cost.num_units:
         raise PlanError(f"partition: {cost.num_stages} stages but only {cost.num_units} layers "
                         f"(every stage needs >= 1 layer)")
+    banned = no_cut_boundaries(profile, no_cut)
     if method == "adaptive":
-        units = blocks(profile, max(max_blocks, cost.num_stages), no_cut)
+        units = blocks(profile, max(max_blocks, cost.num_stages), banned)
         if len(units) < cost.num_stages:
             raise PlanError(f"partition: {cost.num_stages} stages but only {len(units)} cuttable blocks")
         if len(units) == profile.num_layers:
@@ -312,4 +326,5 @@ def plan_partition(profile: ModelProfile, state: ClusterState, num_stages: int |
     fns = {"uniform": baselines.uniform, "params": baselines.by_params, "equal_speed": baselines.equal_speed}
     if method not in fns:
         raise PlanError(f"partition: unknown method {method!r} (allowed: adaptive, {', '.join(fns)})")
-    return fns[method](cost)
+    res = fns[method](cost)
+    return cost.evaluate(baselines.snap_bounds(res.bounds, banned), method) if banned else res

@@ -8,8 +8,10 @@ from dataclasses import asdict, dataclass
 
 from gearshift.cluster.state import ClusterState
 from gearshift.errors import PlanError
+from gearshift.planner.baselines import uniform_bounds
 from gearshift.planner.partition import OPTIMIZER_FACTOR, PartitionResult, cost_model, plan_partition
 from gearshift.profile.model_profile import ModelProfile
+from gearshift.schedules import Schedule, peak_in_flight
 
 Predictor = Callable[[PartitionResult, int], float]  # (partition, micro-batches) -> iteration seconds
 
@@ -54,6 +56,8 @@ class ReplanDecision:
     moved_layers: list[int] | None = None
     migration_bytes: float = 0.0
     predicted_gain_fraction: float = 0.0  # (t_old - t_new) / t_old
+    schedule: str = ""
+    in_flight: list[int] | None = None  # micro-batches whose activations each stage holds at once
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -63,27 +67,48 @@ class ReplanDecision:
 
 
 def _measured(state: ClusterState, num_stages: int) -> dict:
-    """The measurements the decision used: speeds and neighbouring-link bandwidths (stage s -> s+1)."""
-    bw = [state.bandwidth[s][s + 1] for s in range(num_stages - 1)]
+    """The measurements the decision used: speeds, memory, and each neighbouring link's bandwidth and latency,
+    forward (stage s -> s+1, activations) and back (s+1 -> s, gradients)."""
+    def fin(b: float) -> float | None:
+        return None if b == float("inf") else b
+
+    links = range(num_stages - 1)
     return {"source": state.source, "state_step": state.step, "speeds": list(state.speeds[:num_stages]),
-            "link_bandwidth": [None if b == float("inf") else b for b in bw]}
+            "link_bandwidth": [fin(state.bandwidth[s][s + 1]) for s in links],
+            "link_bandwidth_back": [fin(state.bandwidth[s + 1][s]) for s in links],
+            "link_latency": [state.latency[s][s + 1] for s in links],
+            "link_latency_back": [state.latency[s + 1][s] for s in links], "memory": list(state.memory[:num_stages])}
+
+
+def _check_schedule(schedule: Schedule, num_stages: int) -> None:
+    if schedule.num_stages != num_stages:
+        raise PlanError(f"replan: the schedule has {schedule.num_stages} stages, the partition {num_stages}")
 
 
 def decide_replan(profile: ModelProfile, state: ClusterState, old_bounds: Sequence[tuple[int, int]],
-                  period_steps: int, microbatches: int, migration_bandwidth: float, step: int,
-                  in_flight: list[int] | None = None, predictor: Predictor = pipeline_predictor,
-                  max_blocks: int = 512, min_gain: float = 0.0) -> ReplanDecision:
-    """Plan anew with the DP under `state`; apply iff (t_old - t_new) x period_steps > migration time and
-    the step time drops by at least `min_gain` (a fraction: gains inside measurement noise are not worth a
-    move). A partition that no longer fits is always replaced."""
+                  period_steps: int, schedule: Schedule, migration_bandwidth: float, step: int,
+                  predictor: Predictor = pipeline_predictor, max_blocks: int = 512,
+                  min_gain: float = 0.0) -> ReplanDecision:
+    """Plan anew with the DP under `state`, holding as many micro-batches' activations per stage as `schedule`
+    (the one that runs) does; apply iff (t_old - t_new) x period_steps > migration time and the step time
+    drops by at least `min_gain` (a fraction: gains inside measurement noise are not worth a move). A
+    partition that no longer fits is always replaced; when none fits, the current one is kept."""
     if period_steps < 1:
         raise PlanError(f"replan: period_steps must be >= 1, got {period_steps}")
     if migration_bandwidth <= 0:
         raise PlanError(f"replan: migration_bandwidth must be > 0, got {migration_bandwidth}")
-    S = len(old_bounds)
-    old = cost_model(profile, state, S, microbatches, in_flight).evaluate(list(old_bounds), "current")
-    new = plan_partition(profile, state, S, microbatches, in_flight, max_blocks=max_blocks)
-    t_old, t_new = predictor(old, microbatches), predictor(new, microbatches)
+    S, m = len(old_bounds), schedule.num_microbatches
+    _check_schedule(schedule, S)
+    fl = peak_in_flight(schedule)
+    old = cost_model(profile, state, S, m, fl).evaluate(list(old_bounds), "current")
+    t_old = predictor(old, m)
+    try:
+        new = plan_partition(profile, state, S, m, fl, max_blocks=max_blocks)
+    except PlanError as e:  # nothing fits under this schedule's activations: keep running what runs
+        return ReplanDecision(step, _measured(state, S), list(old.bounds), list(old.bounds), old.stage_time_s,
+                              old.stage_time_s, 0.0, 0.0, False, f"kept: no partition fits ({e})", t_old, t_old,
+                              [], 0.0, 0.0, schedule.name, fl)
+    t_new = predictor(new, m)
     moved = moved_layers(old.bounds, new.bounds, profile.num_layers)
     nbytes = OPTIMIZER_FACTOR * sum(profile.layers[k].param_bytes for k in moved)
     cost_s = nbytes / migration_bandwidth
@@ -101,4 +126,44 @@ def decide_replan(profile: ModelProfile, state: ClusterState, old_bounds: Sequen
     else:
         apply, reason = False, f"gain {gain:.4g} s over {period_steps} steps <= migration {cost_s:.4g} s"
     return ReplanDecision(step, _measured(state, S), list(old.bounds), list(new.bounds), old.stage_time_s,
-                          new.stage_time_s, gain, cost_s, apply, reason, t_old, t_new, moved, nbytes, rel)
+                          new.stage_time_s, gain, cost_s, apply, reason, t_old, t_new, moved, nbytes, rel,
+                          schedule.name, fl)
+
+
+@dataclass
+class FirstPlan:
+    """The partition a job starts from: the DP under the cluster as specified or measured before training,
+    with the uniform split's prediction beside it (logged to metrics.jsonl as the "plan" event)."""
+
+    step: int
+    measured: dict
+    bounds: list[tuple[int, int]]
+    stage_compute_s: list[float]
+    stage_transfer_s: list[float]
+    stage_s: list[float]
+    iteration_s: float
+    uniform_iteration_s: float
+    fits: bool
+    schedule: str
+    in_flight: list[int]
+    reason: str
+    event: str = "plan"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["bounds"] = [list(b) for b in self.bounds]
+        return d
+
+
+def first_plan(profile: ModelProfile, state: ClusterState, schedule: Schedule, step: int = 0,
+               predictor: Predictor = pipeline_predictor, max_blocks: int = 512) -> FirstPlan:
+    """The DP's partition of `profile` over the pipeline `state` (one device per stage) for `schedule`."""
+    S, m = schedule.num_stages, schedule.num_microbatches
+    fl = peak_in_flight(schedule)
+    plan = plan_partition(profile, state, S, m, fl, max_blocks=max_blocks)
+    uni = cost_model(profile, state, S, m, fl).evaluate(uniform_bounds(profile.num_layers, S), "uniform")
+    t, t_uni = predictor(plan, m), predictor(uni, m)
+    reason = (f"dynamic program over the {'specified' if state.source == 'spec' else 'measured'} speeds and "
+              f"links: predicted {t:.4g} s/step (uniform split: {t_uni:.4g} s/step)")
+    return FirstPlan(step, _measured(state, S), list(plan.bounds), plan.stage_compute_s, plan.stage_transfer_s,
+                     plan.stage_time_s, t, t_uni, plan.fits, schedule.name, fl, reason)

@@ -35,6 +35,7 @@ class ModelProfile:
     device: str = "cpu"
     dtype: str = "float32"
     meta: dict = field(default_factory=dict)
+    no_cut: list[int] = field(default_factory=list)
 
     @property
     def num_layers(self) -> int:
@@ -56,7 +57,7 @@ class ModelProfile:
     def from_dict(cls, d: dict) -> ModelProfile:
         layers = [LayerProfile(**lp) for lp in d["layers"]]
         return cls(layers, d["microbatch_size"], d["seq_len"], d.get("device", "cpu"),
-                   d.get("dtype", "float32"), d.get("meta", {}))
+                   d.get("dtype", "float32"), d.get("meta", {}), list(d.get("no_cut", [])))
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1))

@@ -1,36 +1,36 @@
-"""Profile a LayeredModel layer by layer on one micro-batch: times, FLOPs, parameter and activation bytes."""
+"""Profile a LayeredModel layer by layer on one micro-batch: times, FLOPs, parameter and activation bytes. The
+layers run on the device of the sample input (device time: on CUDA each timing waits for the stream)."""
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from rich.console import Console
 from rich.table import Table
 from torch import Tensor, nn
 
+from gearshift.cluster.device import stream_wait
 from gearshift.models.gpt import estimate_flops
-from gearshift.models.layered import LayeredModel
+from gearshift.models.layered import LayeredModel, LossFn, no_cut
+from gearshift.models.spec import ModelSpec
 from gearshift.profile.model_profile import LayerProfile, ModelProfile
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _median_time(fn: Callable[[], object], repeats: int, warmup: int, device: torch.device,
                  setup: Callable[[], object] | None = None) -> float:
-    """Median wall time of fn(setup()) over `repeats` runs after `warmup` untimed ones."""
+    """Median wall time of fn(setup()) over `repeats` runs after `warmup` untimed ones (on CUDA, from an idle
+    stream to a finished one)."""
+    sync = stream_wait(device)
     times = []
     for r in range(warmup + repeats):
         arg = setup() if setup is not None else None
-        _sync(device)
+        sync()
         t0 = time.perf_counter()
         fn(arg) if setup is not None else fn()
-        _sync(device)
+        sync()
         if r >= warmup:
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
@@ -99,31 +99,60 @@ def profile_layer(layer: nn.Module, x: Tensor, loss: Callable[[Tensor], Tensor] 
 
 def profile_model(model: LayeredModel, sample_input: Tensor, sample_target: Tensor, repeats: int = 10,
                   warmup: int = 3) -> ModelProfile:
-    """Measure every layer on one micro-batch (`sample_input`, `sample_target`), layer by layer on
-    detached inputs: median forward and backward times (the last layer's include the loss), FLOPs,
-    parameter bytes, output bytes per sample and bytes saved for backward. Gradients the model had before
-    are restored afterwards."""
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"repeats must be >= 1 and warmup >= 0 (got {repeats}, {warmup})")
+    """Measure every layer of a whole model on one micro-batch (`sample_input`, `sample_target`): see
+    profile_layers. Gradients the model had before are restored afterwards."""
     params = list(model.parameters())
     saved_grads = [p.grad for p in params]
-    layers: list[LayerProfile] = []
+    try:
+        return profile_layers(iter(model.layers), model.num_layers, model.loss_fn, sample_input, sample_target,
+                              repeats, warmup, getattr(model, "keep_together", []))
+    finally:
+        for p, g in zip(params, saved_grads):
+            p.grad = g
+
+
+def profile_spec(spec: ModelSpec, seed: int, sample_input: Tensor, sample_target: Tensor, repeats: int = 10,
+                 warmup: int = 3, device: torch.device | str = "cpu") -> ModelProfile:
+    """Measure a ModelSpec's layers on one micro-batch on `device`, building each layer as it comes (on the CPU,
+    as the runtime does, then moved) and dropping it after (the model is never whole in memory)."""
+    device = torch.device(device)
+
+    def layers() -> Iterator[nn.Module]:
+        for i in range(spec.num_layers):
+            with torch.device("cpu"):
+                layer = spec.layer(i, seed)
+            yield layer.to(device)
+
+    return profile_layers(layers(), spec.num_layers, spec.loss_fn, sample_input.to(device), sample_target.to(device),
+                          repeats, warmup, spec.keep_together)
+
+
+def profile_layers(layers: Iterator[nn.Module], num_layers: int, loss_fn: LossFn, sample_input: Tensor,
+                   sample_target: Tensor, repeats: int, warmup: int,
+                   keep_together: list[tuple[int, int]] = ()) -> ModelProfile:
+    """Measure `num_layers` layers, in order, on one micro-batch, layer by layer on detached inputs: median
+    forward and backward times (the last layer's include the loss), FLOPs, parameter bytes, output bytes
+    per sample and bytes saved for backward. Boundaries inside `keep_together` ranges become `no_cut`."""
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats must be >= 1 and warmup >= 0 (got {repeats}, {warmup})")
+    profiles: list[LayerProfile] = []
     x = sample_input
-    last = model.num_layers - 1
-    for i, (name, layer) in enumerate(zip(model.layer_names(), model.layers)):
-        loss = (lambda out: model.loss_fn(out, sample_target)) if i == last else None
+    dtype = None
+    for i in range(num_layers):
+        layer = next(layers)
+        loss = (lambda out: loss_fn(out, sample_target)) if i == num_layers - 1 else None
         lp, x = profile_layer(layer, x, loss, repeats, warmup)
-        lp.name = name
-        layers.append(lp)
-    for p, g in zip(params, saved_grads):
-        p.grad = g
-    floats = [p.dtype for p in params if p.is_floating_point()]
-    dtype = str(floats[0] if floats else torch.get_default_dtype()).removeprefix("torch.")
+        lp.name = f"{i}:{type(layer).__name__}"
+        profiles.append(lp)
+        if dtype is None:
+            dtype = next((p.dtype for p in layer.parameters() if p.is_floating_point()), None)
+        del layer
+    dtype = str(dtype or torch.get_default_dtype()).removeprefix("torch.")
     tokens = sample_input.shape[1] if sample_input.dim() >= 2 and not sample_input.is_floating_point() else 1
     meta = {"repeats": repeats, "warmup": warmup, "torch": torch.__version__,
             "threads": torch.get_num_threads(), "input_shape": list(sample_input.shape)}
-    return ModelProfile(layers, microbatch_size=sample_input.shape[0], seq_len=tokens,
-                        device=str(sample_input.device), dtype=dtype, meta=meta)
+    return ModelProfile(profiles, microbatch_size=sample_input.shape[0], seq_len=tokens,
+                        device=str(sample_input.device), dtype=dtype, meta=meta, no_cut=no_cut(keep_together))
 
 
 def print_profile(profile: ModelProfile, console: Console | None = None) -> None:

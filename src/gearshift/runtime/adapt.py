@@ -1,24 +1,27 @@
-"""Adaptation loop on every rank: feed the monitor with measured compute, emulate heterogeneity, and every
-`adapt.every` steps re-plan from the measurements and migrate layers when it pays. Every decision is
-returned as a dict (logged to metrics.jsonl by rank 0) with its inputs, prediction and reason."""
+"""Adaptation loop on every rank: plan the starting partition, feed the monitor with measured compute,
+emulate heterogeneity, and every `adapt.every` steps re-plan from the measurements and migrate layers when
+it pays. Every decision is returned as a dict (logged to metrics.jsonl by rank 0) with its inputs,
+prediction and reason."""
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
 
+import torch
 import torch.distributed as dist
 
 from gearshift.cluster.emulate import Emulator
 from gearshift.cluster.state import ClusterState
-from gearshift.planner.replan import decide_replan
+from gearshift.errors import PlanError
+from gearshift.planner.replan import decide_replan, first_plan
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.runtime.executor import StepRecord
 from gearshift.runtime.migrate import migrate
 from gearshift.runtime.monitor import Ewma, Monitor, merge
 from gearshift.runtime.pipeline import PipelineRuntime
 from gearshift.runtime.probe import probe_links
-from gearshift.schedules import Op
+from gearshift.schedules import Op, Schedule
 
 
 @dataclass
@@ -39,6 +42,7 @@ class Adapter:
     period_alpha: float = 0.5  # weight of the newest period's median in the speed estimate (damps chasing noise)
     mb_size: int = 1  # samples per micro-batch, as last observed
     reset_ratio: float = 1.6  # a period median this many times off the estimate is a change: taken as it is
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # where this rank's probes run
 
     def __post_init__(self) -> None:
         self.monitor = Monitor(dist.get_world_size(), self.alpha)
@@ -86,26 +90,45 @@ class Adapter:
             self.monitor.speeds[dist.get_rank()] = Ewma(est, len(self.window))
         self.window = []
 
-    def pipeline_state(self, rt: PipelineRuntime, step: int) -> ClusterState:
-        """The cluster as the planner sees it: one device per pipeline position, each as slow as its slowest
-        replica, with speeds merged from every rank's monitor."""
+    def seed_speed(self, speed: float) -> None:
+        """This rank's speed as probed before training (runtime.probe.probe_speed): the monitor's first
+        estimate, and the prior the first period's samples are blended with."""
+        self._estimate = speed
+        self.monitor.speeds[dist.get_rank()] = Ewma(speed)
+
+    def pipeline_state(self, stages: int, step: int) -> ClusterState:
+        """The cluster as the planner sees it (collective): one device per pipeline position, as its slowest
+        replica sees it (speed, and each link in each direction), from every rank's monitor merged over the
+        specified cluster."""
         dicts: list = [None] * dist.get_world_size()
         dist.all_gather_object(dicts, self.monitor.to_dict())
-        merged = merge(dicts)
-        world = merged.state(step, self.base.resized(dist.get_world_size()))
-        R = rt.R
-        speeds = [min(world.speeds[d * R + p] for d in range(rt.replicas)) for p in range(R)]
-        return ClusterState(speeds, [row[:R] for row in world.bandwidth[:R]], [row[:R] for row in world.latency[:R]],
-                            world.memory[:R], step=step, source="monitor")
+        return merge(dicts).state(step, self.base.resized(dist.get_world_size())).pipeline(stages)
 
-    def measure_links(self, rt: PipelineRuntime) -> None:
-        """Probe each pipeline link with a message of the largest activation a stage sends (collective)."""
-        if rt.R < 2:
+    def measure_links(self, stages: int, prank: int, replica: int) -> None:
+        """Probe each pipeline link, both ways, with a message of the largest activation a stage sends
+        (collective: every replica probes its own pipeline's links at once)."""
+        if stages < 2:
             return
         act = max(lp.activation_bytes for lp in self.profile.layers[:-1]) * self.mb_size
-        found = probe_links(rt.R, rt.prank, rt.replica * rt.R, int(act), self.after_recv)
+        found = probe_links(stages, prank, replica * stages, int(act), self.after_recv, device=self.device)
         for (a, b), (nbytes, seconds) in found.items():
             self.monitor.record_transfer(a, b, nbytes, seconds)
+
+    def plan_start(self, schedule: Schedule, measured: bool) -> dict:
+        """The partition to start from (collective): the DP over the pipeline as specified, or as measured
+        before training (`measured`: speeds seeded, links probed). Rank 0 decides; every rank gets its record."""
+        stages, world = schedule.num_stages, dist.get_world_size()
+        state = self.pipeline_state(stages, 0) if measured else self.base.resized(world).pipeline(stages)
+        box: list = [None]
+        if dist.get_rank() == 0:
+            try:
+                box[0] = first_plan(self.profile, state, schedule).to_dict()
+            except PlanError as e:
+                box[0] = {"error": str(e)}
+        dist.broadcast_object_list(box, src=0)
+        if "error" in box[0]:
+            raise PlanError(box[0]["error"])
+        return box[0]
 
     def maybe_replan(self, rt: PipelineRuntime, step: int) -> dict | None:
         """After `step` completed: re-plan if due (or forced) and migrate if it pays. Collective."""
@@ -114,10 +137,9 @@ class Adapter:
         if not due and forced is None:
             return None
         self.settle_speed()
-        self.measure_links(rt)
-        state = self.pipeline_state(rt, step + 1)
-        m = rt.schedule.num_microbatches
-        out = decide_replan(self.profile, state, rt.bounds, max(self.every, 1), m, self.migration_bandwidth,
+        self.measure_links(rt.R, rt.prank, rt.replica)
+        state = self.pipeline_state(rt.R, step + 1)
+        out = decide_replan(self.profile, state, rt.bounds, max(self.every, 1), rt.schedule, self.migration_bandwidth,
                             step + 1, min_gain=self.min_gain).to_dict()
         if forced is not None:
             out.update(new_bounds=[list(b) for b in forced], apply=True, reason="forced by adapt.force")

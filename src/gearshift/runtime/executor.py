@@ -13,6 +13,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from gearshift.cluster.device import stream_sync
+from gearshift.runtime.links import LinkGroups
 from gearshift.schedules import Action, Op, Schedule
 
 COMPUTE = (Op.FORWARD, Op.BACKWARD)
@@ -75,9 +77,12 @@ def _keep(t: Tensor) -> Tensor:
 class PipelineExecutor:
     """Runs `schedule.actions[rank]` against this rank's stage modules.
 
-    `act_meta(stage)` gives the (shape, dtype) of one micro-batch's input to `stage` (for receives).
-    `after_compute(stage, op, seconds)` and `after_recv(peer, nbytes, waited_s)` are the emulation and
-    monitoring hooks; they may sleep (emulated slow devices and links). `stages` is read at each forward,
+    `act_meta(stage)` gives the (shape, dtype) of one micro-batch's input to `stage` (for receives, allocated on
+    `device`). `after_compute(stage, op, seconds)` and `after_recv(peer, nbytes, waited_s)` are the emulation and
+    monitoring hooks; they may sleep (emulated slow devices and links). On CUDA a compute action's time and a
+    receive's wait are read after its stream has finished (device time, what the monitor and emulation need).
+    `links`: a process group per channel (direction and kind of message) of each link (NCCL, which matches
+    messages by order: runtime.links); None: every transfer in `group`. `stages` is read at each forward,
     so a runtime that swaps a stage's module (a new weight version) only replaces the entry. A window
     schedule (no flush) keeps the previous batch's activations, gradients and sends from one run to the
     next; run it with phase "first" after a flush, "steady" after that, and "drain" to flush."""
@@ -95,8 +100,13 @@ class PipelineExecutor:
         after_recv: Callable[[int, int, float], None] | None = None,
         update: UpdateHooks | None = None,
         measure_memory: bool = True,
+        device: torch.device | str = "cpu",
+        links: LinkGroups | None = None,
     ):
         self.schedule = schedule
+        self.links = links
+        self.device = torch.device(device)
+        self._sync = stream_sync(self.device)  # None on the CPU: its ops are done when they return
         self.rank = rank  # rank inside the schedule (0..num_ranks-1)
         self.stages = stages
         self.loss_fn = loss_fn
@@ -152,6 +162,13 @@ class PipelineExecutor:
             next_compute[i] = nxt
         return actions, next_compute
 
+    def _group(self, src: int, dst: int, kind: int, stage: int) -> dist.ProcessGroup | None:
+        """The group of a message of `kind` (0 activations, 1 gradients, 2-3 a slice's update) that stage `stage`
+        sends from schedule rank `src` to `dst`. Update messages travel in `group` (multidir runs on gloo)."""
+        if self.links is None or kind > 1:
+            return self.group
+        return self.links.group(src + self.offset, dst + self.offset, "grad" if kind else "act", stage)
+
     def _buffer(self, key: tuple, a: Action) -> Tensor:
         """The receive buffer for `key`: last step's when the shape still fits (its contents are dead by now)."""
         if a.op in (Op.RECV_RED, Op.RECV_PAR):
@@ -160,7 +177,7 @@ class PipelineExecutor:
             shape, dtype = self.act_meta(a.stage + 1 if a.op == Op.RECV_GRAD else a.stage)
         buf = self._bufs.get(key)
         if buf is None or tuple(buf.shape) != tuple(shape) or buf.dtype != dtype:
-            buf = self._bufs[key] = torch.empty(shape, dtype=dtype)
+            buf = self._bufs[key] = torch.empty(shape, dtype=dtype, device=self.device)
         return buf
 
     def _src_stage(self, a: Action) -> int:
@@ -214,6 +231,7 @@ class PipelineExecutor:
         g * M + j; used by first and last stages). With `forward_only`, backward and its transfers are
         skipped (evaluation). A window runs `phase` of batch number `batch` (its ids map to slots by batch)."""
         S, M, NI = self.schedule.num_stages, self.schedule.num_microbatches, self.num_ids
+        sync = self._sync
         shift = ((batch - 1) * M) % NI if self.window else 0
         if not self.window:
             self._reset()
@@ -235,8 +253,10 @@ class PipelineExecutor:
                     key = (a.op, a.stage, slot, a.peer)
                     if key not in pending_recv:
                         buf = self._buffer(key, a)
-                        tag = _tag(_KIND[a.op], self._src_stage(a), slot, S, NI)
-                        work = dist.irecv(buf, a.peer + self.offset, group=self.group, tag=tag)
+                        src_stage, kind = self._src_stage(a), _KIND[a.op]
+                        tag = _tag(kind, src_stage, slot, S, NI)
+                        group = self._group(a.peer, self.rank, kind, src_stage)
+                        work = dist.irecv(buf, a.peer + self.offset, group=group, tag=tag)
                         pending_recv[key] = (work, buf, time.perf_counter())
                 posted += 1
 
@@ -244,20 +264,24 @@ class PipelineExecutor:
             work, buf, _ = pending_recv.pop((a.op, a.stage, slot, a.peer))
             tw = time.perf_counter()
             work.wait()
+            if sync is not None:  # NCCL's wait only orders the stream: wait for the bytes themselves
+                sync()
             if self.after_recv is not None:
                 self.after_recv(a.peer + self.offset, buf.numel() * buf.element_size(), time.perf_counter() - tw)
             rec.recv_wait_s[a.peer] = rec.recv_wait_s.get(a.peer, 0.0) + time.perf_counter() - tw
             return buf
 
         def send(t: Tensor, a: Action, kind: int, slot: int) -> None:
-            sends.append((dist.isend(t, a.peer + self.offset, group=self.group, tag=_tag(kind, a.stage, slot, S, NI)),
-                          t))
+            group = self._group(self.rank, a.peer, kind, a.stage)
+            sends.append((dist.isend(t, a.peer + self.offset, group=group, tag=_tag(kind, a.stage, slot, S, NI)), t))
             rec.sent_bytes[a.peer] = rec.sent_bytes.get(a.peer, 0) + t.numel() * t.element_size()
 
         for i, a in enumerate(actions):
-            start = time.perf_counter()
             op, stage = a.op, a.stage
             slot = (a.mb + shift) % NI if a.mb >= 0 else 0
+            if sync is not None and op in COMPUTE:  # the op alone: what was queued before it finishes first
+                sync()
+            start = time.perf_counter()
             if op in COMPUTE:
                 after = next_compute[i + 1] if i + 1 < len(actions) else len(actions)
                 post_until(next_compute[after + 1] if after + 1 < len(actions) else len(actions))
@@ -345,6 +369,8 @@ class PipelineExecutor:
             elif op == Op.RECV_PAR:
                 post_until(i + 1)
                 upd.install(stage, take(a, 0))
+            if sync is not None and op in COMPUTE:
+                sync()
             end = time.perf_counter()
             if op in COMPUTE:
                 if self.after_compute is not None:  # emulated slowdown sleeps here: it counts as compute

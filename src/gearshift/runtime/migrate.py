@@ -26,9 +26,10 @@ def _owner(bounds: list[tuple[int, int]], placement: list[int]) -> dict[int, int
 def migrate(rt: PipelineRuntime, new_bounds: list[tuple[int, int]]) -> MigrationReport:
     """Apply `new_bounds` on every rank (collective: all ranks call it with the same bounds).
 
-    Each rank packs the layers it gives away; an all-gather delivers them; each rank keeps the modules it
-    still owns, builds the new ones from the received state and rebuilds its optimizer with every layer's
-    AdamW state. The math is unchanged: a run with a migration equals one without."""
+    Each rank packs the layers it gives away (on the CPU: rt.state(), so the object all-gather pickles host
+    tensors whatever the device, NCCL included); an all-gather delivers them; each rank keeps the modules it
+    still owns, builds the new ones on its device from the received state and rebuilds its optimizer with every
+    layer's AdamW state. The math is unchanged: a run with a migration equals one without."""
     t0 = time.perf_counter()
     new_bounds = [tuple(b) for b in new_bounds]
     place = rt.schedule.placement

@@ -55,6 +55,7 @@ class MultiDirRuntime:
         if self.world != P or len(slice_bounds) != P:
             raise ValueError(f"multidir: {P} pipeline ranks and {len(slice_bounds)} slices for {self.world} workers")
         self.R, self.replicas, self.replica, self.prank = P, 1, 0, self.rank
+        self.device = torch.device("cpu")  # CPU tensors over gloo (train.env places multidir jobs there)
         self.schedule, self.directions, self.optim_cfg = schedule, D, optim
         self.window = schedule.window
         self.slice_bounds = [tuple(b) for b in slice_bounds]

@@ -1,5 +1,7 @@
 """PipelineRuntime: one rank's share of a (possibly replicated) pipeline: its stage modules, its
-optimizer, the executor for its action list, gradient sync across replicas, and state by global name."""
+optimizer, the executor for its action list, gradient sync across replicas, and state by global name. Every
+tensor it makes or is given lives on its `device` (layers, batches, buffers, the norm and loss reductions);
+state leaves and enters on the CPU, so checkpoints and migrations do not depend on devices."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from gearshift.runtime.executor import PipelineExecutor, StepRecord
+from gearshift.runtime.links import LinkGroups
 from gearshift.schedules import Op, Schedule, make_schedule, validate
 
 
@@ -39,17 +42,19 @@ def forward_only(schedule: Schedule) -> Schedule:
     return Schedule("forward", g.num_stages, g.num_microbatches, g.placement, acts, stages_per_pipe=g.stages_per_pipe)
 
 
-def mean_loss(losses: list[float]) -> float:
-    """Mean of every rank's micro-batch losses (collective)."""
-    t = torch.tensor([sum(losses), float(len(losses))], dtype=torch.float64)
+def mean_loss(losses: list[float], device: torch.device | str = "cpu") -> float:
+    """Mean of every rank's micro-batch losses (collective; reduced on `device`, as NCCL needs)."""
+    t = torch.tensor([sum(losses), float(len(losses))], dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return float(t[0] / t[1]) if t[1] > 0 else float("nan")
 
 
 class PipelineRuntime:
-    """Runs schedule rank `rank % ranks_per_replica` of replica `rank // ranks_per_replica`.
+    """Runs schedule rank `rank % ranks_per_replica` of replica `rank // ranks_per_replica` on `device`.
 
-    `build_layer(i)` returns global layer i, freshly initialised; only this rank's layers are built."""
+    `build_layer(i)` returns global layer i, freshly initialised; only this rank's layers are built, on the CPU
+    (the same initialisation whatever the device), then moved to `device`. `links`: a process group per
+    direction of each pipeline link (runtime.links); None: where the backend matches messages by order (NCCL)."""
 
     def __init__(
         self,
@@ -63,8 +68,12 @@ class PipelineRuntime:
         after_recv: Callable[[int, int, float], None] | None = None,
         grad_sync_factory: Callable[[list[nn.Parameter], dist.ProcessGroup | None], Callable[[], None]]
         | None = None,
+        device: torch.device | str = "cpu",
+        links: bool | None = None,
     ):
         validate(schedule)
+        self.device = torch.device(device)
+        self.links = LinkGroups() if (dist.get_backend() == "nccl" if links is None else links) else None
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
         self.R = schedule.num_ranks
@@ -89,12 +98,14 @@ class PipelineRuntime:
     def set_layout(self, bounds: list[tuple[int, int]], schedule: Schedule, keep: dict[int, nn.Module]) -> None:
         """(Re)build stages for `bounds`: reuse modules in `keep`, build the rest."""
         self.bounds, self.schedule = [tuple(b) for b in bounds], schedule
+        if self.links is not None:
+            self.links.ensure(schedule, self.replicas, self.device)  # collective: new channels' groups, opened
         mine = [s for s, r in enumerate(schedule.placement) if r == self.prank]
         self.layers = {}
         for s in mine:
             a, b = self.bounds[s]
             for i in range(a, b):
-                self.layers[i] = keep[i] if i in keep else self.build_layer(i)
+                self.layers[i] = keep[i] if i in keep else self._build(i)
         self.stages = {s: nn.Sequential(*[self.layers[i] for i in range(*self.bounds[s])]) for s in mine}
         decay = [p for _, p in self.named_parameters() if p.dim() >= 2]
         other = [p for _, p in self.named_parameters() if p.dim() < 2]
@@ -107,11 +118,12 @@ class PipelineRuntime:
             schedule, self.prank, self.stages, self.loss_fn,
             lambda stage: self.act_meta_fn(self.bounds[stage][0], self._mb_size),
             rank_offset=self.replica * self.R, after_compute=self.after_compute, after_recv=self.after_recv,
+            device=self.device, links=self.links,
         )
         self.eval_executor = PipelineExecutor(
             forward_only(schedule), self.prank, self.stages, self.loss_fn,
             lambda stage: self.act_meta_fn(self.bounds[stage][0], self._mb_size),
-            rank_offset=self.replica * self.R, after_recv=self.after_recv,
+            rank_offset=self.replica * self.R, after_recv=self.after_recv, device=self.device, links=self.links,
         )
         params = [p for _, p in self.named_parameters()]
         self._params = params
@@ -123,13 +135,20 @@ class PipelineRuntime:
                 self._grad_sync = _flat_allreduce(params, self.dp_group)
         self._mb_size = 1
 
+    def _build(self, i: int) -> nn.Module:
+        """Layer i, initialised on the CPU whatever the default device, then moved to this rank's device."""
+        with torch.device("cpu"):
+            layer = self.build_layer(i)
+        return layer.to(self.device)
+
     def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """This rank's parameters under global names ("layers.{i}.{name}")."""
         return [(f"layers.{i}.{n}", p) for i in sorted(self.layers) for n, p in self.layers[i].named_parameters()]
 
     # ---- one step -----------------------------------------------------------------------------
     def _split(self, x: Tensor, y: Tensor) -> tuple[list[Tensor], list[Tensor]]:
-        """This replica's rows of the global batch, cut into the schedule's micro-batches."""
+        """This replica's rows of the global batch, on this rank's device, cut into the schedule's micro-batches."""
+        x, y = x.to(self.device), y.to(self.device)  # the CPU's own tensors as they are
         rows = x.shape[0] // self.replicas
         xs, ys = x[self.replica * rows:(self.replica + 1) * rows], y[self.replica * rows:(self.replica + 1) * rows]
         m = self.schedule.num_microbatches
@@ -153,12 +172,12 @@ class PipelineRuntime:
             self.optimizer.step()
 
         rec = self.executor.run(xs, ys, on_sync=on_sync, on_step=on_step)
-        return StepResult(mean_loss(rec.losses), norm[0], rec)
+        return StepResult(mean_loss(rec.losses, self.device), norm[0], rec)
 
     def _clip(self) -> float:
         """Clip by the global gradient norm of the whole model (all stages), as clip_grad_norm_ would."""
         grads = [p.grad for p in self._params if p.grad is not None]
-        sq = torch.zeros(1, dtype=torch.float64)
+        sq = torch.zeros(1, dtype=torch.float64, device=self.device)  # NCCL reduces device tensors
         if grads:  # one norm kernel per tensor (no float64 copies); squares summed in float64
             sq += torch.stack([torch.linalg.vector_norm(g.detach()) for g in grads]).double().pow(2).sum()
         dist.all_reduce(sq)
@@ -173,32 +192,36 @@ class PipelineRuntime:
     def evaluate(self, x: Tensor, y: Tensor) -> float:
         xs, ys = self._split(x, y)
         rec = self.eval_executor.run(xs, ys, forward_only=True)
-        return mean_loss(rec.losses)
+        return mean_loss(rec.losses, self.device)
 
     # ---- state by global name -----------------------------------------------------------------
     def state(self) -> tuple[dict[str, Tensor], dict[str, dict[str, Tensor]]]:
-        """(parameters and buffers, AdamW state) of this rank's layers, keyed by global name."""
+        """(parameters and buffers, AdamW state) of this rank's layers, keyed by global name: copies on the CPU
+        (what checkpoints save and migrations carry, whatever the device)."""
+        cpu = torch.device("cpu")
         model: dict[str, Tensor] = {}
         for i in sorted(self.layers):
             for n, t in self.layers[i].state_dict().items():
-                model[f"layers.{i}.{n}"] = t.detach().clone()
+                model[f"layers.{i}.{n}"] = t.detach().to(cpu, copy=True)
         optim: dict[str, dict[str, Tensor]] = {}
         for name, p in self.named_parameters():
             st = self.optimizer.state.get(p)
             if st:
-                optim[name] = {k: v.detach().clone() if torch.is_tensor(v) else torch.tensor(v)
+                optim[name] = {k: v.detach().to(cpu, copy=True) if torch.is_tensor(v) else torch.tensor(v, device=cpu)
                                for k, v in st.items()}
         return model, optim
 
     def load_state(self, model: dict[str, Tensor], optim: dict[str, dict[str, Tensor]]) -> None:
-        """Load this rank's layers (and their AdamW state) from dicts keyed by global name."""
+        """Load this rank's layers (and their AdamW state) from dicts keyed by global name, from any device: each
+        tensor goes to its parameter's device, but AdamW's step count stays on the CPU, where AdamW keeps it."""
         for i in sorted(self.layers):
             prefix = f"layers.{i}."
             own = {k[len(prefix):]: v for k, v in model.items() if k.startswith(prefix)}
             self.layers[i].load_state_dict(own)
         for name, p in self.named_parameters():
             if name in optim:
-                self.optimizer.state[p] = {k: v.clone() for k, v in optim[name].items()}
+                self.optimizer.state[p] = {k: v.to("cpu" if k == "step" else p.device, copy=True)
+                                           for k, v in optim[name].items()}
 
 
 def _flat_allreduce(params: list[nn.Parameter], group: dist.ProcessGroup | None) -> Callable[[], None]:

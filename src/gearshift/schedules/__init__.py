@@ -2,6 +2,7 @@
 
 from gearshift.schedules.action import Action, Op, Schedule
 from gearshift.schedules.generators import gpipe, kfkb, make_schedule, one_f_one_b
+from gearshift.schedules.memory import peak_in_flight
 from gearshift.schedules.validate import ScheduleError, validate
 
 __all__ = [
@@ -13,5 +14,6 @@ __all__ = [
     "kfkb",
     "make_schedule",
     "one_f_one_b",
+    "peak_in_flight",
     "validate",
 ]

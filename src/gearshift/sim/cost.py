@@ -1,4 +1,5 @@
-"""CostModel: per-stage compute times, per-link transfer costs and memory, for the schedule simulator."""
+"""CostModel: per-stage compute times, per-link transfer costs, memory and the cores ranks share, for the
+schedule simulator."""
 
 from __future__ import annotations
 
@@ -10,7 +11,12 @@ INF = float("inf")
 @dataclass
 class CostModel:
     """Times in seconds, sizes in bytes. act_bytes[s]: activation sent from stage s to s+1 per micro-batch
-    (its gradient is the same size); act_mem_bytes[s]: memory a micro-batch holds on s between F and B."""
+    (its gradient is the same size); act_mem_bytes[s]: memory a micro-batch holds on s between F and B.
+
+    Compute times are a rank's own when it has a core to itself. Ranks that share a host's cores (`host`,
+    `cores`) share them by processor sharing: while k of a host's ranks compute, each runs at
+    min(1, cores / k) of its speed. `duty[r]` is the duty-cycle emulation's slowdown f: after each compute
+    that took t, rank r sleeps (f - 1) t without holding a core."""
 
     forward_s: list[float]
     backward_s: list[float]
@@ -21,7 +27,11 @@ class CostModel:
     param_mem_bytes: list[float] = field(default_factory=list)  # per stage; empty means zeros
     memory_bytes: list[float] | None = None  # per-rank capacity; None means unlimited
     sync_s: list[float] | None = None  # per-rank gradient sync time; None means zero
-    step_s: float = 0.0
+    step_s: float | list[float] = 0.0  # optimizer step (compute): one time for every rank, or one per rank
+    step_barrier_s: float | None = None  # STEP opens with a job-wide all-reduce: all wait for the last, + this
+    host: list[int] | None = None  # per rank: the host whose cores it computes on; None: each its own
+    cores: list[float] | None = None  # per host: cores its ranks share; None: unlimited
+    duty: list[float] | None = None  # per rank: duty-cycle slowdown (compute, then sleep (f - 1) x as long)
     param_bytes: list[float] = field(default_factory=list)  # per stage: what a slice's update moves; [] = 0
 
     @classmethod
@@ -46,6 +56,16 @@ class CostModel:
             act_mem_bytes=[act_mem] * num_stages,
         )
 
+    def step_times(self, num_ranks: int) -> list[float]:
+        """Optimizer step time per rank."""
+        return list(self.step_s) if isinstance(self.step_s, list) else [self.step_s] * num_ranks
+
+    def oversubscribed(self) -> bool:
+        """Whether some host has more ranks than cores (so compute times depend on what runs at once)."""
+        if self.host is None or self.cores is None:
+            return False
+        return any(self.host.count(h) > c for h, c in enumerate(self.cores))
+
     def transfer_s(self, src: int, dst: int, nbytes: float) -> float:
         """Time a transfer occupies the src->dst link."""
         return self.latency[src][dst] + (nbytes / self.bandwidth[src][dst] if nbytes else 0.0)
@@ -67,12 +87,19 @@ class CostModel:
                 raise ValueError(
                     f"CostModel.{name}: has {len(xs)} entries, expected {num_stages} (one per stage)"
                 )
-        per_rank = {"memory_bytes": self.memory_bytes, "sync_s": self.sync_s}
+        per_rank = {"memory_bytes": self.memory_bytes, "sync_s": self.sync_s, "host": self.host,
+                    "duty": self.duty, "step_s": self.step_s if isinstance(self.step_s, list) else None}
         for name, xs in per_rank.items():
             if xs is not None and len(xs) != num_ranks:
                 raise ValueError(
                     f"CostModel.{name}: has {len(xs)} entries, expected {num_ranks} (one per rank)"
                 )
+        if (self.host is None) != (self.cores is None):
+            raise ValueError("CostModel.host, CostModel.cores: give both (ranks on hosts, cores per host) or neither")
+        if self.cores is not None and any(not c > 0 for c in self.cores):
+            raise ValueError(f"CostModel.cores: every host needs > 0 cores, got {self.cores}")
+        if self.host is not None and any(not 0 <= h < len(self.cores) for h in self.host):
+            raise ValueError(f"CostModel.host: host indices must be in 0..{len(self.cores) - 1}, got {self.host}")
         for name, mat in (("bandwidth", self.bandwidth), ("latency", self.latency)):
             if len(mat) < num_ranks or any(len(row) < num_ranks for row in mat[:num_ranks]):
                 raise ValueError(f"CostModel.{name}: must be at least {num_ranks} x {num_ranks}")

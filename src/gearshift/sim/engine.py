@@ -3,23 +3,30 @@
 Semantics (shared with the validator and the runtime): each rank runs its list in order; compute waits for
 its inputs (activation of the previous stage of its pipe / gradient of the next, local or received; B also
 its own F); a send does not block the sender and occupies its src->dst link (FIFO) for latency +
-bytes/bandwidth from when it is issued; a receive ends when its transfer arrives. A slice's update
-(multi-directional pipelines) moves gradients and parameters the same way (REDUCE, SEND_PAR / RECV_RED,
-RECV_PAR, a slice's parameter bytes); NORM is the non-blocking start of a collective that a STEP(stage)
-waits for on every rank; BARRIER waits for every rank to reach it. In a window (Schedule.window) what the
-previous step produced (forwards and messages of ids < M that the list does not hold) is there at time 0.
-Nothing else is shared, so action times follow from data dependencies alone and ranks can be advanced in
-any order: the loop runs each rank until it blocks on an unfinished action and wakes it when that action
-finishes (O(number of actions))."""
+bytes/bandwidth from when it is issued; a receive ends when its transfer arrives. With `step_barrier_s`, a
+whole-rank STEP first waits for every rank to reach its STEP (the job-wide all-reduce of the gradient-norm
+clip). A slice's update (multi-directional pipelines) moves gradients and parameters the same way (REDUCE,
+SEND_PAR / RECV_RED, RECV_PAR, a slice's parameter bytes); NORM is the non-blocking start of a collective
+that a STEP(stage) waits for on every rank; BARRIER waits for every rank to reach it. In a window
+(Schedule.window) what the previous step produced (forwards and messages of ids < M that the list does not
+hold) is there at time 0.
+
+When no host has more ranks than cores, nothing else is shared: action times follow from data dependencies
+alone and ranks can be advanced in any order (each runs until it blocks on an unfinished action and is woken
+when that finishes; O(number of actions)). Otherwise compute (F, B, STEP) is processor-shared per host: while
+k of its ranks compute, each progresses at min(1, cores / k), re-evaluated at every start and finish, so a
+global clock orders the starts and finishes (an event loop over ranks and hosts)."""
 
 from __future__ import annotations
 
 import gc
+import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import accumulate, compress
 
 from gearshift.schedules.action import Action, Op, Schedule
-from gearshift.sim.cost import CostModel
+from gearshift.sim.cost import INF, CostModel
 
 _F, _B, _SA, _RA, _SG, _RG, _SYNC, _STEP, _RED, _RR, _NORM, _SP, _RP, _BAR = range(14)
 _CODE = {
@@ -42,6 +49,7 @@ _SENDS = (_SA, _SG, _RED, _SP)
 _RECVS = (_RA, _RG, _RR, _RP)
 _NONE = -2  # no dependency
 _NEVER = -1  # a dependency that does not exist in the schedule: blocks forever
+_BARRIER = -3  # waiters key of ranks held at STEP's barrier
 
 
 @dataclass
@@ -66,7 +74,8 @@ def simulate(schedule: Schedule, cost: CostModel) -> SimResult:
     gc.disable()  # the replay allocates ~1e5 tuples and no cycles; collections would cost more than it
     try:
         prog = _compile(schedule, cost)
-        return _result(schedule, cost, prog, _run(prog))
+        run = _run_shared if cost.oversubscribed() else _run
+        return _result(schedule, cost, prog, run(prog, cost))
     finally:
         if gc_was_on:
             gc.enable()
@@ -82,19 +91,10 @@ class _Program:
     dep1: list[int]  # data input: producer compute, receive, or matching send
     dep2: list[int]  # B's own F
     depn: dict[int, list[int]]  # STEP of a slice: every rank's NORM; BARRIER: every rank's action before it
-    dur: list[float]  # compute / sync / step time; for sends, the link occupancy
+    dur: list[float]  # compute / sync / step time (compute: on a core of its own); for sends, the link occupancy
     link: list[int]  # for sends: src * num_ranks + dst
     mem: list[float]  # activation memory taken (F) or released (B)
     carried: list[float]  # per rank: activation memory held at the start (forwards of the previous step)
-
-
-@dataclass
-class _Times:
-    start: list[float]
-    end: list[float]
-    arrive: list[float]  # for sends: when the transfer reaches the receiver
-    pc: list[int]  # per rank: index of the first action not run (offs[r+1] when finished)
-    xfers: list[tuple[int, int, float]]  # (send index, src rank, transfer start)
 
 
 def _compile(schedule: Schedule, cost: CostModel) -> _Program:
@@ -139,8 +139,8 @@ def _compile(schedule: Schedule, cost: CostModel) -> _Program:
     link = [0] * n
     mem = [0.0] * n
     fwd, bwd, nbytes, act_mem = cost.forward_s, cost.backward_s, cost.act_bytes, cost.act_mem_bytes
+    sync, step = cost.sync_s, cost.step_times(num_ranks)
     pbytes = cost.param_bytes or [0.0] * num_stages
-    sync = cost.sync_s
     seen: dict[tuple, int] = {}  # (kind, stage, peer, rank) -> occurrences so far (update messages pair in order)
     updates: dict[tuple, list[int]] = {}
     norms: list[list[int]] = [[] for _ in range(num_ranks)]
@@ -185,8 +185,7 @@ def _compile(schedule: Schedule, cost: CostModel) -> _Program:
                 link[g] = r * num_ranks + p
             else:
                 link[g] = -1  # the optimizer holder's own gradient: stays on the rank
-            key = (k, s, p, r)
-            updates.setdefault(key, []).append(g)
+            updates.setdefault((k, s, p, r), []).append(g)
         elif k == _RR or k == _RP:
             src_stage = schedule.stage_on(p, schedule.slice_of(s)) if 0 <= p < num_ranks else -1
             key = (_RED if k == _RR else _SP, src_stage, r, p)
@@ -198,11 +197,10 @@ def _compile(schedule: Schedule, cost: CostModel) -> _Program:
             norms[r].append(g)
         elif k == _BAR:
             bars[r].append(g)
-        elif s >= 0:  # STEP of one slice: waits for the norm every rank contributed
-            dur[g] = cost.step_s
-            depn[g] = []  # filled below
         else:
-            dur[g] = cost.step_s
+            dur[g] = step[r]
+            if s >= 0:  # STEP of one slice: waits for the norm every rank contributed
+                depn[g] = []  # filled below
     for g, k in enumerate(kind):
         if k == _RR or k == _RP:
             key, j = dep1[g]
@@ -222,24 +220,57 @@ def _compile(schedule: Schedule, cost: CostModel) -> _Program:
     return _Program(flat, kind, offs, dep1, dep2, depn, dur, link, mem, carried_mem)
 
 
-def _run(prog: _Program) -> _Times:
-    """The event loop: run each rank until it blocks on an unfinished action; wake it when that finishes."""
-    kind, offs, dep1, dep2, dur, link = prog.kind, prog.offs, prog.dep1, prog.dep2, prog.dur, prog.link
-    depn = prog.depn
-    num_ranks, n = len(offs) - 1, len(kind)
-    start = [0.0] * n
-    end = [0.0] * n
-    arrive = [0.0] * n
-    done = bytearray(n)
-    link_free = [0.0] * (num_ranks * num_ranks)
-    pc = list(offs[:-1])
-    clock = [0.0] * num_ranks
-    waiters: dict[int, list[int]] = {}
-    xfers: list[tuple[int, int, float]] = []
-    ready = list(range(num_ranks - 1, -1, -1))
-    while ready:
-        r = ready.pop()
-        g, stop, t = pc[r], offs[r + 1], clock[r]
+class _Barrier:
+    """A whole-rank STEP's job-wide all-reduce: each STEP holder arrives once; the last arrival releases all
+    of them `step_barrier_s` later. (A slice's STEP waits for every rank's NORM instead: _Program.depn.)"""
+
+    def __init__(self, prog: _Program, cost: CostModel):
+        self.latency = cost.step_barrier_s
+        self.on = self.latency is not None
+        self.left = sum(k == _STEP and g not in prog.depn for g, k in enumerate(prog.kind)) if self.on else 0
+        self.passed: set[int] = set()
+        self.latest = 0.0
+
+    def holds(self, r: int) -> bool:
+        """Whether rank r must still arrive at the barrier before its STEP."""
+        return self.on and r not in self.passed
+
+    def arrive(self, r: int, t: float) -> float | None:
+        """Rank r reaches STEP at t: the release time when it is the last, else None."""
+        self.passed.add(r)
+        self.latest = max(self.latest, t)
+        self.left -= 1
+        return self.latest + self.latency if self.left == 0 else None
+
+
+class _Replay:
+    """Per-action times of one replay, and each rank's progress through its list."""
+
+    def __init__(self, prog: _Program, cost: CostModel, shared: bool):
+        n, num_ranks = len(prog.kind), len(prog.offs) - 1
+        self.prog, self.shared = prog, shared
+        self.start = [0.0] * n
+        self.end = [0.0] * n
+        self.arrive = [0.0] * n  # for sends: when the transfer reaches the receiver
+        self.took = [0.0] * n  # compute: wall time from start to end (sharing and emulated sleep included)
+        self.done = bytearray(n)
+        self.link_free = [0.0] * (num_ranks * num_ranks)
+        self.pc = list(prog.offs[:-1])  # per rank: index of the first action not run (offs[r+1] when finished)
+        self.clock = [0.0] * num_ranks
+        self.slow = [max(1.0, f) for f in cost.duty] if cost.duty is not None else [1.0] * num_ranks
+        self.gate = _Barrier(prog, cost)
+        self.waiters: dict[int, list[int]] = {}  # action (or _BARRIER) -> ranks blocked on it
+        self.xfers: list[tuple[int, int, float]] = []  # (send index, src rank, transfer start)
+        self.wake: Callable[[float, int], None] = lambda t, r: None  # the driver's: rank r may go on at t
+
+    def advance(self, r: int) -> int:
+        """Run rank r's list from its clock until it blocks or ends (-1) or, on shared hosts, reaches a compute
+        or STEP whose inputs are ready: its index, with clock[r] the earliest start (the driver runs it)."""
+        prog, start, end, arrive, done, gate = self.prog, self.start, self.end, self.arrive, self.done, self.gate
+        kind, dep1, dep2, depn, dur, link = prog.kind, prog.dep1, prog.dep2, prog.depn, prog.dur, prog.link
+        waiters, wake, link_free = self.waiters, self.wake, self.link_free
+        g, stop, t = self.pc[r], prog.offs[r + 1], self.clock[r]
+        found = -1
         while g < stop:
             d = dep1[g]
             if d != _NONE and (d < 0 or not done[d]):
@@ -255,39 +286,141 @@ def _run(prog: _Program) -> _Times:
                 if blocker is not None:
                     waiters.setdefault(blocker, []).append(r)
                     break
+                for x in ds:
+                    if end[x] > t:
+                        t = end[x]
             k = kind[g]
-            start[g] = t
-            if k <= _B:
-                if d >= 0 and end[d] > t:
-                    start[g] = t = end[d]
-                if d2 >= 0 and end[d2] > t:
-                    start[g] = t = end[d2]
-                t += dur[g]
-            elif k in _RECVS:
-                if arrive[d] > t:
-                    t = arrive[d]
-            elif k in _SENDS:
-                lk = link[g]
-                if lk < 0:
-                    arrive[g] = t
+            if k <= _B or k == _STEP:
+                if k <= _B:
+                    if d >= 0 and end[d] > t:
+                        t = end[d]
+                    if d2 >= 0 and end[d2] > t:
+                        t = end[d2]
+                elif ds is None and gate.holds(r):
+                    start[g] = t  # STEP spans the wait, as the runtime's does
+                    released = gate.arrive(r, t)
+                    if released is None:
+                        waiters.setdefault(_BARRIER, []).append(r)
+                        break
+                    for w in waiters.pop(_BARRIER, []):
+                        self.clock[w] = released
+                        wake(released, w)
+                    t = released
+                if self.shared:
+                    found = g
+                    break
+                if k <= _B:
+                    start[g] = t
+                    self.took[g] = dur[g] * self.slow[r]
+                    t += self.took[g]
                 else:
-                    x0 = link_free[lk] if link_free[lk] > t else t
-                    arrive[g] = link_free[lk] = x0 + dur[g]
-                    xfers.append((g, r, x0))
+                    if not gate.on or ds is not None:
+                        start[g] = t
+                    t += dur[g]
             else:
-                if ds:
-                    t = max(t, max(end[x] for x in ds))
-                t += dur[g]
+                start[g] = t
+                if k in _RECVS:
+                    if arrive[d] > t:
+                        t = arrive[d]
+                elif k in _SENDS:
+                    lk = link[g]
+                    if lk < 0:
+                        arrive[g] = t
+                    else:
+                        x0 = link_free[lk] if link_free[lk] > t else t
+                        arrive[g] = link_free[lk] = x0 + dur[g]
+                        self.xfers.append((g, r, x0))
+                else:
+                    t += dur[g]
             end[g] = t
             done[g] = 1
             if g in waiters:
-                ready.extend(waiters.pop(g))
+                for w in waiters.pop(g):
+                    wake(t, w)
             g += 1
-        pc[r], clock[r] = g, t
-    return _Times(start, end, arrive, pc, xfers)
+        self.pc[r], self.clock[r] = g, t
+        return found
 
 
-def _result(schedule: Schedule, cost: CostModel, prog: _Program, tm: _Times) -> SimResult:
+def _run(prog: _Program, cost: CostModel) -> _Replay:
+    """Nothing shared: run each rank until it blocks on an unfinished action; wake it when that finishes."""
+    rp = _Replay(prog, cost, shared=False)
+    ready = list(range(len(prog.offs) - 2, -1, -1))
+    rp.wake = lambda t, r: ready.append(r)
+    while ready:
+        rp.advance(ready.pop())
+    return rp
+
+
+def _run_shared(prog: _Program, cost: CostModel) -> _Replay:
+    """Processor-shared hosts: a global clock orders every start and finish of a compute (or STEP). A
+    compute joins its host when it starts and ends when the host's virtual time (the work each of its k
+    computing ranks has done, at min(1, cores / k) per second) has grown by its work; an emulated rank then
+    sleeps without a core. Sends, receives and SYNC need no core and run inside advance()."""
+    rp = _Replay(prog, cost, shared=True)
+    kind, dur, host, cores, gate = prog.kind, prog.dur, cost.host, cost.cores, rp.gate
+    start, end, took, clock, pc, slow = rp.start, rp.end, rp.took, rp.clock, rp.pc, rp.slow
+    ready = [(0.0, r) for r in range(len(prog.offs) - 1)]  # (time, rank): rank goes on at that time
+    now = 0.0
+    vtime = [0.0] * len(cores)  # per host: work each computing rank has done so far
+    vat = [0.0] * len(cores)  # when vtime was last brought up to date
+    rate = [1.0] * len(cores)  # per host: speed of each computing rank, min(1, cores / computing)
+    running: list[list[tuple[float, int, int, float]]] = [[] for _ in cores]  # (vtime at end, g, rank, start)
+
+    def wake(t: float, r: int) -> None:
+        heapq.heappush(ready, (t if t > now else now, r))
+
+    def catch_up(h: int, t: float) -> None:
+        """Bring host h's virtual time to t (before its set of computing ranks changes)."""
+        vtime[h] += (t - vat[h]) * rate[h]
+        vat[h] = t
+
+    def rerate(h: int) -> None:
+        k = len(running[h])
+        rate[h] = 1.0 if k <= cores[h] else cores[h] / k
+
+    rp.wake = wake
+    while True:
+        fin_t, fin_h = INF, -1
+        for h, tasks in enumerate(running):
+            if tasks:
+                t = vat[h] + (tasks[0][0] - vtime[h]) / rate[h]
+                if t < fin_t:
+                    fin_t, fin_h = t, h
+        if fin_h >= 0 and (not ready or fin_t <= ready[0][0]):
+            now = fin_t
+            catch_up(fin_h, now)
+            _, g, r, began = heapq.heappop(running[fin_h])
+            rerate(fin_h)
+            end[g] = now
+            if kind[g] <= _B:  # the emulation sleeps (f - 1) x the time it computed
+                end[g] = began + (now - began) * slow[r]
+                took[g] = end[g] - began
+            rp.done[g] = 1
+            for w in rp.waiters.pop(g, []):
+                wake(now, w)
+            pc[r], clock[r] = g + 1, end[g]
+            wake(end[g], r)
+            continue
+        if not ready:
+            break
+        now, r = heapq.heappop(ready)
+        g = rp.advance(r)
+        if g < 0:
+            continue
+        if clock[r] > now:  # starts later: come back then, so that starts join their host in time order
+            heapq.heappush(ready, (clock[r], r))
+            continue
+        h = host[r]
+        catch_up(h, now)
+        if kind[g] <= _B or not gate.on or g in prog.depn:
+            start[g] = now
+        heapq.heappush(running[h], (vtime[h] + dur[g], g, r, now))
+        rerate(h)
+    return rp
+
+
+def _result(schedule: Schedule, cost: CostModel, prog: _Program, tm: _Replay) -> SimResult:
     """Assemble timelines, busy time, memory peaks and the deadlock report from per-action times."""
     flat, kind, offs, pc = prog.flat, prog.kind, prog.offs, tm.pc
     num_ranks = schedule.num_ranks
@@ -299,7 +432,7 @@ def _result(schedule: Schedule, cost: CostModel, prog: _Program, tm: _Times) -> 
         lo, hi = offs[r], pc[r]
         timelines.append(list(zip(flat[lo:hi], tm.start[lo:hi], tm.end[lo:hi])))
         is_comp = [k <= _B for k in kind[lo:hi]]
-        busy.append(sum(compress(prog.dur[lo:hi], is_comp)))
+        busy.append(sum(compress(tm.took[lo:hi], is_comp)))
         held = max(accumulate(compress(prog.mem[lo:hi], is_comp), initial=prog.carried[r]))
         acts.append(held)
         peaks.append(held + sum(param[s] for s in schedule.stages_of(r)))

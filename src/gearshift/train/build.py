@@ -5,28 +5,37 @@ parallel.schedule = multidir)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
+import torch
 import torch.distributed as dist
+from torch import nn
 
 from gearshift.cluster.topology import parse_matrix
 from gearshift.comm.policy import ReplicaSync, SyncSettings
-from gearshift.models.gpt import GPTConfig, build_layer, gpt_loss
+from gearshift.imports import is_import_path
+from gearshift.models.gpt import GPTConfig
+from gearshift.models.spec import ModelSpec, resolve_model
 from gearshift.runtime.adapt import Adapter
 from gearshift.runtime.multidir import MultiDirRuntime
 from gearshift.runtime.pipeline import OptimConfig, PipelineRuntime
 from gearshift.schedules import Schedule, make_schedule
 from gearshift.train.config import JobConfig
-from gearshift.train.layout import act_meta_fn, resolve_partition
+from gearshift.train.datasets import JobData, job_data
+from gearshift.train.env import job_device
+from gearshift.train.layout import LayerMeta, act_meta_fn, layer_inputs, resolve_partition
+
+SAMPLE_BATCH = 2  # samples run through the layers to find activation shapes (2: the batch dimension shows)
 
 
 def gpt_config(cfg: JobConfig) -> GPTConfig:
-    m = cfg.model
-    return GPTConfig(vocab_size=256, context=m.context, layers=m.layers, width=m.width, heads=m.heads,
-                     dropout=m.dropout)
+    """The GPT's shape from [model] (model.name = "gpt")."""
+    return GPTConfig(vocab_size=256, **cfg.model.table())
 
 
-def grad_sync(cfg: JobConfig) -> ReplicaSync | None:
-    """The job's gradient-sync policy (None: the runtime's own flat all-reduce over each replica group)."""
+def grad_sync(cfg: JobConfig, device: torch.device | None = None) -> ReplicaSync | None:
+    """The job's gradient-sync policy for gradients on `device` (default: the job's; None: the runtime's own
+    flat all-reduce over each replica group)."""
     p = cfg.parallel
     settings = SyncSettings(p.allreduce, int(p.bucket_mb * (1 << 20)), p.tune_allreduce,
                             parse_matrix(p.node_matrix, "parallel.node_matrix"), p.shm,
@@ -36,35 +45,69 @@ def grad_sync(cfg: JobConfig) -> ReplicaSync | None:
         if dist.get_rank() == 0:
             print(line, flush=True)
 
-    sync = ReplicaSync(settings, p.stages, cfg.cluster.workers, announce)
+    device = job_device(cfg) if device is None else device
+    sync = ReplicaSync(settings, p.stages, cfg.cluster.workers, announce, device.type)
     return sync if sync.needed else None
 
 
+def job_model(cfg: JobConfig) -> ModelSpec:
+    """The job's model, layer by layer (the GPT, or the function model.name names)."""
+    return resolve_model(cfg.model.name, cfg.model.table(), cfg.train.seed)
+
+
 def job_schedule(cfg: JobConfig) -> Schedule:
-    """The job's action lists (for multidir under update = async: the steady window)."""
+    """The schedule every replica runs (parallel.schedule, stages, micro-batches, k; for multidir, its
+    directions and, under update = async, the steady window)."""
     p = cfg.parallel
     return make_schedule(p.schedule, p.stages, p.microbatches, k=p.k, directions=p.directions, update=p.update)
 
 
-def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None,
-                  adapter: Adapter | None = None) -> PipelineRuntime | MultiDirRuntime:
-    """This rank's pipeline runtime for the job (the partition from the config unless given)."""
-    gcfg = gpt_config(cfg)
-    p, t = cfg.parallel, cfg.train
-    schedule = job_schedule(cfg)
+def brings_own(cfg: JobConfig) -> bool:
+    """Whether the job's model or data is the user's (by import path): only those can fail to fit."""
+    return is_import_path(cfg.model.name) or is_import_path(cfg.data.name)
+
+
+def check_job(cfg: JobConfig, spec: ModelSpec | None = None, data: JobData | None = None) -> list[LayerMeta]:
+    """Import the model and the data and run the layers and the loss on a sample batch (on the meta device
+    where they can): every one-line error a worker would hit at start, here first. Returns the shape and
+    dtype of each layer's input."""
+    spec = spec or job_model(cfg)
+    data = data or job_data(cfg)
+    x, y = data.sample(SAMPLE_BATCH, cfg.train.seed)
+    return layer_inputs(spec, x, y, cfg.train.seed)
+
+
+def layer_factory(cfg: JobConfig, spec: ModelSpec, data: JobData | None = None) -> tuple[Callable[[int], nn.Module],
+                                                                                          Callable]:
+    """(build_layer(i), act_meta(layer, batch)): layer i freshly initialised, and the shape a micro-batch has
+    entering a layer; what the runtime and the speed probe build a stage from."""
+    return (lambda i: spec.layer(i, cfg.train.seed)), act_meta_fn(check_job(cfg, spec, data))
+
+
+def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None, adapter: Adapter | None = None,
+                  spec: ModelSpec | None = None, data: JobData | None = None,
+                  links: bool | None = None) -> PipelineRuntime | MultiDirRuntime:
+    """This rank's pipeline runtime for the job (the partition from the config unless given) on the job's device;
+    only this rank's layers are built. links: a group per link direction (PipelineRuntime; None: on NCCL).
+    For parallel.schedule = multidir, `bounds` is one range per slice (the same cut in every direction)."""
+    t = cfg.train
+    spec = spec or job_model(cfg)
+    build, act_meta = layer_factory(cfg, spec, data)
     optim = OptimConfig(t.weight_decay, (t.beta1, t.beta2), t.grad_clip)
-    hooks = {"after_compute": adapter.after_compute, "after_recv": adapter.after_recv} if adapter else {}
-    if p.schedule == "multidir":
-        slices = bounds or multidir_slices(cfg, adapter)  # bounds here: one range per slice
-        return MultiDirRuntime(lambda i: build_layer(gcfg, i, seed=t.seed), gpt_loss, slices, schedule,
-                               act_meta_fn(gcfg), optim, **hooks)
-    if bounds is None:
-        bounds = resolve_partition(cfg, gcfg)
-    return PipelineRuntime(lambda i: build_layer(gcfg, i, seed=t.seed), gpt_loss, bounds, schedule,
-                           act_meta_fn(gcfg), optim, grad_sync_factory=grad_sync(cfg), **hooks)
+    hooks = {"after_compute": adapter.after_compute if adapter else None,
+             "after_recv": adapter.after_recv if adapter else None}
+    if cfg.parallel.schedule == "multidir":
+        rt = MultiDirRuntime(build, spec.loss_fn, bounds or multidir_slices(cfg, spec, adapter), job_schedule(cfg),
+                             act_meta, optim, **hooks)
+    else:
+        device = job_device(cfg)
+        rt = PipelineRuntime(build, spec.loss_fn, bounds or resolve_partition(cfg, spec), job_schedule(cfg), act_meta,
+                             optim, **hooks, grad_sync_factory=grad_sync(cfg, device), device=device, links=links)
+    spec.release()
+    return rt
 
 
-def multidir_slices(cfg: JobConfig, adapter: Adapter | None = None) -> list[tuple[int, int]]:
+def multidir_slices(cfg: JobConfig, spec: ModelSpec, adapter: Adapter | None = None) -> list[tuple[int, int]]:
     """The cut of every direction: parallel.partition's ranges or parameter split as given; "uniform" is
     slices of equal profiled compute time, from the adapter's profile, adapt.profile, or rank 0's profile
     of the job's micro-batch (broadcast)."""
@@ -73,7 +116,7 @@ def multidir_slices(cfg: JobConfig, adapter: Adapter | None = None) -> list[tupl
 
     p = cfg.parallel
     if p.partition != "uniform":
-        return resolve_partition(cfg, gpt_config(cfg))
+        return resolve_partition(cfg, spec)
     if adapter is not None:
         profile = adapter.profile
     elif cfg.adapt.profile:

@@ -1,6 +1,7 @@
 """Checkpoints keyed by global layer index (independent of the partition that wrote them), written
 atomically (temp file, fsync, rename) and loaded with `torch.load(weights_only=True)`. A checkpoint carries
-its job's fingerprint, and `--resume` refuses one written by another job."""
+its job's fingerprint, and `--resume` refuses one written by another job. Tensors are saved from the CPU and
+loaded onto it, then placed on each rank's device: a checkpoint written on GPUs resumes on CPUs and back."""
 
 from __future__ import annotations
 
@@ -28,10 +29,11 @@ def checkpoint_path(out_dir: str | Path, step: int) -> Path:
 
 
 def job_fingerprint(cfg: JobConfig) -> dict:
-    """What a resumed run must share with the run that wrote the checkpoint: the model, the data and the
-    data order (seed, batch size). Steps, schedule, partition, workers and outputs may change."""
-    fp = {f"model.{k}": v for k, v in vars(cfg.model).items()}
-    fp.update({f"data.{k}": v for k, v in vars(cfg.data).items()})
+    """What a resumed run must share with the run that wrote the checkpoint: the model and the data (their
+    tables, free-form keys included) and the data order (seed, batch size). Steps, schedule, partition,
+    workers and outputs may change."""
+    tables = cfg.to_dict()  # [model] and [data] as written: a custom model's or dataset's own keys too
+    fp = {f"{sec}.{k}": v for sec in ("model", "data") for k, v in tables[sec].items()}
     fp.update({"train.seed": cfg.train.seed, "train.batch_size": cfg.train.batch_size})
     return fp
 
@@ -57,7 +59,9 @@ def latest_checkpoint(out_dir: str | Path) -> Path | None:
 
 
 def load_checkpoint(path: Path, fingerprint: dict) -> dict:
-    """Read and check a checkpoint; a corrupt one, or one of another job, is a DataError naming what differs."""
+    """Read and check a checkpoint; a corrupt one, or one of another job, is a DataError naming what differs.
+    Loaded on the CPU (RNG states must be CPU tensors); PipelineRuntime.load_state moves each tensor to its
+    parameter's device."""
     try:
         ck = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unpickling failure means the file is unusable
@@ -102,25 +106,31 @@ class Checkpointer:
         """Load the checkpoint into this rank's layers; returns the step to resume at."""
         ck = self.resumed()
         rt.load_state(ck["model"], ck["optim"])
+        rank = dist.get_rank()
         if len(ck["rng"]) == dist.get_world_size():
-            torch.set_rng_state(ck["rng"][dist.get_rank()])
+            torch.set_rng_state(ck["rng"][rank])
+            cuda_rng = ck.get("cuda_rng", [None] * len(ck["rng"]))[rank]
+            if cuda_rng is not None and rt.device.type == "cuda":  # written on a GPU, resumed on one
+                torch.cuda.set_rng_state(cuda_rng, rt.device)
         return int(ck["step"])
 
     def save(self, rt: PipelineRuntime, step: int) -> Path:
         """Gather every layer (from replica 0) and its AdamW state on rank 0 and write one checkpoint
         (collective)."""
-        model, optim = rt.state() if rt.replica == 0 else ({}, {})
+        model, optim = rt.state() if rt.replica == 0 else ({}, {})  # CPU tensors: gather_object pickles them
+        cuda_rng = torch.cuda.get_rng_state(rt.device) if rt.device.type == "cuda" else None
         parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-        dist.gather_object((model, optim, torch.get_rng_state()), parts, dst=0)
+        dist.gather_object((model, optim, torch.get_rng_state(), cuda_rng), parts, dst=0)
         path = checkpoint_path(self.cfg.output.dir, step)
         if dist.get_rank() == 0:
             all_model, all_optim = {}, {}
-            for m, o, _ in parts:
+            for m, o, _, _ in parts:
                 all_model.update(m)
                 all_optim.update(o)
             save_checkpoint(path, {
                 "format": FORMAT, "step": step, "model": all_model, "optim": all_optim,
-                "rng": [r for _, _, r in parts], "job": job_fingerprint(self.cfg),
+                "rng": [r for _, _, r, _ in parts], "cuda_rng": [c for _, _, _, c in parts],
+                "job": job_fingerprint(self.cfg),
                 "data": {"seed": self.cfg.train.seed, "next_step": step}, "bounds": [list(b) for b in rt.bounds],
             })
         dist.barrier()

@@ -13,6 +13,7 @@ from typing import Any
 
 from gearshift import tomlfile
 from gearshift.errors import ConfigError, UsageError, UserError
+from gearshift.imports import is_import_path
 from gearshift.paths import check_dir, check_input_file, read_json
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.tomlfile import read_toml
@@ -22,6 +23,7 @@ UPDATES = ("flush", "async")
 PARTITIONS = ("uniform", "params", "adaptive")
 EXISTING = ("move", "refuse")
 ALLREDUCE = ("auto", "gloo", "ring", "hierarchical", "hierarchical_rs")
+DATA_NAMES = ("bytes", "text")
 
 
 def key(default: Any, doc: str) -> Any:
@@ -33,23 +35,47 @@ def key(default: Any, doc: str) -> Any:
 
 @dataclass
 class ModelConfig:
-    """The model: a byte-level GPT (vocabulary 256)."""
+    """The model: the built-in byte-level GPT (vocabulary 256), or any layered model by import path."""
 
-    name: str = key("gpt", "model to train (allowed: gpt)")
-    layers: int = key(4, "transformer blocks (the LayeredModel adds an embedding and a head layer)")
-    width: int = key(128, "embedding width; divisible by heads")
-    heads: int = key(4, "attention heads per block")
-    context: int = key(128, "sequence length in tokens (bytes)")
-    dropout: float = key(0.0, "dropout probability in [0, 1)")
+    name: str = key("gpt", 'gpt (the built-in byte-level GPT) or "package.module:function", called with the '
+                           "[model] table as a dict, returning a ModelSpec, a LayeredModel or (nn.Sequential, loss_fn)")
+    layers: int = key(4, "gpt: transformer blocks (the LayeredModel adds an embedding and a head layer)")
+    width: int = key(128, "gpt: embedding width; divisible by heads")
+    heads: int = key(4, "gpt: attention heads per block")
+    context: int = key(128, "gpt: sequence length in tokens (bytes)")
+    dropout: float = key(0.0, "gpt: dropout probability in [0, 1)")
+    options: dict[str, Any] = key({}, "model.KEY = value for any other KEY: passed to a model given by import path")
+
+    def table(self) -> dict[str, Any]:
+        """The [model] table without `name`: what the model function (or the GPT) is built from."""
+        return table_of(self)
 
 
 @dataclass
 class DataConfig:
-    """The corpus."""
+    """The data: a byte corpus, or any dataset by import path."""
 
-    path: str = key("", 'text file or directory of files, read as bytes; "" = this Python\'s standard library sources')
-    val_fraction: float = key(0.05, "last fraction of the corpus held out for validation, in (0, 1)")
-    max_bytes: int = key(8_000_000, "read at most this many bytes of the corpus")
+    name: str = key("bytes", "bytes (this Python's standard library sources, or data.path), text (data.path: a file "
+                             'or folder, as bytes) or "package.module:function", called with the [data] table as a '
+                             "dict, returning a dataset (see gearshift.train.datasets)")
+    path: str = key("", 'bytes, text: text file or directory of files, read as bytes; "" = this Python\'s standard '
+                        "library sources (bytes only)")
+    val_fraction: float = key(0.05, "bytes, text: last fraction of the corpus held out for validation, in (0, 1)")
+    max_bytes: int = key(8_000_000, "bytes, text: read at most this many bytes of the corpus")
+    seq_len: int = key(0, "bytes, text: bytes per sample; 0 = model.context (the GPT's)")
+    options: dict[str, Any] = key({}, "data.KEY = value for any other KEY: passed to a dataset given by import path")
+
+    def table(self) -> dict[str, Any]:
+        """The [data] table without `name`: what the dataset function is called with."""
+        return table_of(self)
+
+
+def table_of(section: ModelConfig | DataConfig) -> dict[str, Any]:
+    """A [model] or [data] table without `name`: its free-form keys when the name is an import path (the
+    fields are then unused), else its fields."""
+    if is_import_path(section.name):
+        return copy.deepcopy(section.options)
+    return {f.name: getattr(section, f.name) for f in dataclasses.fields(section) if f.name not in ("name", "options")}
 
 
 @dataclass
@@ -58,13 +84,16 @@ class ClusterConfig:
 
     workers: int = key(4, "local worker processes (under torchrun: the processes torchrun started)")
     spec: str = key("", 'cluster spec TOML for planning (devices, speeds, links); "" = the local workers, all equal')
-    backend: str = key("auto", "process-group backend: auto (nccl with CUDA, else gloo), gloo, nccl")
+    backend: str = key("auto", "process-group backend: auto (nccl for cuda, gloo for cpu), gloo (CPU tensors), "
+                               "nccl (CUDA tensors)")
     timeout_s: float = key(120.0, "collective timeout in seconds: a dead peer surfaces within this")
     ranks_per_node: int = key(0, "local ranks per (emulated) node; 0 = every worker on one node")
     testbed: bool = key(False, "run each node's ranks in its own network namespace over shaped links (root)")
     bandwidth: str = key("1gbit", "testbed per-host link rate (tc syntax: 200mbit, 1gbit, ...)")
     stop_grace_s: float = key(60.0, "after SIGTERM / SIGINT, seconds the workers get to finish their step and "
                                     "checkpoint before they are killed")
+    device: str = key("auto", "where each rank computes: auto (cuda:LOCAL_RANK where CUDA has a GPU for every local "
+                              "rank, else the CPU), cpu, cuda (fewer GPUs than ranks: shared)")
 
 
 @dataclass
@@ -77,7 +106,8 @@ class ParallelConfig:
     microbatches: int = key(8, "micro-batches per step (per replica; multidir: per direction); must divide the "
                                "replica's batch")
     k: int = key(1, "kfkb: forwards (then backwards) per group; 1 = 1F1B, >= microbatches = GPipe")
-    partition: Any = key("uniform", "uniform | params | adaptive | [[start, end], ...] layer ranges per stage")
+    partition: Any = key("uniform", "uniform | params | adaptive (the DP's plan from the spec or a measurement at "
+                                    "the start, re-planned every adapt.every steps) | [[start, end], ...] per stage")
     allreduce: str = key("auto", "gradient all-reduce: auto, gloo, ring, hierarchical, hierarchical_rs")
     tune_allreduce: bool = key(True, "auto across nodes: time the cost model's candidates once per bucket size")
     bucket_mb: float = key(25.0, "gradient bucket size in MiB (one all-reduce per bucket)")
@@ -136,7 +166,8 @@ class AdaptConfig:
     """Re-planning: every `every` steps the partition is re-planned from measured speeds and applied by live
     layer migration when the predicted gain over the next period beats the migration cost."""
 
-    every: int = key(100, "re-plan every this many steps (parallel.partition = adaptive); 0 = never")
+    every: int = key(100, "re-plan every this many steps (parallel.partition = adaptive); 0 = plan once at the "
+                          "start, never re-plan")
     alpha: float = key(0.5, "weight of the newest sample in the smoothed speed estimates, in (0, 1]")
     profile: str = key("", 'ModelProfile JSON from `gearshift profile`; "" = profile at start')
     force: list[Any] = key([], "forced re-partitions, [[step, [[start, end], ...]], ...] (tests, demos)")
@@ -166,7 +197,13 @@ class JobConfig:
     adapt: AdaptConfig = field(default_factory=AdaptConfig)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """Every section as its TOML table (the [model] and [data] tables as written: a model or dataset given
+        by import path keeps its free-form keys at the top of its table)."""
+        d = dataclasses.asdict(self)
+        for sec in ("model", "data"):
+            obj = getattr(self, sec)
+            d[sec] = {"name": obj.name, **obj.table()}
+        return d
 
     @property
     def replicas(self) -> int:
@@ -217,6 +254,9 @@ def _apply(cfg: JobConfig, data: dict, origin: str) -> None:
             raise ConfigError(f"{origin}: unknown section [{sec}] (allowed: {', '.join(sections)})")
         obj = getattr(cfg, sec)
         hints = typing.get_type_hints(type(obj))
+        if "options" in hints:
+            _apply_free_form(obj, sec, table, hints)
+            continue
         for key, value in table.items():
             if key not in hints:
                 raise ConfigError(f"{sec}.{key}: unknown key (allowed in [{sec}]: {', '.join(hints)})")
@@ -231,6 +271,27 @@ def check_override_spelling(argv: list[str]) -> None:
             nxt = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("-") else None
             got = f" (got a space: {arg} {nxt})" if nxt is not None else ""
             raise UsageError(f"{arg}: expected {arg}=VALUE{got}")
+
+
+def _apply_free_form(obj: ModelConfig | DataConfig, sec: str, table: dict, hints: dict) -> None:
+    """[model] or [data]: `name` first; with an import path every other key is free-form (kept in `options`,
+    passed to the function), else each must be a field. Turning an import path back into a built-in name
+    applies the keys collected so far as fields."""
+    table = dict(table)
+    if "name" in table:
+        was = obj.name
+        obj.name = _coerce(f"{sec}.name", str, table.pop("name"))
+        if is_import_path(was) and not is_import_path(obj.name):
+            table, obj.options = {**obj.options, **table}, {}
+    fields = [k for k in hints if k != "options"]
+    for key, value in table.items():
+        if is_import_path(obj.name):
+            obj.options[key] = value
+        elif key not in fields:
+            raise ConfigError(f"{sec}.{key}: unknown key (allowed in [{sec}]: {', '.join(fields)}; other keys need "
+                              f"{sec}.name = 'package.module:function')")
+        else:
+            setattr(obj, key, _coerce(f"{sec}.{key}", hints[key], value))
 
 
 def parse_override(arg: str) -> tuple[str, str, Any]:
@@ -256,18 +317,15 @@ def _check(cond: bool, msg: str) -> None:
 
 def validate(cfg: JobConfig) -> JobConfig:
     """Range checks across fields; each error names the field and what is allowed."""
-    m, p, t, c, d = cfg.model, cfg.parallel, cfg.train, cfg.cluster, cfg.data
-    _check(m.name == "gpt", f"model.name: unknown model {m.name!r} (allowed: gpt)")
-    for k in ("layers", "width", "heads", "context"):
-        _check(getattr(m, k) >= 1, f"model.{k}: must be >= 1, got {getattr(m, k)}")
-    _check(m.width % m.heads == 0, f"model.width: must be divisible by model.heads ({m.width} % {m.heads} != 0)")
-    _check(0 <= m.dropout < 1, f"model.dropout: must be in [0, 1), got {m.dropout}")
-    if d.path:
-        _check_corpus(d.path)
-    _check(0 < d.val_fraction < 1, f"data.val_fraction: must be in (0, 1), got {d.val_fraction}")
-    _check(d.max_bytes >= 1024, f"data.max_bytes: must be >= 1024, got {d.max_bytes}")
+    p, t, c = cfg.parallel, cfg.train, cfg.cluster
+    n_layers, layers_are, no_cut = _validate_model(cfg)
+    _validate_data(cfg)
     _check(1 <= c.workers <= 64, f"cluster.workers: must be in 1..64, got {c.workers}")
-    _check(c.backend in ("auto", "gloo", "nccl"), f"cluster.backend: {c.backend!r} (allowed: auto, gloo, nccl)")
+    from gearshift.cluster.device import BACKENDS, DEVICES, check_pair
+
+    _check(c.backend in BACKENDS, f"cluster.backend: {c.backend!r} (allowed: {', '.join(BACKENDS)})")
+    _check(c.device in DEVICES, f"cluster.device: {c.device!r} (allowed: {', '.join(DEVICES)})")
+    check_pair(c.device, c.backend)  # whether this machine has CUDA is checked where the workers start
     _check(c.timeout_s > 0, f"cluster.timeout_s: must be > 0, got {c.timeout_s}")
     _check(c.stop_grace_s > 0, f"cluster.stop_grace_s: must be > 0, got {c.stop_grace_s}")
     if c.spec:
@@ -281,11 +339,10 @@ def validate(cfg: JobConfig) -> JobConfig:
         c.workers % p.stages == 0,
         f"parallel.stages: must divide cluster.workers ({c.workers} workers, {p.stages} stages)",
     )
-    n_layers = m.layers + 2  # embedding + blocks + head
-    _check(
-        p.stages <= n_layers,
-        f"parallel.stages: more stages ({p.stages}) than layers ({n_layers} = model.layers + embedding + head)",
-    )
+    _check(p.stages <= n_layers, f"parallel.stages: more stages ({p.stages}) than layers ({n_layers} {layers_are})")
+    cuts = n_layers - 1 - len(no_cut)
+    _check(p.stages - 1 <= cuts, f"parallel.stages: {p.stages} stages need {p.stages - 1} cuts, but the model's "
+                                 f"keep_together leaves {cuts} places to cut")
     _check(p.schedule in SCHEDULES, f"parallel.schedule: {p.schedule!r} (allowed: {', '.join(SCHEDULES)})")
     _check(p.microbatches >= 1, f"parallel.microbatches: must be >= 1, got {p.microbatches}")
     _check(p.k >= 1, f"parallel.k: must be >= 1, got {p.k}")
@@ -305,7 +362,7 @@ def validate(cfg: JobConfig) -> JobConfig:
             f"parallel.partition: {p.partition!r} (allowed: {', '.join(PARTITIONS)} or [[start, end], ...])",
         )
     else:
-        _check_ranges(p.partition, p.stages, n_layers)
+        _check_ranges(p.partition, p.stages, n_layers, no_cut)
     _check(t.batch_size >= 1, f"train.batch_size: must be >= 1, got {t.batch_size}")
     per_replica = t.batch_size // max(cfg.replicas, 1)
     _check(
@@ -344,11 +401,11 @@ def validate(cfg: JobConfig) -> JobConfig:
     _check(a.every >= 0, f"adapt.every: must be >= 0 (0 = never), got {a.every}")
     _check(0 < a.alpha <= 1, f"adapt.alpha: must be in (0, 1], got {a.alpha}")
     if a.profile:
-        read_profile(a.profile, "adapt.profile", n_layers, ConfigError)
+        read_profile(a.profile, "adapt.profile", n_layers, ConfigError, layers_are)
     for i, f in enumerate(a.force):
         _check(isinstance(f, list) and len(f) == 2 and isinstance(f[0], int) and f[0] >= 0,
                f"adapt.force[{i}]: expected [step, [[start, end], ...]] with step >= 0, got {f!r}")
-        _check_ranges(f[1], p.stages, n_layers, f"adapt.force[{i}]")
+        _check_ranges(f[1], p.stages, n_layers, no_cut, f"adapt.force[{i}]")
     return cfg
 
 
@@ -365,6 +422,9 @@ def _check_multidir(cfg: JobConfig) -> None:
     _check(p.partition != "adaptive", "parallel.partition: adaptive re-partitioning does not apply to multidir "
                                       "(allowed: uniform = equal compute time, params, [[start, end], ...])")
     _check(not cfg.adapt.force, "adapt.force: re-partitioning does not apply to parallel.schedule = multidir")
+    _check(cfg.cluster.device != "cuda" and cfg.cluster.backend != "nccl",
+           f"cluster.device: multidir runs on the CPU over gloo, got device {cfg.cluster.device!r} with backend "
+           f"{cfg.cluster.backend!r} (allowed with multidir: device auto or cpu, backend auto or gloo)")
 
 
 def _check_corpus(path: str) -> None:
@@ -386,8 +446,8 @@ def _check_rate(text: str) -> None:
         raise ConfigError(f"cluster.bandwidth: expected a rate like 200mbit or 1gbit, got {text!r}") from None
 
 
-def read_profile(path: str, field: str, num_layers: int | None = None,
-                 error: type[UserError] = ConfigError) -> ModelProfile:
+def read_profile(path: str, field: str, num_layers: int | None = None, error: type[UserError] = ConfigError,
+                 layers_are: str = "= model.layers + embedding + head") -> ModelProfile:
     """The ModelProfile JSON at `path` (from `gearshift profile`); a missing or malformed file, or one of
     another model (`num_layers` layers expected), raises `error` naming `field`."""
     d = read_json(path, field, error)
@@ -398,11 +458,49 @@ def read_profile(path: str, field: str, num_layers: int | None = None,
         raise error(f"{field}: {path} is not a ModelProfile written by `gearshift profile` ({what})") from None
     if num_layers is not None and prof.num_layers != num_layers:
         raise error(f"{field}: {path} profiles {prof.num_layers} layers, the job's model has {num_layers} "
-                    "(model.layers + embedding + head)")
+                    f"({num_layers} {layers_are})")
     return prof
 
 
-def _check_ranges(ranges: Any, stages: int, n_layers: int, where: str = "parallel.partition") -> None:
+def _validate_model(cfg: JobConfig) -> tuple[int, str, list[int]]:
+    """Check [model]; returns its number of layers, where that number comes from, and the layer boundaries
+    it must not be cut at. A model given by import path is imported and called to know them."""
+    m = cfg.model
+    if m.name != "gpt":
+        from gearshift.models.spec import resolve_model
+
+        spec = resolve_model(m.name, m.table(), cfg.train.seed)
+        return spec.num_layers, f"in {m.name}", spec.no_cut()
+    for k in ("layers", "width", "heads", "context"):
+        _check(getattr(m, k) >= 1, f"model.{k}: must be >= 1, got {getattr(m, k)}")
+    _check(m.width % m.heads == 0, f"model.width: must be divisible by model.heads ({m.width} % {m.heads} != 0)")
+    _check(0 <= m.dropout < 1, f"model.dropout: must be in [0, 1), got {m.dropout}")
+    return m.layers + 2, "= model.layers + embedding + head", []
+
+
+def _validate_data(cfg: JobConfig) -> None:
+    """Check [data] (a dataset given by import path is checked against the model before workers start)."""
+    d = cfg.data
+    if is_import_path(d.name):
+        return
+    _check(d.name in DATA_NAMES,
+           f"data.name: unknown data {d.name!r} (allowed: {', '.join(DATA_NAMES)} or 'package.module:function')")
+    _check(d.name != "text" or bool(d.path), 'data.path: required for data.name = "text" (a text file or a folder)')
+    if d.path:
+        _check_corpus(d.path)
+    _check(0 < d.val_fraction < 1, f"data.val_fraction: must be in (0, 1), got {d.val_fraction}")
+    _check(d.max_bytes >= 1024, f"data.max_bytes: must be >= 1024, got {d.max_bytes}")
+    _check(d.seq_len >= 0, f"data.seq_len: must be >= 0 (0 = model.context), got {d.seq_len}")
+    if cfg.model.name == "gpt":
+        _check(d.seq_len <= cfg.model.context,
+               f"data.seq_len: at most model.context ({cfg.model.context}), got {d.seq_len}")
+    else:
+        _check(d.seq_len > 0, f"data.seq_len: required for {d.name} data with model.name = {cfg.model.name!r} "
+                              "(bytes per sample)")
+
+
+def _check_ranges(ranges: Any, stages: int, n_layers: int, no_cut: list[int] = (),
+                  where: str = "parallel.partition") -> None:
     ok = isinstance(ranges, list) and all(
         isinstance(r, list) and len(r) == 2 and all(isinstance(v, int) for v in r) for r in ranges
     )
@@ -413,6 +511,9 @@ def _check_ranges(ranges: Any, stages: int, n_layers: int, where: str = "paralle
         _check(a == pos and b > a, f"{where}: ranges must be contiguous and non-empty from 0, got {ranges!r}")
         pos = b
     _check(pos == n_layers, f"{where}: ranges must end at {n_layers} (the number of layers), got {pos}")
+    for k in sorted(set(no_cut) & {a for a, _ in ranges}):
+        raise ConfigError(f"{where}: cuts between layers {k - 1} and {k}, which the model keeps together "
+                          "(keep_together)")
 
 
 def default_config_text() -> str:

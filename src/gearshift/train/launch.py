@@ -4,6 +4,7 @@ SIGTERM or SIGINT lets them stop after a checkpoint."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import signal
@@ -11,11 +12,15 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from gearshift.comm.launch import free_port
-from gearshift.train.config import JobConfig
+from gearshift.imports import is_import_path, path_of
+from gearshift.train.build import brings_own, check_job
+from gearshift.train.config import JobConfig, validate
+from gearshift.train.env import job_placement
 from gearshift.train.rundir import prepare_run_dir
 
 
@@ -99,12 +104,21 @@ def launch(
     env: dict[str, str] | None = None,
     testbed=None,
     quiet: bool = False,
+    model: Callable | None = None,
+    data: Callable | None = None,
 ) -> int:
     """Run the job on `cfg.cluster.workers` local processes; returns 0, 1 when a worker failed, 2 on bad
     input found by a worker, 128 + signal number when stopped by SIGTERM / SIGINT (after a checkpoint).
+    Bad input found before the workers start (a model or data that does not import, build or fit) raises
+    a UserError.
 
+    `model` and `data` are functions to use as model.name and data.name would name them (see use_functions).
     `env` adds variables to every worker. With a `testbed` (gearshift.cluster.testbed.Testbed, up), each
     node's ranks run inside that node's network namespace and talk over its shaped link."""
+    cfg = use_functions(cfg, model, data)
+    job_placement(cfg, local_world=cfg.cluster.ranks_per_node or cfg.cluster.workers)  # a device not here: one line
+    if brings_own(cfg):  # the built-ins always fit
+        check_job(cfg)
     note = prepare_run_dir(cfg, resume)
     if note and not quiet:
         print(note, flush=True)
@@ -115,6 +129,24 @@ def launch(
     cfg_path.write_text(json.dumps(cfg.to_dict(), indent=1))
     cmd = [sys.executable, "-m", "gearshift.train", "--from-json", str(cfg_path)] + (["--resume"] if resume else [])
     return run_ranks(cmd, n, cfg.cluster.ranks_per_node or n, run_dir, testbed, env, quiet, cfg.cluster.stop_grace_s)
+
+
+def use_functions(cfg: JobConfig, model: Callable | None = None, data: Callable | None = None) -> JobConfig:
+    """A copy of `cfg` whose model.name / data.name are the import paths of `model` / `data` (functions at
+    the top level of a module, so that the workers can import them), validated again. A function replacing a
+    built-in name ("gpt", "bytes") is called with an empty table; one replacing another function keeps its
+    free-form keys (cfg.model.options / cfg.data.options)."""
+    if model is None and data is None:
+        return cfg
+    cfg = copy.deepcopy(cfg)
+    for section, fn in (("model", model), ("data", data)):
+        if fn is not None:
+            obj = getattr(cfg, section)
+            path = path_of(fn, f"launch({section}=...)")
+            if not is_import_path(obj.name):
+                obj.options = {}
+            obj.name = path
+    return validate(cfg)
 
 
 def run_ranks(cmd: list[str], n: int, ranks_per_node: int, run_dir: Path, testbed=None,

@@ -1,28 +1,69 @@
-"""From the config to a concrete layout: the stage partition and the activation shapes at each cut."""
+"""From the config to a concrete layout: the stage partition and the activation shapes at each cut, found by
+running the model's layers on a sample of the job's data (which also checks that data and model fit)."""
 
 from __future__ import annotations
 
-import torch
+import contextlib
 
-from gearshift.models.gpt import GPTConfig, build_layer
-from gearshift.planner.baselines import params_bounds, uniform_bounds
+import torch
+from torch import Tensor
+
+from gearshift.errors import ConfigError
+from gearshift.models.spec import ModelSpec
+from gearshift.planner.baselines import params_bounds, snap_bounds, uniform_bounds
 from gearshift.train.config import JobConfig
 
+LayerMeta = tuple[tuple[int, ...], torch.dtype]  # (shape without the batch dimension, dtype)
 
-def layer_input_meta(gcfg: GPTConfig) -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:
-    """(shape without batch, dtype) of each layer's input, from a forward pass on the meta device."""
-    x = torch.zeros((1, gcfg.context), dtype=torch.long, device="meta")
-    metas = []
-    with torch.device("meta"), torch.no_grad():
-        for i in range(gcfg.num_layers):
+
+def layer_inputs(spec: ModelSpec, x: Tensor, y: Tensor, seed: int) -> list[LayerMeta]:
+    """(shape without batch, dtype) of each layer's input, from running the layers and the loss on a sample
+    batch (x, y): on the meta device (nothing allocated) or, where a layer cannot run there, on the CPU one
+    layer at a time. A layer or loss that fails on what it gets is one line naming it."""
+    try:
+        return _run_layers(spec, x.to("meta"), y.to("meta"), seed, torch.device("meta"))
+    except Exception:  # noqa: BLE001 - some layer cannot run on meta: the CPU pass finds the shapes, or the error
+        return _run_layers(spec, x, y, seed, contextlib.nullcontext())
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _run_layers(spec: ModelSpec, x: Tensor, y: Tensor, seed: int, where) -> list[LayerMeta]:
+    batch = x.shape[0]
+    metas: list[LayerMeta] = []
+    with torch.no_grad():
+        for i in range(spec.num_layers):
             metas.append((tuple(x.shape[1:]), x.dtype))
-            x = build_layer(gcfg, i)(x)
-    return tuple(metas)
+            with where:
+                layer = spec.layer(i, seed)
+                name = f"model: layer {i} ({type(layer).__name__})"
+                try:
+                    out = layer(x)
+                except Exception as e:  # noqa: BLE001 - any failure here is the model not fitting its input
+                    raise ConfigError(f"{name} fails on its input of shape {tuple(x.shape)} ({x.dtype}): "
+                                      f"{_first_line(e)}") from None
+            if not isinstance(out, Tensor):
+                raise ConfigError(f"{name} returns {type(out).__name__}, not a tensor (wrap it so that it returns "
+                                  "one batch-first tensor)")
+            if out.dim() == 0 or out.shape[0] != batch:
+                raise ConfigError(f"{name} returns shape {tuple(out.shape)}, whose first dimension is not the batch "
+                                  f"({batch}): layers take and return batch-first tensors")
+            x = out
+        try:
+            loss = spec.loss_fn(x, y)
+        except Exception as e:  # noqa: BLE001
+            raise ConfigError(f"model: the loss fails on the last layer's output {tuple(x.shape)} ({x.dtype}) and "
+                              f"the data's targets {tuple(y.shape)} ({y.dtype}): {_first_line(e)}") from None
+    if not isinstance(loss, Tensor) or loss.numel() != 1:
+        raise ConfigError(f"model: the loss must be a scalar tensor, got {getattr(loss, 'shape', type(loss))}")
+    return metas
 
 
-def act_meta_fn(gcfg: GPTConfig):
+def act_meta_fn(metas: list[LayerMeta]):
     """act_meta(layer, batch) -> (shape, dtype) of a micro-batch entering `layer` (what a receive allocates)."""
-    metas = layer_input_meta(gcfg)
 
     def meta(layer: int, batch: int) -> tuple[tuple[int, ...], torch.dtype]:
         shape, dtype = metas[layer]
@@ -31,13 +72,16 @@ def act_meta_fn(gcfg: GPTConfig):
     return meta
 
 
-def resolve_partition(cfg: JobConfig, gcfg: GPTConfig) -> list[tuple[int, int]]:
-    """The stage bounds the config asks for: uniform, by parameters, explicit ranges (adaptive plans
-    start from uniform and re-plan from measurements)."""
-    p, n = cfg.parallel, gcfg.num_layers
+def resolve_partition(cfg: JobConfig, spec: ModelSpec) -> list[tuple[int, int]]:
+    """The stage bounds the config asks for: explicit ranges (config validation refuses ones that cut what the
+    model keeps together), or uniform / by parameters with each cut on a no-cut boundary moved to the nearest
+    allowed one (planner.baselines.snap_bounds). Adaptive plans are made from the profile before the runtime
+    is built (train.adaptation); uniform is only their stand-in here."""
+    p, n = cfg.parallel, spec.num_layers
     if isinstance(p.partition, list):
         return [tuple(r) for r in p.partition]
     if p.partition == "params":
-        sizes = [sum(q.numel() for q in build_layer(gcfg, i).parameters()) for i in range(n)]
-        return params_bounds(sizes, p.stages)
-    return uniform_bounds(n, p.stages)
+        with torch.device("meta"):  # sizes without allocating
+            sizes = [sum(q.numel() for q in spec.layer(i, cfg.train.seed).parameters()) for i in range(n)]
+        return snap_bounds(params_bounds(sizes, p.stages), spec.no_cut())
+    return snap_bounds(uniform_bounds(n, p.stages), spec.no_cut())

@@ -11,11 +11,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from gearshift.train.adaptation import build_adapter
-from gearshift.train.build import build_runtime, lr_at
+from gearshift.train.adaptation import build_adapter, plan_start
+from gearshift.train.build import build_runtime, job_model, lr_at
 from gearshift.train.checkpoint import Checkpointer
 from gearshift.train.config import JobConfig
-from gearshift.train.data import ByteCorpus
+from gearshift.train.datasets import JobData, job_data
 from gearshift.train.evaluation import Evaluator
 from gearshift.train.metrics import MetricsLog, read_metrics, step_record
 from gearshift.train.profiling import microbatch_size
@@ -36,24 +36,33 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
         write_config(cfg)
     dist.barrier()
     torch.manual_seed(t.seed + rank)
-    corpus = ByteCorpus(cfg.data.path or None, cfg.data.val_fraction, cfg.data.max_bytes)
-    adapter = build_adapter(cfg, corpus)
+    data, spec = job_data(cfg), job_model(cfg)
+    adapter = build_adapter(cfg, data, spec)
     ckpt = Checkpointer(cfg)
-    bounds = None
+    bounds, plan = None, None
     if resume and cfg.parallel.partition == "adaptive":  # continue from the partition that was learned
         bounds = [tuple(b) for b in ckpt.resumed().get("bounds", [])] or None
-    rt = build_runtime(cfg, bounds, adapter)
+    if bounds is None and cfg.parallel.partition == "adaptive":  # the DP's plan, before any layer is built
+        plan = plan_start(cfg, adapter, spec, data)
+        bounds = [tuple(b) for b in plan["bounds"]]
+    rt = build_runtime(cfg, bounds, adapter, spec, data)
     start = ckpt.restore(rt) if resume else 0
     log = MetricsLog(out / "metrics.jsonl", resume_step=start if resume else None) if rank == 0 else None
     bar = Progress(t.steps, start, enabled=rank == 0 and cfg.output.progress)
-    evaluate, tracer = Evaluator(cfg, corpus), Tracer(cfg, adapter)
-    tokens = t.batch_size * cfg.model.context
+    if plan and log:
+        log.write(plan)
+        bar.note(_describe(plan))
+    evaluate, tracer = Evaluator(cfg, data), Tracer(cfg, adapter, data, spec)
+    if rank == 0 and t.eval_every and not data.has_val:
+        print("gearshift: the data has no validation split: no validation loss (train.eval_every ignored)",
+              flush=True)
+    tokens = t.batch_size * data.tokens_per_sample
     history: list[dict] = []
     wall0 = time.perf_counter()
     end = min(t.steps, start + t.stop_after) if t.stop_after else t.steps
     stopped = False
     for step in range(start, end):
-        x, y = corpus.batch(step, t.batch_size, cfg.model.context, t.seed)
+        x, y = data.batch(step, t.batch_size, t.seed)
         lr = lr_at(step, cfg)
         if adapter:
             adapter.step = step
@@ -72,6 +81,7 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
             log.write(rec)
         bar.update(step, rec)
         decision = adapter.maybe_replan(rt, step) if adapter else None
+        spec.release()  # a migration may have made a model given whole again to take layers from
         if decision and log:
             log.write(decision)
             bar.note(_describe(decision))
@@ -80,13 +90,15 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
         if stopped:
             break
     bar.close()
-    summary = _summary(cfg, history, start, time.perf_counter() - wall0, corpus)
+    summary = _summary(cfg, history, start, time.perf_counter() - wall0, data)
     if rank == 0:
         if log:
             log.close()
+            from gearshift.report.html import write_report
             from gearshift.report.plots import plot_run
 
             plot_run(read_metrics(log.path), out / "metrics.png", summary["unigram_entropy"])
+            summary["report"] = str(write_report(out))
         print_summary(cfg, summary)
         if stopped:
             print(f"gearshift: stopped after step {history[-1]['step'] + 1} ({stop.signal_name}); checkpoint "
@@ -95,7 +107,7 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
     return summary
 
 
-def _summary(cfg: JobConfig, history: list[dict], start: int, wall_s: float, corpus: ByteCorpus) -> dict:
+def _summary(cfg: JobConfig, history: list[dict], start: int, wall_s: float, data: JobData) -> dict:
     def median(key: str, skip: int = 0) -> float:
         xs = [h[key] for h in history[skip:]] or [h[key] for h in history]
         return statistics.median(xs) if xs else float("nan")
@@ -105,14 +117,16 @@ def _summary(cfg: JobConfig, history: list[dict], start: int, wall_s: float, cor
         "first_loss": history[0]["loss"] if history else float("nan"),
         "final_loss": history[-1]["loss"] if history else float("nan"),
         "val_loss": next((h["val_loss"] for h in reversed(history) if "val_loss" in h), None),
-        "unigram_entropy": corpus.unigram_entropy(),
+        "unigram_entropy": data.unigram_entropy(),
         "tokens_per_s": median("tokens_per_s", skip=1), "bubble_fraction": median("bubble_fraction"),
         "peak_act_bytes": [max(col) for col in zip(*(h["peak_act_bytes"] for h in history))] if history else [],
     }
 
 
 def _describe(d: dict) -> str:
-    """One line for the console about a re-planning decision."""
+    """One line for the console about a planning decision (the first plan or a re-plan)."""
+    if d["event"] == "plan":
+        return f"first plan: {d['bounds']} ({d['reason']})"
     verdict = "applied" if d["apply"] else "kept"
     return (f"re-plan at step {d['step']}: {verdict} {d['new_bounds'] if d['apply'] else d['old_bounds']} "
             f"(predicted {d['old_iteration_s']:.3f} -> {d['new_iteration_s']:.3f} s/step; {d['reason']})")

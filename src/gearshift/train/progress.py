@@ -41,7 +41,8 @@ class Progress:
 
 
 def print_summary(cfg: JobConfig, s: dict) -> None:
-    """The end-of-run table: losses against the corpus's unigram entropy, throughput, bubbles."""
+    """The end-of-run table: losses (against the corpus's unigram entropy, where the data has one),
+    throughput, bubbles."""
     t = Table(title="Gearshift run summary", show_header=False)
     p = cfg.parallel
     if p.schedule == "multidir":
@@ -51,14 +52,18 @@ def print_summary(cfg: JobConfig, s: dict) -> None:
         t.add_row("job", f"{cfg.cluster.workers} workers, {p.stages} stages x {cfg.replicas} replica(s), "
                   f"{p.schedule}{'' if p.schedule != 'kfkb' else f' K={p.k}'}, {p.microbatches} micro-batches")
     t.add_row("steps", f"{s['start_step']} -> {s['steps']} in {s['wall_s']:.1f} s")
-    t.add_row("train loss", f"{s['first_loss']:.3f} -> {s['final_loss']:.3f} nats")
+    unit = " nats" if cfg.model.name == "gpt" else ""  # a custom model's loss is whatever its loss_fn gives
+    t.add_row("train loss", f"{s['first_loss']:.3f} -> {s['final_loss']:.3f}{unit}")
     if s.get("val_loss") is not None:
-        t.add_row("validation loss", f"{s['val_loss']:.3f} nats")
-    t.add_row("unigram entropy", f"{s['unigram_entropy']:.3f} nats (a model that ignores context)")
+        t.add_row("validation loss", f"{s['val_loss']:.3f}{unit}")
+    if s.get("unigram_entropy") is not None:  # only byte corpora (and data that define it) can say
+        t.add_row("unigram entropy", f"{s['unigram_entropy']:.3f} nats (a model that ignores context)")
     t.add_row("throughput", f"{s['tokens_per_s']:,.0f} tokens/s (median)")
     t.add_row("bubble fraction", f"{s['bubble_fraction']:.1%} (median, measured)")
     if s.get("peak_act_bytes"):
         t.add_row("activations", "peak saved for backward per rank: "
                   + " / ".join(f"{b / 2**20:.1f}" for b in s["peak_act_bytes"]) + " MiB")
     t.add_row("output", cfg.output.dir)
+    if s.get("report"):
+        t.add_row("report", f"{s['report']} (open in a browser)")
     Console().print(t)

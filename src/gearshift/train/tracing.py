@@ -3,27 +3,29 @@ same action lists (RUN_DIR/trace.json, for ui.perfetto.dev)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch.distributed as dist
 
-from gearshift.cluster.state import local_state
+from gearshift.cluster.state import local_pipeline_state
 from gearshift.comm.policy import gather
-from gearshift.planner.predict import predict, predict_shared_cores
+from gearshift.models.spec import ModelSpec
+from gearshift.planner.predict import predict
 from gearshift.report.trace import chrome_trace, merge_traces, sim_trace, write_trace
 from gearshift.runtime.adapt import Adapter
 from gearshift.runtime.executor import StepRecord
 from gearshift.runtime.pipeline import PipelineRuntime
 from gearshift.train.config import JobConfig
+from gearshift.train.datasets import JobData
 from gearshift.train.profiling import microbatch_size, profile_job
 
 
 class Tracer:
     """Traces output.trace_step (-1: the last step) when output.trace is on."""
 
-    def __init__(self, cfg: JobConfig, adapter: Adapter | None):
-        self.cfg, self.adapter = cfg, adapter
+    def __init__(self, cfg: JobConfig, adapter: Adapter | None, data: JobData | None = None,
+                 spec: ModelSpec | None = None):
+        self.cfg, self.adapter, self.data, self.spec = cfg, adapter, data, spec
         t = cfg.train
         self.step = t.steps - 1 if cfg.output.trace_step < 0 else cfg.output.trace_step
         self.path = Path(cfg.output.dir) / "trace.json"
@@ -49,7 +51,6 @@ class Tracer:
             state = self.adapter.base.resized(rt.R)
             state.speeds = [self.adapter.monitor.speed(r) or state.speeds[r] for r in range(rt.R)]
             return predict(self.adapter.profile, list(rt.bounds), rt.schedule, state, mb)
-        profile = profile_job(self.cfg, repeats=3, warmup=1)
-        cores = (os.cpu_count() or 1) * rt.R / dist.get_world_size()
-        return predict_shared_cores(profile, list(rt.bounds), rt.schedule, local_state(rt.R, cores=rt.R), cores,
-                                    mb)[0]
+        profile = profile_job(self.cfg, repeats=3, warmup=1, data=self.data, spec=self.spec)
+        state = local_pipeline_state(dist.get_world_size(), rt.R, self.cfg.emulate.slowdown)
+        return predict(profile, list(rt.bounds), rt.schedule, state, mb)

@@ -1,0 +1,72 @@
+"""Functions named by import path ("package.module:function"): what a config names for a custom model or
+dataset, resolved the same way in the launcher and in every worker."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable
+
+from gearshift.errors import ConfigError, UserError
+
+
+def is_import_path(name: str) -> bool:
+    """Whether a config name is an import path ("package.module:function") rather than a built-in name."""
+    return ":" in name
+
+
+def import_object(path: str, where: str) -> Callable:
+    """The callable at "package.module:qualname", importable from the working directory or the Python
+    path; a ConfigError naming `where` (the config field) when it cannot be had."""
+    module_name, _, qualname = path.partition(":")
+    if not module_name or not qualname:
+        raise ConfigError(f"{where}: {path!r} is not an import path (expected 'package.module:function')")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:  # as `python -m` does; console scripts leave it out
+        sys.path.insert(0, cwd)
+    try:
+        obj = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"{where}: cannot import {module_name!r} for {path!r} ({e})") from None
+    except Exception as e:  # noqa: BLE001 - the user's module failed while importing: say how, in one line
+        raise ConfigError(f"{where}: importing {module_name!r} raised {type(e).__name__}: {e}") from None
+    for part in qualname.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"{where}: {module_name!r} has no {qualname!r} (from {path!r})")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ConfigError(f"{where}: {path!r} is a {type(obj).__name__}, not a function")
+    return obj
+
+
+def path_of(fn: Callable, where: str) -> str:
+    """The import path of `fn` that worker processes can import it by; a ConfigError saying why and what to
+    do for a lambda, a nested function or one defined in __main__."""
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if not callable(fn) or module is None or qualname is None:
+        raise ConfigError(f"{where}: expected a function, got {type(fn).__name__}")
+    if qualname == "<lambda>" or "<lambda>" in qualname:
+        raise ConfigError(f"{where}: a lambda cannot be imported by the workers; define a function in a module "
+                          f"and pass that")
+    if "<locals>" in qualname:
+        raise ConfigError(f"{where}: {qualname} is defined inside a function, so the workers cannot import it; "
+                          f"move it to the top level of a module")
+    if module == "__main__":
+        raise ConfigError(f"{where}: {qualname} is defined in __main__ (the script being run), which the workers "
+                          f"cannot import; move it into a module (e.g. mymodel.py) and import it from there")
+    path = f"{module}:{qualname}"
+    if import_object(path, where) is not fn:
+        raise ConfigError(f"{where}: {path} imports as another object than the one given; pass a function "
+                          f"defined at the top level of a module")
+    return path
+
+
+def call_user(fn: Callable, path: str, where: str, *args: object) -> object:
+    """fn(*args) for a function a config names: its failure becomes a one-line ConfigError naming it."""
+    try:
+        return fn(*args)
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's function failed: say how, in one line
+        raise ConfigError(f"{where}: {path}(...) raised {type(e).__name__}: {e}") from None

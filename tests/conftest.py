@@ -1,0 +1,10 @@
+"""The repository root on the path, so that tests (and the workers they spawn) import examples/ by name."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))

@@ -1,0 +1,69 @@
+"""On a machine with CUDA: the same job trains alike on CUDA and on the CPU (losses within float32 tolerance over
+3 steps), a checkpoint written on the GPU resumes on the CPU, `gearshift profile` measures on the GPU, and a
+2-stage pipeline runs on the GPU(s) (both stages on one GPU where NCCL allows two ranks on one device). Skipped
+where torch finds no CUDA; bench/gpu.py measures the tokens/s of the same jobs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import TINY
+
+pytestmark = [pytest.mark.multiprocess,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the CPU suite covers the rest")]
+
+ONE = ["--cluster.workers=1", "--parallel.stages=1", "--train.steps=3", "--train.warmup_steps=1"]
+TWO = ["--cluster.workers=2", "--parallel.stages=2", "--train.steps=3", "--train.warmup_steps=1"]
+
+
+def _train(out: Path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "gearshift.cli.main", "train", *TINY, f"--output.dir={out}", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+def _losses(out: Path) -> list[float]:
+    return [json.loads(ln)["loss"] for ln in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in ln]
+
+
+def test_cuda_trains_like_the_cpu_and_its_checkpoint_resumes_on_the_cpu(tmp_path):
+    cpu, cuda, moved = tmp_path / "cpu", tmp_path / "cuda", tmp_path / "moved"
+    r = _train(cpu, *ONE, "--cluster.device=cpu")
+    assert r.returncode == 0, r.stderr
+    r = _train(cuda, *ONE, "--cluster.device=cuda")
+    assert r.returncode == 0, r.stderr
+    assert "gearshift: training on CUDA with NCCL (1 rank, rank 0 on cuda:0)" in r.stdout
+    assert _losses(cuda) == pytest.approx(_losses(cpu), rel=1e-4)
+    r = _train(moved, *ONE, "--cluster.device=cuda", "--train.stop_after=2")
+    assert r.returncode == 0, r.stderr
+    r = _train(moved, *ONE, "--cluster.device=cpu", "--resume")
+    assert r.returncode == 0, r.stderr
+    assert _losses(moved) == pytest.approx(_losses(cpu), rel=1e-4)
+
+
+def test_profile_measures_on_the_gpu(tmp_path):
+    from gearshift.cli.main import main
+
+    out = tmp_path / "profile.json"
+    assert main(["profile", *TINY, "--cluster.device=cuda", f"--output.dir={tmp_path}", "--out", str(out),
+                 "--repeats", "2", "--warmup", "1"]) == 0
+    d = json.loads(out.read_text())
+    assert d["device"] == "cuda:0" and all(lp["forward_s"] > 0 and lp["backward_s"] > 0 for lp in d["layers"])
+
+
+def test_a_two_stage_pipeline_on_cuda(tmp_path):
+    """Two ranks on one GPU when the machine has one: NCCL may refuse it (then this says so and skips)."""
+    cpu, cuda = tmp_path / "cpu", tmp_path / "cuda"
+    r = _train(cpu, *TWO, "--cluster.device=cpu")
+    assert r.returncode == 0, r.stderr
+    r = _train(cuda, *TWO, "--cluster.device=cuda")
+    if r.returncode != 0 and torch.cuda.device_count() == 1 and "Duplicate GPU" in r.stderr + r.stdout:
+        line = next(ln for ln in (r.stderr + r.stdout).splitlines() if "Duplicate GPU" in ln)
+        pytest.skip(f"NCCL refuses two ranks on one GPU: {line.strip()}")
+    assert r.returncode == 0, r.stderr
+    assert _losses(cuda) == pytest.approx(_losses(cpu), rel=1e-4)
