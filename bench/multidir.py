@@ -78,19 +78,19 @@ def _worker(rank: int, world: int, a: argparse.Namespace, cuts: dict, profile: s
     import torch.distributed as dist
 
     from gearshift.train.adaptation import build_adapter
-    from gearshift.train.build import build_runtime, lr_at
+    from gearshift.train.build import build_runtime, job_model, lr_at
     from gearshift.train.config import load_config
-    from gearshift.train.data import ByteCorpus
+    from gearshift.train.datasets import job_data
 
     keys = [(s, split) for split in cuts for s in SCHEDULES]
     cfgs = {k: load_config(None, overrides(a, k[0], cuts[k[1]], Path(profile), a.slowdown)) for k in keys}
-    corpus = ByteCorpus(None, cfgs[keys[0]].data.val_fraction, cfgs[keys[0]].data.max_bytes)
-    adapters = {k: build_adapter(cfgs[k], corpus) for k in keys}
-    runners = {k: build_runtime(cfgs[k], adapter=adapters[k]) for k in keys}
+    data = job_data(cfgs[keys[0]])
+    adapters = {k: build_adapter(cfgs[k], data, job_model(cfgs[k])) for k in keys}  # the emulation's sleeps
+    runners = {k: build_runtime(cfgs[k], adapter=adapters[k], data=data) for k in keys}
     out = {f"{s}/{split}": {"times": [], "busy": [], "peak": [], "losses": []} for s, split in keys}
     c0 = cfgs[keys[0]]
     for step in range(a.warmup + a.steps):
-        x, y = corpus.batch(step, c0.train.batch_size, c0.model.context, c0.train.seed)
+        x, y = data.batch(step, c0.train.batch_size, c0.train.seed)
         for key in keys[step % len(keys):] + keys[:step % len(keys)]:
             adapters[key].step = step
             rec = out[f"{key[0]}/{key[1]}"]
@@ -107,9 +107,11 @@ def _worker(rank: int, world: int, a: argparse.Namespace, cuts: dict, profile: s
 
 
 def predictions(a: argparse.Namespace, profile, schedule: str, cut: list, busy: list[float]) -> dict:
-    """The simulator's step time and per-rank activation peak for one schedule: with each rank's speed from
-    its measured busy time against the profile (as the tracer does), and from the emulated slowdown alone."""
-    from gearshift.cluster.state import local_state
+    """The simulator's step time and per-rank activation peak for one schedule: predicted_step_s from the
+    profile alone, as `gearshift simulate` prices the job (the 4 ranks share this machine's cores, each compute
+    followed by the emulation's sleep); and, for comparison, with each rank's speed taken from its measured
+    busy time (sleep included) and a core each."""
+    from gearshift.cluster.state import local_pipeline_state, local_state
     from gearshift.planner.predict import predict
     from gearshift.train.build import job_schedule
     from gearshift.train.config import load_config
@@ -124,10 +126,9 @@ def predictions(a: argparse.Namespace, profile, schedule: str, cut: list, busy: 
     state = local_state(WORLD, cores=WORLD)
     state.speeds = speeds
     calibrated = predict(profile, bounds, sch, state, mb)
-    state.speeds = [1.0 / a.slowdown] * WORLD
-    plain = predict(profile, bounds, sch, state, mb)
-    return {"predicted_step_s": calibrated.iteration_s, "predicted_step_s_from_profile": plain.iteration_s,
-            "predicted_peak_act_bytes": calibrated.peak_act_bytes, "predicted_bubble": calibrated.bubble_fraction,
+    plain = predict(profile, bounds, sch, local_pipeline_state(WORLD, WORLD, [a.slowdown] * WORLD), mb)
+    return {"predicted_step_s": plain.iteration_s, "predicted_step_s_from_busy": calibrated.iteration_s,
+            "predicted_peak_act_bytes": plain.peak_act_bytes, "predicted_bubble": plain.bubble_fraction,
             "speeds_from_busy": [round(x, 4) for x in speeds]}
 
 
@@ -211,12 +212,12 @@ def _torch_worker(rank: int, world: int, a: argparse.Namespace, slices: list, st
 
     from gearshift.train.build import build_runtime, lr_at
     from gearshift.train.config import load_config
-    from gearshift.train.data import ByteCorpus
+    from gearshift.train.datasets import job_data
 
     cfg = {s: load_config(None, overrides(a, s, slices, Path(profile), 1.0))
            for s in ("multidir_async", "multidir_flush")}
     c0 = cfg["multidir_async"]
-    corpus = ByteCorpus(None, c0.data.val_fraction, c0.data.max_bytes)
+    data = job_data(c0)
     group = dist.new_group(list(range(world)))  # torch's messages never share a channel with ours
     runners: dict = {s: build_runtime(cfg[s]) for s in cfg}
     runners.update({t: torch_pipeline(c0, t, stages8, group) for t in TORCH})
@@ -224,7 +225,7 @@ def _torch_worker(rank: int, world: int, a: argparse.Namespace, slices: list, st
     times: dict[str, list[float]] = {k: [] for k in keys}
     losses: dict[str, list[float]] = {k: [] for k in keys}
     for step in range(a.warmup + a.steps):
-        x, y = corpus.batch(step, c0.train.batch_size, c0.model.context, c0.train.seed)
+        x, y = data.batch(step, c0.train.batch_size, c0.train.seed)
         for key in keys[step % len(keys):] + keys[:step % len(keys)]:
             dist.barrier()
             t0 = time.perf_counter()

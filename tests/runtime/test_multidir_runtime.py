@@ -1,7 +1,7 @@
 """Multi-directional pipelines on 4 gloo workers (2 directions): flush equals single-process training, the
-optimizer state is one copy of the model's, async equals a single-process reference that runs each
-micro-batch on the weight version its schedule gives it (one step stale at most, the backward on the
-forward's version), and a multidir checkpoint resumes under 1F1B and back."""
+optimizer state is one copy of the model's, its state resumes under 1F1B, and async equals a single-process
+reference that runs each micro-batch on the weight version its schedule gives it (one step stale at most, the
+backward on the forward's version). One launch, a tiny model, 3 steps per check."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from gearshift.train.data import ByteCorpus
 
 pytestmark = pytest.mark.multiprocess
 
-WORLD, D, M = 4, 2, 4
+WORLD, D, M, STEPS = 4, 2, 4, 3
 BASE = ["--model.layers=2", "--model.width=32", "--model.heads=2", "--model.context=16", "--train.batch_size=16",
         "--data.max_bytes=100000", "--train.warmup_steps=1", "--train.lr=3e-3", "--train.grad_clip=0.5",
         f"--cluster.workers={WORLD}", f"--parallel.stages={WORLD}", "--parallel.partition=[[0,1],[1,2],[2,3],[3,4]]"]
@@ -61,33 +61,28 @@ def _numpy(state: dict) -> dict:
 def _worker(rank: int, world: int) -> dict:
     out: dict = {}
     flush = build_runtime(_cfg("multidir"))
-    out["flush_losses"] = _train(flush, _cfg("multidir"), range(3))
+    losses = _train(flush, _cfg("multidir"), range(2))
     out["optim_bytes"] = sum(t.numel() * t.element_size() for st in flush.optimizer.state.values()
                              for k, t in st.items() if k in ("exp_avg", "exp_avg_sq"))
-    out["flush_state"] = _numpy(_everything(flush)[0])
+    model, optim = _everything(flush)
+    out["flush"] = (losses, _numpy(model))
+    then = build_runtime(_cfg("1f1b"))  # multidir's state (2 steps) resumes under 1F1B (step 3)
+    then.load_state(model, optim)
+    out["md_to_1f1b"] = (losses + _train(then, _cfg("1f1b"), range(2, 3)), _numpy(_everything(then)[0]))
 
     cfg = _cfg("multidir", "async")
     asy = build_runtime(cfg)
     out["async_schedule"] = asy.schedule.to_dict()
-    out["async_losses"] = _train(asy, cfg, range(4))
+    out["async_losses"] = _train(asy, cfg, range(STEPS))
     out["async_state"] = _numpy(_everything(asy)[0])  # drains: the last batch's update is in
-
-    # multidir (2 steps) -> 1F1B (step 3), and 1F1B (2 steps) -> multidir (step 3)
-    for name, first, then in (("md_to_1f1b", "multidir", "1f1b"), ("1f1b_to_md", "1f1b", "multidir")):
-        a = build_runtime(_cfg(first))
-        losses = _train(a, _cfg(first), range(2))
-        model, optim = _everything(a)
-        b = build_runtime(_cfg(then))
-        b.load_state(model, optim)
-        losses += _train(b, _cfg(then), range(2, 3))
-        out[name] = (losses, _numpy(_everything(b)[0]))
     return out
 
 
-def _single_process(cfg, steps: int, versions=None) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """Single-process training on the same batches. With `versions(batch) -> {(stage, mb): version}`, each
-    micro-batch of direction g runs slice i on the weights after `version` updates (the async reference):
-    its backward gives the gradient at those weights, and every micro-batch's gradient sums into the update."""
+def _single_process(cfg, steps: int, versions=None) -> tuple[list[float], list[dict[str, torch.Tensor]]]:
+    """Single-process training on the same batches: losses, and the state after each step. With
+    `versions(batch) -> {(stage, mb): version}`, each micro-batch of direction g runs slice i on the weights
+    after `version` updates (the async reference): its backward gives the gradient at those weights, and
+    every micro-batch's gradient sums into the update."""
     torch.set_num_threads(1)
     t, bounds = cfg.train, [tuple(b) for b in cfg.parallel.partition]
     P = len(bounds)
@@ -97,7 +92,7 @@ def _single_process(cfg, steps: int, versions=None) -> tuple[list[float], dict[s
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay}, {"params": other, "weight_decay": 0.0}],
                             lr=t.lr, betas=(t.beta1, t.beta2))
     history = [[copy.deepcopy(model.stage(a, b))] for a, b in bounds]  # history[i][v]: slice i after v updates
-    losses = []
+    losses, states = [], []
     for step, (x, y) in enumerate(_batches(cfg, range(steps))):
         vers = versions(step) if versions else {}
         xs, ys = x.chunk(D * M), y.chunk(D * M)
@@ -124,7 +119,8 @@ def _single_process(cfg, steps: int, versions=None) -> tuple[list[float], dict[s
         opt.zero_grad(set_to_none=True)
         for i, (a, b) in enumerate(bounds):
             history[i].append(copy.deepcopy(model.stage(a, b)))
-    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+        states.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+    return losses, states
 
 
 def _versions(schedule: dict, batch: int) -> dict[tuple[int, int], int]:
@@ -171,22 +167,21 @@ def _close(got_losses, got_state, ref_losses, ref_state, what: str) -> None:
 def test_multidir_trains_like_single_process() -> None:
     results = spawn(_worker, WORLD, timeout_s=300)
     r0 = results[0]
-    ref_losses, ref_state = _single_process(_cfg("multidir"), 3)
-    _close(r0["flush_losses"], r0["flush_state"], ref_losses, ref_state, "multidir flush")
-    for name in ("md_to_1f1b", "1f1b_to_md"):
-        _close(*r0[name], ref_losses, ref_state, name)
+    ref_losses, ref_states = _single_process(_cfg("multidir"), 3)
+    _close(*r0["flush"], ref_losses[:2], ref_states[1], "multidir flush")
+    _close(*r0["md_to_1f1b"], ref_losses, ref_states[2], "multidir -> 1f1b")
 
     # optimizer state held once: AdamW's two moments of every parameter, once in the job
     model_bytes = sum(p.numel() * p.element_size() for p in build_gpt(gpt_config(_cfg("multidir"))).parameters())
     assert sum(r["optim_bytes"] for r in results) == 2 * model_bytes
 
     # async: the stale reference, and it is stale (some forwards ran on the previous version)
-    vers = [_versions(r0["async_schedule"], b) for b in range(4)]
-    assert any(v == b - 1 for b in range(1, 4) for v in vers[b].values())
-    assert all(v in (b - 1, b) for b in range(1, 4) for v in vers[b].values())
+    vers = [_versions(r0["async_schedule"], b) for b in range(STEPS)]
+    assert any(v == b - 1 for b in range(1, STEPS) for v in vers[b].values())
+    assert all(v in (b - 1, b) for b in range(1, STEPS) for v in vers[b].values())
     assert _straddles(r0["async_schedule"])
-    ref_losses, ref_state = _single_process(_cfg("multidir", "async"), 4, lambda b: vers[b])
-    _close(r0["async_losses"], r0["async_state"], ref_losses, ref_state, "multidir async")
-    fresh_losses, fresh_state = _single_process(_cfg("multidir", "async"), 4)
+    ref_losses, ref_states = _single_process(_cfg("multidir", "async"), STEPS, lambda b: vers[b])
+    _close(r0["async_losses"], r0["async_state"], ref_losses, ref_states[-1], "multidir async")
+    fresh_state = _single_process(_cfg("multidir", "async"), STEPS)[1][-1]
     assert any(not torch.allclose(torch.from_numpy(r0["async_state"][k]), v, rtol=1e-5, atol=1e-6)
                for k, v in fresh_state.items()), "async trained exactly like flush: no forward was stale"
