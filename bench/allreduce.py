@@ -113,7 +113,7 @@ def _timeline(size: int, groups, costs, rows: list[dict]) -> dict | None:
 def spawn(setting: str, argv: list[str], tb=None) -> None:
     """Run argv once per rank of `setting` (inside the testbed's namespaces when tb is given), rendezvous
     at rank 0, and raise if any rank fails."""
-    from gearshift.comm.launch import free_port
+    from gearshift.train.launch import free_port
 
     counts = SETTINGS[setting]
     port = free_port() if tb is None else 29611

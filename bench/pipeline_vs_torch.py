@@ -16,6 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "tests"))  # gloo_spawn: the test suite's local worker launcher
 
 SCHEDULES = ("gpipe", "1f1b")
 SYSTEMS = ("gearshift", "torch")
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> dict:
     a = p.parse_args(argv)
     if a.quick:
         a.warmup, a.steps = 1, 3
-    from gearshift.comm.launch import spawn
+    from gloo_spawn import spawn
 
     t0, load0 = time.perf_counter(), os.getloadavg()[0]
     results = spawn(_worker, WORLD, a, timeout_s=600)

@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 from gearshift.cluster.topology import Topology
 from gearshift.comm import CommGroups, all_reduce
 from gearshift.comm import shm as shm_mod
-from gearshift.comm.launch import spawn
 from gearshift.comm.programs import build
 from gearshift.comm.shm import MIN_CAPACITY, align, next_region, staging_plan
 from gearshift.comm.steps import Step
 from gearshift.comm.stream import run_segments
+from gloo_spawn import spawn
 
 
 @given(st.integers(0, 1000), st.integers(0, 1000), st.integers(1, 2000), st.integers(1, 3000))

@@ -10,10 +10,10 @@ import pytest
 import torch
 from placement import on_device_only
 
-from gearshift.comm.launch import spawn
 from gearshift.train.build import build_runtime, job_model, lr_at
 from gearshift.train.config import load_config
 from gearshift.train.datasets import job_data
+from gloo_spawn import spawn
 
 pytestmark = pytest.mark.multiprocess
 
@@ -88,19 +88,12 @@ def _check(results: list, runs: list, world: int) -> None:
             torch.testing.assert_close(params[name], ref, rtol=1e-5, atol=1e-6, msg=f"{name} differs for {run}")
 
 
-@pytest.mark.parametrize("stages", [1, 2, 4])
-def test_pipeline_equals_single_process(stages: int) -> None:
-    micro = 4
-    runs = [("gpipe", stages, 1, micro), ("1f1b", stages, 1, micro), ("kfkb", stages, 2, micro)]
-    if stages > 1:  # a custom model and dataset, by import path, pipelined
-        runs += [("1f1b", stages, 1, micro, "mlp"), ("kfkb", stages, 2, micro, "mlp")]
-    results = spawn(_run_pipeline, stages, runs)
-    _check(results, runs, stages)
-
-
-def test_replicated_pipeline_equals_single_process() -> None:
-    """4 workers as 2 replicas of a 2-stage 1F1B pipeline, gradients averaged across replicas; and as 4 replicas
-    of one stage (pure data parallelism: the gradient-sync policy's buckets)."""
-    runs = [("1f1b", 2, 1, 2), ("1f1b", 1, 1, 2)]
+def test_pipelines_equal_single_process() -> None:
+    """One group of 4 workers runs every case: each schedule on 4 stages, on 2 stages x 2 replicas and on 1 stage
+    x 4 replicas (pure data parallelism: the gradient-sync policy's buckets); a custom model and dataset, by
+    import path, pipelined."""
+    runs = [("gpipe", 4, 1, 4), ("1f1b", 4, 1, 4), ("kfkb", 4, 2, 4), ("1f1b", 4, 1, 4, "mlp"),
+            ("gpipe", 2, 1, 2), ("1f1b", 2, 1, 2), ("kfkb", 2, 2, 2), ("kfkb", 2, 2, 2, "mlp"),
+            ("1f1b", 1, 1, 2)]
     results = spawn(_run_pipeline, 4, runs)
     _check(results, runs, 4)

@@ -9,12 +9,12 @@ import pytest
 import torch
 from placement import on_device_only
 
-from gearshift.comm.launch import spawn
 from gearshift.runtime.migrate import migrate
 from gearshift.runtime.probe import probe_links, probe_speed
 from gearshift.train.build import build_runtime, lr_at
 from gearshift.train.config import load_config
 from gearshift.train.data import ByteCorpus
+from gloo_spawn import spawn
 
 pytestmark = pytest.mark.multiprocess
 
@@ -25,7 +25,12 @@ MOVES = {2: [(0, 1), (1, 6)], 4: [(0, 5), (5, 6)]}  # after step 2 and after ste
 STEPS = 6
 
 
-def _run(rank: int, world: int, moves: dict) -> tuple[list[float], dict]:
+def _both(rank: int, world: int) -> list[tuple[list[float], dict, list]]:
+    """The plain run, then the migrating one, in one process group."""
+    return [_run(rank, world, {}), _run(rank, world, MOVES)]
+
+
+def _run(rank: int, world: int, moves: dict) -> tuple[list[float], dict, list]:
     cfg = load_config(None, ARGS)
     corpus = ByteCorpus(None, cfg.data.val_fraction, cfg.data.max_bytes)
     rt = build_runtime(cfg)
@@ -50,8 +55,8 @@ def _run(rank: int, world: int, moves: dict) -> tuple[list[float], dict]:
 
 
 def test_migration_keeps_losses_and_parameters():
-    plain = spawn(_run, 4, {})
-    moved = spawn(_run, 4, MOVES)
+    runs = spawn(_both, 4)
+    plain, moved = [r[0] for r in runs], [r[1] for r in runs]
     assert moved[0][2] == [[1, 2], [1, 2, 3, 4]], "the forced partitions moved the expected layers"
     np.testing.assert_allclose(moved[0][0], plain[0][0], rtol=1e-6)
     a, b = {}, {}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gearshift.comm.launch import free_port
+from gearshift.train.launch import free_port
 
 pytestmark = pytest.mark.multiprocess
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "job.toml"

@@ -8,6 +8,7 @@ import copy
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -16,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gearshift.comm.launch import free_port
 from gearshift.imports import is_import_path, path_of
 from gearshift.train.build import brings_own, check_job
 from gearshift.train.config import JobConfig, validate
@@ -39,6 +39,13 @@ class WorkerFailure:
         lines = [ln for ln in self.error.strip().splitlines() if ln.strip()]
         last = lines[-1] if lines else f"exited with code {self.returncode} (no Python error: killed?)"
         return f"rank {self.rank} failed: {last}"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _read_failure(rank: int, rc: int, err_file: Path) -> WorkerFailure:

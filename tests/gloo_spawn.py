@@ -1,21 +1,15 @@
-"""Start N local gloo workers (spawned processes, one thread each) and collect what each returns; used by
-tests and benchmarks that need a real process group on one machine."""
+"""Start N local gloo workers (spawned processes, one thread each) and collect what each returns: for tests
+and benchmarks that need a real process group on one machine (not part of the shipped package)."""
 
 from __future__ import annotations
 
 import os
-import socket
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from gearshift.train.launch import free_port
 
 
 def init_worker(rank: int, world: int, addr: str, port: int, timeout_s: float = 120) -> None:
