@@ -23,6 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "tests"))  # gloo_spawn: the test suite's local worker launcher
 
 WORLD, D = 4, 2
 SCHEDULES = ("1f1b", "gpipe", "multidir_flush", "multidir_async")
@@ -134,7 +135,7 @@ def predictions(a: argparse.Namespace, profile, schedule: str, cut: list, busy: 
 
 def schedule_rows(a: argparse.Namespace, work: Path) -> tuple[list[dict], dict, dict]:
     """The emulated comparison: rows (median over repeats), the cuts, and each repeat's tokens/s ratios."""
-    from gearshift.comm.launch import spawn
+    from gloo_spawn import spawn
 
     profile = robust_profile(a, 2 if a.quick else 4)
     path = work / "profile.json"
@@ -240,8 +241,8 @@ def _torch_worker(rank: int, world: int, a: argparse.Namespace, slices: list, st
 def torch_rows(a: argparse.Namespace, work: Path) -> tuple[list[dict], dict]:
     """Our multidir (4 equal-time slices, 2 directions) beside torch's two-stages-per-rank schedules (8
     equal-time stages), same model, batch, micro-batch size and optimizer; no emulation."""
-    from gearshift.comm.launch import spawn
     from gearshift.train.build import equal_time_slices
+    from gloo_spawn import spawn
 
     profile = robust_profile(a, 2 if a.quick else 3)
     path = work / "profile_torch.json"

@@ -12,12 +12,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gearshift.comm.launch import spawn
 from gearshift.models.gpt import build_gpt, gpt_loss
 from gearshift.schedules import Op
 from gearshift.train.build import build_runtime, gpt_config, lr_at
 from gearshift.train.config import load_config
 from gearshift.train.data import ByteCorpus
+from gloo_spawn import spawn
 
 pytestmark = pytest.mark.multiprocess
 
