@@ -26,6 +26,8 @@ CASES = [
      "parallel.update: 'eventually' (allowed: flush, async)"),
     (["train", "--parallel.schedule=multidir", "--parallel.stages=2"],
      "parallel.stages: multidir runs every direction over all the workers, so stages must equal cluster.workers"),
+    (["train", "--parallel.schedule=multidir", "--cluster.device=cuda"],
+     "cluster.device: multidir runs on the CPU over gloo, got device 'cuda'"),
     (["train", "--parallel.schedule=multidir", "--parallel.partition=adaptive"],
      "parallel.partition: adaptive re-partitioning does not apply to multidir"),
     (["train", "--parallel.schedule=multidir", "--train.batch_size=24"],
