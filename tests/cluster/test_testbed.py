@@ -3,6 +3,7 @@ leaves nothing; rate parsing and the non-root fallback need no privileges."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -151,3 +152,42 @@ def test_monitor_measures_each_direction_of_an_asymmetric_link(tmp_path) -> None
     (fwd,), (back,) = plan["measured"]["link_bandwidth"], plan["measured"]["link_bandwidth_back"]
     assert 0.4 * 80e6 / 8 < fwd < 1.3 * 80e6 / 8 and 0.4 * 20e6 / 8 < back < 1.3 * 20e6 / 8, (fwd, back)
     assert fwd > 2 * back, (fwd, back)
+
+
+@pytest.mark.testbed
+@pytest.mark.multiprocess
+@pytest.mark.skipif(not tbm.is_root(), reason="the testbed needs root")
+def test_monitor_follows_a_rate_change_and_bulk_flows(tmp_path) -> None:
+    """Two hosts at 200 Mbit/s; from step 4 host 1's link at 40 Mbit/s, from step 7 back at 200 with 4 bulk TCP
+    flows host 0 -> 1 (cluster.traffic, run by the launcher). The schedule chooser's probes every 3 steps see
+    each: about 25 MB/s, then about 5 MB/s both ways, then the flows' direction slowed and its queue longer
+    while the way back is not. After the job the flows are gone and the rate is back. Loose factors: shaped
+    TCP on a shared 2-core machine."""
+    from gearshift.train.config import load_config
+    from gearshift.train.launch import launch
+    from gearshift.train.metrics import read_metrics
+
+    job = load_config(None, ["--model.layers=2", "--model.width=128", "--model.heads=2", "--model.context=128",
+                             "--train.batch_size=8", "--parallel.microbatches=2", "--data.max_bytes=100000",
+                             "--cluster.workers=2", "--cluster.ranks_per_node=1", "--parallel.stages=2",
+                             "--cluster.testbed=true", "--parallel.schedule=auto", "--adapt.every=3",
+                             "--adapt.link_change=0", '--cluster.traffic=["4:rate:1:40mbit", "7:rate:1:200mbit", '
+                             '"7:flows:0:1:4"]', "--train.steps=9", "--train.eval_every=0", "--output.trace=false",
+                             "--output.progress=false", f"--output.dir={tmp_path / 'run'}"])
+    with Testbed(TestbedConfig(2, bandwidth="200mbit", prefix=PREFIX, subnet=SUBNET)) as tb:
+        assert launch(job, testbed=tb, quiet=True) == 0
+        hosts = status(PREFIX)["namespaces"]
+        assert (hosts["gt-n1"]["rate"], hosts["gt-n1"]["rate_in"]) == ("200Mbit", "200Mbit")
+        left = subprocess.run(["pgrep", "-f", "c.sendall"], capture_output=True, text=True).stdout.split()
+        assert not left, "bulk flows outlived the job"
+    applied = [json.loads(ln)["step"] for ln in (tmp_path / "run" / "traffic.jsonl").read_text().splitlines()]
+    assert applied == [4, 7, 7]
+    recs = {r["step"]: r["measured"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")
+            if r.get("event") == "schedule"}
+    assert sorted(recs) == [0, 3, 6, 9]
+    (idle,), (slow,), (flows,) = (recs[s]["link_bandwidth"] for s in (3, 6, 9))
+    (idle_b,), (slow_b,), (flows_b,) = (recs[s]["link_bandwidth_back"] for s in (3, 6, 9))
+    assert 0.4 * 25e6 < idle < 1.3 * 25e6 and 0.4 * 25e6 < idle_b < 1.3 * 25e6, (idle, idle_b)
+    assert 0.4 * 5e6 < slow < 1.3 * 5e6 and 0.4 * 5e6 < slow_b < 1.3 * 5e6, (slow, slow_b)
+    assert flows < 0.6 * idle and flows_b > 2 * flows, (flows, flows_b)
+    assert recs[9]["link_latency"][0] > 5 * recs[3]["link_latency"][0], (recs[3], recs[9])

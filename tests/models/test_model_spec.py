@@ -74,5 +74,6 @@ def test_spec_fields_are_checked():
     spec = ModelSpec(2, lambda i: "not a module", F.mse_loss)
     with pytest.raises(ConfigError, match=r"build_layer\(1\) returned str, not an nn.Module"):
         spec.layer(1, seed=0)
-    with pytest.raises(ConfigError, match="model.name: unknown model 'llama' .allowed: gpt or 'package.module:"):
+    with pytest.raises(ConfigError,
+                       match="model.name: unknown model 'llama' .allowed: gpt, moe_gpt or 'package.module:"):
         resolve_model("llama", {}, 0)

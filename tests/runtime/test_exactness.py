@@ -1,8 +1,9 @@
-"""Pipeline training (1, 2, 4 stages; GPipe, 1F1B, kFkB; replicated) equals single-process training:
-same losses and parameters within float32 tolerance, for the GPT and for a custom model and dataset given by
-import path (examples/mlp.py). The steps run under placement.on_device_only, so a tensor the runtime makes
-without naming the model's device (a receive buffer, the clip norm, a loss reduction) fails the step; and with a
-process group per link direction, as NCCL needs (runtime.links), which every other CPU test leaves out."""
+"""Pipeline training (1, 2, 4 stages; GPipe, 1F1B, kFkB; replicated; switching (m, K) at step boundaries)
+equals single-process training: same losses and parameters within float32 tolerance, for the GPT and for a
+custom model and dataset given by import path (examples/mlp.py). The steps run under placement.on_device_only,
+so a tensor the runtime makes without naming the model's device (a receive buffer, the clip norm, a loss
+reduction) fails the step; and with a process group per link direction, as NCCL needs (runtime.links), which
+every other CPU test leaves out."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 from placement import on_device_only
 
+from gearshift.schedules import make_schedule
 from gearshift.train.build import build_runtime, job_model, lr_at
 from gearshift.train.config import load_config
 from gearshift.train.datasets import job_data
@@ -21,6 +23,7 @@ STEPS = 3
 BASE = ["--model.layers=2", "--model.width=32", "--model.heads=2", "--model.context=16",
         "--train.batch_size=8", "--data.max_bytes=100000", "--train.warmup_steps=1", "--train.lr=1e-3",
         "--train.grad_clip=0.5"]
+SWITCHES = [(4, 1), (2, 2), (8, 8)]  # (m, K) of steps 0, 1, 2 of a "switch" run: 1F1B, 2F2B on 2, GPipe on 8
 MODELS = {"gpt": [], "mlp": ["--model.name=examples.mlp:build", "--model.depth=2", "--model.width=16",
                              "--data.name=examples.mlp:data", "--data.samples=64"]}
 
@@ -34,15 +37,20 @@ def _cfg(workers: int, stages: int, schedule: str, k: int = 1, micro: int = 4, m
 def _run_pipeline(rank: int, world: int, runs: list) -> list:
     out = []
     for schedule, stages, k, micro, *model in runs:
-        cfg = _cfg(world, stages, schedule, k, micro, *model)
+        switching = schedule == "switch"
+        cfg = _cfg(world, stages, "kfkb" if switching else schedule, k, micro, *model)
         data = job_data(cfg)
         rt = build_runtime(cfg, data=data, links=True)  # a group per link direction, as on NCCL (here gloo)
-        losses = []
+        optimizer, losses = rt.optimizer, []
         with on_device_only(rt.device):  # a tensor made or sent off the model's device fails the step
             for step in range(STEPS):
+                if switching:  # at the step boundary, on every rank: new executors, same optimizer and state
+                    rt.set_schedule(make_schedule("kfkb", stages, *SWITCHES[step]))
                 x, y = data.batch(step, cfg.train.batch_size, cfg.train.seed)
                 losses.append(rt.step(x, y, lr_at(step, cfg)).loss)
             losses.append(rt.evaluate(*data.batch(0, cfg.train.batch_size, cfg.train.seed, "val")))
+        if switching:
+            assert rt.optimizer is optimizer and {int(st["step"]) for st in optimizer.state.values()} == {STEPS}
         state = rt.state()[0] if rt.replica == 0 else {}
         out.append((losses, {k: v.numpy() for k, v in state.items()}))  # by value, not shared memory
     return out
@@ -81,7 +89,8 @@ def _check(results: list, runs: list, world: int) -> None:
         for r in results:
             params.update({k: torch.from_numpy(v) for k, v in r[i][1].items()})
         assert set(params) == set(ref_params), run
-        assert losses[-1] == losses[-1], f"no validation loss for {run}"  # the evaluation ran, under meta too
+        # the evaluation ran, under meta too
+        assert len(losses) == STEPS + 1 and losses[-1] == losses[-1], f"no validation loss for {run}"
         torch.testing.assert_close(torch.tensor(losses[:STEPS]), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6,
                                    msg=f"losses differ for {run}")
         for name, ref in ref_params.items():
@@ -91,9 +100,9 @@ def _check(results: list, runs: list, world: int) -> None:
 def test_pipelines_equal_single_process() -> None:
     """One group of 4 workers runs every case: each schedule on 4 stages, on 2 stages x 2 replicas and on 1 stage
     x 4 replicas (pure data parallelism: the gradient-sync policy's buckets); a custom model and dataset, by
-    import path, pipelined."""
+    import path, pipelined; a run switching (m, K) at every step boundary on 4 stages."""
     runs = [("gpipe", 4, 1, 4), ("1f1b", 4, 1, 4), ("kfkb", 4, 2, 4), ("1f1b", 4, 1, 4, "mlp"),
             ("gpipe", 2, 1, 2), ("1f1b", 2, 1, 2), ("kfkb", 2, 2, 2), ("kfkb", 2, 2, 2, "mlp"),
-            ("1f1b", 1, 1, 2)]
+            ("1f1b", 1, 1, 2), ("switch", 4, 1, 4)]
     results = spawn(_run_pipeline, 4, runs)
     _check(results, runs, 4)

@@ -92,3 +92,23 @@ def test_pipeline_view_takes_the_slowest_replica_per_link_and_direction():
     assert lat.pipeline(2).latency[0][1] == 0.5 and lat.pipeline(2).latency[1][0] == lat.latency[1][0]
     with pytest.raises(ValueError, match="3 stages do not divide 4 ranks"):
         world.pipeline(3)
+
+
+def test_latencies_step_overhead_and_link_resets_merge():
+    """Latency per link and the STEP action's time per rank ride along the all-gather; a step's overhead is the
+    fastest rank's STEP (the last to reach the all-reduce waits least); a link sample far off (reset_ratio) is
+    taken as it is, a near one blended."""
+    ranks = [Monitor(2, alpha=0.5, reset_ratio=3.0) for _ in range(2)]
+    ranks[0].record_latency(0, 1, 0.002)
+    ranks[0].record_step(0, 0.30)
+    ranks[1].record_step(1, 0.05)
+    ranks[0].record_transfer(0, 1, 100, 1.0)
+    ranks[0].record_transfer(0, 1, 200, 1.0)  # 2x: blended
+    assert ranks[0].bandwidth(0, 1) == pytest.approx(150.0)
+    ranks[0].record_transfer(0, 1, 30, 1.0)  # 5x off: a changed link
+    assert ranks[0].bandwidth(0, 1) == pytest.approx(30.0)
+    merged = merge([json.loads(json.dumps(m.to_dict())) for m in ranks])
+    assert merged.latency(0, 1) == 0.002 and merged.latency(1, 0) is None
+    assert merged.step_overhead() == pytest.approx(0.05) and Monitor(2).step_overhead() is None
+    s = merged.state(step=3, base=base_state(2))
+    assert s.latency[0][1] == 0.002 and s.bandwidth[0][1] == pytest.approx(30.0)

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TINY
 
+from conftest import TINY
 from gearshift.train.config import load_config
 from gearshift.train.launch import run_ranks
 

@@ -15,6 +15,7 @@ COMMANDS = {
     "profile": ("profile", "measure per-layer time, FLOPs, bytes and memory; write a ModelProfile"),
     "simulate": ("simulate", "predict iteration time and bubbles of the configured pipeline"),
     "plan": ("plan", "partition a model over a cluster; compare with baselines"),
+    "schedule": ("schedule", "the schedule candidates auto prices for a job (m, K, memory, step time), and its pick"),
     "allreduce": ("allreduce", "all-reduce algorithm per message size: predicted for a spec, or measured"),
     "testbed": ("testbed", "emulated multi-host network (Linux namespaces + tc)"),
     "report": ("report", "write RUN_DIR/report.html: loss, throughput, partition, bubbles, decisions, config"),

@@ -1,4 +1,5 @@
-"""`gearshift plan`: partition a profiled model over a cluster spec and compare with the baselines."""
+"""`gearshift plan`: partition a profiled model over a cluster spec and compare with the baselines; with --moe,
+the pool of hybrid strategies for a MoE model, ranked by predicted step time."""
 
 from __future__ import annotations
 
@@ -29,6 +30,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stages", type=positive_int, default=None, help="pipeline stages (default: every device)")
     p.add_argument("--microbatches", type=positive_int, default=None,
                    help="micro-batches (default: parallel.microbatches)")
+    p.add_argument("--moe", action="store_true",
+                   help="model.name = moe_gpt: the pool of strategies (stages x replicas x expert-parallel width) "
+                        "priced for the spec or the local workers (measures their exchanges), fastest first")
+    p.add_argument("--trace", help="--moe: a moe_trace.npz whose routing (each expert's share) prices the experts "
+                                   "(default: uniform)")
+    p.add_argument("--json", action="store_true", help="--moe: print the pool as JSON")
     add_config_help(p, full=False)
 
 
@@ -93,6 +100,10 @@ def _local_state(cfg) -> ClusterState:
 def run(args: argparse.Namespace) -> int:
     """Plan for the spec (--spec or cluster.spec) or the local cluster; print the plan and the baselines."""
     cfg = load_config(args.config, args.overrides)
+    if args.moe or args.trace or args.json:
+        from gearshift.cli.plan_moe import run_moe
+
+        return run_moe(args, cfg)
     spec_path = args.spec or cfg.cluster.spec
     profile = read_profile(args.profile, "--profile", error=DataError) if args.profile else profile_job(cfg)
     microbatches = args.microbatches or cfg.parallel.microbatches

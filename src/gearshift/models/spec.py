@@ -14,7 +14,7 @@ from gearshift.errors import ConfigError
 from gearshift.imports import call_user, import_object, is_import_path
 from gearshift.models.layered import LayeredModel, LossFn, no_cut, seeded
 
-MODEL_NAMES = ("gpt",)
+MODEL_NAMES = ("gpt", "moe_gpt")
 
 
 @dataclass
@@ -114,13 +114,18 @@ def as_spec(result: Any, make: Callable[[], Any], where: str) -> ModelSpec:
 
 
 def resolve_model(name: str, table: dict[str, Any], seed: int) -> ModelSpec:
-    """The model a config names: "gpt" (the built-in byte-level GPT, from the [model] table's fields) or
+    """The model a config names: "gpt" (the built-in byte-level GPT, from the [model] table's fields), "moe_gpt"
+    (the GPT with experts, gearshift.models.moe) or
     "package.module:function", called with the [model] table (without `name`) as a dict; its call and any
     model it builds whole run under a RNG seeded from `seed`, so every rank gets the same model."""
     if name == "gpt":
         from gearshift.models.gpt import GPTConfig, gpt_spec
 
         return gpt_spec(GPTConfig(vocab_size=256, **table))
+    if name == "moe_gpt":
+        from gearshift.models.moe import MoEConfig, moe_spec
+
+        return moe_spec(MoEConfig(vocab_size=256, **table))
     if not is_import_path(name):
         raise ConfigError(f"model.name: unknown model {name!r} (allowed: {', '.join(MODEL_NAMES)} or "
                           f"'package.module:function')")

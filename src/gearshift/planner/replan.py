@@ -66,7 +66,7 @@ class ReplanDecision:
         return d
 
 
-def _measured(state: ClusterState, num_stages: int) -> dict:
+def measured_inputs(state: ClusterState, num_stages: int) -> dict:
     """The measurements the decision used: speeds, memory, and each neighbouring link's bandwidth and latency,
     forward (stage s -> s+1, activations) and back (s+1 -> s, gradients)."""
     def fin(b: float) -> float | None:
@@ -105,7 +105,7 @@ def decide_replan(profile: ModelProfile, state: ClusterState, old_bounds: Sequen
     try:
         new = plan_partition(profile, state, S, m, fl, max_blocks=max_blocks)
     except PlanError as e:  # nothing fits under this schedule's activations: keep running what runs
-        return ReplanDecision(step, _measured(state, S), list(old.bounds), list(old.bounds), old.stage_time_s,
+        return ReplanDecision(step, measured_inputs(state, S), list(old.bounds), list(old.bounds), old.stage_time_s,
                               old.stage_time_s, 0.0, 0.0, False, f"kept: no partition fits ({e})", t_old, t_old,
                               [], 0.0, 0.0, schedule.name, fl)
     t_new = predictor(new, m)
@@ -125,7 +125,7 @@ def decide_replan(profile: ModelProfile, state: ClusterState, old_bounds: Sequen
                                f"({len(moved)} layers, {nbytes:.4g} bytes)")
     else:
         apply, reason = False, f"gain {gain:.4g} s over {period_steps} steps <= migration {cost_s:.4g} s"
-    return ReplanDecision(step, _measured(state, S), list(old.bounds), list(new.bounds), old.stage_time_s,
+    return ReplanDecision(step, measured_inputs(state, S), list(old.bounds), list(new.bounds), old.stage_time_s,
                           new.stage_time_s, gain, cost_s, apply, reason, t_old, t_new, moved, nbytes, rel,
                           schedule.name, fl)
 
@@ -165,5 +165,5 @@ def first_plan(profile: ModelProfile, state: ClusterState, schedule: Schedule, s
     t, t_uni = predictor(plan, m), predictor(uni, m)
     reason = (f"dynamic program over the {'specified' if state.source == 'spec' else 'measured'} speeds and "
               f"links: predicted {t:.4g} s/step (uniform split: {t_uni:.4g} s/step)")
-    return FirstPlan(step, _measured(state, S), list(plan.bounds), plan.stage_compute_s, plan.stage_transfer_s,
+    return FirstPlan(step, measured_inputs(state, S), list(plan.bounds), plan.stage_compute_s, plan.stage_transfer_s,
                      plan.stage_time_s, t, t_uni, plan.fits, schedule.name, fl, reason)

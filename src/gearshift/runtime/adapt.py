@@ -6,6 +6,7 @@ prediction and reason."""
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -20,8 +21,22 @@ from gearshift.runtime.executor import StepRecord
 from gearshift.runtime.migrate import migrate
 from gearshift.runtime.monitor import Ewma, Monitor, merge
 from gearshift.runtime.pipeline import PipelineRuntime
-from gearshift.runtime.probe import probe_links
+from gearshift.runtime.probe import probe_latency, probe_links
 from gearshift.schedules import Op, Schedule
+
+
+def rank0_decides(decide: Callable[[], dict]) -> dict:
+    """Rank 0's decide(), on every rank (collective); a PlanError there is raised on every rank."""
+    box: list = [None]
+    if dist.get_rank() == 0:
+        try:
+            box[0] = decide()
+        except PlanError as e:
+            box[0] = {"error": str(e)}
+    dist.broadcast_object_list(box, src=0)
+    if "error" in box[0]:
+        raise PlanError(box[0]["error"])
+    return box[0]
 
 
 @dataclass
@@ -42,10 +57,15 @@ class Adapter:
     period_alpha: float = 0.5  # weight of the newest period's median in the speed estimate (damps chasing noise)
     mb_size: int = 1  # samples per micro-batch, as last observed
     reset_ratio: float = 1.6  # a period median this many times off the estimate is a change: taken as it is
+    profiles: dict[int, ModelProfile] = field(default_factory=dict)  # micro-batch size -> profile at that size
+    start_measured: bool = False  # speed and links probed before training
+    probe_bytes: int = 0  # the smallest link probe (a longer message times the bandwidth better)
+    link_reset: float = 3.0  # a link sample this many times off its estimate is a changed link: taken as it is
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # where this rank's probes run
 
     def __post_init__(self) -> None:
-        self.monitor = Monitor(dist.get_world_size(), self.alpha)
+        self.monitor = Monitor(dist.get_world_size(), self.alpha, self.link_reset)
+        self.merged: Monitor | None = None  # every rank's monitor, as last gathered
         self.window: list[float] = []  # this rank's speed samples since the last re-plan
         self._skip = self.skip
         self._estimate: float | None = None
@@ -63,6 +83,7 @@ class Adapter:
     def observe(self, rt: PipelineRuntime, rec: StepRecord, mb_size: int) -> None:
         """Feed this rank's measured compute against the profiled work of its stages."""
         self.mb_size = mb_size
+        self.monitor.record_step(dist.get_rank(), sum(e - s for label, s, e in rec.events if label == "STEP"))
         scale = mb_size / self.profile.microbatch_size
         m = rt.schedule.num_microbatches
         profiled = sum(scale * m * sum(lp.work_s for lp in self.profile.layers[a:b])
@@ -102,33 +123,37 @@ class Adapter:
         specified cluster."""
         dicts: list = [None] * dist.get_world_size()
         dist.all_gather_object(dicts, self.monitor.to_dict())
-        return merge(dicts).state(step, self.base.resized(dist.get_world_size())).pipeline(stages)
+        self.merged = merge(dicts)
+        return self.merged.state(step, self.base.resized(dist.get_world_size())).pipeline(stages)
 
     def measure_links(self, stages: int, prank: int, replica: int) -> None:
-        """Probe each pipeline link, both ways, with a message of the largest activation a stage sends
-        (collective: every replica probes its own pipeline's links at once)."""
+        """Probe each pipeline link, both ways, with a message of the largest activation a stage sends (at least
+        probe_bytes), and its latency with small round trips (collective: every replica probes its own
+        pipeline's links at once)."""
         if stages < 2:
             return
-        act = max(lp.activation_bytes for lp in self.profile.layers[:-1]) * self.mb_size
+        act = max(max(lp.activation_bytes for lp in self.profile.layers[:-1]) * self.mb_size, self.probe_bytes)
         found = probe_links(stages, prank, replica * stages, int(act), self.after_recv, device=self.device)
         for (a, b), (nbytes, seconds) in found.items():
             self.monitor.record_transfer(a, b, nbytes, seconds)
+        for (a, b), seconds in probe_latency(stages, prank, replica * stages, self.after_recv,
+                                              device=self.device).items():
+            self.monitor.record_latency(a, b, seconds)
+
+    def use_microbatch(self, size: int) -> None:
+        """A new split runs: observe and probe at its micro-batch size, against its own profile (speeds stay
+        comparable: profiled work at that size over measured time), and skip the first step's sample."""
+        self.mb_size = size
+        if size in self.profiles:
+            self.profile = self.profiles[size]
+        self._skip = self.skip
 
     def plan_start(self, schedule: Schedule, measured: bool) -> dict:
         """The partition to start from (collective): the DP over the pipeline as specified, or as measured
         before training (`measured`: speeds seeded, links probed). Rank 0 decides; every rank gets its record."""
         stages, world = schedule.num_stages, dist.get_world_size()
         state = self.pipeline_state(stages, 0) if measured else self.base.resized(world).pipeline(stages)
-        box: list = [None]
-        if dist.get_rank() == 0:
-            try:
-                box[0] = first_plan(self.profile, state, schedule).to_dict()
-            except PlanError as e:
-                box[0] = {"error": str(e)}
-        dist.broadcast_object_list(box, src=0)
-        if "error" in box[0]:
-            raise PlanError(box[0]["error"])
-        return box[0]
+        return rank0_decides(lambda: first_plan(self.profile, state, schedule).to_dict())
 
     def maybe_replan(self, rt: PipelineRuntime, step: int) -> dict | None:
         """After `step` completed: re-plan if due (or forced) and migrate if it pays. Collective."""

@@ -1,5 +1,6 @@
-"""Monitor: learns effective device speeds and link bandwidths from measured timings (EWMA-smoothed),
-so planners work from measurements rather than settings. Pure Python; the runtime does the gathering."""
+"""Monitor: learns effective device speeds, link bandwidths and link latencies from measured timings
+(EWMA-smoothed), so planners work from measurements rather than settings. Pure Python; the runtime does the
+gathering."""
 
 from __future__ import annotations
 
@@ -16,20 +17,30 @@ class Ewma:
     value: float
     samples: int = 1
 
-    def update(self, x: float, alpha: float) -> None:
-        self.value = alpha * x + (1 - alpha) * self.value
+    def update(self, x: float, alpha: float, reset_ratio: float | None = None) -> None:
+        """Blend in `x`; with `reset_ratio`, a sample that far off the estimate (a changed link, not noise)
+        is taken as it is."""
+        far = x > 0 and self.value > 0 and max(x / self.value, self.value / x) > (reset_ratio or float("inf"))
+        if far:
+            self.value = x
+        else:
+            self.value = alpha * x + (1 - alpha) * self.value
         self.samples += 1
 
 
 class Monitor:
-    """Smoothed per-rank speeds (profiled / measured compute time) and per-link bandwidths (bytes/s)."""
+    """Smoothed per-rank speeds (profiled / measured compute time), per-link bandwidths (bytes/s) and
+    latencies (s). With `reset_ratio`, a link sample that many times off its estimate replaces it (a link
+    that changed is followed at once rather than over several samples)."""
 
-    def __init__(self, num_ranks: int, alpha: float = 0.3):
+    def __init__(self, num_ranks: int, alpha: float = 0.3, reset_ratio: float | None = None):
         if num_ranks < 1 or not 0 < alpha <= 1:
             raise ValueError(f"Monitor: need num_ranks >= 1 and 0 < alpha <= 1, got {num_ranks}, {alpha}")
-        self.num_ranks, self.alpha = num_ranks, alpha
+        self.num_ranks, self.alpha, self.reset_ratio = num_ranks, alpha, reset_ratio
         self.speeds: list[Ewma | None] = [None] * num_ranks
         self.links: dict[tuple[int, int], Ewma] = {}
+        self.latencies: dict[tuple[int, int], Ewma] = {}
+        self.steps: list[Ewma | None] = [None] * num_ranks  # the STEP action: clip all-reduce + optimizer
 
     def record_compute(self, rank: int, profiled_s: float, measured_s: float) -> None:
         """One compute measurement: effective speed = profiled time / measured time."""
@@ -46,12 +57,36 @@ class Monitor:
         """One transfer measurement: bandwidth = bytes / seconds on link src -> dst."""
         if num_bytes <= 0 or seconds <= 0 or src == dst:
             return
-        x = num_bytes / seconds
-        cur = self.links.get((src, dst))
+        self._record(self.links, src, dst, num_bytes / seconds)
+
+    def record_step(self, rank: int, seconds: float) -> None:
+        """One measurement of `rank`'s STEP action (the gradient-norm all-reduce and the optimizer step)."""
+        if seconds < 0:
+            return
+        cur = self.steps[rank]
         if cur is None:
-            self.links[(src, dst)] = Ewma(x)
+            self.steps[rank] = Ewma(seconds)
         else:
-            cur.update(x, self.alpha)
+            cur.update(seconds, self.alpha)
+
+    def step_overhead(self) -> float | None:
+        """Seconds a step spends after the pipeline drains: the fastest rank's STEP (the last to reach the
+        collective waits least: its time is the all-reduce's and the optimizer's own). None before any."""
+        xs = [e.value for e in self.steps if e is not None]
+        return min(xs) if xs else None
+
+    def record_latency(self, src: int, dst: int, seconds: float) -> None:
+        """One latency measurement of link src -> dst (e.g. half a small message's round trip)."""
+        if seconds < 0 or src == dst:
+            return
+        self._record(self.latencies, src, dst, seconds)
+
+    def _record(self, table: dict[tuple[int, int], Ewma], src: int, dst: int, x: float) -> None:
+        cur = table.get((src, dst))
+        if cur is None:
+            table[(src, dst)] = Ewma(x)
+        else:
+            cur.update(x, self.alpha, self.reset_ratio)
 
     def speed(self, rank: int) -> float | None:
         """Smoothed speed of `rank`, None before any measurement."""
@@ -63,8 +98,13 @@ class Monitor:
         e = self.links.get((src, dst))
         return None if e is None else e.value
 
+    def latency(self, src: int, dst: int) -> float | None:
+        """Smoothed latency of link src -> dst, None before any measurement."""
+        e = self.latencies.get((src, dst))
+        return None if e is None else e.value
+
     def state(self, step: int, base: ClusterState) -> ClusterState:
-        """`base` with measured speeds and bandwidths substituted where known (source = "monitor")."""
+        """`base` with measured speeds, bandwidths and latencies substituted where known (source = "monitor")."""
         out = copy.deepcopy(base)
         for r, e in enumerate(self.speeds):
             if e is not None and r < out.world_size:
@@ -72,6 +112,9 @@ class Monitor:
         for (a, b), e in self.links.items():
             if a < out.world_size and b < out.world_size:
                 out.bandwidth[a][b] = e.value
+        for (a, b), e in self.latencies.items():
+            if a < out.world_size and b < out.world_size:
+                out.latency[a][b] = e.value
         out.step, out.source = step, "monitor"
         return out
 
@@ -83,16 +126,23 @@ class Monitor:
             "speeds": [None if e is None else e.value for e in self.speeds],
             "speed_samples": [0 if e is None else e.samples for e in self.speeds],
             "links": [[a, b, e.value, e.samples] for (a, b), e in sorted(self.links.items())],
+            "latencies": [[a, b, e.value, e.samples] for (a, b), e in sorted(self.latencies.items())],
+            "reset_ratio": self.reset_ratio,
+            "steps": [None if e is None else [e.value, e.samples] for e in self.steps],
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> Monitor:
-        m = cls(d["num_ranks"], d.get("alpha", 0.3))
+        m = cls(d["num_ranks"], d.get("alpha", 0.3), d.get("reset_ratio"))
         for r, (v, n) in enumerate(zip(d["speeds"], d["speed_samples"])):
             if v is not None and n > 0:
                 m.speeds[r] = Ewma(v, n)
         for a, b, v, n in d["links"]:
             m.links[(a, b)] = Ewma(v, n)
+        for a, b, v, n in d.get("latencies", []):
+            m.latencies[(a, b)] = Ewma(v, n)
+        for r, x in enumerate(d.get("steps", [])):
+            m.steps[r] = None if x is None else Ewma(x[0], x[1])
         return m
 
 
@@ -110,9 +160,12 @@ def merge(dicts: list[dict]) -> Monitor:
     if not dicts:
         raise ValueError("merge: no monitor dicts")
     parts = [Monitor.from_dict(d) for d in dicts]
-    out = Monitor(max(p.num_ranks for p in parts), parts[0].alpha)
+    out = Monitor(max(p.num_ranks for p in parts), parts[0].alpha, parts[0].reset_ratio)
     for r in range(out.num_ranks):
         out.speeds[r] = _combine([p.speeds[r] for p in parts if r < p.num_ranks and p.speeds[r] is not None])
-    for key in sorted({k for p in parts for k in p.links}):
-        out.links[key] = _combine([p.links[key] for p in parts if key in p.links])
+        out.steps[r] = _combine([p.steps[r] for p in parts if r < p.num_ranks and p.steps[r] is not None])
+    for table in ("links", "latencies"):
+        mine = getattr(out, table)
+        for key in sorted({k for p in parts for k in getattr(p, table)}):
+            mine[key] = _combine([getattr(p, table)[key] for p in parts if key in getattr(p, table)])
     return out

@@ -56,6 +56,7 @@ class MultiDirRuntime:
             raise ValueError(f"multidir: {P} pipeline ranks and {len(slice_bounds)} slices for {self.world} workers")
         self.R, self.replicas, self.replica, self.prank = P, 1, 0, self.rank
         self.device = torch.device("cpu")  # CPU tensors over gloo (train.env places multidir jobs there)
+        self.experts = None  # no expert parallelism under multidir (config validation refuses it)
         self.schedule, self.directions, self.optim_cfg = schedule, D, optim
         self.window = schedule.window
         self.slice_bounds = [tuple(b) for b in slice_bounds]
@@ -210,6 +211,10 @@ class MultiDirRuntime:
             if st:
                 optim[name] = {k: v.detach().clone() if torch.is_tensor(v) else torch.tensor(v) for k, v in st.items()}
         return model, optim
+
+    def saved_state(self) -> tuple[dict[str, Tensor], dict[str, dict[str, Tensor]]]:
+        """What this rank writes into a checkpoint: the slice it steps (each layer once in the job)."""
+        return self.state()
 
     def load_state(self, model: dict[str, Tensor], optim: dict[str, dict[str, Tensor]]) -> None:
         """Load the optimizer's copy and its AdamW state, and every copy of every stage this rank holds, from

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from gearshift.runtime.executor import PipelineExecutor, StepRecord
+from gearshift.runtime.experts import ExpertShards, MoEStats
 from gearshift.runtime.links import LinkGroups
 from gearshift.schedules import Op, Schedule, make_schedule, validate
 
@@ -32,6 +33,7 @@ class StepResult:
     loss: float  # mean loss over the whole batch (all replicas)
     grad_norm: float
     record: StepRecord
+    moe: MoEStats | None = None  # a MoE model's routing in this step, over the whole job
 
 
 def forward_only(schedule: Schedule) -> Schedule:
@@ -68,6 +70,7 @@ class PipelineRuntime:
         after_recv: Callable[[int, int, float], None] | None = None,
         grad_sync_factory: Callable[[list[nn.Parameter], dist.ProcessGroup | None], Callable[[], None]]
         | None = None,
+        experts: ExpertShards | None = None,
         device: torch.device | str = "cpu",
         links: bool | None = None,
     ):
@@ -84,6 +87,7 @@ class PipelineRuntime:
         self.build_layer, self.loss_fn, self.act_meta_fn = build_layer, loss_fn, act_meta
         self.optim_cfg, self.after_compute, self.after_recv = optim, after_compute, after_recv
         self.grad_sync_factory = grad_sync_factory
+        self.experts = experts  # a MoE model's expert parallelism (which experts here, their sync)
         # One data-parallel group per pipeline position (every rank creates every group, same order).
         self.dp_group = None
         if self.replicas > 1:
@@ -106,6 +110,8 @@ class PipelineRuntime:
             a, b = self.bounds[s]
             for i in range(a, b):
                 self.layers[i] = keep[i] if i in keep else self._build(i)
+        if self.experts is not None:  # drop the experts other ranks hold, before the optimizer sees them
+            self.experts.attach(self.layers, 1.0 / schedule.num_microbatches)
         self.stages = {s: nn.Sequential(*[self.layers[i] for i in range(*self.bounds[s])]) for s in mine}
         decay = [p for _, p in self.named_parameters() if p.dim() >= 2]
         other = [p for _, p in self.named_parameters() if p.dim() < 2]
@@ -114,26 +120,54 @@ class PipelineRuntime:
              {"params": other, "weight_decay": 0.0}],
             lr=1e-3, betas=self.optim_cfg.betas,
         )
+        self._build_executors()
+        params = [p for _, p in self.named_parameters()]
+        self._params = params
+        self._grad_sync, self._expert_sync, self._norm_weights = None, None, {}
+        if self.experts is not None:  # experts not on every replica: summed over their own copies
+            self._expert_sync, self._norm_weights = self.experts.sync_fn(self.layers)
+        dense = [p for p in params if id(p) not in self._norm_weights]
+        if self.replicas > 1:
+            if self.grad_sync_factory is not None:
+                self._grad_sync = self.grad_sync_factory(dense, self.dp_group)
+            else:
+                self._grad_sync = _flat_allreduce(dense, self.dp_group)
+        self._mb_size = 1
+
+    def set_schedule(self, schedule: Schedule) -> None:
+        """Run `schedule` from the next step on (at a step boundary, on every rank): same stages, parameters
+        and optimizer state, new executors. Only the split into micro-batches and their order change, which
+        a step's math does not depend on."""
+        if schedule.num_stages != self.schedule.num_stages or schedule.placement != self.schedule.placement:
+            raise ValueError(f"set_schedule: {schedule.num_stages} stages on {schedule.placement}, the pipeline has "
+                             f"{self.schedule.num_stages} on {self.schedule.placement} (a new layout: set_layout)")
+        validate(schedule)
+        self.schedule = schedule
+        if self.links is not None:
+            self.links.ensure(schedule, self.replicas, self.device)  # collective, as in set_layout
+        self._build_executors()
+
+    def _build_executors(self) -> None:
+        """The executors of this rank's action list (training) and of its forward half (evaluation)."""
         self.executor = PipelineExecutor(
-            schedule, self.prank, self.stages, self.loss_fn,
+            self.schedule, self.prank, self.stages, self.loss_fn,
             lambda stage: self.act_meta_fn(self.bounds[stage][0], self._mb_size),
-            rank_offset=self.replica * self.R, after_compute=self.after_compute, after_recv=self.after_recv,
+            rank_offset=self.replica * self.R, after_compute=self._compute_hook(), after_recv=self.after_recv,
             device=self.device, links=self.links,
         )
         self.eval_executor = PipelineExecutor(
-            forward_only(schedule), self.prank, self.stages, self.loss_fn,
+            forward_only(self.schedule), self.prank, self.stages, self.loss_fn,
             lambda stage: self.act_meta_fn(self.bounds[stage][0], self._mb_size),
             rank_offset=self.replica * self.R, after_recv=self.after_recv, device=self.device, links=self.links,
         )
-        params = [p for _, p in self.named_parameters()]
-        self._params = params
-        self._grad_sync = None
-        if self.replicas > 1:
-            if self.grad_sync_factory is not None:
-                self._grad_sync = self.grad_sync_factory(params, self.dp_group)
-            else:
-                self._grad_sync = _flat_allreduce(params, self.dp_group)
-        self._mb_size = 1
+
+    def _compute_hook(self) -> Callable[[int, Op, float], None] | None:
+        """after_compute, told the compute time without the expert all-to-alls inside it (waiting on peers is
+        not this rank's compute: an emulated slowdown must not stretch it)."""
+        if self.after_compute is None or self.experts is None:
+            return self.after_compute
+        clock = self.experts.clock
+        return lambda stage, op, seconds: self.after_compute(stage, op, max(0.0, seconds - clock.take()))
 
     def _build(self, i: int) -> nn.Module:
         """Layer i, initialised on the CPU whatever the default device, then moved to this rank's device."""
@@ -166,22 +200,31 @@ class PipelineRuntime:
         def on_sync() -> None:
             if self._grad_sync is not None:
                 self._grad_sync()
+            if self._expert_sync is not None:
+                self._expert_sync()
 
         def on_step() -> None:
             norm[0] = self._clip()
             self.optimizer.step()
 
+        if self.experts is not None:
+            self.experts.clock.take()  # all-to-alls since the last step (evaluation) are no step's compute
         rec = self.executor.run(xs, ys, on_sync=on_sync, on_step=on_step)
-        return StepResult(mean_loss(rec.losses, self.device), norm[0], rec)
+        moe = self.experts.loads(self.layers) if self.experts is not None else None
+        return StepResult(mean_loss(rec.losses, self.device), norm[0], rec, moe)
 
     def _clip(self) -> float:
         """Clip by the global gradient norm of the whole model (all stages), as clip_grad_norm_ would."""
-        grads = [p.grad for p in self._params if p.grad is not None]
+        held = [p for p in self._params if p.grad is not None]
+        grads = [p.grad for p in held]
         sq = torch.zeros(1, dtype=torch.float64, device=self.device)  # NCCL reduces device tensors
         if grads:  # one norm kernel per tensor (no float64 copies); squares summed in float64
-            sq += torch.stack([torch.linalg.vector_norm(g.detach()) for g in grads]).double().pow(2).sum()
+            # each parameter counted once over the job: a dense one is on every replica, an expert on its copies
+            w = torch.tensor([self._norm_weights.get(id(p), 1.0 / self.replicas) for p in held], dtype=torch.float64,
+                             device=self.device)
+            sq += (torch.stack([torch.linalg.vector_norm(g.detach()) for g in grads]).double().pow(2) * w).sum()
         dist.all_reduce(sq)
-        total = math.sqrt(float(sq) / self.replicas)  # every replica holds the same synced gradients
+        total = math.sqrt(float(sq))
         if self.optim_cfg.grad_clip > 0:
             coef = min(self.optim_cfg.grad_clip / (total + 1e-6), 1.0)
             for g in grads:
@@ -211,12 +254,23 @@ class PipelineRuntime:
                                for k, v in st.items()}
         return model, optim
 
+    def saved_state(self) -> tuple[dict[str, Tensor], dict[str, dict[str, Tensor]]]:
+        """What this rank writes into a checkpoint: replica 0 its layers, and (expert parallelism) the experts
+        it is the first holder of, so the job's pieces make the whole model once."""
+        if self.experts is None:
+            return self.state() if self.replica == 0 else ({}, {})
+        model, optim = self.state()
+        saves = self.experts.saves
+        return {k: v for k, v in model.items() if saves(k)}, {k: v for k, v in optim.items() if saves(k)}
+
     def load_state(self, model: dict[str, Tensor], optim: dict[str, dict[str, Tensor]]) -> None:
         """Load this rank's layers (and their AdamW state) from dicts keyed by global name, from any device: each
-        tensor goes to its parameter's device, but AdamW's step count stays on the CPU, where AdamW keeps it."""
+        tensor goes to its parameter's device, but AdamW's step count stays on the CPU, where AdamW keeps it (state
+        of experts this rank does not hold is left out)."""
         for i in sorted(self.layers):
             prefix = f"layers.{i}."
-            own = {k[len(prefix):]: v for k, v in model.items() if k.startswith(prefix)}
+            mine = self.layers[i].state_dict().keys()
+            own = {k[len(prefix):]: v for k, v in model.items() if k.startswith(prefix) and k[len(prefix):] in mine}
             self.layers[i].load_state_dict(own)
         for name, p in self.named_parameters():
             if name in optim:

@@ -100,3 +100,42 @@ def probe_speed(layers: nn.Module, x: Tensor, profiled_s: float,
         if r >= warmup:
             times.append(time.perf_counter() - t0)
     return profiled_s / statistics.median(times)
+
+
+def probe_latency(num_ranks: int, prank: int, offset: int,
+                  after_recv: Callable[[int, int, float], None] | None = None, repeats: int = 7,
+                  device: torch.device | str = "cpu") -> dict:
+    """Collective over each pipeline of `num_ranks` ranks: one-float round trips over each link p <-> p+1
+    (through the receive hook, so an emulated latency counts). Returns {(src, dst): seconds}, half the median
+    round trip, for both directions of the links this rank started (p; one-way delays cannot be told apart
+    without shared clocks, so each way gets half). The float lives on `device`."""
+    tiny = torch.zeros(1, device=torch.device(device))
+    wait = stream_wait(tiny.device)
+    out = {}
+    for p in range(num_ranks - 1):
+        if prank not in (p, p + 1):
+            continue
+        peer = offset + (p + 1 if prank == p else p)
+        rtts = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            if prank == p:
+                dist.send(tiny, peer)
+                _recv_hooked(tiny, peer, after_recv, wait)
+                rtts.append(time.perf_counter() - t0)
+            else:
+                _recv_hooked(tiny, peer, after_recv, wait)
+                dist.send(tiny, peer)
+        if rtts:
+            half = statistics.median(rtts) / 2
+            out[(offset + p, offset + p + 1)] = out[(offset + p + 1, offset + p)] = half
+    return out
+
+
+def _recv_hooked(t: Tensor, peer: int, after_recv: Callable[[int, int, float], None] | None,
+                 wait: Callable[[], None]) -> None:
+    tw = time.perf_counter()
+    dist.recv(t, peer)
+    wait()
+    if after_recv is not None:
+        after_recv(peer, t.numel() * t.element_size(), time.perf_counter() - tw)

@@ -12,14 +12,16 @@ from gearshift.cluster.spec import load_spec
 from gearshift.cluster.state import ClusterState, local_state
 from gearshift.models.spec import ModelSpec
 from gearshift.planner.baselines import uniform_bounds
+from gearshift.planner.schedule_choice import splits
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.runtime.adapt import Adapter
 from gearshift.runtime.probe import probe_speed
+from gearshift.runtime.reschedule import ScheduleSwitcher
 from gearshift.train.build import job_schedule, layer_factory
 from gearshift.train.config import JobConfig
 from gearshift.train.datasets import JobData
 from gearshift.train.env import job_device
-from gearshift.train.profiling import microbatch_size, profile_job
+from gearshift.train.profiling import microbatch_size, profile_job, profile_sizes
 
 
 def _emulation(cfg: JobConfig, world: int) -> EmulationConfig:
@@ -30,12 +32,17 @@ def _replans(cfg: JobConfig) -> bool:
     return cfg.parallel.partition == "adaptive" and cfg.adapt.every > 0
 
 
+def switches(cfg: JobConfig) -> bool:
+    """Whether the job's schedule is chosen while it runs (parallel.schedule = auto) or switched by force."""
+    return cfg.parallel.schedule == "auto" or bool(cfg.adapt.force_schedule)
+
+
 def adapts(cfg: JobConfig, world: int) -> bool:
     """Whether the job needs the adaptation loop: some rank is emulated, or the partition is adaptive (planned
-    at the start, re-planned every adapt.every steps), or re-partitions are forced."""
+    at the start, re-planned every adapt.every steps), or re-partitions are forced, or the schedule switches."""
     emu = _emulation(cfg, world)
     return (any(Emulator(emu, r).active for r in range(world)) or cfg.parallel.partition == "adaptive"
-            or bool(cfg.adapt.force))
+            or bool(cfg.adapt.force) or switches(cfg))
 
 
 def build_adapter(cfg: JobConfig, data: JobData, spec: ModelSpec) -> Adapter | None:
@@ -44,32 +51,89 @@ def build_adapter(cfg: JobConfig, data: JobData, spec: ModelSpec) -> Adapter | N
     if not adapts(cfg, world):
         return None
     device = job_device(cfg)
-    if cfg.adapt.profile:
-        profile = ModelProfile.load(cfg.adapt.profile)
-    else:  # rank 0 profiles on its device (speed 1.0 by definition); everyone plans from the same numbers
-        box = [profile_job(cfg, repeats=3, warmup=1, data=data, spec=spec, device=device) if rank == 0 else None]
-        dist.broadcast_object_list(box, src=0)
-        profile = box[0]
+    # rank 0 profiles on its device (speed 1.0 by definition); everyone plans from the same numbers
+    box = [_profiles(cfg, data, spec, device) if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    profile, profiles = box[0]
     base = ClusterState.from_spec(load_spec(cfg.cluster.spec)) if cfg.cluster.spec else local_state(world)
     emulator = Emulator(_emulation(cfg, world), rank)
     forced = {int(step): [tuple(b) for b in bounds] for step, bounds in cfg.adapt.force}
     ad = Adapter(profile, base, cfg.adapt.every if _replans(cfg) else 0, cfg.adapt.alpha,
-                 emulator if emulator.active else None, forced)
+                 emulator if emulator.active else None, forced, profiles=profiles)
     ad.mb_size, ad.device = microbatch_size(cfg), device
     return ad
 
 
+def _profiles(cfg: JobConfig, data: JobData, spec: ModelSpec,
+              device: torch.device) -> tuple[ModelProfile, dict[int, ModelProfile]]:
+    """The profile at the job's micro-batch size (adapt.profile, or measured) and, when the schedule switches,
+    one at every micro-batch size a split of the replica's batch gives (from adapt.profiles where there)."""
+    mb = microbatch_size(cfg)
+    profile = ModelProfile.load(cfg.adapt.profile) if cfg.adapt.profile else None
+    profiles = {}
+    if switches(cfg):
+        batch = cfg.train.batch_size // cfg.replicas
+        profiles = profile_sizes(cfg, [batch // m for m in splits(batch)], cfg.adapt.profiles, data=data, spec=spec,
+                                 device=device)
+        if profile is not None:
+            profiles[profile.microbatch_size] = profile
+    profile = profile or profiles.get(mb) or profile_job(cfg, repeats=3, warmup=1, data=data, spec=spec, device=device)
+    return profile, profiles
+
+
+def memory_limit(cfg: JobConfig) -> list[float] | None:
+    """Bytes per pipeline position (its smallest replica's): cluster.memory_gb, else the cluster spec's devices,
+    else None (no limit)."""
+    c, S, world = cfg.cluster, cfg.parallel.stages, cfg.cluster.workers
+    if isinstance(c.memory_gb, list) or c.memory_gb > 0:
+        per = c.memory_gb if isinstance(c.memory_gb, list) else [c.memory_gb] * world
+        per = [x * 1e9 for x in per]
+    elif c.spec:
+        per = ClusterState.from_spec(load_spec(c.spec)).resized(world).memory
+    else:
+        return None
+    return [min(per[r] for r in range(p, world, S)) for p in range(S)]
+
+
+def build_switcher(cfg: JobConfig, adapter: Adapter | None) -> ScheduleSwitcher | None:
+    """The schedule chooser (the same on every rank), or None when the schedule is fixed."""
+    if adapter is None or not switches(cfg):
+        return None
+    a, auto = cfg.adapt, cfg.parallel.schedule == "auto"
+    batch = cfg.train.batch_size // cfg.replicas
+    # links are probed with the largest message a candidate sends: a whole replica batch's activation
+    adapter.probe_bytes = batch * max(lp.activation_bytes for lp in adapter.profile.layers[:-1])
+    return ScheduleSwitcher(adapter.profiles, cfg.train.batch_size // cfg.replicas, cfg.parallel.stages,
+                            memory_limit(cfg), a.every if auto else 0, a.link_change if auto else 0.0,
+                            a.schedule_margin, {int(s): (int(m), int(k)) for s, m, k in a.force_schedule})
+
+
+def start_schedule(cfg: JobConfig, adapter: Adapter, switcher: ScheduleSwitcher, bounds: list[tuple[int, int]],
+                   spec: ModelSpec, data: JobData, step: int = 0) -> dict:
+    """The first schedule choice (collective; its record is the first "schedule" event of metrics.jsonl),
+    under this rank's speed and its pipeline's links as measured now (unless plan_start just measured them)."""
+    if not adapter.start_measured:
+        measure_start(cfg, adapter, spec, data)
+    return switcher.start(adapter, bounds, step)
+
+
+def measure_start(cfg: JobConfig, adapter: Adapter, spec: ModelSpec, data: JobData) -> None:
+    """Before training (collective): this rank's speed and its pipeline's links, both ways."""
+    stages = cfg.parallel.stages
+    replica, prank = divmod(dist.get_rank(), stages)
+    adapter.seed_speed(_probe_speed(cfg, adapter, prank, spec, data))
+    adapter.measure_links(stages, prank, replica)
+    adapter.start_measured = True
+
+
 def plan_start(cfg: JobConfig, adapter: Adapter, spec: ModelSpec, data: JobData) -> dict:
     """The adaptive job's first partition, the DP's plan at step 0 (collective; its record is the "plan" event
-    of metrics.jsonl). With cluster.spec, from the spec's speeds and links; without, from a short measurement
-    on every rank first: its speed (the profile's work of its uniform share against the timed compute of it)
-    and its pipeline links, both ways."""
-    stages = cfg.parallel.stages
-    measured = not cfg.cluster.spec
-    if measured:
-        replica, prank = divmod(dist.get_rank(), stages)
-        adapter.seed_speed(_probe_speed(cfg, adapter, prank, spec, data))
-        adapter.measure_links(stages, prank, replica)
+    of metrics.jsonl). With cluster.spec (and a fixed schedule), from the spec's speeds and links; else from a
+    short measurement on every rank first: its speed (the profile's work of its uniform share against the timed
+    compute of it) and its pipeline links, both ways."""
+    measured = not cfg.cluster.spec or switches(cfg)
+    if measured and not adapter.start_measured:
+        measure_start(cfg, adapter, spec, data)
     return adapter.plan_start(job_schedule(cfg), measured)
 
 

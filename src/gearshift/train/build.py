@@ -15,8 +15,10 @@ from gearshift.cluster.topology import parse_matrix
 from gearshift.comm.policy import ReplicaSync, SyncSettings
 from gearshift.imports import is_import_path
 from gearshift.models.gpt import GPTConfig
+from gearshift.models.moe import MoEConfig
 from gearshift.models.spec import ModelSpec, resolve_model
 from gearshift.runtime.adapt import Adapter
+from gearshift.runtime.experts import ExpertShards
 from gearshift.runtime.multidir import MultiDirRuntime
 from gearshift.runtime.pipeline import OptimConfig, PipelineRuntime
 from gearshift.schedules import Schedule, make_schedule
@@ -50,16 +52,32 @@ def grad_sync(cfg: JobConfig, device: torch.device | None = None) -> ReplicaSync
     return sync if sync.needed else None
 
 
+def moe_config(cfg: JobConfig) -> MoEConfig | None:
+    """The MoE GPT's shape from [model] (model.name = "moe_gpt"), else None."""
+    return MoEConfig(vocab_size=256, **cfg.model.table()) if cfg.model.name == "moe_gpt" else None
+
+
+def expert_shards(cfg: JobConfig) -> ExpertShards | None:
+    """The job's expert parallelism (parallel.experts wide, contiguous placement) for a MoE model (collective:
+    it creates process groups)."""
+    mc = moe_config(cfg)
+    if mc is None:
+        return None
+    return ExpertShards(cfg.parallel.stages, cfg.parallel.experts, mc.experts, mc.moe_layers())
+
+
 def job_model(cfg: JobConfig) -> ModelSpec:
     """The job's model, layer by layer (the GPT, or the function model.name names)."""
     return resolve_model(cfg.model.name, cfg.model.table(), cfg.train.seed)
 
 
 def job_schedule(cfg: JobConfig) -> Schedule:
-    """The schedule every replica runs (parallel.schedule, stages, micro-batches, k; for multidir, its
-    directions and, under update = async, the steady window)."""
+    """The schedule every replica runs (parallel.schedule, stages, micro-batches, k); with "auto", the kFkB of
+    parallel.microbatches and k the job measures and plans its partition with before it chooses; for multidir,
+    its directions and, under update = async, the steady window."""
     p = cfg.parallel
-    return make_schedule(p.schedule, p.stages, p.microbatches, k=p.k, directions=p.directions, update=p.update)
+    return make_schedule("kfkb" if p.schedule == "auto" else p.schedule, p.stages, p.microbatches, k=p.k,
+                         directions=p.directions, update=p.update)
 
 
 def brings_own(cfg: JobConfig) -> bool:
@@ -86,10 +104,12 @@ def layer_factory(cfg: JobConfig, spec: ModelSpec, data: JobData | None = None) 
 
 def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None, adapter: Adapter | None = None,
                   spec: ModelSpec | None = None, data: JobData | None = None,
+                  schedule: Schedule | None = None, experts: ExpertShards | None = None,
                   links: bool | None = None) -> PipelineRuntime | MultiDirRuntime:
-    """This rank's pipeline runtime for the job (the partition from the config unless given) on the job's device;
-    only this rank's layers are built. links: a group per link direction (PipelineRuntime; None: on NCCL).
-    For parallel.schedule = multidir, `bounds` is one range per slice (the same cut in every direction)."""
+    """This rank's pipeline runtime for the job (the partition and schedule from the config unless given) on the
+    job's device; only this rank's layers are built. A MoE model's experts as `experts` places them, else
+    contiguously. links: a group per link direction (PipelineRuntime; None: on NCCL). For parallel.schedule =
+    multidir, `bounds` is one range per slice (the same cut in every direction)."""
     t = cfg.train
     spec = spec or job_model(cfg)
     build, act_meta = layer_factory(cfg, spec, data)
@@ -97,12 +117,13 @@ def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None, a
     hooks = {"after_compute": adapter.after_compute if adapter else None,
              "after_recv": adapter.after_recv if adapter else None}
     if cfg.parallel.schedule == "multidir":
-        rt = MultiDirRuntime(build, spec.loss_fn, bounds or multidir_slices(cfg, spec, adapter), job_schedule(cfg),
-                             act_meta, optim, **hooks)
+        rt = MultiDirRuntime(build, spec.loss_fn, bounds or multidir_slices(cfg, spec, adapter),
+                             schedule or job_schedule(cfg), act_meta, optim, **hooks)
     else:
         device = job_device(cfg)
-        rt = PipelineRuntime(build, spec.loss_fn, bounds or resolve_partition(cfg, spec), job_schedule(cfg), act_meta,
-                             optim, **hooks, grad_sync_factory=grad_sync(cfg, device), device=device, links=links)
+        rt = PipelineRuntime(build, spec.loss_fn, bounds or resolve_partition(cfg, spec), schedule or job_schedule(cfg),
+                             act_meta, optim, **hooks, grad_sync_factory=grad_sync(cfg, device),
+                             experts=experts or expert_shards(cfg), device=device, links=links)
     spec.release()
     return rt
 

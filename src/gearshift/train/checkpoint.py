@@ -115,9 +115,9 @@ class Checkpointer:
         return int(ck["step"])
 
     def save(self, rt: PipelineRuntime, step: int) -> Path:
-        """Gather every layer (from replica 0) and its AdamW state on rank 0 and write one checkpoint
-        (collective)."""
-        model, optim = rt.state() if rt.replica == 0 else ({}, {})  # CPU tensors: gather_object pickles them
+        """Gather every layer (from replica 0; experts from their first holders) and its AdamW state on rank 0
+        and write one checkpoint (collective)."""
+        model, optim = rt.saved_state()  # CPU tensors: gather_object pickles them
         cuda_rng = torch.cuda.get_rng_state(rt.device) if rt.device.type == "cuda" else None
         parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
         dist.gather_object((model, optim, torch.get_rng_state(), cuda_rng), parts, dst=0)

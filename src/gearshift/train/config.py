@@ -18,11 +18,14 @@ from gearshift.paths import check_dir, check_input_file, read_json
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.tomlfile import read_toml
 
-SCHEDULES = ("gpipe", "1f1b", "kfkb", "multidir")
+SCHEDULES = ("gpipe", "1f1b", "kfkb", "multidir", "auto")
 UPDATES = ("flush", "async")
 PARTITIONS = ("uniform", "params", "adaptive")
 EXISTING = ("move", "refuse")
 ALLREDUCE = ("auto", "gloo", "ring", "hierarchical", "hierarchical_rs")
+STRATEGIES = ("fixed", "auto")
+MOE_KEYS = ("moe_every", "experts", "top_k", "capacity_factor", "aux_loss")  # [model] keys of moe_gpt alone
+BUILT_IN_MODELS = ("gpt", "moe_gpt")
 DATA_NAMES = ("bytes", "text")
 
 
@@ -37,13 +40,21 @@ def key(default: Any, doc: str) -> Any:
 class ModelConfig:
     """The model: the built-in byte-level GPT (vocabulary 256), or any layered model by import path."""
 
-    name: str = key("gpt", 'gpt (the built-in byte-level GPT) or "package.module:function", called with the '
-                           "[model] table as a dict, returning a ModelSpec, a LayeredModel or (nn.Sequential, loss_fn)")
-    layers: int = key(4, "gpt: transformer blocks (the LayeredModel adds an embedding and a head layer)")
-    width: int = key(128, "gpt: embedding width; divisible by heads")
-    heads: int = key(4, "gpt: attention heads per block")
-    context: int = key(128, "gpt: sequence length in tokens (bytes)")
-    dropout: float = key(0.0, "gpt: dropout probability in [0, 1)")
+    name: str = key("gpt", 'gpt (the built-in byte-level GPT), moe_gpt (the GPT with mixture-of-experts blocks) or '
+                           '"package.module:function", called with the [model] table as a dict, returning a '
+                           "ModelSpec, a LayeredModel or (nn.Sequential, loss_fn)")
+    layers: int = key(4, "gpt, moe_gpt: transformer blocks (the LayeredModel adds an embedding and a head layer; "
+                         "moe_gpt's MoE blocks are two layers, attention and experts)")
+    width: int = key(128, "gpt, moe_gpt: embedding width; divisible by heads")
+    heads: int = key(4, "gpt, moe_gpt: attention heads per block")
+    context: int = key(128, "gpt, moe_gpt: sequence length in tokens (bytes)")
+    dropout: float = key(0.0, "gpt, moe_gpt: dropout probability in [0, 1)")
+    moe_every: int = key(2, "moe_gpt: every this many blocks has a mixture-of-experts feed-forward (1 = all)")
+    experts: int = key(8, "moe_gpt: experts per MoE layer (E)")
+    top_k: int = key(2, "moe_gpt: experts per token, 1 or 2")
+    capacity_factor: float = key(0.0, "moe_gpt: an expert keeps ceil(factor * top_k * tokens / experts) of a "
+                                      "micro-batch's assignments (first choices first, in token order); 0 = all")
+    aux_loss: float = key(0.01, "moe_gpt: weight of the load-balancing loss (Switch / GShard); 0 = off")
     options: dict[str, Any] = key({}, "model.KEY = value for any other KEY: passed to a model given by import path")
 
     def table(self) -> dict[str, Any]:
@@ -72,10 +83,11 @@ class DataConfig:
 
 def table_of(section: ModelConfig | DataConfig) -> dict[str, Any]:
     """A [model] or [data] table without `name`: its free-form keys when the name is an import path (the
-    fields are then unused), else its fields."""
+    fields are then unused), else its fields (the MoE keys only for moe_gpt)."""
     if is_import_path(section.name):
         return copy.deepcopy(section.options)
-    return {f.name: getattr(section, f.name) for f in dataclasses.fields(section) if f.name not in ("name", "options")}
+    skip = ("name", "options") + (MOE_KEYS if section.name != "moe_gpt" else ())
+    return {f.name: getattr(section, f.name) for f in dataclasses.fields(section) if f.name not in skip}
 
 
 @dataclass
@@ -92,6 +104,11 @@ class ClusterConfig:
     bandwidth: str = key("1gbit", "testbed per-host link rate (tc syntax: 200mbit, 1gbit, ...)")
     stop_grace_s: float = key(60.0, "after SIGTERM / SIGINT, seconds the workers get to finish their step and "
                                     "checkpoint before they are killed")
+    memory_gb: float | list[float] = key(0.0, "memory per rank in GB that parallel.schedule = auto keeps parameters, "
+                                              "optimizer state and activations within (one for all or one per "
+                                              "rank); 0 = the cluster spec's, or no limit")
+    traffic: list[Any] = key([], 'testbed: other traffic from a step on, e.g. ["100:flows:1:2:4"] (4 bulk TCP flows '
+                                 'host 1 -> 2; 0 stops them) or ["200:rate:2:50mbit"] (host 2\'s link, both ways)')
     device: str = key("auto", "where each rank computes: auto (cuda:LOCAL_RANK where CUDA has a GPU for every local "
                               "rank, else the CPU), cpu, cuda (fewer GPUs than ranks: shared)")
 
@@ -102,7 +119,10 @@ class ParallelConfig:
 
     stages: int = key(4, "pipeline stages; cluster.workers / stages data-parallel replicas of the pipeline")
     schedule: str = key("1f1b", "pipeline schedule: gpipe, 1f1b, kfkb, multidir (parallel.directions pipelines "
-                                "over the same ranks in different orders, optimizer state held once)")
+                                "over the same ranks in different orders, optimizer state held once), or auto (the "
+                                "split into micro-batches and K of kFkB chosen by simulation under the measured "
+                                "links, chosen again as they change; microbatches and k are then only where the job "
+                                "starts measuring)")
     microbatches: int = key(8, "micro-batches per step (per replica; multidir: per direction); must divide the "
                                "replica's batch")
     k: int = key(1, "kfkb: forwards (then backwards) per group; 1 = 1F1B, >= microbatches = GPipe")
@@ -120,6 +140,11 @@ class ParallelConfig:
                              "1/directions of the batch, 2..stages/2")
     update: str = key("flush", "multidir: flush (a batch's update before the next batch: single-process training) or "
                                "async (the next batch enters at once, on weights at most one step stale)")
+    experts: int = key(1, "moe_gpt: expert-parallel width: each MoE layer's experts split over this many replicas "
+                          "of a stage (contiguous, model.experts / experts each); divides the replicas")
+    strategy: str = key("fixed", "fixed (parallel.stages and experts as given) or auto (moe_gpt: the fastest "
+                                 "strategy of the pool the performance model prices, as `gearshift plan --moe` "
+                                 "prints it; sets stages, experts and partition)")
 
 
 @dataclass
@@ -171,6 +196,15 @@ class AdaptConfig:
     alpha: float = key(0.5, "weight of the newest sample in the smoothed speed estimates, in (0, 1]")
     profile: str = key("", 'ModelProfile JSON from `gearshift profile`; "" = profile at start')
     force: list[Any] = key([], "forced re-partitions, [[step, [[start, end], ...]], ...] (tests, demos)")
+    link_change: float = key(0.25, "parallel.schedule = auto: re-price between periods when the step time moves by "
+                                   "this fraction and a probed link's bandwidth or latency moved by it too; 0 = "
+                                   "only every adapt.every steps")
+    schedule_margin: float = key(0.05, "parallel.schedule = auto: switch only when the new schedule is predicted "
+                                       "faster by this fraction")
+    profiles: str = key("", "directory of per-micro-batch-size profiles (read if there, written when measured); "
+                            '"" = profile at start')
+    force_schedule: list[Any] = key([], "forced schedule switches, [[step, m, k], ...]: from `step` on, m "
+                                        "micro-batches in groups of k (tests, benchmarks)")
 
 
 @dataclass
@@ -183,6 +217,8 @@ class OutputConfig:
     trace: bool = key(True, "write trace.json (Perfetto): one step's measured timeline beside the simulator's")
     trace_step: int = key(-1, "the step to trace; -1 = the last")
     progress: bool = key(True, "progress bar and summary on the console")
+    moe_trace: bool = key(False, "moe_gpt: write moe_trace.npz, every step's tokens routed per MoE layer and expert "
+                                 "(summed over ranks): loads[step, layer, expert]")
 
 
 @dataclass
@@ -292,6 +328,13 @@ def _apply_free_form(obj: ModelConfig | DataConfig, sec: str, table: dict, hints
                               f"{sec}.name = 'package.module:function')")
         else:
             setattr(obj, key, _coerce(f"{sec}.{key}", hints[key], value))
+            given(obj).add(key)
+
+
+def given(section: ModelConfig | DataConfig) -> set[str]:
+    """The fields of [model] or [data] that a config file or override set (kept beside the dataclass fields:
+    validation refuses moe_gpt's keys set for another model)."""
+    return section.__dict__.setdefault("_given", set())
 
 
 def parse_override(arg: str) -> tuple[str, str, Any]:
@@ -345,6 +388,8 @@ def validate(cfg: JobConfig) -> JobConfig:
                                  f"keep_together leaves {cuts} places to cut")
     _check(p.schedule in SCHEDULES, f"parallel.schedule: {p.schedule!r} (allowed: {', '.join(SCHEDULES)})")
     _check(p.microbatches >= 1, f"parallel.microbatches: must be >= 1, got {p.microbatches}")
+    _validate_memory(c.memory_gb, c.workers)
+    _validate_traffic(c)
     _check(p.k >= 1, f"parallel.k: must be >= 1, got {p.k}")
     _check(p.update in UPDATES, f"parallel.update: {p.update!r} (allowed: {', '.join(UPDATES)})")
     if p.schedule == "multidir":
@@ -371,6 +416,7 @@ def validate(cfg: JobConfig) -> JobConfig:
         f"{'direction(s)' if p.schedule == 'multidir' else 'replica(s)'} x parallel.microbatches "
         f"({p.microbatches}), got {t.batch_size}",
     )
+    _validate_experts(cfg)
     _check(t.steps >= 1, f"train.steps: must be >= 1, got {t.steps}")
     _check(t.lr > 0, f"train.lr: must be > 0, got {t.lr}")
     _check(0 <= t.min_lr <= t.lr, f"train.min_lr: must be in [0, train.lr], got {t.min_lr}")
@@ -402,6 +448,11 @@ def validate(cfg: JobConfig) -> JobConfig:
     _check(0 < a.alpha <= 1, f"adapt.alpha: must be in (0, 1], got {a.alpha}")
     if a.profile:
         read_profile(a.profile, "adapt.profile", n_layers, ConfigError, layers_are)
+    _check(a.link_change >= 0, f"adapt.link_change: must be >= 0 (0 = off), got {a.link_change}")
+    _check(0 <= a.schedule_margin < 1, f"adapt.schedule_margin: must be in [0, 1), got {a.schedule_margin}")
+    if a.profiles:
+        check_dir(a.profiles, "adapt.profiles", ConfigError)
+    _validate_force_schedule(a.force_schedule, t.batch_size // max(cfg.replicas, 1))
     for i, f in enumerate(a.force):
         _check(isinstance(f, list) and len(f) == 2 and isinstance(f[0], int) and f[0] >= 0,
                f"adapt.force[{i}]: expected [step, [[start, end], ...]] with step >= 0, got {f!r}")
@@ -422,9 +473,38 @@ def _check_multidir(cfg: JobConfig) -> None:
     _check(p.partition != "adaptive", "parallel.partition: adaptive re-partitioning does not apply to multidir "
                                       "(allowed: uniform = equal compute time, params, [[start, end], ...])")
     _check(not cfg.adapt.force, "adapt.force: re-partitioning does not apply to parallel.schedule = multidir")
+    _check(not cfg.adapt.force_schedule, "adapt.force_schedule: kFkB switches do not apply to parallel.schedule = "
+                                         "multidir")
+    _check(p.experts == 1 and p.strategy == "fixed", "parallel.experts: expert parallelism does not apply to "
+                                                     "parallel.schedule = multidir (allowed: 1, strategy fixed)")
     _check(cfg.cluster.device != "cuda" and cfg.cluster.backend != "nccl",
            f"cluster.device: multidir runs on the CPU over gloo, got device {cfg.cluster.device!r} with backend "
            f"{cfg.cluster.backend!r} (allowed with multidir: device auto or cpu, backend auto or gloo)")
+def _validate_memory(memory_gb: float | list[float], workers: int) -> None:
+    if isinstance(memory_gb, list):
+        _check(len(memory_gb) == workers and all(x > 0 for x in memory_gb),
+               f"cluster.memory_gb: expected one value > 0 per rank ({workers} workers), got {memory_gb!r}")
+    else:
+        _check(memory_gb >= 0, f"cluster.memory_gb: must be >= 0 (0 = no limit of its own), got {memory_gb}")
+
+
+def _validate_traffic(c: ClusterConfig) -> None:
+    if not c.traffic:
+        return
+    from gearshift.cluster.traffic import parse_events
+
+    _check(c.testbed, "cluster.traffic: needs cluster.testbed = true (the traffic runs between its hosts)")
+    parse_events(c.traffic, c.workers // (c.ranks_per_node or c.workers))
+
+
+def _validate_force_schedule(force: list, batch: int) -> None:
+    for i, f in enumerate(force):
+        _check(isinstance(f, list) and len(f) == 3 and all(isinstance(x, int) and not isinstance(x, bool) for x in f)
+               and f[0] >= 0 and f[1] >= 1 and f[2] >= 1,
+               f"adapt.force_schedule[{i}]: expected [step, m, k] with step >= 0 and m, k >= 1, got {f!r}")
+        _check(batch % f[1] == 0, f"adapt.force_schedule[{i}]: m = {f[1]} does not divide the batch per replica "
+                                  f"({batch})")
+        _check(f[2] <= f[1], f"adapt.force_schedule[{i}]: k = {f[2]} is more than m = {f[1]} (k = m is GPipe)")
 
 
 def _check_corpus(path: str) -> None:
@@ -466,6 +546,14 @@ def _validate_model(cfg: JobConfig) -> tuple[int, str, list[int]]:
     """Check [model]; returns its number of layers, where that number comes from, and the layer boundaries
     it must not be cut at. A model given by import path is imported and called to know them."""
     m = cfg.model
+    moe = sorted(given(m) & set(MOE_KEYS))
+    _check(m.name == "moe_gpt" or not moe or is_import_path(m.name),
+           f"model.{moe[0] if moe else ''}: a key of model.name = \"moe_gpt\" (the model is {m.name!r})")
+    if m.name == "moe_gpt":
+        from gearshift.models.moe import MoEConfig
+
+        mc = MoEConfig(vocab_size=256, **m.table())
+        return mc.num_layers, "= embedding + blocks + MoE blocks + head", []
     if m.name != "gpt":
         from gearshift.models.spec import resolve_model
 
@@ -476,6 +564,23 @@ def _validate_model(cfg: JobConfig) -> tuple[int, str, list[int]]:
     _check(m.width % m.heads == 0, f"model.width: must be divisible by model.heads ({m.width} % {m.heads} != 0)")
     _check(0 <= m.dropout < 1, f"model.dropout: must be in [0, 1), got {m.dropout}")
     return m.layers + 2, "= model.layers + embedding + head", []
+
+
+def _validate_experts(cfg: JobConfig) -> None:
+    """parallel.experts and parallel.strategy against the model and the replicas."""
+    p, moe = cfg.parallel, cfg.model.name == "moe_gpt"
+    _check(p.strategy in STRATEGIES, f"parallel.strategy: {p.strategy!r} (allowed: {', '.join(STRATEGIES)})")
+    _check(moe or p.strategy == "fixed", f"parallel.strategy: auto is for model.name = \"moe_gpt\" (the model is "
+                                         f"{cfg.model.name!r})")
+    _check(p.experts >= 1, f"parallel.experts: must be >= 1, got {p.experts}")
+    _check(moe or p.experts == 1, f"parallel.experts: expert parallelism needs model.name = \"moe_gpt\" (the model "
+                                  f"is {cfg.model.name!r})")
+    _check(cfg.replicas % p.experts == 0, f"parallel.experts: must divide the replicas of a stage (cluster.workers / "
+                                          f"parallel.stages = {cfg.replicas}), got {p.experts}")
+    _check(not moe or cfg.model.experts % p.experts == 0,
+           f"parallel.experts: must divide model.experts ({cfg.model.experts}), got {p.experts}")
+    _check(not cfg.output.moe_trace or moe, f"output.moe_trace: for model.name = \"moe_gpt\" (the model is "
+                                            f"{cfg.model.name!r})")
 
 
 def _validate_data(cfg: JobConfig) -> None:
@@ -491,7 +596,7 @@ def _validate_data(cfg: JobConfig) -> None:
     _check(0 < d.val_fraction < 1, f"data.val_fraction: must be in (0, 1), got {d.val_fraction}")
     _check(d.max_bytes >= 1024, f"data.max_bytes: must be >= 1024, got {d.max_bytes}")
     _check(d.seq_len >= 0, f"data.seq_len: must be >= 0 (0 = model.context), got {d.seq_len}")
-    if cfg.model.name == "gpt":
+    if cfg.model.name in BUILT_IN_MODELS:
         _check(d.seq_len <= cfg.model.context,
                f"data.seq_len: at most model.context ({cfg.model.context}), got {d.seq_len}")
     else:

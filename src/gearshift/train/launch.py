@@ -4,6 +4,7 @@ SIGTERM or SIGINT lets them stop after a checkpoint."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -135,7 +136,25 @@ def launch(
     cfg_path = run_dir / "config.json"
     cfg_path.write_text(json.dumps(cfg.to_dict(), indent=1))
     cmd = [sys.executable, "-m", "gearshift.train", "--from-json", str(cfg_path)] + (["--resume"] if resume else [])
-    return run_ranks(cmd, n, cfg.cluster.ranks_per_node or n, run_dir, testbed, env, quiet, cfg.cluster.stop_grace_s)
+    with traffic(cfg, testbed, quiet):
+        return run_ranks(cmd, n, cfg.cluster.ranks_per_node or n, run_dir, testbed, env, quiet,
+                         cfg.cluster.stop_grace_s)
+
+
+def traffic(cfg: JobConfig, testbed, quiet: bool = False) -> contextlib.AbstractContextManager:
+    """The job's cluster.traffic on the testbed while the workers run (nothing without either)."""
+    if not cfg.cluster.traffic:
+        return contextlib.nullcontext()
+    if testbed is None or not testbed.emulated:
+        if not quiet:
+            print("gearshift: cluster.traffic needs the emulated testbed (root): no traffic runs", file=sys.stderr)
+        return contextlib.nullcontext()
+    from gearshift.cluster.traffic import TrafficDriver, parse_events
+
+    out = Path(cfg.output.dir)
+    (out / "traffic.jsonl").unlink(missing_ok=True)
+    return TrafficDriver(testbed, parse_events(cfg.cluster.traffic, testbed.config.nodes), out / "metrics.jsonl",
+                         out / "traffic.jsonl")
 
 
 def use_functions(cfg: JobConfig, model: Callable | None = None, data: Callable | None = None) -> JobConfig:

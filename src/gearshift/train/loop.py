@@ -11,23 +11,27 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from gearshift.train.adaptation import build_adapter, plan_start
+from gearshift.runtime.reschedule import describe as describe_schedule
+from gearshift.train.adaptation import build_adapter, build_switcher, plan_start, start_schedule
 from gearshift.train.build import build_runtime, job_model, lr_at
 from gearshift.train.checkpoint import Checkpointer
 from gearshift.train.config import JobConfig
 from gearshift.train.datasets import JobData, job_data
 from gearshift.train.evaluation import Evaluator
+from gearshift.train.layout import resolve_partition
 from gearshift.train.metrics import MetricsLog, read_metrics, step_record
-from gearshift.train.profiling import microbatch_size
+from gearshift.train.moe_trace import FILENAME, MoETrace
 from gearshift.train.progress import Progress, print_summary
 from gearshift.train.rundir import prepare_run_dir, write_config
 from gearshift.train.stop import StopRequest
+from gearshift.train.strategy import resolve_auto
 from gearshift.train.tracing import Tracer
 
 
 def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None) -> dict:
     """Run the job; returns the summary (on every rank)."""
     rank = dist.get_rank()
+    cfg, strategy = resolve_auto(cfg)  # parallel.strategy = "auto": the pool's best (collective)
     t, out = cfg.train, Path(cfg.output.dir)
     if rank == 0:
         note = prepare_run_dir(cfg, resume)
@@ -38,6 +42,7 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
     torch.manual_seed(t.seed + rank)
     data, spec = job_data(cfg), job_model(cfg)
     adapter = build_adapter(cfg, data, spec)
+    switcher = build_switcher(cfg, adapter)
     ckpt = Checkpointer(cfg)
     bounds, plan = None, None
     if resume and cfg.parallel.partition == "adaptive":  # continue from the partition that was learned
@@ -45,18 +50,32 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
     if bounds is None and cfg.parallel.partition == "adaptive":  # the DP's plan, before any layer is built
         plan = plan_start(cfg, adapter, spec, data)
         bounds = [tuple(b) for b in plan["bounds"]]
-    rt = build_runtime(cfg, bounds, adapter, spec, data)
+    choice = None
+    if switcher:  # the schedule for the partition it starts with, under the links as measured now
+        bounds = bounds or resolve_partition(cfg, spec)
+        first = int(ckpt.resumed()["step"]) if resume else 0
+        choice = start_schedule(cfg, adapter, switcher, bounds, spec, data, first)
+    rt = build_runtime(cfg, bounds, adapter, spec, data, switcher.schedule() if switcher else None)
     start = ckpt.restore(rt) if resume else 0
     log = MetricsLog(out / "metrics.jsonl", resume_step=start if resume else None) if rank == 0 else None
     bar = Progress(t.steps, start, enabled=rank == 0 and cfg.output.progress)
+    trace = MoETrace(out / FILENAME, rt.experts.moe_layers, rt.experts.experts, start if resume else None) \
+        if rank == 0 and cfg.output.moe_trace and rt.experts is not None else None
+    if strategy and log:
+        log.write(strategy)
+        bar.note(f"strategy auto: {strategy['chosen']} (the fastest predicted of {len(strategy['pool'])})")
     if plan and log:
         log.write(plan)
         bar.note(_describe(plan))
+    if choice and log:
+        log.write(choice)
+        bar.note(describe_schedule(choice))
     evaluate, tracer = Evaluator(cfg, data), Tracer(cfg, adapter, data, spec)
     if rank == 0 and t.eval_every and not data.has_val:
         print("gearshift: the data has no validation split: no validation loss (train.eval_every ignored)",
               flush=True)
     tokens = t.batch_size * data.tokens_per_sample
+    per_replica = t.batch_size // cfg.replicas
     history: list[dict] = []
     wall0 = time.perf_counter()
     end = min(t.steps, start + t.stop_after) if t.stop_after else t.steps
@@ -68,11 +87,15 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
             adapter.step = step
         res = rt.step(x, y, lr)
         if adapter:
-            adapter.observe(rt, res.record, microbatch_size(cfg))
+            adapter.observe(rt, res.record, per_replica // rt.schedule.num_microbatches)
         speed = adapter.monitor.speed(rank) if adapter else None
         rec, stopped = step_record(step, res.loss, res.grad_norm, lr, res.record.busy_s, res.record.step_s,
                                    rt.bounds, tokens, speed, stop is not None and stop.requested,
                                    res.record.peak_act_bytes)
+        if res.moe is not None:
+            rec.update(res.moe.record())
+            if trace:
+                trace.add(step, res.moe.routed)
         if evaluate.due(step):
             rec["val_loss"] = evaluate(rt)
         tracer.maybe(step, rt, res.record)
@@ -85,12 +108,21 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
         if decision and log:
             log.write(decision)
             bar.note(_describe(decision))
+        if switcher:
+            choice = switcher.after_step(adapter, rt, step, rec["step_time_s"], probed=decision is not None)
+            if choice and log:
+                log.write(choice)
+                bar.note(describe_schedule(choice))
         if ckpt.due(step + 1, end) or stopped:
             path = ckpt.save(rt, step + 1)
         if stopped:
             break
     bar.close()
+    if trace:
+        trace.save()
     summary = _summary(cfg, history, start, time.perf_counter() - wall0, data)
+    if switcher:
+        summary["schedule_runs"] = switcher.runs
     if rank == 0:
         if log:
             log.close()

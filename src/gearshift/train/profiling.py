@@ -1,6 +1,12 @@
-"""Profile the configured job's model on one micro-batch of its own data (what planners read)."""
+"""Profile the configured job's model on micro-batches of its own data (what planners read): at the job's
+micro-batch size, or at each size a schedule choice may run (cached per model and size)."""
 
 from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import replace
+from pathlib import Path
 
 import torch
 
@@ -17,10 +23,11 @@ def microbatch_size(cfg: JobConfig) -> int:
 
 
 def profile_job(cfg: JobConfig, repeats: int = 5, warmup: int = 2, data: JobData | None = None,
-                spec: ModelSpec | None = None, device: torch.device | None = None) -> ModelProfile:
-    """Per-layer times and bytes of the job's model for one of its micro-batches, on one thread, layer by
-    layer (each built, measured and dropped), on `device` (default: the job's, cluster.device); the model's
-    keep_together becomes the profile's no_cut."""
+                spec: ModelSpec | None = None, size: int | None = None,
+                device: torch.device | None = None) -> ModelProfile:
+    """Per-layer times and bytes of the job's model for one of its micro-batches (or one of `size` samples),
+    on one thread, layer by layer (each built, measured and dropped), on `device` (default: the job's,
+    cluster.device); the model's keep_together becomes the profile's no_cut."""
     from gearshift.train.build import brings_own, check_job, job_model
     from gearshift.train.datasets import job_data
 
@@ -30,8 +37,51 @@ def profile_job(cfg: JobConfig, repeats: int = 5, warmup: int = 2, data: JobData
         spec, data = spec or job_model(cfg), data or job_data(cfg)
         if brings_own(cfg):  # a model and data that do not fit: one line, not a traceback
             check_job(cfg, spec, data)
-        x, y = data.sample(microbatch_size(cfg), cfg.train.seed)
+        x, y = data.sample(size or microbatch_size(cfg), cfg.train.seed)
         return profile_spec(spec, cfg.train.seed, x, y, repeats=repeats, warmup=warmup,
                             device=job_device(cfg) if device is None else device)
     finally:
         torch.set_num_threads(threads)
+
+
+def profile_sizes(cfg: JobConfig, sizes: list[int], cache: str = "", passes: int = 1, repeats: int = 3,
+                  warmup: int = 1, data: JobData | None = None,
+                  spec: ModelSpec | None = None, device: torch.device | None = None) -> dict[int, ModelProfile]:
+    """The job's model profiled at each micro-batch size on `device` (default: the job's), once: read from the
+    `cache` directory when a profile of this model on that kind of device at that size is there, else measured
+    (per layer, the fastest of `passes` passes: a shared machine only ever adds time) and written there."""
+    from gearshift.train.build import job_model
+    from gearshift.train.datasets import job_data
+
+    spec, data = spec or job_model(cfg), data or job_data(cfg)
+    device = job_device(cfg) if device is None else device
+    out, paths = {}, {}
+    for size in sorted(set(sizes)):
+        paths[size] = Path(cache) / f"profile-{model_key(cfg, device)}-mb{size}.json" if cache else None
+        if paths[size] is not None and paths[size].is_file():
+            out[size] = ModelProfile.load(paths[size])
+    todo = [size for size in paths if size not in out]
+    runs: dict[int, list[ModelProfile]] = {size: [] for size in todo}
+    for _ in range(passes):  # pass by pass over the sizes: a burst of other load lands on one pass of each
+        for size in todo:
+            runs[size].append(profile_job(cfg, repeats, warmup, data, spec, size, device))
+    for size in todo:
+        rs = runs[size]
+        layers = [replace(lps[0], forward_s=min(lp.forward_s for lp in lps),
+                          backward_s=min(lp.backward_s for lp in lps)) for lps in zip(*(r.layers for r in rs))]
+        out[size] = replace(rs[0], layers=layers, meta={**rs[0].meta, "passes": passes})
+        if paths[size] is not None:
+            paths[size].parent.mkdir(parents=True, exist_ok=True)
+            tmp = paths[size].with_suffix(".tmp")
+            out[size].save(tmp)
+            tmp.replace(paths[size])
+    return out
+
+
+def model_key(cfg: JobConfig, device: torch.device | None = None) -> str:
+    """A short digest of what a profile depends on: the model, the shape of its samples, the kind of device."""
+    what = {"device": (device or torch.device("cpu")).type, "model": cfg.model.name, "table": cfg.model.table(),
+            "data": cfg.data.name, "seq_len": cfg.data.seq_len,
+            "data_table": cfg.data.table() if cfg.data.name not in ("bytes", "text") else {},
+            "torch": torch.__version__}
+    return hashlib.sha1(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:12]

@@ -45,12 +45,16 @@ def print_summary(cfg: JobConfig, s: dict) -> None:
     throughput, bubbles."""
     t = Table(title="Gearshift run summary", show_header=False)
     p = cfg.parallel
+    if s.get("schedule_runs"):  # auto or forced switches: what ran from which step
+        runs = "; ".join(f"m={r['m']} K={r['k']} from step {r['from_step']}" for r in s["schedule_runs"])
+        what = f"{p.schedule} schedule ({runs})"
+    else:
+        what = f"{p.schedule}{'' if p.schedule != 'kfkb' else f' K={p.k}'}, {p.microbatches} micro-batches"
     if p.schedule == "multidir":
         t.add_row("job", f"{cfg.cluster.workers} workers, multidir: {p.directions} directions over {p.stages} stages, "
                   f"update {p.update}, {p.microbatches} micro-batches per direction")
     else:
-        t.add_row("job", f"{cfg.cluster.workers} workers, {p.stages} stages x {cfg.replicas} replica(s), "
-                  f"{p.schedule}{'' if p.schedule != 'kfkb' else f' K={p.k}'}, {p.microbatches} micro-batches")
+        t.add_row("job", f"{cfg.cluster.workers} workers, {p.stages} stages x {cfg.replicas} replica(s), {what}")
     t.add_row("steps", f"{s['start_step']} -> {s['steps']} in {s['wall_s']:.1f} s")
     unit = " nats" if cfg.model.name == "gpt" else ""  # a custom model's loss is whatever its loss_fn gives
     t.add_row("train loss", f"{s['first_loss']:.3f} -> {s['final_loss']:.3f}{unit}")

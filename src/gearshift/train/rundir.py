@@ -10,7 +10,7 @@ from pathlib import Path
 from gearshift.errors import ConfigError
 from gearshift.train.config import JobConfig
 
-RESULTS = ("metrics.jsonl", "checkpoints", "trace.json", "metrics.png", "report.html", "config.json")
+RESULTS = ("metrics.jsonl", "checkpoints", "trace.json", "metrics.png", "report.html", "config.json", "moe_trace.npz")
 
 
 def holds_run(out: Path) -> bool:

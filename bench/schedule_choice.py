@@ -1,0 +1,309 @@
+"""Network-aware schedule choice on the namespace testbed: a 4-stage GPT pipeline, one rank per host, 200 Mbit/s
+host links, every rank emulated `--slowdown` times slower (duty cycle: each compute op is mostly sleep, so the 4
+ranks do not contend for the 2 cores). Three scenarios:
+
+  idle       the links carry only the job;
+  contended  every pipeline link also carries `--flows` bulk TCP flows each way (cluster.traffic, from step 0);
+  change     idle, then contended from step `--change` (parallel.schedule = auto, adapt.every = `--every`).
+
+In idle and contended one job each measures every (m, K) candidate, interleaved: it starts on auto's pick, then
+adapt.force_schedule cycles through the candidates (`--rounds` rounds, `--segment` steps each, the first step of
+each segment left out), and each switch re-probes the links and logs every candidate's predicted step time.
+Fixed 1F1B with m = 8 is one of the candidates.
+
+Usage (root): .venv/bin/python bench/schedule_choice.py [--quick] [--keep DIR]"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+HOSTS = 4
+BASELINE = (8, 1)  # fixed 1F1B, 8 micro-batches
+
+
+def job_args(a: argparse.Namespace, profiles: Path) -> list[str]:
+    """Overrides shared by every job of the benchmark."""
+    return [f"--model.layers={a.layers}", f"--model.width={a.width}", f"--model.heads={a.heads}",
+            f"--model.context={a.context}", f"--train.batch_size={a.batch}", f"--cluster.workers={HOSTS}",
+            f"--parallel.stages={HOSTS}", "--cluster.ranks_per_node=1", "--cluster.testbed=true",
+            f"--cluster.bandwidth={a.bandwidth}", "--parallel.schedule=auto", "--train.eval_every=0",
+            "--train.checkpoint_every=0", "--output.trace=false", "--output.progress=false",
+            "--train.warmup_steps=5", f"--data.max_bytes={a.max_bytes}", f"--adapt.profiles={profiles}",
+            "--emulate.slowdown=[" + ",".join([str(a.slowdown)] * HOSTS) + "]"]
+
+
+def contention(a: argparse.Namespace, step: int) -> list[str]:
+    """cluster.traffic: `flows` bulk flows each way over every pipeline link, from `step` on."""
+    ev = [f"{step}:flows:{h}:{h + 1}:{a.flows}" for h in range(HOSTS - 1)]
+    ev += [f"{step}:flows:{h + 1}:{h}:{a.flows}" for h in range(HOSTS - 1)]
+    return ["--cluster.traffic=" + json.dumps(ev, separators=(",", ":"))]
+
+
+def run_job(name: str, args: list[str], work: Path, tb) -> list[dict]:
+    """One job on the testbed (launched from this process, which owns the testbed); its metrics.jsonl."""
+    from gearshift.train.config import load_config
+    from gearshift.train.launch import launch
+    from gearshift.train.metrics import read_metrics
+
+    out = work / name
+    shutil.rmtree(out, ignore_errors=True)
+    cfg = load_config(None, [*args, f"--output.dir={out}"])
+    t0 = time.perf_counter()
+    rc = launch(cfg, testbed=tb, quiet=False)
+    if rc != 0:
+        raise SystemExit(f"schedule_choice: job {name} failed (exit {rc})")
+    rows = read_metrics(out / "metrics.jsonl")
+    print(f"  {name:<10} {sum(1 for r in rows if 'event' not in r)} steps in {time.perf_counter() - t0:5.1f} s",
+          flush=True)
+    return rows
+
+
+def candidates(a: argparse.Namespace, cfg) -> list[tuple[int, int]]:
+    """Every (m, K) auto prices (the same list its records hold)."""
+    from gearshift.schedules import make_schedule
+
+    out, S = [], HOSTS
+    for m in [m for m in range(1, a.batch + 1) if a.batch % m == 0]:
+        seen = set()
+        for k in range(1, m + 1):
+            acts = tuple(tuple(x) for x in make_schedule("kfkb", S, m, k=k).actions)
+            if acts not in seen:
+                seen.add(acts)
+                out.append((m, k))
+    return out
+
+
+def grid(name: str, a: argparse.Namespace, base: list[str], cands: list[tuple[int, int]], work: Path, tb,
+         extra: list[str]) -> dict:
+    """One job measuring every candidate, interleaved: segment 0 runs auto's own pick, then each round visits
+    every candidate once (round r in a shuffled order, the next reversed). Per candidate: its segments' step
+    times (first step of each left out) and the predictions logged when it was switched to."""
+    order = []
+    rng = random.Random(7)
+    for r in range(a.rounds):
+        o = list(cands)
+        rng.shuffle(o)
+        order += o if r % 2 == 0 else o[::-1]
+    seg = a.segment
+    force = [[(i + 1) * seg, m, k] for i, (m, k) in enumerate(order)]
+    steps = (len(order) + 1) * seg
+    rows = run_job(name, [*base, *extra, f"--train.steps={steps}", "--adapt.every=0", "--adapt.link_change=0",
+                          "--adapt.force_schedule=" + json.dumps(force, separators=(",", ":"))], work, tb)
+    steps_rec = {r["step"]: r for r in rows if "event" not in r}
+    decisions = [r for r in rows if r.get("event") == "schedule"]
+    start = decisions[0]
+    per: dict[tuple[int, int], dict] = {c: {"times": [], "rounds": [], "predicted": []} for c in cands}
+    segments = [(0, tuple(start["chosen"]))] + [(d["step"], tuple(d["chosen"])) for d in decisions[1:]]
+    for i, (s0, key) in enumerate(segments):
+        times = [steps_rec[s]["step_time_s"] for s in range(s0 + 1, s0 + seg) if s in steps_rec]
+        per[key]["times"] += times
+        if i > 0:
+            per[key]["rounds"].append(statistics.median(times))
+    for d in decisions:  # every pricing prices every candidate under the links measured then
+        for c in d["candidates"]:
+            per[(c["m"], c["k"])]["predicted"].append(c["predicted_s"])
+    picks = [tuple(start["chosen"])] + [tuple(d["would_choose"]) for d in decisions[1:]]
+    modal = max(dict.fromkeys(picks), key=picks.count)  # ties: the earliest (the start's pick first)
+    return {"start": start, "per": per, "tokens": a.batch * a.context, "order": order, "picks": picks,
+            "modal": modal, "links": [d["measured"] for d in decisions]}
+
+
+def summarize(scenario: str, g: dict) -> list[dict]:
+    """One row per candidate: median measured step time over its segments, its median prediction over the job's
+    pricings, and auto's pick: what the pricings chose most often (each forced switch re-prices every candidate
+    under the links probed then, as auto does every period)."""
+    pick = g["modal"]
+    rows = []
+    for (m, k), d in g["per"].items():
+        meas = statistics.median(d["times"])
+        pred = statistics.median(d["predicted"])
+        spread = (max(d["rounds"]) - min(d["rounds"])) / statistics.mean(d["rounds"]) if len(d["rounds"]) > 1 else None
+        rows.append({"scenario": scenario, "m": m, "k": k, "tokens_per_s": g["tokens"] / meas,
+                     "measured_step_s": meas, "predicted_step_s": pred, "auto": (m, k) == pick,
+                     "auto_at_start": (m, k) == tuple(g["start"]["chosen"]),
+                     "start_predicted_step_s": next(c["predicted_s"] for c in g["start"]["candidates"]
+                                                    if (c["m"], c["k"]) == (m, k)),
+                     "round_step_s": d["rounds"], "aa_spread": spread, "steps_measured": len(d["times"]),
+                     "times_picked": g["picks"].count((m, k)), "pricings": len(g["picks"])})
+    return rows
+
+
+def goals_of(rows: list[dict], scenario: str) -> dict:
+    xs = [r for r in rows if r["scenario"] == scenario]
+    best = max(xs, key=lambda r: r["tokens_per_s"])
+    auto = next(r for r in xs if r["auto"])
+    base = next(r for r in xs if (r["m"], r["k"]) == BASELINE)
+    errs = [abs(r["predicted_step_s"] - r["measured_step_s"]) / r["measured_step_s"] for r in xs]
+    top3 = sorted(xs, key=lambda r: r["predicted_step_s"])[:3]
+    spreads = [r["aa_spread"] for r in xs if r["aa_spread"] is not None]
+    return {"best": [best["m"], best["k"]], "best_tokens_per_s": best["tokens_per_s"], "auto": [auto["m"], auto["k"]],
+            "auto_tokens_per_s": auto["tokens_per_s"], "auto_over_best": auto["tokens_per_s"] / best["tokens_per_s"],
+            "auto_over_1f1b_m8": auto["tokens_per_s"] / base["tokens_per_s"],
+            "best_over_1f1b_m8": best["tokens_per_s"] / base["tokens_per_s"],
+            "median_abs_error": statistics.median(errs), "max_abs_error": max(errs),
+            "best_in_sim_top3": any((r["m"], r["k"]) == (best["m"], best["k"]) for r in top3),
+            "sim_top3": [[r["m"], r["k"]] for r in top3],
+            "aa_spread_median": statistics.median(spreads) if spreads else None,
+            "aa_spread_max": max(spreads) if spreads else None}
+
+
+def change(a: argparse.Namespace, base: list[str], work: Path, tb) -> dict:
+    """Auto on idle links, contended from step a.change on."""
+    E, C = a.every, a.change
+    steps = C + a.after * E
+    rows = run_job("change", [*base, *contention(a, C), f"--train.steps={steps}", f"--adapt.every={E}"], work, tb)
+    st = {r["step"]: r for r in rows if "event" not in r}
+    decs = [r for r in rows if r.get("event") == "schedule"]
+    before_key = tuple(next(d for d in reversed(decs) if d["step"] < C)["chosen"])
+    after = [d for d in decs if d["step"] >= C]  # a decision at step C is priced after the traffic started
+    repick = next((d for d in after if d["switch"]), None)
+    settled = (repick["step"] if repick else C) + 2
+    before = [st[s]["step_time_s"] for s in range(max(2, C - 2 * E), C) if s in st]
+    later = [st[s]["step_time_s"] for s in range(settled, steps) if s in st]
+    traffic = [json.loads(ln) for ln in (work / "change" / "traffic.jsonl").read_text().splitlines()]
+    return {"change_step": C, "every": E, "steps": steps, "traffic": traffic,
+            "decisions": [{k: d.get(k) for k in ("step", "trigger", "chosen", "current", "switch", "reason",
+                                                 "predicted_s", "measured_step_s", "links_moved")} for d in decs],
+            "before": {"m": before_key[0], "k": before_key[1], "step_s": statistics.median(before),
+                       "steps": [max(2, C - 2 * E), C]},
+            "after": {"m": (repick or decs[-1])["chosen"][0], "k": (repick or decs[-1])["chosen"][1],
+                      "step_s": statistics.median(later) if later else None, "steps": [settled, steps]},
+            "repick_step": repick["step"] if repick else None,
+            "repick_within_two_periods": bool(repick) and repick["step"] <= C + 2 * E,
+            "tokens": a.batch * a.context}
+
+
+def table(res: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    c = Console(width=150)
+    for sc in ("idle", "contended"):
+        t = Table(title=f"{sc}: every candidate, measured interleaved (duty-cycle emulation x{res['slowdown']})")
+        for col in ("m", "K", "tokens/s", "measured s/step", "predicted s/step", "error", "A/A spread", "auto"):
+            t.add_column(col, justify="right")
+        for r in sorted((r for r in res["rows"] if r["scenario"] == sc), key=lambda r: -r["tokens_per_s"]):
+            t.add_row(str(r["m"]), str(r["k"]), f"{r['tokens_per_s']:,.0f}", f"{r['measured_step_s']:.3f}",
+                      f"{r['predicted_step_s']:.3f}",
+                      f"{(r['predicted_step_s'] - r['measured_step_s']) / r['measured_step_s']:+.1%}",
+                      "-" if r["aa_spread"] is None else f"{r['aa_spread']:.1%}", "*" if r["auto"] else "")
+        c.print(t)
+    g = Table(title="goals")
+    for col in ("goal", "value", "met"):
+        g.add_column(col)
+    for k, (v, goal, met) in res["goals"].items():
+        g.add_row(f"{k} ({goal})", v if isinstance(v, str) else f"{v:.3f}", "[green]yes" if met else "[red]no")
+    c.print(g)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="two rounds of 3-step segments, a shorter change job "
+                                                         "(about 10 minutes on the 2-core machine)")
+    p.add_argument("--layers", type=int, default=2, help="GPT blocks (+ embedding + head: one layer per stage)")
+    p.add_argument("--width", type=int, default=64)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--context", type=int, default=256)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--slowdown", type=float, default=4.0, help="duty-cycle emulation factor on every rank")
+    p.add_argument("--bandwidth", default="200mbit")
+    p.add_argument("--flows", type=int, default=4, help="bulk TCP flows each way per pipeline link (contended)")
+    p.add_argument("--segment", type=int, default=5, help="steps per candidate segment in the grid jobs")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--every", type=int, default=10, help="adapt.every of the change job")
+    p.add_argument("--change", type=int, default=35,
+                   help="the step the change job's links become contended (mid-period)")
+    p.add_argument("--after", type=int, default=4, help="periods the change job runs after the change")
+    p.add_argument("--max-bytes", type=int, default=1_000_000)
+    p.add_argument("--scenarios", default="idle,contended,change")
+    p.add_argument("--keep", default="", help="keep run directories here (default: a temp dir)")
+    p.add_argument("--out", default=str(ROOT / "bench/results/schedule_choice.json"))
+    a = p.parse_args()
+    if a.quick:
+        a.rounds, a.segment, a.change, a.after = 2, 3, 25, 3
+
+    from gearshift.cluster.testbed import Testbed, TestbedConfig, is_root
+    from gearshift.train.config import load_config
+    from gearshift.train.profiling import profile_sizes
+
+    if not is_root():
+        raise SystemExit("schedule_choice: needs root (the namespace testbed)")
+    work = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="gearshift-schedule-"))
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    base = job_args(a, work / "profiles")
+    cfg = load_config(None, [x for x in base if not x.startswith("--cluster.testbed")])
+    sizes = [a.batch // m for m in range(1, a.batch + 1) if a.batch % m == 0]
+    profile_sizes(cfg, sizes, str(work / "profiles"), passes=3)  # every job reads these: one set of numbers
+    cands = candidates(a, cfg)
+    print(f"{len(cands)} candidates; profiles in {work / 'profiles'}", flush=True)
+    scen = a.scenarios.split(",")
+    rows, grids, chg = [], {}, None
+    with Testbed(TestbedConfig(HOSTS, 1, a.bandwidth)) as tb:
+        if not tb.emulated:
+            raise SystemExit("schedule_choice: the testbed did not come up")
+        for sc in ("idle", "contended"):
+            if sc in scen:
+                grids[sc] = grid(sc, a, base, cands, work, tb, contention(a, 0) if sc == "contended" else [])
+                rows += summarize(sc, grids[sc])
+        if "change" in scen:
+            chg = change(a, base, work, tb)
+    goals: dict = {}
+    per = {sc: goals_of(rows, sc) for sc in grids}
+    for sc, g in per.items():
+        goals[f"{sc}: auto / best measured"] = (g["auto_over_best"], ">= 0.95", g["auto_over_best"] >= 0.95)
+        goals[f"{sc}: simulator median |error|"] = (g["median_abs_error"], "<= 0.15", g["median_abs_error"] <= 0.15)
+        goals[f"{sc}: best measured in simulator's top 3"] = (str(g["best_in_sim_top3"]), "true",
+                                                              g["best_in_sim_top3"])
+    if "contended" in per:
+        g = per["contended"]
+        goals["contended: auto / 1F1B m=8"] = (g["auto_over_1f1b_m8"], ">= 1.2", g["auto_over_1f1b_m8"] >= 1.2)
+    if chg is not None:
+        chg["after_tokens_per_s"] = chg["tokens"] / chg["after"]["step_s"] if chg["after"]["step_s"] else None
+        chg["before_tokens_per_s"] = chg["tokens"] / chg["before"]["step_s"]
+        for when in ("before", "after"):
+            d = chg[when]
+            pred = [x["predicted_s"] for x in chg["decisions"] if x["chosen"] == [d["m"], d["k"]]
+                    and (x["step"] >= chg["change_step"]) == (when == "after")]
+            rows.append({"scenario": "change", "m": d["m"], "k": d["k"], "when": when,
+                         "tokens_per_s": chg["tokens"] / d["step_s"] if d["step_s"] else None,
+                         "measured_step_s": d["step_s"], "predicted_step_s": pred[-1] if pred else None,
+                         "auto": True, "steps": d["steps"]})
+        goals["change: re-picked within two periods"] = (str(chg["repick_step"]), f"<= step {a.change + 2 * a.every}",
+                                                         chg["repick_within_two_periods"])
+        if "contended" in per and chg["after_tokens_per_s"]:
+            r = chg["after_tokens_per_s"] / per["contended"]["best_tokens_per_s"]
+            goals["change: after / best contended"] = (r, ">= 0.95", r >= 0.95)
+    res = {"benchmark": "schedule_choice", "quick": a.quick, "date": time.strftime("%Y-%m-%d"),
+           "machine": "2-core shared VM", "hosts": HOSTS, "bandwidth": a.bandwidth, "slowdown": a.slowdown,
+           "emulation": f"duty cycle: every rank sleeps {a.slowdown - 1:g}x its measured compute after each op",
+           "model": {"name": "gpt", "layers": a.layers, "width": a.width, "heads": a.heads, "context": a.context,
+                     "batch": a.batch, "activation_bytes_per_sample": a.width * a.context * 4},
+           "contention": f"{a.flows} bulk TCP flows each way over every pipeline link",
+           "segment": a.segment, "rounds": a.rounds, "candidates": [list(c) for c in cands],
+           "rows": rows, "per_scenario": per, "change": chg,
+           "goals": {k: {"value": v, "goal": g, "met": m} for k, (v, g, m) in goals.items()},
+           "links": {sc: grids[sc]["links"][:2] for sc in grids},
+           "wall_s": round(time.perf_counter() - t0, 1)}
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1) + "\n")
+    table({**res, "goals": goals})
+    print(f"wrote {out} in {res['wall_s']:.0f} s (runs in {work})")
+    if not a.keep:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""The MoE GPT: the GPT with a mixture-of-experts feed-forward in every `moe_every`-th block. A MoE block is two
+layers of the LayeredModel, [Attention, MoELayer], so the profile times the experts apart from the rest and a
+pipeline may cut between them. Routing, capacity and the auxiliary loss are defined per forward call (one
+micro-batch on one rank); where the experts run is the dispatcher's business (LocalDispatch here, all-to-all
+over an expert-parallel group in gearshift.comm.alltoall), so expert parallelism never changes the math.
+
+Routing of a forward call of N tokens: softmax router probabilities p (N x E); each token's top_k experts; gate
+weights p for top-1, p renormalised over the two chosen for top-2. Assignments are ordered choice-major (every
+token's first choice in token order, then every second choice), and an expert keeps the first
+C = ceil(capacity_factor * top_k * N / E) of its queue (capacity_factor 0: all); a dropped assignment adds
+nothing (the residual carries the token). Auxiliary loss (Switch / GShard): E * sum_e f_e * P_e, f_e the share
+of the k N assignments routed to e (before capacity), P_e the mean probability of e; its gradient enters the
+router through AuxGrad, scaled by model.aux_loss and the runtime's loss scale (1 / micro-batches)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import partial
+from typing import Protocol
+
+import torch
+from torch import Tensor, nn
+
+from gearshift.errors import ConfigError
+from gearshift.models.gpt import (
+    MLP,
+    Block,
+    CausalSelfAttention,
+    Embedding,
+    GPTConfig,
+    Head,
+    gpt_loss,
+    init_weights,
+    linear_params,
+)
+from gearshift.models.spec import ModelSpec
+
+
+@dataclass
+class MoEConfig(GPTConfig):
+    """The GPT's shape plus the experts: a MoE feed-forward in blocks moe_every-1, 2*moe_every-1, ... (every
+    moe_every-th block), each with `experts` experts of the dense MLP's shape."""
+
+    moe_every: int = 2
+    experts: int = 8
+    top_k: int = 2
+    capacity_factor: float = 0.0
+    aux_loss: float = 0.01
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("moe_every", "experts"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"model.{name}: must be a positive integer (got {v!r})")
+        if self.moe_every > self.layers:
+            raise ConfigError(f"model.moe_every: at most model.layers ({self.layers}) so that some block has "
+                              f"experts, got {self.moe_every}")
+        if self.top_k not in (1, 2):
+            raise ConfigError(f"model.top_k: 1 or 2 (got {self.top_k!r})")
+        if self.top_k > self.experts:
+            raise ConfigError(f"model.top_k: at most model.experts ({self.experts}), got {self.top_k}")
+        for name in ("capacity_factor", "aux_loss"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise ConfigError(f"model.{name}: must be a number >= 0 (got {v!r})")
+
+    def is_moe(self, block: int) -> bool:
+        """Whether block `block` (0-based) has experts."""
+        return (block + 1) % self.moe_every == 0
+
+    def layer_kinds(self) -> list[str]:
+        """The LayeredModel's layers: "embedding", then per block "block" or "attention", "moe", then "head"."""
+        kinds = ["embedding"]
+        for b in range(self.layers):
+            kinds += ["attention", "moe"] if self.is_moe(b) else ["block"]
+        return kinds + ["head"]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_kinds())
+
+    def moe_layers(self) -> list[int]:
+        """Global indices of the MoE layers."""
+        return [i for i, k in enumerate(self.layer_kinds()) if k == "moe"]
+
+
+class Dispatch(Protocol):
+    """Runs the experts on their assignments. `h` holds one row per kept assignment, grouped by expert in
+    ascending order and in queue order within one; `experts[i]` and `positions[i]` are row i's expert and its
+    place in that expert's queue; `counts[e]` = rows of expert e. Returns the experts' outputs, row for row."""
+
+    def __call__(self, h: Tensor, experts: Tensor, positions: Tensor, counts: Tensor,
+                 modules: nn.ModuleDict) -> Tensor: ...
+
+
+def run_experts(h: Tensor, counts: list[int], ids: list[int], modules: nn.ModuleDict) -> Tensor:
+    """Rows of h grouped by expert (counts[j] rows for expert ids[j]), each group through its expert; an expert
+    with no rows runs too, so each of its parameters gets a (zero) gradient, as in one process."""
+    if not ids:  # a rank that holds no expert receives no rows
+        return h * 0
+    return torch.cat([modules[str(e)](part) for e, part in zip(ids, h.split(counts))])
+
+
+class LocalDispatch:
+    """Every expert on this rank: no communication."""
+
+    def __call__(self, h: Tensor, experts: Tensor, positions: Tensor, counts: Tensor,
+                 modules: nn.ModuleDict) -> Tensor:
+        return run_experts(h, counts.tolist(), list(range(len(counts))), modules)
+
+
+class AuxGrad(torch.autograd.Function):
+    """Returns x unchanged; in backward, `aux` gets gradient `weight`, so weight * d(aux)/d(router) joins the
+    gradient wherever the block sits in a pipeline (its output's gradient is all a stage sees)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, aux: Tensor, weight: float) -> Tensor:
+        ctx.weight = weight
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return grad, grad.new_tensor(ctx.weight), None
+
+
+class MoEFeedForward(nn.Module):
+    """Router + `experts` expert MLPs (nn.ModuleDict keyed by expert index, so state is keyed by expert; an
+    expert-parallel rank keeps the ones it holds: shard()). Counts what it routes while training."""
+
+    def __init__(self, cfg: MoEConfig):
+        super().__init__()
+        self.num_experts, self.top_k = cfg.experts, cfg.top_k
+        self.capacity_factor, self.aux_weight = float(cfg.capacity_factor), float(cfg.aux_loss)
+        self.router = nn.Linear(cfg.width, cfg.experts, bias=False)
+        self.experts = nn.ModuleDict({str(e): MLP(cfg) for e in range(cfg.experts)})
+        self.dispatch: Dispatch = LocalDispatch()
+        self.loss_scale = 1.0  # the runtime's scale of each micro-batch's loss (1 / micro-batches)
+        self.reset_stats()
+
+    def shard(self, held: list[int], dispatch: Dispatch) -> None:
+        """Keep only the experts in `held` and run them through `dispatch` (expert parallelism)."""
+        for e in [k for k in self.experts if int(k) not in held]:
+            del self.experts[e]
+        self.dispatch = dispatch
+
+    def reset_stats(self) -> None:
+        """Zero the counts of routed and dropped assignments and the summed auxiliary loss."""
+        self.routed = torch.zeros(self.num_experts, dtype=torch.int64)
+        self.dropped = 0
+        self.aux_sum, self.calls = 0.0, 0
+
+    def capacity(self, tokens: int) -> int:
+        """Assignments an expert keeps in a forward call of `tokens` tokens."""
+        if self.capacity_factor <= 0:
+            return self.top_k * tokens
+        return math.ceil(self.capacity_factor * self.top_k * tokens / self.num_experts)
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = x.shape
+        h = x.reshape(-1, shape[-1])
+        n, E, k = h.shape[0], self.num_experts, self.top_k
+        probs = self.router(h).softmax(dim=-1)
+        top_p, top_e = probs.topk(k, dim=-1)
+        gates = top_p if k == 1 else top_p / top_p.sum(dim=-1, keepdim=True)
+        expert = top_e.t().reshape(-1)  # assignment a = choice * n + token: choice-major priority
+        token = torch.arange(n).repeat(k)
+        gate = gates.t().reshape(-1)
+        routed = torch.bincount(expert, minlength=E)
+        order = torch.argsort(expert, stable=True)  # grouped by expert, priority order inside each group
+        start = torch.cumsum(routed, 0) - routed
+        position = torch.arange(n * k) - start[expert[order]]
+        keep = position < self.capacity(n)
+        order, position = order[keep], position[keep]
+        counts = routed.clamp(max=self.capacity(n))
+        y = self.dispatch(h[token[order]], expert[order], position, counts, self.experts)
+        out = torch.zeros_like(h).index_add(0, token[order], y * gate[order, None])
+        aux = E * torch.sum(routed.to(probs.dtype) / (n * k) * probs.mean(dim=0))
+        if torch.is_grad_enabled() and self.training:
+            self.routed += routed
+            self.dropped += int(n * k - len(order))
+            self.aux_sum, self.calls = self.aux_sum + float(aux.detach()), self.calls + 1
+            if self.aux_weight > 0:
+                out = AuxGrad.apply(out, aux, self.aux_weight * self.loss_scale)
+        return out.view(shape)
+
+    def flops(self, tokens: int) -> float:
+        """Router plus top_k expert MLPs per token (forward)."""
+        expert = linear_params(self.experts[next(iter(self.experts))]) if len(self.experts) else 0
+        return float(2 * tokens * (self.router.weight.numel() + self.top_k * expert))
+
+
+class Attention(nn.Module):
+    """The attention half of a MoE block: x + attn(ln1(x))."""
+
+    def __init__(self, cfg: MoEConfig):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.width, bias=cfg.bias)
+        self.attn = CausalSelfAttention(cfg)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.attn(self.ln1(x))
+
+    def flops(self, input_shape: tuple[int, ...]) -> float:
+        B, T, C = input_shape
+        return float(2 * linear_params(self) * B * T + 2 * 2 * B * T * T * C)
+
+
+class MoELayer(nn.Module):
+    """The feed-forward half of a MoE block: x + moe(ln2(x))."""
+
+    def __init__(self, cfg: MoEConfig):
+        super().__init__()
+        self.ln2 = nn.LayerNorm(cfg.width, bias=cfg.bias)
+        self.moe = MoEFeedForward(cfg)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.moe(self.ln2(x))
+
+    def flops(self, input_shape: tuple[int, ...]) -> float:
+        return self.moe.flops(math.prod(input_shape[:-1]))
+
+
+def make_moe_layer(cfg: MoEConfig, index: int) -> nn.Module:
+    """Layer `index` of the MoE GPT, initialised from the current RNG state (ModelSpec.layer seeds it)."""
+    kinds = cfg.layer_kinds()
+    if not 0 <= index < len(kinds):
+        raise ValueError(f"layer {index} out of range for {len(kinds)} layers")
+    make = {"embedding": Embedding, "block": Block, "attention": Attention, "moe": MoELayer, "head": Head}
+    layer = make[kinds[index]](cfg)
+    init_weights(layer, cfg.layers)
+    return layer
+
+
+def moe_spec(cfg: MoEConfig) -> ModelSpec:
+    """The MoE GPT as a ModelSpec (what `model.name = "moe_gpt"` trains)."""
+    return ModelSpec(cfg.num_layers, partial(make_moe_layer, cfg), gpt_loss)
+
+
+def moe_modules(module: nn.Module) -> list[MoEFeedForward]:
+    """The MoE feed-forwards inside `module`, in module order."""
+    return [m for m in module.modules() if isinstance(m, MoEFeedForward)]

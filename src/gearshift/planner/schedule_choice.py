@@ -1,0 +1,217 @@
+"""Network-aware schedule choice (`parallel.schedule = "auto"`): every even split of a replica's batch into m
+micro-batches, and for each every K of kFkB (K = 1 is 1F1B, K = m GPipe) whose activations fit each rank's
+memory, priced by simulating its action lists under the links as measured; the fastest is run, and a running
+choice gives way only to one predicted faster by a margin."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+from gearshift.cluster.state import ClusterState
+from gearshift.errors import PlanError
+from gearshift.planner.predict import predict
+from gearshift.planner.replan import measured_inputs
+from gearshift.profile.model_profile import ModelProfile
+from gearshift.schedules import Schedule, make_schedule
+from gearshift.sim import SimResult
+
+INF = float("inf")
+TIE = 1e-9  # relative: predictions this close are a tie (broken by memory)
+Predictor = Callable[[ModelProfile, list[tuple[int, int]], Schedule, ClusterState, int], SimResult]
+
+
+def splits(batch: int) -> list[int]:
+    """Every m that splits `batch` samples into m equal micro-batches, ascending."""
+    if batch < 1:
+        raise PlanError(f"schedule choice: the batch per replica must be >= 1, got {batch}")
+    return [m for m in range(1, batch + 1) if batch % m == 0]
+
+
+def label(m: int, k: int) -> str:
+    """The family member's usual name: 1F1B (K = 1), GPipe (K = m), else KFKB."""
+    return "1F1B" if k == 1 and m > 1 else "GPipe" if k >= m else f"{k}F{k}B"
+
+
+@dataclass
+class Candidate:
+    """One (m, K): its micro-batch size, each rank's peak memory (activations held at once + parameters and
+    optimizer state), and the simulator's step time and bubble fraction under the links priced."""
+
+    m: int
+    k: int
+    microbatch_size: int
+    peak_memory: list[float]
+    fits: bool
+    predicted_s: float = INF
+    bubble: float = 1.0
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.m, self.k)
+
+    @property
+    def name(self) -> str:
+        return label(self.m, self.k)
+
+    def schedule(self, num_stages: int) -> Schedule:
+        return make_schedule("kfkb", num_stages, self.m, k=self.k)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["predicted_s"] = None if self.predicted_s == INF else self.predicted_s
+        d["name"] = self.name
+        return d
+
+
+@dataclass
+class ScheduleChoice:
+    """One decision: the candidates priced, the one chosen, the one running before (None at the start) and
+    whether to switch, with the measured links and memory limits it was priced under and why."""
+
+    step: int
+    candidates: list[Candidate]
+    chosen: tuple[int, int]
+    current: tuple[int, int] | None
+    switch: bool
+    reason: str
+    measured: dict
+    memory_limit: list[float] | None = None
+    extra: dict = field(default_factory=dict)
+
+    def get(self, key: tuple[int, int] | None) -> Candidate | None:
+        return next((c for c in self.candidates if c.key == tuple(key or ())), None)
+
+    @property
+    def best(self) -> Candidate:
+        return self.get(self.chosen)
+
+    def to_dict(self) -> dict:
+        cur = self.get(self.current)
+        return {"event": "schedule", "step": self.step, "chosen": list(self.chosen),
+                "current": list(self.current) if self.current else None, "switch": self.switch,
+                "reason": self.reason, "predicted_s": self.best.predicted_s,
+                "current_predicted_s": cur.predicted_s if cur and cur.fits else None,
+                "measured": self.measured, "memory_limit": self.memory_limit,
+                "candidates": [c.to_dict() for c in self.candidates], **self.extra}
+
+
+def price(profiles: Mapping[int, ModelProfile], bounds: Sequence[tuple[int, int]], state: ClusterState, batch: int,
+          memory: Sequence[float] | None = None, ms: Sequence[int] | None = None,
+          predictor: Predictor = predict, step_overhead_s: float = 0.0) -> list[Candidate]:
+    """Every (m, K) for a replica's `batch`, each simulated under `state` (one device per stage) with the
+    profile measured at its micro-batch size (`profiles[size]`). `memory` caps each rank (bytes; None: no
+    cap, K runs to m); a candidate over it is kept, marked not fitting, and is never chosen. `ms` restricts
+    the splits (each must divide the batch). `step_overhead_s`, the time a step spends after the pipeline
+    drains (the gradient-norm all-reduce and the optimizer, as measured), is added to every prediction."""
+    bounds = [tuple(b) for b in bounds]
+    S = len(bounds)
+    all_ms = splits(batch)
+    bad = [m for m in ms or () if m not in all_ms]
+    if bad:
+        raise PlanError(f"schedule choice: m = {bad[0]} does not divide the batch per replica ({batch}); "
+                        f"allowed: {', '.join(map(str, all_ms))}")
+    if memory is not None and len(memory) < S:
+        raise PlanError(f"schedule choice: memory limits for {len(memory)} ranks, the pipeline has {S}")
+    st = copy.deepcopy(state)
+    st.memory = [float(x) for x in memory[:S]] if memory is not None else [INF] * S
+    out: list[Candidate] = []
+    for m in sorted(ms) if ms else all_ms:
+        mb = batch // m
+        prof = profiles.get(mb)
+        if prof is None:
+            raise PlanError(f"schedule choice: no profile for micro-batch size {mb} (have {sorted(profiles)})")
+        seen: set = set()
+        for k in range(1, m + 1):
+            sch = make_schedule("kfkb", S, m, k=k)
+            acts = tuple(tuple(a) for a in sch.actions)
+            if acts in seen:  # the same action lists as a smaller K: nothing new to run
+                continue
+            seen.add(acts)
+            res = predictor(prof, bounds, sch, st, mb)
+            out.append(Candidate(m, k, mb, list(res.peak_act_mem), res.fits_memory,
+                                 res.iteration_s + step_overhead_s if res.fits_memory else INF, res.bubble_fraction))
+    return out
+
+
+def decide(candidates: list[Candidate], state: ClusterState, step: int = 0, current: tuple[int, int] | None = None,
+           margin: float = 0.0, memory: Sequence[float] | None = None) -> ScheduleChoice:
+    """The fastest fitting candidate (ties to the smaller peak memory, then fewer micro-batches). With a
+    `current` one running, switch only when the best is predicted faster by more than `margin` (a fraction
+    of the current step time), or the current one no longer fits."""
+    fitting = [c for c in candidates if c.fits]
+    S = len(candidates[0].peak_memory) if candidates else 0
+    if not fitting:
+        raise _nothing_fits(candidates, memory)
+    t_min = min(c.predicted_s for c in fitting)
+    best = min((c for c in fitting if c.predicted_s <= t_min * (1 + TIE)), key=lambda c: (max(c.peak_memory), c.m, c.k))
+    measured = measured_inputs(state, S)
+    lim = [float(x) for x in memory[:S]] if memory is not None else None
+    n = f"{len(fitting)} of {len(candidates)} candidates fit" if len(fitting) < len(candidates) else \
+        f"{len(candidates)} candidates"
+    if current is None:
+        return ScheduleChoice(step, candidates, best.key, None, True,
+                              f"fastest predicted of {n}: {best.name} m={best.m} K={best.k} "
+                              f"{best.predicted_s:.4g} s/step", measured, lim)
+    cur = next((c for c in candidates if c.key == tuple(current)), None)
+    if cur is None or not cur.fits:
+        return ScheduleChoice(step, candidates, best.key, tuple(current), True,
+                              f"m={current[0]} K={current[1]} no longer fits in memory", measured, lim)
+    gain = (cur.predicted_s - best.predicted_s) / cur.predicted_s if cur.predicted_s > 0 else 0.0
+    if best.key == cur.key:
+        return ScheduleChoice(step, candidates, cur.key, cur.key, False,
+                              f"m={cur.m} K={cur.k} is still the fastest predicted ({cur.predicted_s:.4g} s/step)",
+                              measured, lim)
+    if gain <= margin:
+        return ScheduleChoice(step, candidates, cur.key, cur.key, False,
+                              f"kept m={cur.m} K={cur.k}: m={best.m} K={best.k} predicted {gain:.1%} faster "
+                              f"(<= margin {margin:.0%})", measured, lim)
+    return ScheduleChoice(step, candidates, best.key, cur.key, True,
+                          f"m={best.m} K={best.k} predicted {best.predicted_s:.4g} s/step against "
+                          f"{cur.predicted_s:.4g} for m={cur.m} K={cur.k} ({gain:.1%} faster > margin {margin:.0%})",
+                          measured, lim)
+
+
+def _nothing_fits(candidates: list[Candidate], memory: Sequence[float] | None) -> PlanError:
+    """One line: the candidate that needs least memory, where it needs more than the limit."""
+    if not candidates:
+        return PlanError("schedule choice: no candidates")
+    c = min(candidates, key=lambda c: max(p / lim for p, lim in zip(c.peak_memory, memory or [INF] * 64)))
+    r = max(range(len(c.peak_memory)), key=lambda r: c.peak_memory[r] / memory[r])
+    return PlanError(f"cluster.memory_gb: no schedule fits: the smallest, m={c.m} K={c.k} (micro-batches of "
+                     f"{c.microbatch_size}), needs {c.peak_memory[r] / 1e9:.4g} GB on rank {r}, which has "
+                     f"{memory[r] / 1e9:.4g} GB (cluster.memory_gb or the cluster spec's memory_gb)")
+
+
+def choose(profiles: Mapping[int, ModelProfile], bounds: Sequence[tuple[int, int]], state: ClusterState, batch: int,
+           memory: Sequence[float] | None = None, step: int = 0, current: tuple[int, int] | None = None,
+           margin: float = 0.0, ms: Sequence[int] | None = None, predictor: Predictor = predict,
+           step_overhead_s: float = 0.0) -> ScheduleChoice:
+    """price() then decide(): the schedule to run under `state`."""
+    cands = price(profiles, bounds, state, batch, memory, ms, predictor, step_overhead_s)
+    ch = decide(cands, state, step, current, margin, memory)
+    ch.extra["step_overhead_s"] = step_overhead_s
+    return ch
+
+
+def links_moved(priced: dict, now: dict, act_bytes: Sequence[float], fraction: float) -> list[str]:
+    """The pipeline links (measured_inputs() records) whose bandwidth, either way, moved by more than
+    `fraction` of what it was priced with, or whose latency moved by more than `fraction` of one activation's
+    transfer time over it (a latency change too small to matter to a transfer is not a change)."""
+    out = []
+    for s, nbytes in enumerate(act_bytes):
+        for way, bw_key, lat_key in (("->", "link_bandwidth", "link_latency"),
+                                     ("<-", "link_bandwidth_back", "link_latency_back")):
+            b0, b1 = priced[bw_key][s], now[bw_key][s]
+            l0, l1 = priced[lat_key][s], now[lat_key][s]
+            name = f"{s}{way}{s + 1}"
+            if (b0 is None) != (b1 is None) or (b0 and b1 and abs(b1 - b0) > fraction * b0):
+                out.append(f"{name} bandwidth {_rate(b0)} -> {_rate(b1)}")
+            elif abs(l1 - l0) > fraction * (l0 + (nbytes / b0 if b0 else 0.0)):
+                out.append(f"{name} latency {l0 * 1e3:.3g} -> {l1 * 1e3:.3g} ms")
+    return out
+
+
+def _rate(bps: float | None) -> str:
+    return "unlimited" if bps is None else f"{bps * 8 / 1e6:.4g} Mbit/s"

@@ -1,0 +1,184 @@
+"""Expert parallelism in a (replicated) pipeline: which rank holds which experts, the expert-parallel groups,
+the gradient sync of expert parameters, and the per-step expert loads.
+
+Ranks: schedule rank p of replica d is global rank d * R + p; the D replicas of position p are its
+data-parallel group. With width w (dividing D), replicas g*w .. g*w+w-1 form expert-parallel group g of each
+position; group rank j of every group holds, for MoE layer i, the experts placements[i] gives it
+(ExpertPlacement.holders[e]: the group ranks holding expert e; contiguous E / w by default, any map allowed,
+an expert may have several holders). Gradients: each rank's experts see the tokens of its whole group, so an
+expert's gradient is summed over every rank holding a copy of it (in all groups) and divided by D, as the
+dense parameters are averaged over the D replicas."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from gearshift.comm.alltoall import AllToAllDispatch, Clock
+from gearshift.models.moe import LocalDispatch, moe_modules
+
+
+@dataclass(frozen=True)
+class ExpertPlacement:
+    """holders[e]: the expert-parallel group ranks holding expert e (one or more)."""
+
+    holders: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def contiguous(cls, experts: int, width: int) -> ExpertPlacement:
+        """E / width consecutive experts per group rank."""
+        per = experts // width
+        return cls(tuple((e // per,) for e in range(experts)))
+
+    def held_by(self, index: int) -> list[int]:
+        return [e for e, h in enumerate(self.holders) if index in h]
+
+    def check(self, experts: int, width: int) -> None:
+        if len(self.holders) != experts or any(not h or any(not 0 <= r < width for r in h) for h in self.holders):
+            raise ValueError(f"ExpertPlacement: needs one non-empty holder list per expert ({experts}) with group "
+                             f"ranks in 0..{width - 1}, got {self.holders}")
+
+
+@dataclass
+class MoEStats:
+    """One step's routing over the whole job: per MoE layer (global index `layers[k]`), the assignments routed to
+    each expert and those dropped by capacity; the auxiliary loss, summed over layers, per micro-batch."""
+
+    layers: list[int]
+    routed: list[list[int]]
+    dropped: list[int]
+    aux_loss: float
+
+    def record(self) -> dict:
+        """The fields metrics.jsonl carries."""
+        return {"expert_tokens": self.routed, "dropped_tokens": self.dropped, "aux_loss": self.aux_loss}
+
+
+class ExpertShards:
+    """This rank's share of every MoE layer, and what the runtime does about experts (all ranks construct it
+    together: it creates process groups)."""
+
+    def __init__(self, stages: int, width: int, experts: int, moe_layers: list[int],
+                 placements: dict[int, ExpertPlacement] | None = None):
+        self.rank, world = dist.get_rank(), dist.get_world_size()
+        self.R, self.width, self.experts = stages, width, experts
+        self.replicas = world // stages
+        if self.replicas % width:
+            raise ValueError(f"expert-parallel width {width} does not divide the {self.replicas} replicas")
+        self.moe_layers = list(moe_layers)
+        self.placements = {i: ExpertPlacement.contiguous(experts, width) for i in self.moe_layers}
+        self.placements.update(placements or {})
+        for p in self.placements.values():
+            p.check(experts, width)
+        self.replica, self.prank = divmod(self.rank, stages)
+        self.group_index, self.index = divmod(self.replica, width)
+        self.clock = Clock()
+        self._groups: dict[tuple[int, ...], dist.ProcessGroup | None] = {}
+        self.ep_group = None
+        for p in range(stages):  # every rank creates every group, in the same order
+            for g in range(self.replicas // width):
+                grp = self._group(tuple((g * width + j) * stages + p for j in range(width)))
+                if p == self.prank and g == self.group_index:
+                    self.ep_group = grp
+        for p in range(stages):
+            for holders in sorted({h for pl in self.placements.values() for h in pl.holders}):
+                self._group(self.copies_of(holders, p))
+
+    def _group(self, ranks: tuple[int, ...]) -> dist.ProcessGroup | None:
+        """The process group of `ranks` (made once, by every rank; None for a single rank)."""
+        if ranks not in self._groups:
+            self._groups[ranks] = dist.new_group(list(ranks)) if len(ranks) > 1 else None
+        return self._groups[ranks]
+
+    def copies_of(self, holders: tuple[int, ...], position: int) -> tuple[int, ...]:
+        """Global ranks at pipeline `position` holding an expert whose group ranks are `holders`."""
+        return tuple(sorted((g * self.width + j) * self.R + position
+                            for g in range(self.replicas // self.width) for j in holders))
+
+    # ---- layers -------------------------------------------------------------------------------------
+    def attach(self, layers: dict[int, nn.Module], loss_scale: float) -> None:
+        """Keep this rank's experts in each MoE layer it holds and route through the expert-parallel group;
+        `loss_scale` is the runtime's scale of a micro-batch's loss (what the auxiliary loss gets too)."""
+        for i, layer in layers.items():
+            for m in moe_modules(layer):
+                m.loss_scale = loss_scale
+                if self.width > 1 and not isinstance(m.dispatch, AllToAllDispatch):
+                    pl = self.placements[i]
+                    m.shard(pl.held_by(self.index), AllToAllDispatch(self.ep_group, self.index, list(pl.holders),
+                                                                      self.clock))
+                elif self.width == 1:
+                    m.dispatch = LocalDispatch()
+
+    def expert_params(self, layers: dict[int, nn.Module]) -> dict[tuple[int, ...], list[nn.Parameter]]:
+        """This rank's expert parameters by the global ranks holding copies of them (layer, then expert order);
+        experts held by every replica are left to the dense sync."""
+        out: dict[tuple[int, ...], list[nn.Parameter]] = {}
+        for i in sorted(layers):
+            for m in moe_modules(layers[i]):
+                for e in sorted(int(k) for k in m.experts):
+                    ranks = self.copies_of(self.placements[i].holders[e], self.prank)
+                    if len(ranks) < self.replicas:
+                        out.setdefault(ranks, []).extend(m.experts[str(e)].parameters())
+        return out
+
+    def sync_fn(self, layers: dict[int, nn.Module]) -> tuple[Callable[[], None], dict[int, float]]:
+        """(sync, weights): sync() sums each expert's gradient over its copies and divides by the replicas;
+        weights[id(param)] = 1 / copies of it in the job (what the global gradient norm counts it by)."""
+        groups = self.expert_params(layers)
+        weights = {id(p): 1.0 / len(ranks) for ranks, ps in groups.items() for p in ps}
+        D = self.replicas
+
+        @torch.no_grad()
+        def sync() -> None:
+            for ranks in sorted(groups):
+                params = groups[ranks]
+                flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                                  for p in params])
+                if len(ranks) > 1:
+                    dist.all_reduce(flat, group=self._groups[ranks])
+                flat /= D
+                off = 0
+                for p in params:
+                    g = flat[off:off + p.numel()].view_as(p)
+                    if p.grad is None:
+                        p.grad = g.clone()
+                    else:
+                        p.grad.copy_(g)
+                    off += p.numel()
+
+        return sync, weights
+
+    def saves(self, name: str) -> bool:
+        """Whether this rank writes the parameter or buffer `name` ("layers.{i}...") into a checkpoint: replica
+        0 its dense state, an expert's first holder in group 0 the expert."""
+        parts = name.split(".")
+        if "experts" not in parts:
+            return self.replica == 0
+        i, e = int(parts[1]), int(parts[parts.index("experts") + 1])
+        return self.group_index == 0 and self.index == min(self.placements[i].holders[e])
+
+    # ---- loads --------------------------------------------------------------------------------------
+    def loads(self, layers: dict[int, nn.Module]) -> MoEStats:
+        """The routing of the step just run, summed over the job (collective over all ranks); resets the layers'
+        counters."""
+        n, E = len(self.moe_layers), self.experts
+        buf = torch.zeros(n * (E + 1) + 2, dtype=torch.float64)
+        row = {layer: k for k, layer in enumerate(self.moe_layers)}
+        for i, layer in layers.items():
+            for m in moe_modules(layer):
+                k = row[i]
+                buf[k * E:(k + 1) * E] += m.routed.double()
+                buf[n * E + k] += m.dropped
+                buf[n * (E + 1)] += m.aux_sum
+                buf[n * (E + 1) + 1] += m.calls
+                m.reset_stats()
+        dist.all_reduce(buf)
+        calls_per_layer = buf[-1] / max(n, 1)
+        aux = float(buf[-2] / calls_per_layer) if calls_per_layer > 0 else 0.0
+        routed = buf[:n * E].view(n, E).round().long().tolist()
+        return MoEStats(self.moe_layers, routed, buf[n * E:n * (E + 1)].round().long().tolist(), aux)
+

@@ -1,0 +1,151 @@
+"""Schedule choice while training (parallel.schedule = "auto"): the (m, K) to start with, priced under the
+links as probed before the first step; re-priced every `every` steps, and between periods when the step time
+moves by more than `change` (a cue to probe the links: re-priced when one moved that much from what the
+running choice was priced with); a switch when the predicted gain beats `margin`, at a step boundary on every
+rank. Rank 0 decides from every rank's gathered measurements and broadcasts the decision."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from gearshift.cluster.state import ClusterState
+from gearshift.planner.replan import measured_inputs
+from gearshift.planner.schedule_choice import decide, label, links_moved, price
+from gearshift.profile.model_profile import ModelProfile
+from gearshift.runtime.adapt import Adapter, rank0_decides
+from gearshift.runtime.pipeline import PipelineRuntime
+from gearshift.schedules import Schedule, make_schedule
+
+
+@dataclass
+class ScheduleSwitcher:
+    """Per-rank state of the choice; built alike on every rank from the config (its collectives follow from
+    the step number and gathered step times alone). `forced` maps step -> (m, k) to run from that step."""
+
+    profiles: dict[int, ModelProfile]
+    batch: int  # samples per replica per step
+    stages: int
+    memory: list[float] | None = None  # bytes per pipeline position; None: no limit
+    every: int = 0
+    change: float = 0.0
+    margin: float = 0.05
+    forced: dict[int, tuple[int, int]] = field(default_factory=dict)
+    window: int = 3  # steps whose median step time is compared (the first ones after a decision, the last ones)
+
+    def __post_init__(self) -> None:
+        self.current: tuple[int, int] | None = None
+        self.priced: dict | None = None  # the links the running choice was priced with
+        self.predicted_s: float | None = None
+        self.times: list[float] = []  # step times since the last decision (its first step left out)
+        self._skip = 1
+        self.runs: list[dict] = []  # what ran: {"m", "k", "from_step"}
+
+    def schedule(self, key: tuple[int, int] | None = None) -> Schedule:
+        m, k = key or self.current
+        return make_schedule("kfkb", self.stages, m, k=k)
+
+    # ---- decisions (collective) ---------------------------------------------------------------
+    def start(self, adapter: Adapter, bounds: list[tuple[int, int]], step: int = 0) -> dict:
+        """The first choice, at `step` (0, or where a resumed run continues), under the links measured before
+        training (adapter.measure_links first)."""
+        state = adapter.pipeline_state(self.stages, step)
+        forced = self.forced.get(step)
+        rec = rank0_decides(lambda: self._decide(state, bounds, step, "forced" if forced else "start", forced,
+                                                 adapter.merged.step_overhead() or 0.0))
+        self._adopt(rec, adapter, step)
+        return rec
+
+    def after_step(self, adapter: Adapter, rt: PipelineRuntime, step: int, step_s: float,
+                   probed: bool = False) -> dict | None:
+        """After `step` (all ranks; `step_s` the gathered step time): re-price if due, forced or cued, and
+        switch `rt` from the next step on when the decision says so. `probed`: the links were probed after
+        this step already (a re-plan did). Returns the decision's record, or None."""
+        if self._skip:
+            self._skip -= 1
+        else:
+            self.times.append(step_s)
+        nxt = step + 1
+        forced = self.forced.get(nxt)
+        due = bool(self.every) and nxt % self.every == 0
+        cue = self._cued()
+        if forced is None and not due and not cue:
+            return None
+        adapter.settle_speed()
+        if not probed:
+            adapter.measure_links(rt.R, rt.prank, rt.replica)
+        state = adapter.pipeline_state(rt.R, nxt)
+        trigger = "forced" if forced else "period" if due else "step time moved"
+        rec = rank0_decides(lambda: self._decide(state, rt.bounds, nxt, trigger, forced,
+                                                 adapter.merged.step_overhead() or 0.0))
+        if rec.get("skip"):  # cued, but no link moved: keep watching from here
+            self.times, self._skip = [], 0
+            return None
+        if rec["switch"]:
+            rt.set_schedule(self.schedule(tuple(rec["chosen"])))
+        self._adopt(rec, adapter, nxt)
+        return rec
+
+    def _cued(self) -> bool:
+        """Whether the recent step time moved by more than `change` from the first ones after the decision."""
+        w = self.window
+        if not self.change or len(self.times) < 2 * w:
+            return False
+        ref, now = statistics.median(self.times[:w]), statistics.median(self.times[-w:])
+        return ref > 0 and abs(now / ref - 1) > self.change
+
+    def _decide(self, state: ClusterState, bounds: list[tuple[int, int]], step: int, trigger: str,
+                forced: tuple[int, int] | None = None, overhead_s: float = 0.0) -> dict:
+        """Rank 0: the decision record (metrics.jsonl "schedule" event) under `state`, each candidate's step
+        time with the measured `overhead_s` after its pipeline drains."""
+        S = self.stages
+        now = measured_inputs(state, S)
+        moved = []
+        if self.priced is not None:
+            mb = self.batch // self.current[0]
+            prof = self.profiles[mb]
+            act = [prof.layers[b - 1].activation_bytes * mb for _, b in bounds[:-1]]
+            moved = links_moved(self.priced, now, act, self.change or float("inf"))
+        if trigger == "step time moved" and not moved:
+            return {"skip": True}
+        cands = price(self.profiles, bounds, state, self.batch, self.memory, step_overhead_s=overhead_s)
+        rec = decide(cands, state, step, self.current, self.margin, self.memory).to_dict()
+        rec["step_overhead_s"] = overhead_s
+        if forced is not None:
+            rec.update(chosen=list(forced), switch=tuple(forced) != self.current, would_choose=rec["chosen"],
+                       reason=f"forced by adapt.force_schedule (the choice would be m={rec['chosen'][0]} "
+                              f"K={rec['chosen'][1]})",
+                       predicted_s=next((c["predicted_s"] for c in rec["candidates"]
+                                         if (c["m"], c["k"]) == tuple(forced)), None))
+        rec["trigger"] = trigger
+        rec["links_moved"] = moved
+        if self.times:
+            rec["measured_step_s"] = statistics.median(self.times)  # the running choice, since it was made
+            rec["measured_steps"] = len(self.times)
+            rec["predicted_when_chosen_s"] = self.predicted_s
+        return rec
+
+    def _adopt(self, rec: dict, adapter: Adapter, step: int) -> None:
+        """Take the decision on this rank: the running (m, K), what it was priced with, a fresh window."""
+        key = tuple(rec["chosen"])
+        if key != self.current:
+            self.runs.append({"m": key[0], "k": key[1], "from_step": step})
+            adapter.use_microbatch(self.batch // key[0])
+        self.current, self.priced, self.predicted_s = key, rec["measured"], rec["predicted_s"]
+        self.times, self._skip = [], 1
+
+
+def describe(rec: dict) -> str:
+    """One console line about a schedule decision."""
+    m, k = rec["chosen"]
+    n = len(rec["candidates"])
+    fit = sum(1 for c in rec["candidates"] if c["fits"])
+    batch = rec["candidates"][0]["m"] * rec["candidates"][0]["microbatch_size"]
+    what = f"m={m} K={k} ({label(m, k)}, micro-batches of {batch // m})"
+    pred = f"predicted {rec['predicted_s']:.3f} s/step" if rec.get("predicted_s") else "not priced"
+    cands = f"{fit} of {n} candidates fit" if fit < n else f"{n} candidates"
+    if rec["current"] is None:
+        return f"schedule: auto picked {what} from {cands}: {pred}"
+    verb = "switched to" if rec["switch"] else "kept"
+    meas = f", measured {rec['measured_step_s']:.3f} s/step" if rec.get("measured_step_s") else ""
+    return f"schedule at step {rec['step']} ({rec['trigger']}): {verb} {what}: {pred}{meas}; {rec['reason']}"

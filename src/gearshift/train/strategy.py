@@ -1,0 +1,195 @@
+"""The job's strategy pool (parallel.strategy = "auto", `gearshift plan --moe`): the MoE model's shape, profiles at
+every micro-batch size a strategy would run, the cluster (spec, or the local workers with their emulated
+slowdowns and shared cores), the measured or specified communication costs; priced by planner.strategy."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import os
+import time
+
+import torch
+
+from gearshift.cluster.spec import ClusterSpec, load_spec
+from gearshift.cluster.state import ClusterState
+from gearshift.errors import PlanError
+from gearshift.planner.strategy import CommCosts, MoEShape, Strategy, best, candidates, strategy_pool
+from gearshift.profile.model_profile import ModelProfile
+from gearshift.sim.collectives import LinkCosts
+from gearshift.train.config import JobConfig, validate
+
+LOCAL_MEMORY = 8e9  # bytes per local worker the memory check allows (planning only)
+
+
+def moe_shape(cfg: JobConfig) -> MoEShape:
+    """The MoE GPT's layers and experts (model.name = "moe_gpt") as the strategy model sees them."""
+    from gearshift.train.build import moe_config
+
+    mc = moe_config(cfg)
+    w = mc.width
+    expert = (8 * w * w + (5 * w if mc.bias else 0)) * 4  # fc w -> 4w and proj 4w -> w, float32
+    return MoEShape(tuple(mc.moe_layers()), mc.experts, mc.top_k, w, float(expert), float(mc.capacity_factor))
+
+
+def microbatch_sizes(cfg: JobConfig) -> list[int]:
+    """Micro-batch sizes of the strategies the local workers or the spec admit."""
+    from gearshift.train.build import moe_config
+
+    p, mc = cfg.parallel, moe_config(cfg)
+    workers = _cluster(cfg)[0].world_size
+    return sorted({cfg.train.batch_size // (D * p.microbatches) for _, D, _ in
+                   candidates(workers, mc.experts, mc.num_layers, cfg.train.batch_size, p.microbatches)})
+
+
+def job_profiles(cfg: JobConfig, repeats: int = 3) -> dict[int, ModelProfile]:
+    """The model profiled (one process, one thread) at each micro-batch size a strategy would run."""
+    from gearshift.profile.profiler import profile_spec
+    from gearshift.train.build import job_model
+    from gearshift.train.datasets import job_data
+
+    spec, data = job_model(cfg), job_data(cfg)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out = {}
+        for mb in microbatch_sizes(cfg):
+            x, y = data.sample(mb, cfg.train.seed)
+            out[mb] = profile_spec(spec, cfg.train.seed, x, y, repeats=repeats, warmup=1)
+        return out
+    finally:
+        torch.set_num_threads(threads)
+
+
+def optimizer_seconds_per_byte(numel: int = 1 << 20, repeats: int = 5) -> float:
+    """AdamW's step time per parameter byte on this process (median of `repeats` steps)."""
+    p = torch.nn.Parameter(torch.zeros(numel))
+    p.grad = torch.randn(numel)
+    opt = torch.optim.AdamW([p], lr=1e-3)
+    opt.step()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2] / (numel * 4)
+
+
+def _cluster(cfg: JobConfig, comm: CommCosts | None = None) -> tuple[ClusterState, float | None, float]:
+    """(ranks, cores they share or None, duty): the spec's devices, or the local workers, each slowed by its
+    emulated factor, sharing this machine's cores (a duty-cycle slowdown f keeps a rank on a core 1 / f of its
+    compute time), their pipeline links priced as the measured exchanges' (one message: alpha, beta)."""
+    if cfg.cluster.spec:
+        return ClusterState.from_spec(load_spec(cfg.cluster.spec)), None, 1.0
+    n = cfg.cluster.workers
+    slow = cfg.emulate.slowdown or [1.0] * n
+    state = ClusterState.from_spec(ClusterSpec.uniform(n, memory_bytes=LOCAL_MEMORY))
+    state.speeds = [1.0 / f for f in slow]
+    if comm is not None:
+        state.latency = [[0.0 if a == b else comm.a2a_alpha for b in range(n)] for a in range(n)]
+        state.bandwidth = [[math.inf if a == b or comm.a2a_beta <= 0 else 1 / comm.a2a_beta for b in range(n)]
+                           for a in range(n)]
+    return state, float(os.cpu_count() or 1), sum(1.0 / f for f in slow) / n
+
+
+def spec_comm_costs(cfg: JobConfig) -> CommCosts:
+    """Communication costs a cluster spec states (its network; a node's ranks from its devices)."""
+    spec = load_spec(cfg.cluster.spec)
+    net = spec.network
+    per = sum(1 for d in spec.devices if d.node == spec.devices[0].node)
+    multi = spec.num_nodes > 1
+    return CommCosts(LinkCosts.from_network(net), net.inter_latency if multi else net.intra_latency,
+                     1 / (net.inter_bandwidth if multi else net.intra_bandwidth), per)
+
+
+def job_pool(cfg: JobConfig, profiles: dict[int, ModelProfile], comm: CommCosts, opt_s_per_byte: float = 0.0,
+             shares: list[list[float]] | None = None) -> list[Strategy]:
+    """The priced pool for the job's model, batch, micro-batches and schedule on its cluster."""
+    state, cores, duty = _cluster(cfg, comm)
+    p = cfg.parallel
+    return strategy_pool(profiles, moe_shape(cfg), state, comm, cfg.train.batch_size, p.microbatches, p.schedule,
+                         p.k, cores, duty, shares, opt_s_per_byte)
+
+
+def with_strategy(cfg: JobConfig, s: Strategy) -> JobConfig:
+    """A copy of the job set to strategy `s` (stages, expert-parallel width, partition), validated."""
+    cfg = copy.deepcopy(cfg)
+    cfg.parallel.stages, cfg.parallel.experts = s.stages, s.experts
+    cfg.parallel.partition = [list(b) for b in s.bounds]
+    cfg.parallel.strategy = "fixed"
+    return validate(cfg)
+
+
+def resolve_auto(cfg: JobConfig) -> tuple[JobConfig, dict | None]:
+    """parallel.strategy = "auto" inside the workers (collective): every rank measures the exchanges together,
+    rank 0 profiles and prices the pool and broadcasts it; returns the job set to the best strategy and the
+    "strategy" event for metrics.jsonl (the whole pool). Other jobs come back unchanged, with None."""
+    import torch.distributed as dist
+
+    from gearshift.comm.exchange_costs import measure_exchange_costs
+
+    if cfg.parallel.strategy != "auto":
+        return cfg, None
+    comm = spec_comm_costs(cfg) if cfg.cluster.spec else measure_exchange_costs()
+    box: list = [None]
+    if dist.get_rank() == 0:
+        try:
+            pool = job_pool(cfg, job_profiles(cfg), comm, optimizer_seconds_per_byte())
+            box[0] = [s.to_dict() for s in pool]
+        except PlanError as e:
+            box[0] = str(e)
+    dist.broadcast_object_list(box, src=0)
+    if isinstance(box[0], str):
+        raise PlanError(box[0])
+    pool = [Strategy.from_dict(d) for d in box[0]]
+    chosen = best(pool)
+    event = {"event": "strategy", "chosen": chosen.name, "pool": [s.to_dict() for s in pool]}
+    return with_strategy(cfg, chosen), event
+
+
+def _measure_rank(out: str) -> None:
+    """One rank of measure_local's workers (env://, started by train.launch.run_ranks): measure the exchanges
+    together; rank 0 writes them to `out` as JSON."""
+    import json
+
+    import torch.distributed as dist
+
+    from gearshift.comm.exchange_costs import measure_exchange_costs
+
+    if os.environ.get("MASTER_ADDR") == "127.0.0.1":
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # keep every byte on loopback
+    dist.init_process_group("gloo")
+    comm = measure_exchange_costs()
+    if dist.get_rank() == 0:
+        tmp = f"{out}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(dataclasses.asdict(comm), f)
+        os.replace(tmp, out)
+
+
+def measure_local(workers: int) -> CommCosts:
+    """The exchange costs of `workers` local gloo workers, measured by starting them for a moment (each runs
+    this module as a rank of train.launch.run_ranks)."""
+    import json
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from gearshift.train.launch import run_ranks
+
+    with tempfile.TemporaryDirectory(prefix="gs-exchange-") as run_dir:
+        out = Path(run_dir) / "comm.json"
+        cmd = [sys.executable, "-m", "gearshift.train.strategy", str(out)]
+        if run_ranks(cmd, workers, workers, Path(run_dir), quiet=True) != 0 or not out.is_file():
+            raise PlanError(f"strategy: measuring the exchanges of {workers} local workers failed")
+        d = json.loads(out.read_text())
+    return CommCosts(**{**d, "links": LinkCosts(**d["links"])})
+
+
+if __name__ == "__main__":  # a rank of measure_local
+    import sys
+
+    from gearshift.train.worker import run_as_worker
+
+    run_as_worker(lambda: _measure_rank(sys.argv[1]))

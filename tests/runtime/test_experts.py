@@ -1,0 +1,155 @@
+"""Expert parallelism equals one process: a MoE GPT trained with its experts split over 2 or 4 ranks (with data
+parallelism around the expert-parallel groups, with pipeline stages, with an expert held by two ranks, with and
+without capacity) gives the losses, parameters and per-expert token and drop counts of single-process training on
+the same micro-batches; a checkpoint of one layout resumes in another."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gearshift.models.moe import moe_modules
+from gearshift.runtime.experts import ExpertPlacement, ExpertShards
+from gearshift.train.build import build_runtime, job_model, lr_at, moe_config
+from gearshift.train.checkpoint import Checkpointer
+from gearshift.train.config import load_config
+from gearshift.train.datasets import job_data
+from gloo_spawn import spawn
+
+pytestmark = pytest.mark.multiprocess
+
+STEPS = 3
+# Parameters: AdamW's first updates are lr * g / (|g| + eps), so an element whose gradient sums to nearly zero turns
+# the rounding of another summation order (rows split over ranks and copies) into a few 1e-6 at lr = 1e-3 (a dense
+# model's parameters have no such near-zero sums here and pass at 1e-6: tests/runtime/test_exactness.py).
+PARAM_ATOL = 5e-6
+BASE = ["--model.name=moe_gpt", "--model.layers=2", "--model.width=32", "--model.heads=2", "--model.context=16",
+        "--model.experts=4", "--model.moe_every=1", "--model.aux_loss=0.1", "--train.batch_size=16",
+        "--data.max_bytes=100000", "--train.warmup_steps=1", "--train.lr=1e-3", "--train.grad_clip=0.5",
+        "--parallel.microbatches=2"]
+# (stages, expert-parallel width, top_k, capacity_factor, schedule, placement of every MoE layer or None)
+# (the resume below adds 2 stages x 2 replicas x EP 2 without capacity)
+RUNS = [
+    (1, 4, 2, 0.0, "1f1b", None),
+    (2, 2, 1, 1.25, "1f1b", None),  # 2 stages x 2 replicas, top-1, a capacity
+    # two expert-parallel groups of two (each expert summed over its copies), experts 1 and 3 on both ranks of a
+    # group, a capacity
+    (1, 2, 2, 1.0, "gpipe", ((0,), (0, 1), (1,), (1, 0))),
+]
+
+
+def _cfg(stages: int, width: int, top_k: int, capacity: float, schedule: str, workers: int = 4, out_dir: str = "",
+         more: tuple[str, ...] = ()):
+    return load_config(None, BASE + [f"--cluster.workers={workers}", f"--parallel.stages={stages}",
+                                     f"--parallel.experts={width}", f"--model.top_k={top_k}",
+                                     f"--model.capacity_factor={capacity}", f"--parallel.schedule={schedule}"]
+                       + ([f"--output.dir={out_dir}"] if out_dir else []) + list(more))
+
+
+def _resume(cfg_a, cfg_b, steps_a: int) -> dict:
+    """Train `steps_a` steps under cfg_a, checkpoint, restore under cfg_b (another layout) and train to STEPS."""
+    data = job_data(cfg_a)
+    rt = build_runtime(cfg_a, data=data)
+    for step in range(steps_a):
+        rt.step(*data.batch(step, cfg_a.train.batch_size, cfg_a.train.seed), lr_at(step, cfg_a))
+    Checkpointer(cfg_a).save(rt, steps_a)
+    rt = build_runtime(cfg_b, data=data)
+    start = Checkpointer(cfg_b).restore(rt)
+    losses = [rt.step(*data.batch(step, cfg_b.train.batch_size, cfg_b.train.seed), lr_at(step, cfg_b)).loss
+              for step in range(start, STEPS)]
+    return {"losses": losses, "params": {k: v.numpy() for k, v in rt.saved_state()[0].items()}}
+
+
+def _train(rank: int, world: int, runs: list, out_dir: str) -> list:
+    # 2 stages x 2 replicas x 4 micro-batches: the same 8 micro-batches (routing populations) per step as 4 x 2
+    resumed = _resume(_cfg(1, 4, 2, 0.0, "1f1b", world, out_dir),
+                      _cfg(2, 2, 2, 0.0, "1f1b", world, out_dir, ["--parallel.microbatches=4"]), 2)
+    out = [resumed]
+    for stages, width, top_k, capacity, schedule, holders in runs:
+        cfg = _cfg(stages, width, top_k, capacity, schedule, world)
+        data = job_data(cfg)
+        mc = moe_config(cfg)
+        shards = ExpertShards(stages, width, mc.experts, mc.moe_layers(),
+                              {i: ExpertPlacement(holders) for i in mc.moe_layers()} if holders else None)
+        rt = build_runtime(cfg, data=data, experts=shards)
+        losses, routed = [], []
+        for step in range(STEPS):
+            x, y = data.batch(step, cfg.train.batch_size, cfg.train.seed)
+            res = rt.step(x, y, lr_at(step, cfg))
+            losses.append(res.loss)
+            routed.append((res.moe.routed, res.moe.dropped))
+        held = [sorted(int(k) for k in m.experts) for i in sorted(rt.layers) for m in moe_modules(rt.layers[i])]
+        model, _ = rt.saved_state()
+        copies = {k: v.numpy() for k, v in rt.state()[0].items() if "experts" in k}
+        out.append((losses, routed, {k: v.numpy() for k, v in model.items()}, copies, held))
+    return out
+
+
+def _reference(cfg) -> tuple[list[float], list, dict[str, torch.Tensor]]:
+    """Single-process training on the same micro-batches (replicas x micro-batches of them per step, each its own
+    routing population), gradients accumulated."""
+    torch.set_num_threads(1)
+    model = job_model(cfg).model(cfg.train.seed)
+    t, chunks = cfg.train, cfg.replicas * cfg.parallel.microbatches
+    for m in moe_modules(model):
+        m.loss_scale = 1.0 / chunks
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    other = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
+                             {"params": other, "weight_decay": 0.0}], lr=t.lr, betas=(t.beta1, t.beta2))
+    data = job_data(cfg)
+    losses, routed = [], []
+    for step in range(STEPS):
+        x, y = data.batch(step, t.batch_size, t.seed)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, cfg)
+        opt.zero_grad()
+        total = 0.0
+        for xc, yc in zip(x.chunk(chunks), y.chunk(chunks)):
+            loss = model.loss(xc, yc)
+            (loss / chunks).backward()
+            total += float(loss.detach())
+        torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+        opt.step()
+        losses.append(total / chunks)
+        routed.append(([m.routed.tolist() for m in moe_modules(model)], [m.dropped for m in moe_modules(model)]))
+        for m in moe_modules(model):
+            m.reset_stats()
+    return losses, routed, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_expert_parallel_training_equals_one_process(tmp_path) -> None:
+    results = spawn(_train, 4, RUNS, str(tmp_path))
+    # a checkpoint written with 4-wide expert parallelism resumes as 2 stages x 2-wide, and goes on exactly
+    ref_losses, _, ref_params = _reference(_cfg(1, 4, 2, 0.0, "1f1b"))
+    torch.testing.assert_close(torch.tensor(results[0][0]["losses"]), torch.tensor(ref_losses[2:]), rtol=1e-5,
+                               atol=1e-6)
+    params = {k: torch.from_numpy(v) for r in results for k, v in r[0]["params"].items()}
+    assert set(params) == set(ref_params)
+    for name, ref in ref_params.items():
+        torch.testing.assert_close(params[name], ref, rtol=1e-5, atol=PARAM_ATOL, msg=f"{name} differs after resume")
+    results = [r[1:] for r in results]
+    for i, (stages, width, top_k, capacity, schedule, holders) in enumerate(RUNS):
+        run = RUNS[i]
+        ref_losses, ref_routed, ref_params = _reference(_cfg(stages, width, top_k, capacity, schedule))
+        torch.testing.assert_close(torch.tensor(results[0][i][0]), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6,
+                                   msg=f"losses differ for {run}")
+        assert results[0][i][1] == ref_routed, run  # tokens per expert and dropped, summed over the job
+        assert any(d for _, dropped in ref_routed for d in dropped) == (capacity > 0), run
+        params: dict[str, torch.Tensor] = {}
+        for r in results:
+            for k, v in r[i][2].items():
+                assert k not in params, f"{k} saved twice for {run}"
+                params[k] = torch.from_numpy(v)
+        assert set(params) == set(ref_params), run
+        for name, ref in ref_params.items():
+            torch.testing.assert_close(params[name], ref, rtol=1e-5, atol=PARAM_ATOL, msg=f"{name} differs for {run}")
+        for r in results:  # every copy of an expert, on any rank, equals the one-process expert
+            for name, v in r[i][3].items():
+                torch.testing.assert_close(torch.from_numpy(v), ref_params[name], rtol=1e-5, atol=PARAM_ATOL)
+        per_rank = 4 // width  # experts a rank holds (contiguous) or as the placement says
+        for rank, r in enumerate(results):
+            j = rank // stages % width
+            want = [e for e, h in enumerate(holders) if j in h] if holders else \
+                list(range(j * per_rank, (j + 1) * per_rank))
+            assert all(h == want for h in r[i][4]), (run, rank, r[i][4])

@@ -1,0 +1,74 @@
+"""ScheduleSwitcher's decisions without processes: the start, a period, a cue that finds no moved link, a
+moved link, forced switches, and the step-time cue."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from gearshift.cluster.state import ClusterState
+from gearshift.profile.model_profile import LayerProfile, ModelProfile
+from gearshift.runtime.reschedule import ScheduleSwitcher, describe
+
+BOUNDS = [(0, 2), (2, 4), (4, 6), (6, 8)]
+
+
+def _profiles(batch: int = 8) -> dict[int, ModelProfile]:
+    out = {}
+    for mb in (1, 2, 4, 8):
+        w = 2e-3 + 1e-3 * mb
+        out[mb] = ModelProfile([LayerProfile(f"l{i}", w / 3, 2 * w / 3, 1.0, 1000, 64_000, 100_000 * mb)
+                                for i in range(8)], microbatch_size=mb, seq_len=16)
+    return out
+
+
+def _state(bandwidth: float, latency: float = 1e-4) -> ClusterState:
+    bw = [[float("inf") if a == b else bandwidth for b in range(4)] for a in range(4)]
+    lat = [[0.0 if a == b else latency for b in range(4)] for a in range(4)]
+    return ClusterState([1.0] * 4, bw, lat, [1e12] * 4)
+
+
+def _switcher(**kw) -> tuple[ScheduleSwitcher, SimpleNamespace]:
+    sw = ScheduleSwitcher(_profiles(), 8, 4, every=10, change=0.25, margin=0.05, **kw)
+    adapter = SimpleNamespace(sizes=[], use_microbatch=lambda size: adapter.sizes.append(size))
+    return sw, adapter
+
+
+def test_start_then_a_cue_without_a_moved_link_is_skipped_and_a_moved_one_reprices() -> None:
+    sw, ad = _switcher()
+    rec = sw._decide(_state(25e6), BOUNDS, 0, "start")
+    sw._adopt(rec, ad, 0)
+    assert rec["current"] is None and rec["switch"] and sw.current == tuple(rec["chosen"])
+    assert ad.sizes == [8 // sw.current[0]] and sw.runs == [{"m": sw.current[0], "k": sw.current[1], "from_step": 0}]
+    assert describe(rec).startswith("schedule: auto picked m=")
+    assert sw._decide(_state(24e6), BOUNDS, 7, "step time moved") == {"skip": True}
+    rec = sw._decide(_state(2e6, latency=0.02), BOUNDS, 7, "step time moved")
+    assert rec["links_moved"] and rec["links_moved"][0].startswith("0->1 bandwidth 200 Mbit/s -> 16 Mbit/s")
+    assert rec["trigger"] == "step time moved" and rec["current"] == list(sw.current)
+    assert rec["switch"] == (rec["chosen"] != list(sw.current))
+    period = sw._decide(_state(25e6), BOUNDS, 10, "period")
+    assert not period["switch"] and period["links_moved"] == []
+
+
+def test_forced_switches_are_priced_and_logged() -> None:
+    sw, ad = _switcher(forced={0: (2, 1), 5: (8, 8)})
+    rec = sw._decide(_state(25e6), BOUNDS, 0, "forced", sw.forced[0])
+    sw._adopt(rec, ad, 0)
+    assert rec["chosen"] == [2, 1] and rec["switch"] and "forced by adapt.force_schedule" in rec["reason"]
+    assert rec["predicted_s"] == next(c["predicted_s"] for c in rec["candidates"] if (c["m"], c["k"]) == (2, 1))
+    sw.times = [0.5, 0.5, 0.6]
+    rec = sw._decide(_state(25e6), BOUNDS, 5, "forced", sw.forced[5])
+    sw._adopt(rec, ad, 5)
+    assert rec["chosen"] == [8, 8] and rec["current"] == [2, 1] and rec["measured_step_s"] == 0.5
+    assert ad.sizes == [4, 1] and [r["from_step"] for r in sw.runs] == [0, 5] and sw.times == []
+
+
+def test_step_time_cue() -> None:
+    sw, _ = _switcher()
+    sw.times = [1.0, 1.0, 1.1, 1.0, 1.2]
+    assert not sw._cued()  # too few steps to compare
+    sw.times = [1.0, 1.0, 1.1, 1.0, 1.2, 1.1]
+    assert not sw._cued()  # within 25%
+    sw.times = [1.0, 1.0, 1.1, 1.4, 1.5, 1.3]
+    assert sw._cued()
+    sw.change = 0.0
+    assert not sw._cued()  # off

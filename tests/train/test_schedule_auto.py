@@ -1,0 +1,52 @@
+"""parallel.schedule = "auto" end to end: the start-up choice within the memory limit, a forced switch and a
+periodic re-pricing logged to metrics.jsonl with predicted and measured step times, and the summary saying
+what ran."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gearshift.cli.main import main
+
+pytestmark = pytest.mark.multiprocess
+
+TINY = ["--model.layers=2", "--model.width=32", "--model.heads=2", "--model.context=16", "--train.batch_size=8",
+        "--data.max_bytes=100000", "--cluster.workers=2", "--parallel.stages=2", "--train.eval_every=0",
+        "--output.trace=false"]
+
+
+def test_auto_start_forced_switch_and_period(tmp_path, capsys) -> None:
+    job = [*TINY, f"--adapt.profiles={tmp_path / 'profiles'}"]
+    assert main(["schedule", *job, "--json"]) == 0  # the candidates' memory (exact: bytes, not timings)
+    cands = json.loads(capsys.readouterr().out)["candidates"]
+    peaks = sorted({max(c["peak_memory"]) for c in cands})
+    limit = peaks[len(peaks) // 2]
+    allowed = {(c["m"], c["k"]) for c in cands if max(c["peak_memory"]) <= limit}
+    forced = min(allowed, key=lambda mk: (-mk[0], mk[1]))  # the most micro-batches that fit
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "gearshift.cli.main", "train", *job, "--parallel.schedule=auto", "--train.steps=5",
+           "--adapt.every=4", f"--cluster.memory_gb={limit / 1e9!r}", f"--adapt.force_schedule=[[2, {forced[0]}, "
+           f"{forced[1]}]]", f"--output.dir={out}", "--output.progress=true"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    start, switch, period = [x for x in rows if x.get("event") == "schedule"]
+    steps = [x for x in rows if x.get("event") is None]
+    assert [x["step"] for x in steps] == [0, 1, 2, 3, 4]
+    assert (start["step"], start["trigger"], start["current"]) == (0, "start", None)
+    for d in (start, period):  # chosen by the simulator within the limit, never over it
+        fit = [c for c in d["candidates"] if c["fits"]]
+        assert {(c["m"], c["k"]) for c in fit} == allowed and len(fit) < len(d["candidates"])
+        assert tuple(d["chosen"]) in allowed and d["predicted_s"] == min(c["predicted_s"] for c in fit)
+        assert d["memory_limit"] == [limit, limit]
+        assert d["measured"]["link_bandwidth"][0] > 0 and d["measured"]["link_latency"][0] > 0
+    assert (switch["step"], switch["trigger"], switch["chosen"]) == (2, "forced", list(forced))
+    assert switch["current"] == start["chosen"] and switch["measured_steps"] == 1  # step 0 left out (warm-up)
+    assert (period["step"], period["trigger"], period["current"]) == (4, "period", list(forced))
+    assert period["measured_step_s"] > 0 and period["predicted_when_chosen_s"] == switch["predicted_s"]
+    runs = f"auto schedule (m={start['chosen'][0]} K={start['chosen'][1]} from step 0; m={forced[0]} K={forced[1]}"
+    assert runs in " ".join(r.stdout.replace("│", " ").split()), r.stdout  # the summary table, unwrapped
