@@ -47,6 +47,8 @@ CASES = [
      "parallel.update: 'eventually' (allowed: flush, async)"),
     (["train", "--parallel.schedule=multidir", "--parallel.stages=2"],
      "parallel.stages: multidir runs every direction over all the workers, so stages must equal cluster.workers"),
+    (["train", "--parallel.schedule=multidir", "--adapt.force_schedule=[[1, 8, 1]]"],
+     "adapt.force_schedule: kFkB switches do not apply to parallel.schedule = multidir"),
     (["train", "--parallel.schedule=multidir", "--cluster.device=cuda"],
      "cluster.device: multidir runs on the CPU over gloo, got device 'cuda'"),
     (["train", "--parallel.schedule=multidir", "--parallel.partition=adaptive"],
