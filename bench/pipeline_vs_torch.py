@@ -54,6 +54,7 @@ class TorchPipeline:
         self.schedule = cls(stage, n_microbatches=cfg.parallel.microbatches, loss_fn=gpt_loss)
         params = list(self.module.parameters())
         self.params = params
+        self.first, self.last = self.rank == 0, self.rank == WORLD - 1  # feeds the inputs / computes the loss
         self.optimizer = torch.optim.AdamW(
             [{"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
@@ -68,12 +69,7 @@ class TorchPipeline:
             g["lr"] = lr
         self.optimizer.zero_grad(set_to_none=False)
         losses: list = []
-        if self.rank == 0:
-            self.schedule.step(x)
-        elif self.rank == WORLD - 1:
-            self.schedule.step(target=y, losses=losses)
-        else:
-            self.schedule.step()
+        self.schedule.step(*([x] if self.first else []), **({"target": y, "losses": losses} if self.last else {}))
         # Global-norm clip across stages as torchtitan does it: local norm, all-reduce its square, clip.
         sq = torch.nn.utils.get_total_norm([p.grad for p in self.params]).double().pow(2).reshape(1)
         dist.all_reduce(sq, group=self.group)

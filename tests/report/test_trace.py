@@ -52,3 +52,26 @@ def test_merge_traces_separates_processes():
     assert names == {0: "predicted", 1: "measured"}
     assert [(e["pid"], e["dur"]) for e in complete(merged)] == [(0, 1e6), (1, 2e6)]
     assert a["traceEvents"][0]["pid"] == 0 and b["traceEvents"][0]["pid"] == 0  # inputs untouched
+
+
+def test_multidir_compute_is_coloured_by_direction():
+    """Perfetto colours a slice by its name without digits, so each direction's compute gets a track of
+    slices named by the direction's letter (one colour each); chrome://tracing also gets a cname."""
+    import re
+
+    from gearshift.schedules import make_schedule
+
+    sch = make_schedule("multidir", 4, 4, directions=2)
+    trace = sim_trace(simulate(sch, CostModel.uniform(8, 4)), stages_per_pipe=4)
+    tracks = {e["args"]["name"]: e["tid"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    assert [t for t in tracks if t.startswith("rank")] == [
+        f"rank {r}{x}" for r in range(4) for x in ("", " directions")]
+    for r in range(4):
+        dirs = [e for e in complete(trace) if e["tid"] == tracks[f"rank {r} directions"]]
+        ops = [e for e in complete(trace) if e["tid"] == tracks[f"rank {r}"] and e["cat"] == "compute"
+               and e["name"] != "STEP"]
+        assert [(e["ts"], e["dur"]) for e in dirs] == [(e["ts"], e["dur"]) for e in ops]
+        for d, op in zip(dirs, ops):
+            assert d["name"] == ("dir A" if op["args"]["stage"] < 4 else "dir B")
+        colours = {re.sub(r"( )?\d+", "", e["name"]): e["cname"] for e in dirs}  # Perfetto's colour key
+        assert colours == {"dir A": "rail_response", "dir B": "rail_animation"}

@@ -15,7 +15,6 @@ from gearshift.cluster.state import local_pipeline_state
 from gearshift.errors import UserError
 from gearshift.paths import check_output_file
 from gearshift.planner.predict import predict
-from gearshift.schedules import make_schedule
 from gearshift.train.config import load_config, read_profile
 from gearshift.train.metrics import read_metrics
 from gearshift.train.profiling import microbatch_size, profile_job
@@ -30,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gearshift.report.trace import sim_trace, write_trace
-    from gearshift.train.build import job_model
+    from gearshift.train.build import equal_time_slices, job_model, job_schedule
     from gearshift.train.layout import resolve_partition
 
     cfg = load_config(args.config, args.overrides)
@@ -39,8 +38,11 @@ def run(args: argparse.Namespace) -> int:
     n_layers = cfg.model.layers + 2
     prof = read_profile(args.profile, "--profile", n_layers, UserError) if args.profile else profile_job(cfg)
     p = cfg.parallel
-    schedule = make_schedule(p.schedule, p.stages, p.microbatches, k=p.k)
-    bounds = resolve_partition(cfg, job_model(cfg))
+    schedule = job_schedule(cfg)
+    if p.schedule == "multidir" and p.partition == "uniform":
+        bounds = equal_time_slices(prof, p.stages)  # what the multidir runtime cuts
+    else:
+        bounds = resolve_partition(cfg, job_model(cfg))
     state = local_pipeline_state(cfg.cluster.workers, p.stages, cfg.emulate.slowdown)
     res = predict(prof, bounds, schedule, state, microbatch_size(cfg))
     cores = state.cores[0] * cfg.cluster.workers / p.stages
@@ -60,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
             t.add_row("error", f"{(res.iteration_s - meas) / meas:+.1%}", "", "")
     Console().print(t)
     if args.trace:
-        write_trace(Path(args.trace), sim_trace(res, "predicted"))
+        pipes = schedule.stages_per_pipe if schedule.num_pipes > 1 else None
+        write_trace(Path(args.trace), sim_trace(res, "predicted", pipes))
         print(f"wrote {args.trace}")
     return 0

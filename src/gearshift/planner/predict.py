@@ -14,7 +14,10 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
              microbatch_size: int | None = None) -> CostModel:
     """Stage times = profiled layer times / the speed of the rank holding the stage; transfers = output
     activation bytes of each stage's last layer over the measured links; ranks that share a host's cores
-    (state.hosts, state.cores) share them in the simulation, as do emulated ranks' duty cycles."""
+    (state.hosts, state.cores) share them in the simulation, as do emulated ranks' duty cycles. `bounds` has
+    one range per stage, or one per slice of a schedule of several pipes (the same cut in every pipe)."""
+    if len(bounds) == schedule.stages_per_pipe < schedule.num_stages:
+        bounds = [bounds[s % schedule.stages_per_pipe] for s in range(schedule.num_stages)]
     if bounds[-1][1] != profile.num_layers:
         raise PlanError(f"profile: has {profile.num_layers} layers but the partition covers {bounds[-1][1]} "
                         "(a profile of another model? run `gearshift profile` again)")
@@ -28,8 +31,9 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
     act = [profile.layers[b - 1].activation_bytes * mb for _, b in bounds]
     act_mem = [scale * sum(lp.peak_activation_bytes for lp in profile.layers[a:b]) for a, b in bounds]
     params = [4.0 * sum(lp.param_bytes for lp in profile.layers[a:b]) for a, b in bounds]
+    moved = [float(sum(lp.param_bytes for lp in profile.layers[a:b])) for a, b in bounds]  # a slice's update
     return CostModel(fwd, bwd, act, state.bandwidth, state.latency, act_mem, params, state.memory,
-                     host=state.hosts, cores=state.cores, duty=state.duty)
+                     host=state.hosts, cores=state.cores, duty=state.duty, param_bytes=moved)
 
 
 def predict(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Schedule, state: ClusterState,

@@ -11,6 +11,7 @@ from gearshift.sim.engine import SimResult
 Event = tuple[str, float, float, dict]  # (name, start s, end s, args)
 
 _COMPUTE = re.compile(r"^(?:[FB]\d+|STEP)$")
+_PASS = re.compile(r"^[FB]\d+$")  # a forward or backward of one micro-batch
 
 
 def category(name: str) -> str:
@@ -18,9 +19,37 @@ def category(name: str) -> str:
     return "compute" if _COMPUTE.match(name) else "comm"
 
 
-def chrome_trace(timelines: dict[str, list[Event]], process_name: str) -> dict:
+# chrome://tracing's reserved colours, one per direction; Perfetto ignores cname and colours a slice by its
+# name without digits, so each direction's slices are named by a letter ("dir A") on a track of their own.
+_CNAMES = ("rail_response", "rail_animation", "good", "rail_load", "yellow", "olive", "terrible", "rail_idle")
+
+
+def direction_name(pipe: int) -> str:
+    """The slice name of direction (pipe) `pipe` in traces: "dir A", "dir B", ..."""
+    return f"dir {chr(ord('A') + pipe % 26)}"
+
+
+def direction_tracks(timelines: dict[str, list[Event]], stages_per_pipe: int) -> dict[str, list[Event]]:
+    """Beside each rank's track, a track of its forwards and backwards coloured by direction (one colour per
+    direction): every such event with a "stage" arg, renamed to its direction."""
+    out: dict[str, list[Event]] = {}
+    for track, items in timelines.items():
+        out[track] = items
+        dirs = [(direction_name(args["stage"] // stages_per_pipe), start, end,
+                 dict(args, cat="direction", cname=_CNAMES[args["stage"] // stages_per_pipe % len(_CNAMES)]))
+                for name, start, end, args in items if args.get("stage", -1) >= 0 and _PASS.match(name)]
+        if dirs:
+            out[f"{track} directions"] = dirs
+    return out
+
+
+def chrome_trace(timelines: dict[str, list[Event]], process_name: str, stages_per_pipe: int | None = None) -> dict:
     """One process named `process_name`, one thread per track (e.g. "rank 0"), ph "X" events in
-    microseconds. args may carry "cat" to override the category inferred from the name."""
+    microseconds. args may carry "cat" to override the category inferred from the name (and "cname", a
+    chrome://tracing colour). With `stages_per_pipe` (several pipes), each rank's compute is also drawn on
+    a track of its own, one colour per direction (direction_tracks)."""
+    if stages_per_pipe:
+        timelines = direction_tracks(timelines, stages_per_pipe)
     events: list[dict] = [
         {"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": process_name}}
     ]
@@ -32,30 +61,33 @@ def chrome_trace(timelines: dict[str, list[Event]], process_name: str) -> dict:
         for name, start, end, args in items:
             args = dict(args)
             cat = args.pop("cat", None) or category(name)
-            events.append(
-                {
-                    "ph": "X",
-                    "name": name,
-                    "cat": cat,
-                    "pid": 0,
-                    "tid": tid,
-                    "ts": start * 1e6,
-                    "dur": max(end - start, 0.0) * 1e6,
-                    "args": args,
-                }
-            )
+            cname = args.pop("cname", None)
+            event = {
+                "ph": "X",
+                "name": name,
+                "cat": cat,
+                "pid": 0,
+                "tid": tid,
+                "ts": start * 1e6,
+                "dur": max(end - start, 0.0) * 1e6,
+                "args": args,
+            }
+            if cname:
+                event["cname"] = cname
+            events.append(event)
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
-def sim_trace(result: SimResult, name: str = "predicted") -> dict:
-    """A SimResult as a trace: one track per rank, plus one per used link showing transfers in flight."""
+def sim_trace(result: SimResult, name: str = "predicted", stages_per_pipe: int | None = None) -> dict:
+    """A SimResult as a trace: one track per rank, plus one per used link showing transfers in flight (and,
+    with `stages_per_pipe`, each rank's compute coloured by direction)."""
     tracks: dict[str, list[Event]] = {}
     for rank, line in enumerate(result.timelines):
         tracks[f"rank {rank}"] = [(a.label, start, end, _args(a)) for a, start, end in line]
     for a, src, dst, start, end in result.transfers:
         args = _args(a) | {"cat": "comm"}
         tracks.setdefault(f"link {src}->{dst}", []).append((a.label, start, end, args))
-    return chrome_trace(tracks, name)
+    return chrome_trace(tracks, name, stages_per_pipe)
 
 
 def _args(a) -> dict:

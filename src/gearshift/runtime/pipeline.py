@@ -39,9 +39,17 @@ class StepResult:
 
 def forward_only(schedule: Schedule) -> Schedule:
     """The forward half of a schedule (evaluation): F and activation transfers, GPipe order."""
-    g = make_schedule("gpipe", schedule.num_stages, schedule.num_microbatches, placement=schedule.placement)
+    g = make_schedule("gpipe", schedule.num_stages, schedule.num_microbatches, placement=schedule.placement,
+                      stages_per_pipe=schedule.stages_per_pipe)
     acts = [[a for a in lst if a.op in (Op.FORWARD, Op.SEND_ACT, Op.RECV_ACT)] for lst in g.actions]
-    return Schedule("forward", g.num_stages, g.num_microbatches, g.placement, acts)
+    return Schedule("forward", g.num_stages, g.num_microbatches, g.placement, acts, stages_per_pipe=g.stages_per_pipe)
+
+
+def mean_loss(losses: list[float], device: torch.device | str = "cpu") -> float:
+    """Mean of every rank's micro-batch losses (collective; reduced on `device`, as NCCL needs)."""
+    t = torch.tensor([sum(losses), float(len(losses))], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return float(t[0] / t[1]) if t[1] > 0 else float("nan")
 
 
 class PipelineRuntime:
@@ -219,7 +227,7 @@ class PipelineRuntime:
             self.experts.clock.take()  # all-to-alls since the last step (evaluation) are no step's compute
         rec = self.executor.run(xs, ys, on_sync=on_sync, on_step=on_step)
         moe = self.experts.loads(self.layers) if self.experts is not None else None
-        return StepResult(self._mean_loss(rec.losses), norm[0], rec, moe)
+        return StepResult(mean_loss(rec.losses, self.device), norm[0], rec, moe)
 
     def _clip(self) -> float:
         """Clip by the global gradient norm of the whole model (all stages), as clip_grad_norm_ would."""
@@ -239,16 +247,11 @@ class PipelineRuntime:
                 g.mul_(coef)
         return total
 
-    def _mean_loss(self, losses: list[float]) -> float:
-        t = torch.tensor([sum(losses), float(len(losses))], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t)
-        return float(t[0] / t[1]) if t[1] > 0 else float("nan")
-
     @torch.no_grad()
     def evaluate(self, x: Tensor, y: Tensor) -> float:
         xs, ys = self._split(x, y)
         rec = self.eval_executor.run(xs, ys, forward_only=True)
-        return self._mean_loss(rec.losses)
+        return mean_loss(rec.losses, self.device)
 
     # ---- state by global name -----------------------------------------------------------------
     def state(self) -> tuple[dict[str, Tensor], dict[str, dict[str, Tensor]]]:

@@ -1,4 +1,4 @@
-"""gearshift.schedules: per-rank action lists (GPipe, 1F1B, kFkB) and their validator."""
+"""gearshift.schedules: per-rank action lists (GPipe, 1F1B, kFkB, multi-directional) and their validator."""
 
 from gearshift.schedules.action import Action, Op, Schedule
 from gearshift.schedules.generators import gpipe, kfkb, make_schedule, one_f_one_b

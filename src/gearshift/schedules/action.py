@@ -7,7 +7,12 @@ from enum import Enum
 
 
 class Op(str, Enum):
-    """What a rank does: compute, point-to-point transfer, gradient sync or optimizer step."""
+    """What a rank does: compute, point-to-point transfer, gradient sync or optimizer step.
+
+    Multi-directional pipelines add the update of a slice held by several ranks: REDUCE (a holder's
+    gradient of the slice goes to the slice's optimizer holder), RECV_RED, NORM (the global gradient norm,
+    a collective of every rank), STEP(stage) (clip and step the slice), SEND_PAR / RECV_PAR (the new
+    parameters go back to the other holders, who install them as the slice's next version)."""
 
     FORWARD = "F"
     BACKWARD = "B"
@@ -16,7 +21,13 @@ class Op(str, Enum):
     SEND_GRAD = "SG"
     RECV_GRAD = "RG"
     SYNC = "SYNC"  # gradient sync across data-parallel replicas
-    STEP = "STEP"  # optimizer step
+    STEP = "STEP"  # optimizer step (of every stage of the rank, or of one slice: stage >= 0)
+    REDUCE = "RED"  # stage's accumulated gradient to its slice's optimizer holder (peer; -1: this rank)
+    RECV_RED = "RR"  # optimizer holder (stage) adds a holder's (peer) gradient of the slice
+    NORM = "NORM"  # global gradient norm over every slice (collective of all ranks)
+    SEND_PAR = "SP"  # optimizer holder (stage) sends the slice's new parameters to a holder (peer)
+    RECV_PAR = "RP"  # holder (stage) receives the slice's new parameters and installs them
+    BARRIER = "BAR"  # every rank waits for all (a step boundary; validation and prediction only)
 
     @property
     def is_compute(self) -> bool:
@@ -29,6 +40,14 @@ class Op(str, Enum):
     @property
     def is_recv(self) -> bool:
         return self in (Op.RECV_ACT, Op.RECV_GRAD)
+
+    @property
+    def is_update(self) -> bool:
+        """Part of a slice's update (multi-directional pipelines)."""
+        return self in _UPDATE or self is Op.NORM
+
+
+_UPDATE = (Op.REDUCE, Op.RECV_RED, Op.SEND_PAR, Op.RECV_PAR)
 
 
 @dataclass(frozen=True)
@@ -65,7 +84,13 @@ class Action:
 
 @dataclass
 class Schedule:
-    """Per-rank action lists for one training iteration; placement[s] is the rank holding stage s."""
+    """Per-rank action lists for one training iteration; placement[s] is the rank holding stage s.
+
+    The stages form pipes of `stages_per_pipe` consecutive stages (one pipe unless set): stage
+    s = g * stages_per_pipe + i is slice i of pipe g, fed by s - 1 and feeding s + 1 inside its pipe, and
+    pipe g takes its own micro-batches 0..num_microbatches-1. A `window` (params["window"]) is the steady
+    step of a pipeline that runs without a flush: micro-batch ids 0..M-1 are the previous batch's (whose
+    forwards ran in the previous step), M..2M-1 this batch's."""
 
     name: str
     num_stages: int
@@ -73,10 +98,53 @@ class Schedule:
     placement: list[int]
     actions: list[list[Action]]  # per rank, in execution order
     params: dict = field(default_factory=dict)  # generator parameters, e.g. {"k": 2}
+    stages_per_pipe: int = 0  # 0: one pipe of num_stages
+
+    def __post_init__(self) -> None:
+        if not self.stages_per_pipe:
+            self.stages_per_pipe = self.num_stages
 
     @property
     def num_ranks(self) -> int:
         return len(self.actions)
+
+    @property
+    def num_pipes(self) -> int:
+        return self.num_stages // self.stages_per_pipe
+
+    @property
+    def window(self) -> bool:
+        """Whether this is a steady no-flush step (ids < num_microbatches are the previous batch's)."""
+        return bool(self.params.get("window"))
+
+    def pipe_of(self, stage: int) -> int:
+        return stage // self.stages_per_pipe
+
+    def slice_of(self, stage: int) -> int:
+        """Position of `stage` in its pipe (the model slice it computes)."""
+        return stage % self.stages_per_pipe
+
+    def is_first(self, stage: int) -> bool:
+        return stage % self.stages_per_pipe == 0
+
+    def is_last(self, stage: int) -> bool:
+        return stage % self.stages_per_pipe == self.stages_per_pipe - 1
+
+    def prev_stage(self, stage: int) -> int:
+        """The stage feeding `stage` in its pipe, or -1 for a pipe's first stage."""
+        return -1 if self.is_first(stage) else stage - 1
+
+    def next_stage(self, stage: int) -> int:
+        """The stage `stage` feeds in its pipe, or -1 for a pipe's last stage."""
+        return -1 if self.is_last(stage) else stage + 1
+
+    def stage_on(self, rank: int, slice_: int) -> int:
+        """The stage of slice `slice_` that `rank` holds (the first, in pipe order), or -1."""
+        for g in range(self.num_pipes):
+            s = g * self.stages_per_pipe + slice_
+            if self.placement[s] == rank:
+                return s
+        return -1
 
     def stages_of(self, rank: int) -> list[int]:
         """Stages held by `rank`, ascending."""
@@ -87,7 +155,7 @@ class Schedule:
 
     def to_dict(self) -> dict:
         """JSON-able form (a Plan stores it)."""
-        return {
+        d = {
             "name": self.name,
             "num_stages": self.num_stages,
             "num_microbatches": self.num_microbatches,
@@ -95,6 +163,9 @@ class Schedule:
             "params": dict(self.params),
             "actions": [[a.to_list() for a in acts] for acts in self.actions],
         }
+        if self.num_pipes > 1:
+            d["stages_per_pipe"] = self.stages_per_pipe
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> Schedule:
@@ -105,6 +176,7 @@ class Schedule:
             placement=[int(r) for r in d["placement"]],
             actions=[[Action.from_list(x) for x in acts] for acts in d["actions"]],
             params=dict(d.get("params", {})),
+            stages_per_pipe=int(d.get("stages_per_pipe", 0)),
         )
 
     def format(self) -> str:

@@ -1,4 +1,5 @@
-"""Pipeline schedule generators (GPipe, 1F1B, kFkB) for any stage -> rank placement."""
+"""Pipeline schedule generators (GPipe, 1F1B, kFkB) for any stage -> rank placement, over one pipe or
+several (multi-directional pipelines: gearshift.schedules.multidir)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from gearshift.schedules.action import Action, Op, Schedule
 from gearshift.schedules.validate import ScheduleError
 
 NAMES = ("gpipe", "1f1b", "kfkb")
+ALL_NAMES = (*NAMES, "multidir")
 
 # Relative costs used only to merge several stages' orders on one rank (backward ~ 2x forward).
 _MERGE_COST = {Op.FORWARD: 1.0, Op.BACKWARD: 2.0}
@@ -27,19 +29,31 @@ def kfkb(num_stages: int, num_microbatches: int, k: int, placement: list[int] | 
 
 
 def make_schedule(
-    name: str, num_stages: int, num_microbatches: int, k: int = 1, placement: list[int] | None = None
+    name: str, num_stages: int, num_microbatches: int, k: int = 1, placement: list[int] | None = None,
+    stages_per_pipe: int | None = None, directions: int = 2, update: str = "flush",
 ) -> Schedule:
-    """Build a named schedule; raises ScheduleError (a ValueError) naming the bad field."""
+    """Build a named schedule; raises ScheduleError (a ValueError) naming the bad field.
+
+    "multidir" builds `directions` pipelines over num_stages ranks (gearshift.schedules.multidir); the
+    others run num_stages stages in pipes of `stages_per_pipe` (default: one pipe), each pipe its own
+    num_microbatches micro-batches."""
+    if name == "multidir":
+        from gearshift.schedules.multidir import multidir
+
+        return multidir(num_stages, directions, num_microbatches, update)
     _check_args(name, num_stages, num_microbatches, k)
+    spp = stages_per_pipe or num_stages
+    if num_stages % spp:
+        raise ScheduleError(f"stages_per_pipe: {spp} does not divide num_stages ({num_stages})")
     placement = list(range(num_stages)) if placement is None else list(placement)
     num_ranks = _check_placement(placement, num_stages)
     m = num_microbatches
     k_eff = {"gpipe": m, "1f1b": 1, "kfkb": min(k, m)}[name]
-    orders = [stage_order(s, num_stages, m, k_eff) for s in range(num_stages)]
-    per_rank = _merge(orders, placement, num_ranks)
-    actions = [_with_comm(compute, placement) for compute in per_rank]
+    orders = [stage_order(s % spp, spp, m, k_eff) for s in range(num_stages)]
+    per_rank = merge_orders(orders, placement, num_ranks, spp)
+    actions = [with_comm(compute, placement, spp) + [Action(Op.SYNC), Action(Op.STEP)] for compute in per_rank]
     params = {"k": k} if name == "kfkb" else {}
-    return Schedule(name, num_stages, m, placement, actions, params)
+    return Schedule(name, num_stages, m, placement, actions, params, spp)
 
 
 def stage_order(stage: int, num_stages: int, num_microbatches: int, k: int) -> list[tuple[Op, int]]:
@@ -58,15 +72,19 @@ def stage_order(stage: int, num_stages: int, num_microbatches: int, k: int) -> l
     return order
 
 
-def _merge(orders: list[list[tuple[Op, int]]], placement: list[int], num_ranks: int) -> list[list[Action]]:
+def merge_orders(orders: list[list[tuple[Op, int]]], placement: list[int], num_ranks: int,
+                 stages_per_pipe: int | None = None) -> list[list[Action]]:
     """Interleave the stage orders held by each rank with a greedy list schedule (earliest start first).
 
     Each stage order is feasible on its own, so always running some ready head never deadlocks, and the
-    resulting per-rank orders are witnessed feasible by the schedule built here."""
+    resulting per-rank orders are witnessed feasible by the schedule built here. A dependency that no order
+    computes (a forward of the previous step, in a no-flush window) counts as done at time 0."""
     stages_of = [[s for s, r in enumerate(placement) if r == rank] for rank in range(num_ranks)]
     if all(len(ss) == 1 for ss in stages_of):
         return [[Action(op, ss[0], mb) for op, mb in orders[ss[0]]] for ss in stages_of]
-    last = len(orders) - 1
+    spp = stages_per_pipe or len(orders)
+    scheduled = {(op, s, mb) for s, order in enumerate(orders) for op, mb in order}
+    tail = _tails(orders, spp, scheduled) if spp < len(orders) else None
     ptr = [0] * len(orders)
     end: dict[tuple[Op, int, int], float] = {}
     free = [0.0] * num_ranks
@@ -79,14 +97,12 @@ def _merge(orders: list[list[tuple[Op, int]]], placement: list[int], num_ranks: 
                 if ptr[s] == len(orders[s]):
                     continue
                 op, mb = orders[s][ptr[s]]
-                if op is Op.FORWARD:
-                    deps = [(Op.FORWARD, s - 1, mb)] if s > 0 else []
-                else:
-                    deps = [(Op.FORWARD, s, mb)] + ([(Op.BACKWARD, s + 1, mb)] if s < last else [])
+                deps = [d for d in _deps(op, s, mb, spp) if d in scheduled]
                 if any(d not in end for d in deps):
                     continue
                 start = max([free[rank]] + [end[d] for d in deps])
-                key = (start, -s)  # ties: deepest stage first (closest to the critical path)
+                # ties: the longest path still ahead (several pipes), else the deepest stage
+                key = (start, -tail[(op, s, mb)] if tail else -s)
                 if best is None or key < best[0]:
                     best = (key, rank, s, op, mb)
         if best is None:  # cannot happen for valid stage orders
@@ -99,25 +115,61 @@ def _merge(orders: list[list[tuple[Op, int]]], placement: list[int], num_ranks: 
     return out
 
 
-def _with_comm(compute: list[Action], placement: list[int]) -> list[Action]:
-    """Insert receives just before and sends just after each cross-rank compute; end with SYNC, STEP."""
-    last = len(placement) - 1
+def _deps(op: Op, s: int, mb: int, spp: int) -> list[tuple[Op, int, int]]:
+    if op is Op.FORWARD:
+        return [(Op.FORWARD, s - 1, mb)] if s % spp else []
+    return [(Op.FORWARD, s, mb)] + ([(Op.BACKWARD, s + 1, mb)] if (s + 1) % spp else [])
+
+
+def _tails(orders: list[list[tuple[Op, int]]], spp: int, scheduled: set) -> dict[tuple[Op, int, int], float]:
+    """Longest path (merge costs) from each compute's start to the end of the iteration, over its data
+    dependencies and its stage's order: list scheduling runs the longest first among equally early."""
+    succ: dict[tuple, list[tuple]] = {k: [] for k in scheduled}
+    for s, order in enumerate(orders):
+        for i, (op, mb) in enumerate(order):
+            key = (op, s, mb)
+            for d in _deps(op, s, mb, spp):
+                if d in scheduled:
+                    succ[d].append(key)
+            if i + 1 < len(order):
+                succ[key].append((order[i + 1][0], s, order[i + 1][1]))
+    tail: dict[tuple, float] = {}
+    pending = {k: len(v) for k, v in succ.items()}
+    pred: dict[tuple, list[tuple]] = {k: [] for k in scheduled}
+    for k, v in succ.items():
+        for x in v:
+            pred[x].append(k)
+    stack = [k for k, c in pending.items() if c == 0]
+    while stack:
+        k = stack.pop()
+        tail[k] = _MERGE_COST[k[0]] + max((tail[x] for x in succ[k]), default=0.0)
+        for p in pred[k]:
+            pending[p] -= 1
+            if pending[p] == 0:
+                stack.append(p)
+    return tail
+
+
+def with_comm(compute: list[Action], placement: list[int], stages_per_pipe: int | None = None) -> list[Action]:
+    """Insert receives just before and sends just after each compute whose neighbour in its pipe is on
+    another rank."""
+    spp = stages_per_pipe or len(placement)
     out: list[Action] = []
     for a in compute:
         s, mb, me = a.stage, a.mb, placement[a.stage]
+        has_prev, has_next = s % spp != 0, (s + 1) % spp != 0
         if a.op is Op.FORWARD:
-            if s > 0 and placement[s - 1] != me:
+            if has_prev and placement[s - 1] != me:
                 out.append(Action(Op.RECV_ACT, s, mb, placement[s - 1]))
             out.append(a)
-            if s < last and placement[s + 1] != me:
+            if has_next and placement[s + 1] != me:
                 out.append(Action(Op.SEND_ACT, s, mb, placement[s + 1]))
         else:
-            if s < last and placement[s + 1] != me:
+            if has_next and placement[s + 1] != me:
                 out.append(Action(Op.RECV_GRAD, s, mb, placement[s + 1]))
             out.append(a)
-            if s > 0 and placement[s - 1] != me:
+            if has_prev and placement[s - 1] != me:
                 out.append(Action(Op.SEND_GRAD, s, mb, placement[s - 1]))
-    out += [Action(Op.SYNC), Action(Op.STEP)]
     return out
 
 
@@ -127,7 +179,7 @@ def _is_int(x: object) -> bool:
 
 def _check_args(name: str, num_stages: int, num_microbatches: int, k: int) -> None:
     if name not in NAMES:
-        raise ScheduleError(f"schedule name: {name!r} is not one of {', '.join(NAMES)}")
+        raise ScheduleError(f"schedule name: {name!r} is not one of {', '.join(ALL_NAMES)}")
     for field, value in (("num_stages", num_stages), ("num_microbatches", num_microbatches), ("k", k)):
         if not _is_int(value) or value < 1:
             raise ScheduleError(f"{field}: must be an integer >= 1, got {value!r}")

@@ -16,12 +16,36 @@ class ScheduleError(UserError):
 
 def validate(schedule: Schedule) -> None:
     """Raise ScheduleError unless every (stage, mb) runs F then B once on its rank, every send has its
-    receive, each rank ends its compute with SYNC then STEP, and the lists run to completion."""
+    receive, each rank ends its compute with SYNC then STEP (multi-directional pipelines: each slice's
+    update runs once per batch, in order, and no forward runs on weights more than one version stale),
+    and the lists run to completion. A window (a step without a flush) is checked as the stream it
+    repeats in: the first step, two windows and the final flush, with the step boundaries between."""
+    if schedule.window:
+        from gearshift.schedules.multidir import unroll
+
+        _check_window(schedule)
+        validate(unroll(schedule))
+        return
     _check_shape(schedule)
     _check_compute(schedule)
     _check_comm(schedule)
-    _check_sync_step(schedule)
+    if "directions" in schedule.params:
+        from gearshift.schedules.update import check_update
+
+        check_update(schedule)
+    else:
+        _check_sync_step(schedule)
     _check_deadlock(schedule)
+
+
+def _check_window(sch: Schedule) -> None:
+    """Ids in a window: 0..M-1 the previous batch's backwards, M..2M-1 this batch's."""
+    M = sch.num_microbatches
+    for r, acts in enumerate(sch.actions):
+        for a in acts:
+            if a.mb >= 2 * M or (a.op is Op.FORWARD and a.mb < M):
+                raise ScheduleError(f"rank {r}: {a} in a window (forwards take ids {M}..{2 * M - 1}, "
+                                    f"backwards 0..{2 * M - 1})")
 
 
 def _fail(what: str, items: list[str]) -> None:
@@ -41,7 +65,11 @@ def _check_shape(sch: Schedule) -> None:
         for a in acts:
             if not isinstance(a.op, Op):
                 raise ScheduleError(f"rank {r}: {a!r} has an unknown op")
-            if a.op in (Op.SYNC, Op.STEP):
+            if a.op in (Op.SYNC, Op.NORM, Op.BARRIER) or (a.op is Op.STEP and a.stage < 0):
+                continue
+            if a.op.is_update or a.op is Op.STEP:
+                if not 0 <= a.stage < sch.num_stages:
+                    raise ScheduleError(f"rank {r}: {a} has a stage out of range")
                 continue
             if not 0 <= a.stage < sch.num_stages or not 0 <= a.mb < sch.num_microbatches:
                 raise ScheduleError(f"rank {r}: {a} has a stage or micro-batch out of range")
@@ -98,6 +126,7 @@ def _check_comm(sch: Schedule) -> None:
     sends: Counter = Counter()
     recvs: Counter = Counter()
     last = sch.num_stages - 1
+    spp = sch.stages_per_pipe
     bad = []
     for r, acts in enumerate(sch.actions):
         done: set[tuple[Op, int, int]] = set()
@@ -110,6 +139,9 @@ def _check_comm(sch: Schedule) -> None:
             dst_stage = src_stage + 1 if kind == "act" else src_stage - 1
             if not (0 <= src_stage <= last and 0 <= dst_stage <= last):
                 bad.append(f"{a} on rank {r}: no stage {dst_stage if 0 <= src_stage <= last else src_stage}")
+                continue
+            if src_stage // spp != dst_stage // spp:
+                bad.append(f"{a} on rank {r}: stages {src_stage} and {dst_stage} are in different pipes")
                 continue
             if sch.placement[src_stage] == sch.placement[dst_stage]:
                 bad.append(

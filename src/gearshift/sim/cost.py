@@ -32,6 +32,7 @@ class CostModel:
     host: list[int] | None = None  # per rank: the host whose cores it computes on; None: each its own
     cores: list[float] | None = None  # per host: cores its ranks share; None: unlimited
     duty: list[float] | None = None  # per rank: duty-cycle slowdown (compute, then sleep (f - 1) x as long)
+    param_bytes: list[float] = field(default_factory=list)  # per stage: what a slice's update moves; [] = 0
 
     @classmethod
     def uniform(
@@ -79,6 +80,8 @@ class CostModel:
         }
         if self.param_mem_bytes:
             per_stage["param_mem_bytes"] = self.param_mem_bytes
+        if self.param_bytes:
+            per_stage["param_bytes"] = self.param_bytes
         for name, xs in per_stage.items():
             if len(xs) != num_stages:
                 raise ValueError(

@@ -1,10 +1,15 @@
 """Discrete-event replay of a Schedule's per-rank action lists under a CostModel, on a virtual clock.
 
 Semantics (shared with the validator and the runtime): each rank runs its list in order; compute waits for
-its inputs (activation of stage s-1 / gradient of s+1, local or received; B also its own F); a send does not
-block the sender and occupies its src->dst link (FIFO) for latency + bytes/bandwidth from when it is issued;
-a receive ends when its transfer arrives. With `step_barrier_s`, STEP first waits for every rank to reach
-its STEP (the job-wide all-reduce of the gradient-norm clip).
+its inputs (activation of the previous stage of its pipe / gradient of the next, local or received; B also
+its own F); a send does not block the sender and occupies its src->dst link (FIFO) for latency +
+bytes/bandwidth from when it is issued; a receive ends when its transfer arrives. With `step_barrier_s`, a
+whole-rank STEP first waits for every rank to reach its STEP (the job-wide all-reduce of the gradient-norm
+clip). A slice's update (multi-directional pipelines) moves gradients and parameters the same way (REDUCE,
+SEND_PAR / RECV_RED, RECV_PAR, a slice's parameter bytes); NORM is the non-blocking start of a collective
+that a STEP(stage) waits for on every rank; BARRIER waits for every rank to reach it. In a window
+(Schedule.window) what the previous step produced (forwards and messages of ids < M that the list does not
+hold) is there at time 0.
 
 When no host has more ranks than cores, nothing else is shared: action times follow from data dependencies
 alone and ranks can be advanced in any order (each runs until it blocks on an unfinished action and is woken
@@ -23,7 +28,7 @@ from itertools import accumulate, compress
 from gearshift.schedules.action import Action, Op, Schedule
 from gearshift.sim.cost import INF, CostModel
 
-_F, _B, _SA, _RA, _SG, _RG, _SYNC, _STEP = range(8)
+_F, _B, _SA, _RA, _SG, _RG, _SYNC, _STEP, _RED, _RR, _NORM, _SP, _RP, _BAR = range(14)
 _CODE = {
     Op.FORWARD: _F,
     Op.BACKWARD: _B,
@@ -33,7 +38,15 @@ _CODE = {
     Op.RECV_GRAD: _RG,
     Op.SYNC: _SYNC,
     Op.STEP: _STEP,
+    Op.REDUCE: _RED,
+    Op.RECV_RED: _RR,
+    Op.NORM: _NORM,
+    Op.SEND_PAR: _SP,
+    Op.RECV_PAR: _RP,
+    Op.BARRIER: _BAR,
 }
+_SENDS = (_SA, _SG, _RED, _SP)
+_RECVS = (_RA, _RG, _RR, _RP)
 _NONE = -2  # no dependency
 _NEVER = -1  # a dependency that does not exist in the schedule: blocks forever
 _BARRIER = -3  # waiters key of ranks held at STEP's barrier
@@ -51,6 +64,7 @@ class SimResult:
     fits_memory: bool
     deadlock: list[tuple[int, Action]] | None  # stuck ranks and the action each cannot finish
     transfers: list[tuple[Action, int, int, float, float]]  # (send action, src, dst, start, arrival)
+    peak_act_bytes: list[float] | None = None  # per rank: max activation bytes held (saved for backward)
 
 
 def simulate(schedule: Schedule, cost: CostModel) -> SimResult:
@@ -76,14 +90,16 @@ class _Program:
     offs: list[int]  # rank r owns indices offs[r]..offs[r+1]-1
     dep1: list[int]  # data input: producer compute, receive, or matching send
     dep2: list[int]  # B's own F
+    depn: dict[int, list[int]]  # STEP of a slice: every rank's NORM; BARRIER: every rank's action before it
     dur: list[float]  # compute / sync / step time (compute: on a core of its own); for sends, the link occupancy
     link: list[int]  # for sends: src * num_ranks + dst
     mem: list[float]  # activation memory taken (F) or released (B)
+    carried: list[float]  # per rank: activation memory held at the start (forwards of the previous step)
 
 
 def _compile(schedule: Schedule, cost: CostModel) -> _Program:
     """Flatten the lists and resolve each action's dependency to the index of the action it waits for."""
-    num_ranks, last, placement = schedule.num_ranks, schedule.num_stages - 1, schedule.placement
+    num_ranks, placement, spp = schedule.num_ranks, schedule.placement, schedule.stages_per_pipe
     offs = [0]
     ranks: list[int] = []
     for r, acts in enumerate(schedule.actions):
@@ -97,10 +113,12 @@ def _compile(schedule: Schedule, cost: CostModel) -> _Program:
     n = len(flat)
 
     # slot[(kind * S + stage) * M + mb] = index of the first such action (F/B/SA/RA/SG/RG), else _NEVER
-    num_stages = last + 1
+    num_stages = schedule.num_stages
     used = [(s, mb) for k, s, mb in zip(kind, stage, mbs) if k < _SYNC]
     if any(not (0 <= s < num_stages and mb >= 0) for s, mb in used):
         raise ValueError("simulate: an action has a stage or micro-batch out of range (run validate first)")
+    if any(not 0 <= s < num_stages for k, s in zip(kind, stage) if k in (_RED, _RR, _SP, _RP)):
+        raise ValueError("simulate: an update action has a stage out of range (run validate first)")
     m = max((mb for _, mb in used), default=0) + 1
     slot = [_NEVER] * (6 * num_stages * m)
     for g, k, s, mb in zip(range(n), kind, stage, mbs):
@@ -109,32 +127,45 @@ def _compile(schedule: Schedule, cost: CostModel) -> _Program:
             if slot[i] == _NEVER:
                 slot[i] = g
     fs, bs, sas, ras, sgs, rgs = (k * num_stages * m for k in (_F, _B, _SA, _RA, _SG, _RG))
+    carry_below = schedule.num_microbatches if schedule.window else 0  # ids the previous step produced
+
+    def carried(d: int, mb: int) -> int:
+        return _NONE if d == _NEVER and mb < carry_below else d
 
     dep1 = [_NONE] * n
     dep2 = [_NONE] * n
+    depn: dict[int, list[int]] = {}
     dur = [0.0] * n
     link = [0] * n
     mem = [0.0] * n
     fwd, bwd, nbytes, act_mem = cost.forward_s, cost.backward_s, cost.act_bytes, cost.act_mem_bytes
     sync, step = cost.sync_s, cost.step_times(num_ranks)
+    pbytes = cost.param_bytes or [0.0] * num_stages
+    seen: dict[tuple, int] = {}  # (kind, stage, peer, rank) -> occurrences so far (update messages pair in order)
+    updates: dict[tuple, list[int]] = {}
+    norms: list[list[int]] = [[] for _ in range(num_ranks)]
+    bars: list[list[int]] = [[] for _ in range(num_ranks)]
+    carried_mem = [0.0] * num_ranks
     for g, k, s, mb, r, p in zip(range(n), kind, stage, mbs, ranks, peer):
         i = s * m + mb
         if k == _F:
             dur[g] = fwd[s]
             mem[g] = act_mem[s]
-            if s > 0:
+            if s % spp:
                 if placement[s - 1] == r:
-                    dep1[g] = slot[fs + i - m]
+                    dep1[g] = carried(slot[fs + i - m], mb)
                 else:
                     d = slot[ras + i]
                     dep1[g] = d if d >= 0 and ranks[d] == r else _NEVER
         elif k == _B:
             dur[g] = bwd[s]
             mem[g] = -act_mem[s]
-            dep2[g] = slot[fs + i]
-            if s < last:
+            dep2[g] = carried(slot[fs + i], mb)
+            if dep2[g] == _NONE:
+                carried_mem[r] += act_mem[s]
+            if (s + 1) % spp:
                 if placement[s + 1] == r:
-                    dep1[g] = slot[bs + i + m]
+                    dep1[g] = carried(slot[bs + i + m], mb)
                 else:
                     d = slot[rgs + i]
                     dep1[g] = d if d >= 0 and ranks[d] == r else _NEVER
@@ -145,23 +176,58 @@ def _compile(schedule: Schedule, cost: CostModel) -> _Program:
             link[g] = r * num_ranks + p
         elif k == _RA or k == _RG:
             src = s - 1 if k == _RA else s + 1
-            d = slot[(sas if k == _RA else sgs) + i + (src - s) * m] if 0 <= src <= last else _NEVER
-            dep1[g] = d if d >= 0 and ranks[d] == p and peer[d] == r else _NEVER
+            ok = (s % spp != 0) if k == _RA else ((s + 1) % spp != 0)
+            d = slot[(sas if k == _RA else sgs) + i + (src - s) * m] if ok else _NEVER
+            dep1[g] = carried(d if d >= 0 and ranks[d] == p and peer[d] == r else _NEVER, mb)
+        elif k == _RED or k == _SP:
+            if p >= 0:
+                dur[g] = cost.transfer_s(r, p, pbytes[s])
+                link[g] = r * num_ranks + p
+            else:
+                link[g] = -1  # the optimizer holder's own gradient: stays on the rank
+            updates.setdefault((k, s, p, r), []).append(g)
+        elif k == _RR or k == _RP:
+            src_stage = schedule.stage_on(p, schedule.slice_of(s)) if 0 <= p < num_ranks else -1
+            key = (_RED if k == _RR else _SP, src_stage, r, p)
+            seen[key] = j = seen.get(key, 0) + 1
+            dep1[g] = key, j - 1  # resolved below, once every send is known
         elif k == _SYNC:
             dur[g] = sync[r] if sync is not None else 0.0
+        elif k == _NORM:
+            norms[r].append(g)
+        elif k == _BAR:
+            bars[r].append(g)
         else:
             dur[g] = step[r]
-    return _Program(flat, kind, offs, dep1, dep2, dur, link, mem)
+            if s >= 0:  # STEP of one slice: waits for the norm every rank contributed
+                depn[g] = []  # filled below
+    for g, k in enumerate(kind):
+        if k == _RR or k == _RP:
+            key, j = dep1[g]
+            sends = updates.get(key, [])
+            dep1[g] = sends[j] if j < len(sends) else _NEVER
+    steps_seen = [0] * num_ranks
+    for g in sorted(depn):
+        r = ranks[g]
+        j = steps_seen[r]
+        steps_seen[r] += 1
+        depn[g] = [ns[j] if j < len(ns) else _NEVER for ns in norms]
+    for r in range(num_ranks):
+        for j, g in enumerate(bars[r]):
+            depn[g] = [(bs_[j] - 1 if bs_[j] > offs[q] else _NONE) if j < len(bs_) else _NEVER
+                       for q, bs_ in enumerate(bars)]
+            depn[g] = [d for d in depn[g] if d != _NONE]
+    return _Program(flat, kind, offs, dep1, dep2, depn, dur, link, mem, carried_mem)
 
 
 class _Barrier:
-    """STEP's job-wide all-reduce: each STEP holder arrives once; the last arrival releases all of them
-    `step_barrier_s` later."""
+    """A whole-rank STEP's job-wide all-reduce: each STEP holder arrives once; the last arrival releases all
+    of them `step_barrier_s` later. (A slice's STEP waits for every rank's NORM instead: _Program.depn.)"""
 
     def __init__(self, prog: _Program, cost: CostModel):
         self.latency = cost.step_barrier_s
         self.on = self.latency is not None
-        self.left = sum(k == _STEP for k in prog.kind) if self.on else 0
+        self.left = sum(k == _STEP and g not in prog.depn for g, k in enumerate(prog.kind)) if self.on else 0
         self.passed: set[int] = set()
         self.latest = 0.0
 
@@ -201,7 +267,7 @@ class _Replay:
         """Run rank r's list from its clock until it blocks or ends (-1) or, on shared hosts, reaches a compute
         or STEP whose inputs are ready: its index, with clock[r] the earliest start (the driver runs it)."""
         prog, start, end, arrive, done, gate = self.prog, self.start, self.end, self.arrive, self.done, self.gate
-        kind, dep1, dep2, dur, link = prog.kind, prog.dep1, prog.dep2, prog.dur, prog.link
+        kind, dep1, dep2, depn, dur, link = prog.kind, prog.dep1, prog.dep2, prog.depn, prog.dur, prog.link
         waiters, wake, link_free = self.waiters, self.wake, self.link_free
         g, stop, t = self.pc[r], prog.offs[r + 1], self.clock[r]
         found = -1
@@ -214,6 +280,15 @@ class _Replay:
             if d2 != _NONE and (d2 < 0 or not done[d2]):
                 waiters.setdefault(d2, []).append(r)
                 break
+            ds = depn.get(g) if depn else None
+            if ds is not None:
+                blocker = next((x for x in ds if x < 0 or not done[x]), None)
+                if blocker is not None:
+                    waiters.setdefault(blocker, []).append(r)
+                    break
+                for x in ds:
+                    if end[x] > t:
+                        t = end[x]
             k = kind[g]
             if k <= _B or k == _STEP:
                 if k <= _B:
@@ -221,7 +296,7 @@ class _Replay:
                         t = end[d]
                     if d2 >= 0 and end[d2] > t:
                         t = end[d2]
-                elif gate.holds(r):
+                elif ds is None and gate.holds(r):
                     start[g] = t  # STEP spans the wait, as the runtime's does
                     released = gate.arrive(r, t)
                     if released is None:
@@ -239,19 +314,22 @@ class _Replay:
                     self.took[g] = dur[g] * self.slow[r]
                     t += self.took[g]
                 else:
-                    if not gate.on:
+                    if not gate.on or ds is not None:
                         start[g] = t
                     t += dur[g]
             else:
                 start[g] = t
-                if k == _RA or k == _RG:
+                if k in _RECVS:
                     if arrive[d] > t:
                         t = arrive[d]
-                elif k == _SA or k == _SG:
+                elif k in _SENDS:
                     lk = link[g]
-                    x0 = link_free[lk] if link_free[lk] > t else t
-                    arrive[g] = link_free[lk] = x0 + dur[g]
-                    self.xfers.append((g, r, x0))
+                    if lk < 0:
+                        arrive[g] = t
+                    else:
+                        x0 = link_free[lk] if link_free[lk] > t else t
+                        arrive[g] = link_free[lk] = x0 + dur[g]
+                        self.xfers.append((g, r, x0))
                 else:
                     t += dur[g]
             end[g] = t
@@ -335,7 +413,7 @@ def _run_shared(prog: _Program, cost: CostModel) -> _Replay:
             continue
         h = host[r]
         catch_up(h, now)
-        if kind[g] <= _B or not gate.on:
+        if kind[g] <= _B or not gate.on or g in prog.depn:
             start[g] = now
         heapq.heappush(running[h], (vtime[h] + dur[g], g, r, now))
         rerate(h)
@@ -348,14 +426,15 @@ def _result(schedule: Schedule, cost: CostModel, prog: _Program, tm: _Replay) ->
     num_ranks = schedule.num_ranks
     deadlock = [(r, flat[pc[r]]) for r in range(num_ranks) if pc[r] < offs[r + 1]] or None
     param = cost.param_mem_bytes or [0.0] * schedule.num_stages
-    timelines, busy, peaks = [], [], []
+    timelines, busy, peaks, acts = [], [], [], []
     iteration = max((tm.arrive[g] for g, _, _ in tm.xfers), default=0.0)
     for r in range(num_ranks):
         lo, hi = offs[r], pc[r]
         timelines.append(list(zip(flat[lo:hi], tm.start[lo:hi], tm.end[lo:hi])))
         is_comp = [k <= _B for k in kind[lo:hi]]
         busy.append(sum(compress(tm.took[lo:hi], is_comp)))
-        held = max(accumulate(compress(prog.mem[lo:hi], is_comp), initial=0.0))
+        held = max(accumulate(compress(prog.mem[lo:hi], is_comp), initial=prog.carried[r]))
+        acts.append(held)
         peaks.append(held + sum(param[s] for s in schedule.stages_of(r)))
         if hi > lo:
             iteration = max(iteration, tm.end[hi - 1])
@@ -368,4 +447,4 @@ def _result(schedule: Schedule, cost: CostModel, prog: _Program, tm: _Replay) ->
     cap = cost.memory_bytes
     fits = cap is None or all(p <= c for p, c in zip(peaks, cap))
     transfers = [(flat[g], r, flat[g].peer, x0, tm.arrive[g]) for g, r, x0 in tm.xfers]
-    return SimResult(iteration, timelines, busy, bubble, peaks, fits, deadlock, transfers)
+    return SimResult(iteration, timelines, busy, bubble, peaks, fits, deadlock, transfers, acts)

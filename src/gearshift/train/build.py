@@ -1,5 +1,6 @@
 """From the job config to this rank's share of the job: the model's layers, the partition, the schedule, the
-optimizer settings and the gradient-sync policy, assembled into a PipelineRuntime."""
+optimizer settings and the gradient-sync policy, assembled into a PipelineRuntime (a MultiDirRuntime for
+parallel.schedule = multidir)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from gearshift.models.moe import MoEConfig
 from gearshift.models.spec import ModelSpec, resolve_model
 from gearshift.runtime.adapt import Adapter
 from gearshift.runtime.experts import ExpertShards
+from gearshift.runtime.multidir import MultiDirRuntime
 from gearshift.runtime.pipeline import OptimConfig, PipelineRuntime
 from gearshift.schedules import Schedule, make_schedule
 from gearshift.train.config import JobConfig
@@ -71,9 +73,11 @@ def job_model(cfg: JobConfig) -> ModelSpec:
 
 def job_schedule(cfg: JobConfig) -> Schedule:
     """The schedule every replica runs (parallel.schedule, stages, micro-batches, k); with "auto", the kFkB of
-    parallel.microbatches and k the job measures and plans its partition with before it chooses."""
+    parallel.microbatches and k the job measures and plans its partition with before it chooses; for multidir,
+    its directions and, under update = async, the steady window."""
     p = cfg.parallel
-    return make_schedule("kfkb" if p.schedule == "auto" else p.schedule, p.stages, p.microbatches, k=p.k)
+    return make_schedule("kfkb" if p.schedule == "auto" else p.schedule, p.stages, p.microbatches, k=p.k,
+                         directions=p.directions, update=p.update)
 
 
 def brings_own(cfg: JobConfig) -> bool:
@@ -101,24 +105,58 @@ def layer_factory(cfg: JobConfig, spec: ModelSpec, data: JobData | None = None) 
 def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None, adapter: Adapter | None = None,
                   spec: ModelSpec | None = None, data: JobData | None = None,
                   schedule: Schedule | None = None, experts: ExpertShards | None = None,
-                  links: bool | None = None) -> PipelineRuntime:
+                  links: bool | None = None) -> PipelineRuntime | MultiDirRuntime:
     """This rank's pipeline runtime for the job (the partition and schedule from the config unless given) on the
     job's device; only this rank's layers are built. A MoE model's experts as `experts` places them, else
-    contiguously. links: a group per link direction (PipelineRuntime; None: on NCCL)."""
+    contiguously. links: a group per link direction (PipelineRuntime; None: on NCCL). For parallel.schedule =
+    multidir, `bounds` is one range per slice (the same cut in every direction)."""
     t = cfg.train
-    device = job_device(cfg)
     spec = spec or job_model(cfg)
-    if bounds is None:
-        bounds = resolve_partition(cfg, spec)
     build, act_meta = layer_factory(cfg, spec, data)
-    rt = PipelineRuntime(
-        build, spec.loss_fn, bounds, schedule or job_schedule(cfg), act_meta,
-        OptimConfig(t.weight_decay, (t.beta1, t.beta2), t.grad_clip),
-        after_compute=adapter.after_compute if adapter else None, after_recv=adapter.after_recv if adapter else None,
-        grad_sync_factory=grad_sync(cfg, device), experts=experts or expert_shards(cfg), device=device, links=links,
-    )
+    optim = OptimConfig(t.weight_decay, (t.beta1, t.beta2), t.grad_clip)
+    hooks = {"after_compute": adapter.after_compute if adapter else None,
+             "after_recv": adapter.after_recv if adapter else None}
+    if cfg.parallel.schedule == "multidir":
+        rt = MultiDirRuntime(build, spec.loss_fn, bounds or multidir_slices(cfg, spec, adapter),
+                             schedule or job_schedule(cfg), act_meta, optim, **hooks)
+    else:
+        device = job_device(cfg)
+        rt = PipelineRuntime(build, spec.loss_fn, bounds or resolve_partition(cfg, spec), schedule or job_schedule(cfg),
+                             act_meta, optim, **hooks, grad_sync_factory=grad_sync(cfg, device),
+                             experts=experts or expert_shards(cfg), device=device, links=links)
     spec.release()
     return rt
+
+
+def multidir_slices(cfg: JobConfig, spec: ModelSpec, adapter: Adapter | None = None) -> list[tuple[int, int]]:
+    """The cut of every direction: parallel.partition's ranges or parameter split as given; "uniform" is
+    slices of equal profiled compute time, from the adapter's profile, adapt.profile, or rank 0's profile
+    of the job's micro-batch (broadcast)."""
+    from gearshift.profile.model_profile import ModelProfile
+    from gearshift.train.profiling import profile_job
+
+    p = cfg.parallel
+    if p.partition != "uniform":
+        return resolve_partition(cfg, spec)
+    if adapter is not None:
+        profile = adapter.profile
+    elif cfg.adapt.profile:
+        profile = ModelProfile.load(cfg.adapt.profile)
+    else:
+        box = [profile_job(cfg, repeats=3, warmup=1) if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        profile = box[0]
+    return equal_time_slices(profile, p.stages)
+
+
+def equal_time_slices(profile, num_slices: int) -> list[tuple[int, int]]:
+    """Slices of (nearly) equal compute time: the partitioner at equal speeds, transfers left out."""
+    from gearshift.planner.partition import partition_dp
+
+    n, inf, S = profile.num_layers, float("inf"), num_slices
+    res = partition_dp([lp.work_s for lp in profile.layers], [0.0] * n, [0.0] * n, [1.0] * S,
+                       [[inf] * S for _ in range(S)], [[0.0] * S for _ in range(S)])
+    return [tuple(b) for b in res.bounds]
 
 
 def lr_at(step: int, cfg: JobConfig) -> float:

@@ -18,7 +18,8 @@ from gearshift.paths import check_dir, check_input_file, read_json
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.tomlfile import read_toml
 
-SCHEDULES = ("gpipe", "1f1b", "kfkb", "auto")
+SCHEDULES = ("gpipe", "1f1b", "kfkb", "multidir", "auto")
+UPDATES = ("flush", "async")
 PARTITIONS = ("uniform", "params", "adaptive")
 EXISTING = ("move", "refuse")
 ALLREDUCE = ("auto", "gloo", "ring", "hierarchical", "hierarchical_rs")
@@ -122,10 +123,13 @@ class ParallelConfig:
     """How the model is split, scheduled and synchronised."""
 
     stages: int = key(4, "pipeline stages; cluster.workers / stages data-parallel replicas of the pipeline")
-    schedule: str = key("1f1b", "pipeline schedule: gpipe, 1f1b, kfkb, or auto (the split into micro-batches and "
-                                "K of kFkB chosen by simulation under the measured links, chosen again as they "
-                                "change; microbatches and k are then only where the job starts measuring)")
-    microbatches: int = key(8, "micro-batches per step (per replica); must divide the replica's batch")
+    schedule: str = key("1f1b", "pipeline schedule: gpipe, 1f1b, kfkb, multidir (parallel.directions pipelines "
+                                "over the same ranks in different orders, optimizer state held once), or auto (the "
+                                "split into micro-batches and K of kFkB chosen by simulation under the measured "
+                                "links, chosen again as they change; microbatches and k are then only where the job "
+                                "starts measuring)")
+    microbatches: int = key(8, "micro-batches per step (per replica; multidir: per direction); must divide the "
+                               "replica's batch")
     k: int = key(1, "kfkb: forwards (then backwards) per group; 1 = 1F1B, >= microbatches = GPipe")
     partition: Any = key("uniform", "uniform | params | adaptive (the DP's plan from the spec or a measurement at "
                                     "the start, re-planned every adapt.every steps) | [[start, end], ...] per stage")
@@ -137,6 +141,10 @@ class ParallelConfig:
     shm: bool = key(True, "gradient-sync messages between ranks of a node through shared memory (false: TCP)")
     send_thread: Any = key("auto", "large gradient-sync sends from a second thread: auto (where the machine has "
                                    "two cores per rank), true, false")
+    directions: int = key(2, "multidir: pipelines over all the stages, each in its own order and on its own "
+                             "1/directions of the batch, 2..stages/2")
+    update: str = key("flush", "multidir: flush (a batch's update before the next batch: single-process training) or "
+                               "async (the next batch enters at once, on weights at most one step stale)")
     experts: int = key(1, "moe_gpt: expert-parallel width: each MoE layer's experts split over this many replicas "
                           "of a stage (contiguous, model.experts / experts each); divides the replicas")
     strategy: str = key("fixed", "fixed (parallel.stages and experts as given) or auto (moe_gpt: the fastest "
@@ -256,7 +264,9 @@ class JobConfig:
 
     @property
     def replicas(self) -> int:
-        return self.cluster.workers // self.parallel.stages
+        """Parts the batch is split into: the pipeline's replicas (multidir: its directions)."""
+        p = self.parallel
+        return self.cluster.workers // p.stages * (p.directions if p.schedule == "multidir" else 1)
 
 
 def _type_name(tp: Any) -> str:
@@ -402,6 +412,9 @@ def validate(cfg: JobConfig) -> JobConfig:
     _validate_memory(c.memory_gb, c.workers)
     _validate_traffic(c)
     _check(p.k >= 1, f"parallel.k: must be >= 1, got {p.k}")
+    _check(p.update in UPDATES, f"parallel.update: {p.update!r} (allowed: {', '.join(UPDATES)})")
+    if p.schedule == "multidir":
+        _check_multidir(cfg)
     _check(p.allreduce in ALLREDUCE, f"parallel.allreduce: {p.allreduce!r} (allowed: {', '.join(ALLREDUCE)})")
     _check(p.bucket_mb > 0, f"parallel.bucket_mb: must be > 0, got {p.bucket_mb}")
     from gearshift.cluster.topology import parse_matrix
@@ -420,7 +433,8 @@ def validate(cfg: JobConfig) -> JobConfig:
     per_replica = t.batch_size // max(cfg.replicas, 1)
     _check(
         t.batch_size % cfg.replicas == 0 and per_replica % p.microbatches == 0,
-        f"train.batch_size: must split evenly over {cfg.replicas} replica(s) x parallel.microbatches "
+        f"train.batch_size: must split evenly over {cfg.replicas} "
+        f"{'direction(s)' if p.schedule == 'multidir' else 'replica(s)'} x parallel.microbatches "
         f"({p.microbatches}), got {t.batch_size}",
     )
     _validate_experts(cfg)
@@ -467,6 +481,26 @@ def validate(cfg: JobConfig) -> JobConfig:
     return cfg
 
 
+def _check_multidir(cfg: JobConfig) -> None:
+    """multidir: every worker in every direction, 2..stages/2 directions, >= stages micro-batches each."""
+    p, w = cfg.parallel, cfg.cluster.workers
+    _check(p.stages == w, f"parallel.stages: multidir runs every direction over all the workers, so stages must "
+                          f"equal cluster.workers ({w}), got {p.stages}")
+    _check(p.stages >= 4, f"parallel.stages: multidir needs at least 4 (2 directions of 2 or more), got {p.stages}")
+    _check(2 <= p.directions <= p.stages // 2,
+           f"parallel.directions: must be in 2..{p.stages // 2} (parallel.stages / 2) for multidir, got {p.directions}")
+    _check(p.microbatches >= p.stages, f"parallel.microbatches: multidir needs at least parallel.stages "
+                                       f"({p.stages}) micro-batches per direction, got {p.microbatches}")
+    _check(p.partition != "adaptive", "parallel.partition: adaptive re-partitioning does not apply to multidir "
+                                      "(allowed: uniform = equal compute time, params, [[start, end], ...])")
+    _check(not cfg.adapt.force, "adapt.force: re-partitioning does not apply to parallel.schedule = multidir")
+    _check(not cfg.adapt.force_schedule, "adapt.force_schedule: kFkB switches do not apply to parallel.schedule = "
+                                         "multidir")
+    _check(p.experts == 1 and p.strategy == "fixed", "parallel.experts: expert parallelism does not apply to "
+                                                     "parallel.schedule = multidir (allowed: 1, strategy fixed)")
+    _check(cfg.cluster.device != "cuda" and cfg.cluster.backend != "nccl",
+           f"cluster.device: multidir runs on the CPU over gloo, got device {cfg.cluster.device!r} with backend "
+           f"{cfg.cluster.backend!r} (allowed with multidir: device auto or cpu, backend auto or gloo)")
 def _validate_memory(memory_gb: float | list[float], workers: int) -> None:
     if isinstance(memory_gb, list):
         _check(len(memory_gb) == workers and all(x > 0 for x in memory_gb),

@@ -97,7 +97,8 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
             adapter.observe(rt, res.record, per_replica // rt.schedule.num_microbatches)
         speed = adapter.monitor.speed(rank) if adapter else None
         rec, stopped = step_record(step, res.loss, res.grad_norm, lr, res.record.busy_s, res.record.step_s,
-                                   rt.bounds, tokens, speed, stop is not None and stop.requested)
+                                   rt.bounds, tokens, speed, stop is not None and stop.requested,
+                                   res.record.peak_act_bytes)
         if res.moe is not None:
             rec.update(res.moe.record())
             if trace:
@@ -172,6 +173,7 @@ def _summary(cfg: JobConfig, history: list[dict], start: int, wall_s: float, dat
         "val_loss": next((h["val_loss"] for h in reversed(history) if "val_loss" in h), None),
         "unigram_entropy": data.unigram_entropy(),
         "tokens_per_s": median("tokens_per_s", skip=1), "bubble_fraction": median("bubble_fraction"),
+        "peak_act_bytes": [max(col) for col in zip(*(h["peak_act_bytes"] for h in history))] if history else [],
     }
 
 

@@ -34,19 +34,21 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 
 def step_record(step: int, loss: float, grad_norm: float, lr: float, busy_s: float, step_s: float,
-                bounds: list, tokens: int, speed: float | None, stop: bool) -> tuple[dict, bool]:
-    """The metrics record of `step` from every rank's busy and step time (collective), and whether any rank
-    was asked to stop (so that all of them stop after the same step)."""
+                bounds: list, tokens: int, speed: float | None, stop: bool,
+                peak_act_bytes: int = 0) -> tuple[dict, bool]:
+    """The metrics record of `step` from every rank's busy and step time and peak bytes of activations saved
+    for backward (collective), and whether any rank was asked to stop (so that all of them stop after the
+    same step)."""
     from gearshift.comm.policy import gather
 
-    rows = gather((busy_s, step_s, speed, stop))
-    wall = max(s for _, s, _, _ in rows)
+    rows = gather((busy_s, step_s, speed, stop, peak_act_bytes))
+    wall = max(r[1] for r in rows)
     rec = {
         "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens / wall,
-        "step_time_s": wall, "busy_s": [b for b, _, _, _ in rows],
-        "bubble_fraction": 1.0 - sum(b for b, _, _, _ in rows) / (len(rows) * wall),
-        "partition": [list(b) for b in bounds],
+        "step_time_s": wall, "busy_s": [r[0] for r in rows],
+        "bubble_fraction": 1.0 - sum(r[0] for r in rows) / (len(rows) * wall),
+        "partition": [list(b) for b in bounds], "peak_act_bytes": [r[4] for r in rows],
     }
     if speed is not None:
-        rec["measured_speed"] = [sp for _, _, sp, _ in rows]
-    return rec, any(st for *_, st in rows)
+        rec["measured_speed"] = [r[2] for r in rows]
+    return rec, any(r[3] for r in rows)

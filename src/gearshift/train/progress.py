@@ -50,7 +50,11 @@ def print_summary(cfg: JobConfig, s: dict) -> None:
         what = f"{p.schedule} schedule ({runs})"
     else:
         what = f"{p.schedule}{'' if p.schedule != 'kfkb' else f' K={p.k}'}, {p.microbatches} micro-batches"
-    t.add_row("job", f"{cfg.cluster.workers} workers, {p.stages} stages x {cfg.replicas} replica(s), {what}")
+    if p.schedule == "multidir":
+        t.add_row("job", f"{cfg.cluster.workers} workers, multidir: {p.directions} directions over {p.stages} stages, "
+                  f"update {p.update}, {p.microbatches} micro-batches per direction")
+    else:
+        t.add_row("job", f"{cfg.cluster.workers} workers, {p.stages} stages x {cfg.replicas} replica(s), {what}")
     t.add_row("steps", f"{s['start_step']} -> {s['steps']} in {s['wall_s']:.1f} s")
     unit = " nats" if cfg.model.name == "gpt" else ""  # a custom model's loss is whatever its loss_fn gives
     t.add_row("train loss", f"{s['first_loss']:.3f} -> {s['final_loss']:.3f}{unit}")
@@ -63,6 +67,9 @@ def print_summary(cfg: JobConfig, s: dict) -> None:
     if "placement_decisions" in s:
         t.add_row("expert placement", f"moved at {s['placement_switches']} of {s['placement_decisions']} decisions "
                                       f"(every {cfg.moe.every} steps)")
+    if s.get("peak_act_bytes"):
+        t.add_row("activations", "peak saved for backward per rank: "
+                  + " / ".join(f"{b / 2**20:.1f}" for b in s["peak_act_bytes"]) + " MiB")
     t.add_row("output", cfg.output.dir)
     if s.get("report"):
         t.add_row("report", f"{s['report']} (open in a browser)")

@@ -34,12 +34,14 @@ class Tracer:
         """Write the trace if `step` is the one to trace (collective: every rank sends its timeline)."""
         if not self.cfg.output.trace or step != self.step:
             return
-        events = gather(record.events)
+        events = gather((record.events, record.event_stages))
         if dist.get_rank() != 0:
             return
-        timelines = {f"rank {r}": [(label, s, e, {"step": step}) for label, s, e in ev] for r, ev in enumerate(events)}
-        measured = chrome_trace(timelines, f"measured step {step}")
-        write_trace(self.path, merge_traces(measured, sim_trace(self._predicted(rt), "predicted (simulator)")))
+        timelines = {f"rank {r}": [(label, s, e, {"step": step} | ({"stage": st} if st >= 0 else {}))
+                                   for (label, s, e), st in zip(ev, sts)] for r, (ev, sts) in enumerate(events)}
+        pipes = rt.schedule.stages_per_pipe if rt.schedule.num_pipes > 1 else None  # colour by direction
+        measured = chrome_trace(timelines, f"measured step {step}", pipes)
+        write_trace(self.path, merge_traces(measured, sim_trace(self._predicted(rt), "predicted (simulator)", pipes)))
 
     def _predicted(self, rt: PipelineRuntime):
         """The simulator's replay of this step's action lists: from the adapter's profile and measured speeds

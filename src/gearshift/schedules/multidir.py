@@ -1,0 +1,318 @@
+"""Multi-directional pipelines: D pipelines (directions) over the same P ranks in different orders.
+
+Stage s = g * P + i is slice i of direction g, held by rank orders[g][i]; every direction holds a whole
+model and takes its own 1/D of the batch (its own micro-batches 0..M-1). Each slice's optimizer state lives
+once, on its holder in direction 0 (the optimizer direction): after a batch every other holder REDUCEs its
+gradient of the slice there, the optimizer holder adds them (RECV_RED), contributes the slice's squared norm
+to the global norm (NORM), clips and steps (STEP) and sends the new parameters back (SEND_PAR / RECV_PAR).
+
+update = "flush": one list per step; the update runs after the batch's last backwards, so the next batch
+starts from the new parameters (single-process training). update = "async": the lists form a stream without
+a flush; the steady step is a window (Schedule.window) that finishes the previous batch's backwards (its
+"tails") while the new batch's forwards enter, and runs the previous batch's update at the first bubble
+after its inputs are ready. A forward that starts before a slice's new parameters arrive uses the previous
+version (at most one version stale); its backward uses the same version.
+
+Direction orders (direction_orders): direction 0 is 0..P-1. The others minimise sum_r load_r^2, where
+load_r = sum over directions of P - (rank r's position): the micro-batches a 1F1B stage at that position
+holds at once, i.e. the rank's activation memory in units of one slice's; no rank may take a position it
+holds in another direction (no rank holds one slice twice), and ties go to ranks that are not yet some
+direction's first or last stage (embedding, head, the ends of the bubbles). Each direction is an exact
+assignment (Hungarian method) given the others: first one after another, then each again while the total
+improves (a local optimum; for up to 16 ranks, also from cyclic shifts, keeping the best). For D = 2 and
+even P this is an order and its reverse (every rank holds P + 1 micro-batches); even D balances exactly;
+odd D as nearly as the positions allow (P = 6, D = 3: 10 or 11 per rank)."""
+
+from __future__ import annotations
+
+from gearshift.schedules.action import Action, Op, Schedule
+from gearshift.schedules.generators import merge_orders, stage_order, with_comm
+from gearshift.schedules.validate import ScheduleError
+
+UPDATES = ("flush", "async")
+OPT = 0  # the optimizer direction
+_STEP_COST = 0.5  # unit-cost placement: an optimizer step of a slice, against F = 1, B = 2
+_SLACK = 3.0  # a bubble that begins later than this after an update's inputs are ready is not waited for
+
+
+def direction_orders(num_ranks: int, directions: int, rounds: int = 20) -> list[list[int]]:
+    """orders[g][i]: the rank at position i of direction g (see the module docstring for the rule)."""
+    P, D = num_ranks, directions
+    if not 1 <= D <= P:
+        raise ScheduleError(f"directions: must be in 1..{P} (one position per rank and direction), got {D}")
+    greedy = [list(range(P))]  # pos[g][r]: position of rank r in direction g
+    for _ in range(1, D):
+        greedy.append(_best_direction(greedy, P))
+    best = _descend(greedy, P, rounds)
+    load = [sum(P - p[r] for p in best) for r in range(P)]
+    if max(load) - min(load) > 1 and P <= 16:  # a local optimum: also descend from cyclic shifts, keep the best
+        starts = [[[(r + g * c) % P for r in range(P)] for g in range(D)]
+                  for c in range(1, min(P, 9)) if len({g * c % P for g in range(D)}) == D]
+        best = min([best] + [_descend(pos, P, rounds) for pos in starts], key=lambda pos: _total(pos, P))
+    return [sorted(range(P), key=lambda r: p[r]) for p in best]
+
+
+def _descend(pos: list[list[int]], P: int, rounds: int) -> list[list[int]]:
+    """Re-choose each direction but the first given the others, while the total improves."""
+    cost = _total(pos, P)
+    for _ in range(rounds):
+        improved = False
+        for g in range(1, len(pos)):
+            cand = pos[:g] + [_best_direction(pos[:g] + pos[g + 1:], P)] + pos[g + 1:]
+            c = _total(cand, P)
+            if c < cost:
+                pos, cost, improved = cand, c, True
+        if not improved:
+            break
+    return pos
+
+
+def _total(pos: list[list[int]], P: int) -> tuple[int, int]:
+    """(sum of squared per-rank loads, first/last positions on ranks that are already first or last)."""
+    load = [sum(P - p[r] for p in pos) for r in range(P)]
+    edges = [sum(p[r] in (0, P - 1) for p in pos) for r in range(P)]
+    return sum(x * x for x in load), sum(max(e - 1, 0) for e in edges)
+
+
+def _best_direction(others: list[list[int]], P: int) -> list[int]:
+    """The positions (per rank) of one more direction that minimise the total given `others`."""
+    D = len(others) + 1
+    load = [sum(P - p[r] for p in others) for r in range(P)]
+    taken = [{p[r] for p in others} for r in range(P)]
+    edge = [any(p[r] in (0, P - 1) for p in others) for r in range(P)]
+    big = 2 * P + 1  # one unit of squared load outweighs every tie-break together
+    forbidden = big * (2 * P * D) ** 2 * P
+    cost = [[forbidden if q in taken[r] else big * (load[r] + P - q) ** 2 + (q in (0, P - 1) and edge[r])
+             for q in range(P)] for r in range(P)]
+    return _assign(cost)
+
+
+def _assign(cost: list[list[int]]) -> list[int]:
+    """Minimum-cost perfect assignment of rows to columns (Hungarian method, O(n^3)); col of each row."""
+    n = len(cost)
+    u, v, match, way = [0] * (n + 1), [0] * (n + 1), [0] * (n + 1), [0] * (n + 1)
+    for i in range(1, n + 1):
+        match[0], j0 = i, 0
+        minv, used = [float("inf")] * (n + 1), [False] * (n + 1)
+        while True:
+            used[j0] = True
+            i0, delta, j1 = match[j0], float("inf"), 0
+            for j in range(1, n + 1):
+                if not used[j]:
+                    cur = cost[i0 - 1][j - 1] - u[i0] - v[j]
+                    if cur < minv[j]:
+                        minv[j], way[j] = cur, j0
+                    if minv[j] < delta:
+                        delta, j1 = minv[j], j
+            for j in range(n + 1):
+                if used[j]:
+                    u[match[j]] += delta
+                    v[j] -= delta
+                else:
+                    minv[j] -= delta
+            j0 = j1
+            if match[j0] == 0:
+                break
+        while j0:
+            j1 = way[j0]
+            match[j0] = match[j1]
+            j0 = j1
+    col = [0] * n
+    for j in range(1, n + 1):
+        col[match[j] - 1] = j - 1
+    return col
+
+
+def window_order(slice_: int, num_slices: int, num_microbatches: int) -> list[tuple[Op, int]]:
+    """One stage's steady no-flush step under 1F1B: the previous batch's last P - i backwards (ids < M)
+    alternate with this batch's first forwards (ids M..2M-1), then this batch's 1F1B."""
+    M, w = num_microbatches, num_slices - slice_
+    order: list[tuple[Op, int]] = []
+    for t in range(w):
+        order += [(Op.BACKWARD, M - w + t), (Op.FORWARD, M + t)]
+    for j in range(M - w):
+        order += [(Op.BACKWARD, M + j), (Op.FORWARD, M + w + j)]
+    return order
+
+
+def multidir(num_ranks: int, directions: int, num_microbatches: int, update: str = "flush") -> Schedule:
+    """The per-rank lists of `directions` pipelines over `num_ranks` ranks, 1F1B in each direction,
+    `num_microbatches` micro-batches per direction; "async" returns the steady window."""
+    P, D, M = num_ranks, directions, num_microbatches
+    _check(P, D, M, update)
+    orders = direction_orders(P, D)
+    placement = [orders[g][i] for g in range(D) for i in range(P)]
+    S = D * P
+    window = update == "async"
+    stage_orders = [window_order(s % P, P, M) if window else stage_order(s % P, P, M, 1) for s in range(S)]
+    compute = merge_orders(stage_orders, placement, P, P)
+    params = {"directions": D, "update": update, "orders": orders, "window": window}
+    lists = [with_comm(c, placement, P) for c in compute]
+    sch = Schedule("multidir", S, M, placement, lists, params, P)
+    _add_reduces(sch)
+    if window:
+        _place_update(sch)
+    else:
+        for r in range(P):
+            sch.actions[r] += _optimizer_block(sch, r) + _install_block(sch, r)
+    return sch
+
+
+def _check(P: int, D: int, M: int, update: str) -> None:
+    if update not in UPDATES:
+        raise ScheduleError(f"update: {update!r} is not one of {', '.join(UPDATES)}")
+    if not isinstance(P, int) or P < 2:
+        raise ScheduleError(f"num_stages: multidir needs at least 2 pipeline ranks, got {P!r}")
+    if not isinstance(D, int) or not 2 <= D <= P // 2:
+        raise ScheduleError(f"directions: must be in 2..{P // 2} (pipeline ranks / 2) for {P} ranks, got {D!r}")
+    if not isinstance(M, int) or M < P:
+        raise ScheduleError(f"num_microbatches: multidir needs at least {P} (the pipeline ranks) per direction, "
+                            f"got {M!r}")
+
+
+def opt_holder(sch: Schedule, stage: int) -> int:
+    """The rank that holds `stage`'s slice in the optimizer direction."""
+    return sch.placement[OPT * sch.stages_per_pipe + sch.slice_of(stage)]
+
+
+def holders(sch: Schedule, slice_: int) -> list[int]:
+    """The ranks holding `slice_`, one per direction, optimizer direction first."""
+    P = sch.stages_per_pipe
+    return [sch.placement[g * P + slice_] for g in range(sch.num_pipes)]
+
+
+def _add_reduces(sch: Schedule) -> None:
+    """REDUCE each stage right after its last backward of the batch (the previous batch's, in a window)."""
+    M = sch.num_microbatches
+    for acts in sch.actions:
+        last: dict[int, int] = {}
+        for i, a in enumerate(acts):
+            if a.op is Op.BACKWARD and (not sch.window or a.mb < M):
+                last[a.stage] = i
+        for s, i in sorted(last.items(), key=lambda x: -x[1]):
+            j = i + 1
+            while j < len(acts) and acts[j].op is Op.SEND_GRAD and acts[j].stage == s:
+                j += 1  # after the backward's own send
+            peer = -1 if sch.pipe_of(s) == OPT else opt_holder(sch, s)
+            acts.insert(j, Action(Op.REDUCE, s, -1, peer))
+
+
+def _optimizer_block(sch: Schedule, rank: int) -> list[Action]:
+    """The optimizer holder's part of its slice's update: receive, norm, step, send back."""
+    P = sch.stages_per_pipe
+    i = sch.placement[OPT * P:(OPT + 1) * P].index(rank)  # the slice this rank holds in the optimizer direction
+    s = OPT * P + i
+    others = holders(sch, i)[1:]
+    return ([Action(Op.RECV_RED, s, -1, h) for h in others] + [Action(Op.NORM), Action(Op.STEP, s)]
+            + [Action(Op.SEND_PAR, s, -1, h) for h in others])
+
+
+def _install_block(sch: Schedule, rank: int) -> list[Action]:
+    """Receive and install the new parameters of each slice this rank holds outside the optimizer direction."""
+    return [Action(Op.RECV_PAR, s, -1, opt_holder(sch, s)) for s in sch.stages_of(rank) if sch.pipe_of(s) != OPT]
+
+
+def _place_update(sch: Schedule) -> None:
+    """Put the previous batch's update into the window at the first bubble after its inputs are ready,
+    judged by replaying the lists with unit costs (F = 1, B = 2, instant messages): first each optimizer
+    holder's receives and NORM, then its STEP and sends once every NORM has run, then each holder's
+    installs. Receives and NORM take no time and go where the rank would wait anyway, so one replay
+    places a phase on every rank; STEP takes time, so the installs are placed from a fresh replay."""
+    line = _times(sch)
+    phase: dict[int, list[tuple[int, list[Action]]]] = {}
+    for r in range(sch.num_ranks):
+        block = _optimizer_block(sch, r)
+        recv = block[:next(j for j, a in enumerate(block) if a.op is Op.STEP)]
+        own = max(i for i, a in enumerate(sch.actions[r]) if a.op is Op.REDUCE and sch.pipe_of(a.stage) == OPT)
+        ready = max(_arrival(sch, line, r, a) for a in recv if a.op is Op.RECV_RED)
+        phase[r] = [(_position(line[r], ready, own + 1), recv)]
+    _apply(sch, phase)
+    line = _times(sch)
+    done = max(t for r in range(sch.num_ranks) for a, _, t in line[r] if a.op is Op.NORM)
+    for r in range(sch.num_ranks):
+        block = _optimizer_block(sch, r)
+        step = block[next(j for j, a in enumerate(block) if a.op is Op.STEP):]
+        lo = next(i for i, a in enumerate(sch.actions[r]) if a.op is Op.NORM) + 1
+        phase[r] = [(_position(line[r], done, lo), step)]
+    _apply(sch, phase)
+    line = _times(sch)
+    for r in range(sch.num_ranks):
+        phase[r] = [(_position(line[r], _arrival(sch, line, r, a), 0), [a]) for a in _install_block(sch, r)]
+    _apply(sch, phase)
+
+
+def _times(sch: Schedule) -> list[list[tuple[Action, float, float]]]:
+    from gearshift.sim.cost import CostModel  # the simulator defines what the lists mean
+    from gearshift.sim.engine import simulate
+
+    cost = CostModel.uniform(sch.num_stages, sch.num_ranks)
+    cost.step_s = _STEP_COST
+    res = simulate(sch, cost)
+    if res.deadlock:  # cannot happen: every insertion follows what it waits for
+        raise ScheduleError(f"multidir: update placement deadlocks at {res.deadlock}")
+    return res.timelines
+
+
+def _arrival(sch: Schedule, line: list, rank: int, recv: Action) -> float:
+    """When the message `recv` waits for is sent, in the replay `line` (messages are instant)."""
+    want = Op.REDUCE if recv.op is Op.RECV_RED else Op.SEND_PAR
+    src_stage = sch.stage_on(recv.peer, sch.slice_of(recv.stage))
+    for a, _, end in line[recv.peer]:
+        if a.op is want and a.stage == src_stage and a.peer == rank:
+            return end
+    raise ScheduleError(f"multidir: no {want.value} for {recv} on rank {rank}")
+
+
+def _position(line: list[tuple[Action, float, float]], ready: float, lo: int, slack: float = _SLACK) -> int:
+    """Where on a rank (at or after index `lo`) an action that waits for `ready` goes: before the first
+    action preceded by idle time that lasts past `ready` (a bubble: a receive that waits, or a compute that
+    waits for a local input) if that idle time begins within `slack` of `ready`, else before the first
+    action that starts after `ready` (at once), else at the end. What it waits for finished by `ready`,
+    before the action it is put in front of ends, so it cannot wait on that action: never a deadlock."""
+    for i in range(lo, len(line)):
+        a, start, end = line[i]
+        clock = line[i - 1][2] if i else 0.0
+        if clock > ready + slack:
+            break
+        idle_until = end if a.op in (Op.RECV_ACT, Op.RECV_GRAD, Op.RECV_RED, Op.RECV_PAR) else start
+        if idle_until > clock + 1e-9 and idle_until > ready:
+            return i
+    # at once: strictly after `ready` (an action at `ready` itself may be what the awaited message follows)
+    return next((i for i in range(lo, len(line)) if line[i][1] > ready), len(line))
+
+
+def _apply(sch: Schedule, phase: dict[int, list[tuple[int, list[Action]]]]) -> None:
+    """Insert each rank's blocks at their positions in the list the positions were computed on."""
+    for r, blocks in phase.items():
+        acts = sch.actions[r]
+        for at, block in sorted(blocks, key=lambda x: x[0], reverse=True):
+            acts[at:at] = block
+
+
+def prologue(window: Schedule) -> list[list[Action]]:
+    """The first step after a flush: the window without the previous batch's backwards and update."""
+    M = window.num_microbatches
+    return [[a for a in acts if a.mb >= M] for acts in window.actions]
+
+
+def drain(window: Schedule) -> list[list[Action]]:
+    """The flush after the last step: the previous batch's backwards and its update, nothing new."""
+    M = window.num_microbatches
+    return [[a for a in acts if 0 <= a.mb < M or (a.mb < 0 and a.op is not Op.BARRIER)] for acts in window.actions]
+
+
+def unroll(window: Schedule, steady: int = 2) -> Schedule:
+    """Prologue, `steady` windows and the drain, barriers between (the training loop's step boundaries),
+    as one flat schedule over steady + 1 batches (micro-batch ids batch * M + j), for validation."""
+    M = window.num_microbatches
+    parts = [prologue(window)] + [window.actions] * steady + [drain(window)]
+    lists: list[list[Action]] = [[] for _ in range(window.num_ranks)]
+    for w, part in enumerate(parts):
+        shift = (w - 1) * M
+        for r, acts in enumerate(part):
+            if w:
+                lists[r].append(Action(Op.BARRIER))
+            lists[r] += [a if a.mb < 0 else Action(a.op, a.stage, a.mb + shift, a.peer) for a in acts]
+    params = dict(window.params, window=False, batch_microbatches=M)
+    return Schedule(f"{window.name} unrolled", window.num_stages, (steady + 1) * M, list(window.placement), lists,
+                    params, window.stages_per_pipe)
