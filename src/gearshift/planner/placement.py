@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gearshift.errors import PlanError
+from gearshift.schedules.multidir import min_cost_assignment
 
 
 @dataclass(frozen=True)
@@ -127,46 +128,8 @@ def align(new: Placement, current: Placement) -> Placement:
     predicted time: devices are interchangeable)."""
     n = len(new.devices)
     overlap = np.array([[len(set(current.devices[a]) & set(new.devices[b])) for b in range(n)] for a in range(n)])
-    perm = _assignment(-overlap)  # device a of the result gets the set new.devices[perm[a]]
+    perm = min_cost_assignment((-overlap).tolist())  # device a of the result gets new.devices[perm[a]]
     return Placement(tuple(new.devices[perm[a]] for a in range(n)), new.experts)
-
-
-def _assignment(cost: np.ndarray) -> list[int]:
-    """Minimum-cost perfect assignment of rows to columns (Hungarian method, O(n^3)); returns col[row]."""
-    n = cost.shape[0]
-    INF = float("inf")
-    u, v = [0.0] * (n + 1), [0.0] * (n + 1)
-    p, way = [0] * (n + 1), [0] * (n + 1)
-    for i in range(1, n + 1):
-        p[0], j0 = i, 0
-        minv, used = [INF] * (n + 1), [False] * (n + 1)
-        while True:
-            used[j0] = True
-            i0, delta, j1 = p[j0], INF, 0
-            for j in range(1, n + 1):
-                if not used[j]:
-                    cur = cost[i0 - 1][j - 1] - u[i0] - v[j]
-                    if cur < minv[j]:
-                        minv[j], way[j] = cur, j0
-                    if minv[j] < delta:
-                        delta, j1 = minv[j], j
-            for j in range(n + 1):
-                if used[j]:
-                    u[p[j]] += delta
-                    v[j] -= delta
-                else:
-                    minv[j] -= delta
-            j0 = j1
-            if p[j0] == 0:
-                break
-        while j0:
-            j1 = way[j0]
-            p[j0] = p[j1]
-            j0 = j1
-    col = [0] * n
-    for j in range(1, n + 1):
-        col[p[j] - 1] = j - 1
-    return col
 
 
 def moves(old: Placement, new: Placement) -> list[tuple[int, int]]:
