@@ -17,6 +17,7 @@ COMMANDS = {
     "plan": ("plan", "partition a model over a cluster; compare with baselines"),
     "schedule": ("schedule", "the schedule candidates auto prices for a job (m, K, memory, step time), and its pick"),
     "allreduce": ("allreduce", "all-reduce algorithm per message size: predicted for a spec, or measured"),
+    "moe": ("moe", "expert placement: replay policies on a routing trace, or write a synthetic one"),
     "testbed": ("testbed", "emulated multi-host network (Linux namespaces + tc)"),
     "report": ("report", "write RUN_DIR/report.html: loss, throughput, partition, bubbles, decisions, config"),
 }

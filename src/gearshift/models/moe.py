@@ -47,9 +47,16 @@ class MoEConfig(GPTConfig):
     top_k: int = 2
     capacity_factor: float = 0.0
     aux_loss: float = 0.01
+    router_skew: float = 0.0
+    router_drift: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if isinstance(self.router_skew, bool) or not isinstance(self.router_skew, (int, float)) or \
+                self.router_skew < 0:
+            raise ConfigError(f"model.router_skew: must be a number >= 0 (got {self.router_skew!r})")
+        if isinstance(self.router_drift, bool) or not isinstance(self.router_drift, int) or self.router_drift < 0:
+            raise ConfigError(f"model.router_drift: must be an integer >= 0 (got {self.router_drift!r})")
         for name in ("moe_every", "experts"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -134,6 +141,8 @@ class MoEFeedForward(nn.Module):
         self.num_experts, self.top_k = cfg.experts, cfg.top_k
         self.capacity_factor, self.aux_weight = float(cfg.capacity_factor), float(cfg.aux_loss)
         self.router = nn.Linear(cfg.width, cfg.experts, bias=False)
+        self.skew, self.drift = float(cfg.router_skew), cfg.router_drift
+        self.register_buffer("router_bias", self._skew_at(0), persistent=False)
         self.experts = nn.ModuleDict({str(e): MLP(cfg) for e in range(cfg.experts)})
         self.dispatch: Dispatch = LocalDispatch()
         self.loss_scale = 1.0  # the runtime's scale of each micro-batch's loss (1 / micro-batches)
@@ -144,6 +153,18 @@ class MoEFeedForward(nn.Module):
         for e in [k for k in self.experts if int(k) not in held]:
             del self.experts[e]
         self.dispatch = dispatch
+
+    def _skew_at(self, step: int) -> Tensor:
+        """The router's logit bias at training step `step`: -skew * log(1 + r) for the expert at popularity rank r,
+        expert (step // drift) mod E the hottest (the hot set moves by one expert every `drift` steps)."""
+        shift = step // self.drift if self.drift else 0
+        ranks = (torch.arange(self.num_experts) - shift) % self.num_experts
+        return -self.skew * torch.log1p(ranks.float())
+
+    def at_step(self, step: int) -> None:
+        """Set the skewed router's bias for `step` (model.router_skew; a benchmark's hot, drifting experts)."""
+        if self.skew:
+            self.router_bias = self._skew_at(step)
 
     def reset_stats(self) -> None:
         """Zero the counts of routed and dropped assignments and the summed auxiliary loss."""
@@ -161,7 +182,8 @@ class MoEFeedForward(nn.Module):
         shape = x.shape
         h = x.reshape(-1, shape[-1])
         n, E, k = h.shape[0], self.num_experts, self.top_k
-        probs = self.router(h).softmax(dim=-1)
+        logits = self.router(h)
+        probs = (logits + self.router_bias if self.skew else logits).softmax(dim=-1)
         top_p, top_e = probs.topk(k, dim=-1)
         gates = top_p if k == 1 else top_p / top_p.sum(dim=-1, keepdim=True)
         expert = top_e.t().reshape(-1)  # assignment a = choice * n + token: choice-major priority

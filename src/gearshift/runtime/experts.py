@@ -161,6 +161,26 @@ class ExpertShards:
         i, e = int(parts[1]), int(parts[parts.index("experts") + 1])
         return self.group_index == 0 and self.index == min(self.placements[i].holders[e])
 
+    def reshard(self, layers: dict[int, nn.Module], placements: dict[int, ExpertPlacement],
+                arrived: dict[tuple[int, int], nn.Module]) -> None:
+        """Switch to `placements` (every rank at once, the same placements: it may create process groups): each
+        MoE layer of `layers` keeps the experts it still holds, takes those in `arrived[(layer, expert)]` and
+        routes by the new map."""
+        for p in placements.values():
+            p.check(self.experts, self.width)
+        self.placements.update(placements)
+        for pos in range(self.R):
+            for holders in sorted({h for pl in self.placements.values() for h in pl.holders}):
+                self._group(self.copies_of(holders, pos))
+        for i, layer in layers.items():
+            if i not in placements:
+                continue
+            held = placements[i].held_by(self.index)
+            for m in moe_modules(layer):
+                m.experts = nn.ModuleDict({str(e): m.experts[str(e)] if str(e) in m.experts else arrived[(i, e)]
+                                           for e in held})
+                m.dispatch = AllToAllDispatch(self.ep_group, self.index, list(placements[i].holders), self.clock)
+
     # ---- loads --------------------------------------------------------------------------------------
     def loads(self, layers: dict[int, nn.Module]) -> MoEStats:
         """The routing of the step just run, summed over the job (collective over all ranks); resets the layers'

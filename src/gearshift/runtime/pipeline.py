@@ -6,6 +6,7 @@ state leaves and enters on the CPU, so checkpoints and migrations do not depend 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -88,6 +89,7 @@ class PipelineRuntime:
         self.optim_cfg, self.after_compute, self.after_recv = optim, after_compute, after_recv
         self.grad_sync_factory = grad_sync_factory
         self.experts = experts  # a MoE model's expert parallelism (which experts here, their sync)
+        self.compute_s = 0.0
         # One data-parallel group per pipeline position (every rank creates every group, same order).
         self.dp_group = None
         if self.replicas > 1:
@@ -163,11 +165,25 @@ class PipelineRuntime:
 
     def _compute_hook(self) -> Callable[[int, Op, float], None] | None:
         """after_compute, told the compute time without the expert all-to-alls inside it (waiting on peers is
-        not this rank's compute: an emulated slowdown must not stretch it)."""
-        if self.after_compute is None or self.experts is None:
+        not this rank's compute: an emulated slowdown must not stretch it). With experts, that compute (and the
+        emulated slowdown's sleep) adds up in `compute_s`: what expert placement fits its cost per row to."""
+        if self.experts is None:
             return self.after_compute
         clock = self.experts.clock
-        return lambda stage, op, seconds: self.after_compute(stage, op, max(0.0, seconds - clock.take()))
+
+        def hook(stage: int, op: Op, seconds: float) -> None:
+            net = max(0.0, seconds - clock.take())
+            t0 = time.perf_counter()
+            if self.after_compute is not None:
+                self.after_compute(stage, op, net)
+            self.compute_s += net + time.perf_counter() - t0
+
+        return hook
+
+    def take_compute(self) -> float:
+        """Seconds of compute (all-to-alls excluded, emulated slowdown included) since the last call."""
+        s, self.compute_s = self.compute_s, 0.0
+        return s
 
     def _build(self, i: int) -> nn.Module:
         """Layer i, initialised on the CPU whatever the default device, then moved to this rank's device."""

@@ -84,10 +84,10 @@ def _best_direction(others: list[list[int]], P: int) -> list[int]:
     forbidden = big * (2 * P * D) ** 2 * P
     cost = [[forbidden if q in taken[r] else big * (load[r] + P - q) ** 2 + (q in (0, P - 1) and edge[r])
              for q in range(P)] for r in range(P)]
-    return _assign(cost)
+    return min_cost_assignment(cost)
 
 
-def _assign(cost: list[list[int]]) -> list[int]:
+def min_cost_assignment(cost: list[list[int]]) -> list[int]:
     """Minimum-cost perfect assignment of rows to columns (Hungarian method, O(n^3)); col of each row."""
     n = len(cost)
     u, v, match, way = [0] * (n + 1), [0] * (n + 1), [0] * (n + 1), [0] * (n + 1)

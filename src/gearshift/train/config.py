@@ -24,7 +24,8 @@ PARTITIONS = ("uniform", "params", "adaptive")
 EXISTING = ("move", "refuse")
 ALLREDUCE = ("auto", "gloo", "ring", "hierarchical", "hierarchical_rs")
 STRATEGIES = ("fixed", "auto")
-MOE_KEYS = ("moe_every", "experts", "top_k", "capacity_factor", "aux_loss")  # [model] keys of moe_gpt alone
+# [model] keys of moe_gpt alone
+MOE_KEYS = ("moe_every", "experts", "top_k", "capacity_factor", "aux_loss", "router_skew", "router_drift")
 BUILT_IN_MODELS = ("gpt", "moe_gpt")
 DATA_NAMES = ("bytes", "text")
 
@@ -55,6 +56,10 @@ class ModelConfig:
     capacity_factor: float = key(0.0, "moe_gpt: an expert keeps ceil(factor * top_k * tokens / experts) of a "
                                       "micro-batch's assignments (first choices first, in token order); 0 = all")
     aux_loss: float = key(0.01, "moe_gpt: weight of the load-balancing loss (Switch / GShard); 0 = off")
+    router_skew: float = key(0.0, "moe_gpt: add -skew * log(1 + rank) to the router's logits, so a few experts are "
+                                  "hot (benchmarks of expert placement); 0 = off")
+    router_drift: int = key(0, "moe_gpt: with router_skew, the hot set moves by one expert every this many steps; "
+                               "0 = fixed")
     options: dict[str, Any] = key({}, "model.KEY = value for any other KEY: passed to a model given by import path")
 
     def table(self) -> dict[str, Any]:
@@ -208,6 +213,21 @@ class AdaptConfig:
 
 
 @dataclass
+class MoEPlacementConfig:
+    """Expert placement by measured load (moe_gpt with parallel.experts > 1): every `every` steps, rank 0 places
+    each MoE layer's experts from the last `window` steps' loads (greedy, plus `replicas` extra slots per rank for
+    copies of the hottest experts) and the job moves to it iff the predicted gain over the next period beats the
+    measured cost of moving."""
+
+    every: int = key(0, "moe_gpt: re-place experts every this many steps; 0 = never (the contiguous placement)")
+    window: int = key(0, "moe_gpt: place from the expert loads of the last this many steps; 0 = moe.every")
+    replicas: int = key(0, "moe_gpt: extra expert slots per rank for copies of the hottest experts (0 = the seed's "
+                           "greedy, E / parallel.experts experts per rank)")
+    always_switch: bool = key(False, "moe_gpt: move at every decision whatever the switch rule says (tests, demos; "
+                                     "the rule's t1, t2 and tc are still logged)")
+
+
+@dataclass
 class OutputConfig:
     """Where results go: metrics.jsonl, checkpoints/, trace.json, metrics.png under `dir`."""
 
@@ -231,6 +251,7 @@ class JobConfig:
     output: OutputConfig = field(default_factory=OutputConfig)
     emulate: EmulateConfig = field(default_factory=EmulateConfig)
     adapt: AdaptConfig = field(default_factory=AdaptConfig)
+    moe: MoEPlacementConfig = field(default_factory=MoEPlacementConfig)
 
     def to_dict(self) -> dict:
         """Every section as its TOML table (the [model] and [data] tables as written: a model or dataset given
@@ -581,6 +602,43 @@ def _validate_experts(cfg: JobConfig) -> None:
            f"parallel.experts: must divide model.experts ({cfg.model.experts}), got {p.experts}")
     _check(not cfg.output.moe_trace or moe, f"output.moe_trace: for model.name = \"moe_gpt\" (the model is "
                                             f"{cfg.model.name!r})")
+    _validate_placement(cfg)
+
+
+def _validate_placement(cfg: JobConfig) -> None:
+    """[moe]: ranges, a MoE model split over more than one rank, and extra expert slots that fill and fit memory."""
+    m, moe = cfg.moe, cfg.model.name == "moe_gpt"
+    for name in ("every", "window", "replicas"):
+        v = getattr(m, name)
+        _check(v >= 0, f"moe.{name}: must be >= 0, got {v}")
+    if not (m.every or m.replicas):
+        return
+    what = "moe.every" if m.every else "moe.replicas"
+    _check(moe, f"{what}: expert placement is for model.name = \"moe_gpt\" (the model is {cfg.model.name!r})")
+    _check(cfg.parallel.experts > 1 or cfg.parallel.strategy == "auto",
+           f"{what}: expert placement needs parallel.experts > 1 (the experts split over several ranks), got "
+           f"{cfg.parallel.experts}")
+    _check(m.every > 0 or m.replicas == 0, f"moe.replicas: replicas are placed by the re-placement every moe.every "
+                                           f"steps; set moe.every > 0 (got moe.replicas = {m.replicas})")
+    from gearshift.models.moe import MoEConfig
+    from gearshift.planner.placement import check_fit, check_memory, expert_params
+
+    mc = MoEConfig(vocab_size=256, **cfg.model.table())
+    width = cfg.parallel.experts
+    check_fit(mc.experts, width, m.replicas, ("parallel.experts", "moe.replicas"))
+    layers = -(-len(mc.moe_layers()) // cfg.parallel.stages)  # MoE layers a rank holds, at most
+    check_memory(mc.experts // width, m.replicas, 16 * expert_params(mc.width, mc.bias) * layers, _rank_memory(cfg))
+
+
+def _rank_memory(cfg: JobConfig) -> float:
+    """The smallest memory of a rank: the cluster spec's, else what planning allows a local worker."""
+    if cfg.cluster.spec:
+        from gearshift.cluster.spec import load_spec
+
+        return min(d.memory_bytes for d in load_spec(cfg.cluster.spec).devices)
+    from gearshift.train.strategy import LOCAL_MEMORY
+
+    return LOCAL_MEMORY
 
 
 def _validate_data(cfg: JobConfig) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from gearshift.models.moe import moe_modules
 from gearshift.runtime.reschedule import describe as describe_schedule
 from gearshift.train.adaptation import build_adapter, build_switcher, plan_start, start_schedule
 from gearshift.train.build import build_runtime, job_model, lr_at
@@ -21,6 +22,7 @@ from gearshift.train.evaluation import Evaluator
 from gearshift.train.layout import resolve_partition
 from gearshift.train.metrics import MetricsLog, read_metrics, step_record
 from gearshift.train.moe_trace import FILENAME, MoETrace
+from gearshift.train.placement import Placer
 from gearshift.train.progress import Progress, print_summary
 from gearshift.train.rundir import prepare_run_dir, write_config
 from gearshift.train.stop import StopRequest
@@ -61,6 +63,8 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
     bar = Progress(t.steps, start, enabled=rank == 0 and cfg.output.progress)
     trace = MoETrace(out / FILENAME, rt.experts.moe_layers, rt.experts.experts, start if resume else None) \
         if rank == 0 and cfg.output.moe_trace and rt.experts is not None else None
+    placer = Placer(cfg, rt) if cfg.moe.every and rt.experts is not None else None
+    placements: list[dict] = []
     if strategy and log:
         log.write(strategy)
         bar.note(f"strategy auto: {strategy['chosen']} (the fastest predicted of {len(strategy['pool'])})")
@@ -85,6 +89,9 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
         lr = lr_at(step, cfg)
         if adapter:
             adapter.step = step
+        for layer in rt.layers.values():  # model.router_skew: the router's bias of this step
+            for m in moe_modules(layer):
+                m.at_step(step)
         res = rt.step(x, y, lr)
         if adapter:
             adapter.observe(rt, res.record, per_replica // rt.schedule.num_microbatches)
@@ -96,6 +103,8 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
             rec.update(res.moe.record())
             if trace:
                 trace.add(step, res.moe.routed)
+        if placer:
+            placer.observe(step, rt, res, rec["step_time_s"])
         if evaluate.due(step):
             rec["val_loss"] = evaluate(rt)
         tracer.maybe(step, rt, res.record)
@@ -113,6 +122,12 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
             if choice and log:
                 log.write(choice)
                 bar.note(describe_schedule(choice))
+        placed = placer.maybe_place(rt, step) if placer else None
+        if placed:
+            placements.append(placed)
+            if log:
+                log.write(placed)
+                bar.note(_describe(placed))
         if ckpt.due(step + 1, end) or stopped:
             path = ckpt.save(rt, step + 1)
         if stopped:
@@ -123,6 +138,9 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
     summary = _summary(cfg, history, start, time.perf_counter() - wall0, data)
     if switcher:
         summary["schedule_runs"] = switcher.runs
+    if placer:
+        summary["placement_decisions"] = len(placements)
+        summary["placement_switches"] = sum(1 for d in placements if d["switch"])
     if rank == 0:
         if log:
             log.close()
@@ -130,6 +148,10 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
             from gearshift.report.plots import plot_run
 
             plot_run(read_metrics(log.path), out / "metrics.png", summary["unigram_entropy"])
+            if placer:
+                from gearshift.report.placement_plots import plot_run_placement
+
+                plot_run_placement(read_metrics(log.path), cfg.parallel.experts, out / "placement.png")
             summary["report"] = str(write_report(out))
         print_summary(cfg, summary)
         if stopped:
@@ -159,6 +181,10 @@ def _describe(d: dict) -> str:
     """One line for the console about a planning decision (the first plan or a re-plan)."""
     if d["event"] == "plan":
         return f"first plan: {d['bounds']} ({d['reason']})"
+    if d["event"] == "placement":
+        verdict = f"moved {len(d['moved'])} expert copies" if d["switch"] else "kept"
+        return (f"expert placement at step {d['step']}: {verdict} (predicted {d['t1']:.3f} -> {d['t2']:.3f} s/step, "
+                f"move {d['tc']:.3f} s; {d['reason']})")
     verdict = "applied" if d["apply"] else "kept"
     return (f"re-plan at step {d['step']}: {verdict} {d['new_bounds'] if d['apply'] else d['old_bounds']} "
             f"(predicted {d['old_iteration_s']:.3f} -> {d['new_iteration_s']:.3f} s/step; {d['reason']})")

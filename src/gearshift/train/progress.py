@@ -64,6 +64,9 @@ def print_summary(cfg: JobConfig, s: dict) -> None:
         t.add_row("unigram entropy", f"{s['unigram_entropy']:.3f} nats (a model that ignores context)")
     t.add_row("throughput", f"{s['tokens_per_s']:,.0f} tokens/s (median)")
     t.add_row("bubble fraction", f"{s['bubble_fraction']:.1%} (median, measured)")
+    if "placement_decisions" in s:
+        t.add_row("expert placement", f"moved at {s['placement_switches']} of {s['placement_decisions']} decisions "
+                                      f"(every {cfg.moe.every} steps)")
     if s.get("peak_act_bytes"):
         t.add_row("activations", "peak saved for backward per rank: "
                   + " / ".join(f"{b / 2**20:.1f}" for b in s["peak_act_bytes"]) + " MiB")

@@ -1,0 +1,97 @@
+"""`gearshift moe replay TRACE.npz`: placement policies replayed on a recorded routing trace (busiest device over
+the mean, bytes moved); `gearshift moe synth OUT.npz`: a synthetic drifting Zipf trace in the same format."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from gearshift.cli.argtypes import int_at_least, positive_int
+from gearshift.errors import UsageError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="moe_command", metavar="ACTION")
+    r = sub.add_parser("replay", help="replay placement policies on a moe_trace.npz")
+    r.add_argument("trace", help="moe_trace.npz (loads[step, layer, expert], as output.moe_trace writes)")
+    r.add_argument("--devices", type=positive_int, default=8, help="devices the experts are placed on (default 8)")
+    r.add_argument("--every", type=positive_int, default=10, help="re-place every this many steps (default 10)")
+    r.add_argument("--window", type=int_at_least(0), default=0,
+                   help="place from the loads of the last this many steps (default 0: the period)")
+    r.add_argument("--replicas", type=int_at_least(0), default=2,
+                   help="extra expert slots per device for greedy_replicas and oracle (default 2)")
+    r.add_argument("--expert-bytes", type=int_at_least(0), default=0,
+                   help="bytes one moved expert costs (default: the MoE GPT's at width 128, parameters and AdamW "
+                        "state)")
+    r.add_argument("--plot", help="write a PNG: device load over steps per policy, and the expert->device map")
+    r.add_argument("--json", action="store_true", help='print {"policies": [...]} as JSON')
+    s = sub.add_parser("synth", help="write a synthetic drifting Zipf trace")
+    s.add_argument("out", help="the .npz to write")
+    s.add_argument("--steps", type=positive_int, default=500)
+    s.add_argument("--layers", type=positive_int, default=2)
+    s.add_argument("--experts", type=positive_int, default=32)
+    s.add_argument("--tokens", type=positive_int, default=8192, help="assignments per step and layer")
+    s.add_argument("--zipf", type=float, default=1.2, help="Zipf exponent of the expert popularity")
+    s.add_argument("--drift-every", type=int_at_least(0), default=50,
+                   help="steps over which one hot expert trades places with another (0: no drift)")
+    s.add_argument("--abrupt", action="store_true", help="the trade happens at once instead of gradually")
+    s.add_argument("--seed", type=int_at_least(0), default=0)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.moe_command == "replay":
+        return _replay(args)
+    if args.moe_command == "synth":
+        return _synth(args)
+    raise UsageError("moe: expected an action, replay or synth (see gearshift moe --help)")
+
+
+def _synth(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from gearshift.paths import check_output_file
+    from gearshift.planner.synthetic import drifting_zipf
+
+    check_output_file(args.out, "out")
+    if args.zipf <= 0:
+        raise UsageError(f"--zipf: must be > 0, got {args.zipf}")
+    loads = drifting_zipf(args.steps, args.layers, args.experts, args.tokens, args.zipf, args.drift_every,
+                          abrupt=args.abrupt, seed=args.seed)
+    with open(args.out, "wb") as f:
+        np.savez(f, loads=loads, steps=np.arange(args.steps), layers=np.arange(args.layers))
+    print(f"wrote {args.out}: loads[{args.steps}, {args.layers}, {args.experts}]")
+    return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from gearshift.planner.placement import expert_state_bytes
+    from gearshift.planner.replay import replay
+    from gearshift.train.moe_trace import read_trace
+
+    loads, _, _ = read_trace(args.trace)
+    if args.plot:
+        from gearshift.paths import check_output_file
+
+        check_output_file(args.plot, "--plot")
+    results = replay(loads, args.devices, args.every, args.replicas, args.expert_bytes or expert_state_bytes(128),
+                     args.window)
+    if args.plot:
+        from gearshift.report.placement_plots import plot_replay
+
+        plot_replay(results, args.plot)
+    if args.json:
+        print(json.dumps({"policies": [r.row() for r in results]}, indent=1))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    steps, layers, experts = loads.shape
+    t = Table(title=f"{args.trace}: {steps} steps x {layers} layers x {experts} experts on {args.devices} devices, "
+                    f"re-placed every {args.every} steps, {args.replicas} extra slots per device (replicas)")
+    for col in ("policy", "busiest/mean", "p95 busiest/mean", "experts moved", "MB moved"):
+        t.add_column(col, justify="left" if col == "policy" else "right")
+    for r in results:
+        t.add_row(r.policy, f"{r.busiest_over_mean:.3f}", f"{r.p95_busiest_over_mean:.3f}", str(r.moved_experts),
+                  f"{r.moved_bytes / 2**20:,.1f}")
+    Console(width=max(Console().width, 120)).print(t)
+    return 0

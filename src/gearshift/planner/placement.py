@@ -1,0 +1,235 @@
+"""Expert placement by measured load (pure planning, one MoE layer at a time): which devices hold which experts.
+
+The seed rule (SmartMoE, DeepSeek's EPLB): experts in descending load, each to the least-loaded device holding
+fewer than E / N experts. With `replicas` extra slots per device, the N * replicas extra copies go one by one to
+the expert with the highest load per copy (at most one copy per device), and the copies are placed the same way,
+each carrying load / copies. An expert's tokens are split among its copies by queue position (token index):
+position q goes to holders[q % copies], holders in ascending device order, as the all-to-all dispatcher does.
+Placements of equal predicted time differ by which device gets which set; the new placement's devices are
+relabelled to keep as many experts where they are as possible (fewest moves)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from gearshift.errors import PlanError
+from gearshift.schedules.multidir import min_cost_assignment
+
+
+@dataclass(frozen=True)
+class Placement:
+    """devices[d]: the experts device d holds, ascending; an expert held by several devices is replicated."""
+
+    devices: tuple[tuple[int, ...], ...]
+    experts: int
+
+    @classmethod
+    def contiguous(cls, experts: int, devices: int) -> Placement:
+        """E / N consecutive experts per device (the static layout)."""
+        per = experts // devices
+        return cls(tuple(tuple(range(d * per, (d + 1) * per)) for d in range(devices)), experts)
+
+    @classmethod
+    def from_holders(cls, holders: Sequence[Sequence[int]], devices: int) -> Placement:
+        return cls(tuple(tuple(e for e, h in enumerate(holders) if d in h) for d in range(devices)), len(holders))
+
+    def holders(self) -> tuple[tuple[int, ...], ...]:
+        """Per expert, the devices holding a copy of it (ascending)."""
+        return tuple(tuple(d for d, held in enumerate(self.devices) if e in held) for e in range(self.experts))
+
+    def copies(self) -> list[int]:
+        return [len(h) for h in self.holders()]
+
+    def to_list(self) -> list[list[int]]:
+        return [list(d) for d in self.devices]
+
+
+def split(tokens: float, copies: int) -> list[float]:
+    """An expert's tokens over its copies: integer counts by queue position (q % copies), else an even split."""
+    if float(tokens).is_integer():
+        n = int(tokens)
+        return [(n - j + copies - 1) // copies for j in range(copies)]
+    return [tokens / copies] * copies
+
+
+def device_loads(loads: Sequence[float], placement: Placement) -> np.ndarray:
+    """Tokens each device computes for one layer's per-expert `loads`."""
+    out = np.zeros(len(placement.devices))
+    for e, h in enumerate(placement.holders()):
+        for d, part in zip(h, split(float(loads[e]), len(h))):
+            out[d] += part
+    return out
+
+
+def busiest_over_mean(loads: Sequence[float], placement: Placement) -> float:
+    """The busiest device's tokens over the mean device's (1.0 = perfectly balanced; nan without tokens)."""
+    total = float(np.sum(loads))
+    if total <= 0:
+        return float("nan")
+    return float(device_loads(loads, placement).max() / (total / len(placement.devices)))
+
+
+def check_fit(experts: int, devices: int, replicas: int, names: tuple[str, str] = ("devices", "replicas")) -> None:
+    """E divisible by N, and the extra slots fillable (a device holds at most one copy of an expert); errors name
+    the fields `names`."""
+    if devices < 1 or experts % devices:
+        raise PlanError(f"{names[0]}: must divide the {experts} experts, got {devices}")
+    if replicas < 0 or experts // devices + replicas > experts:
+        raise PlanError(f"{names[1]}: extra expert slots per device must be in 0..{experts - experts // devices} "
+                        f"(a device holds at most one copy of each of the {experts} experts), got {replicas}")
+
+
+def check_memory(per_rank: int, replicas: int, slot_bytes: float, memory: float,
+                 field: str = "moe.replicas") -> None:
+    """A rank's experts with `replicas` extra slots (slot_bytes each: an expert of every MoE layer it holds, with
+    gradients and optimizer state) must fit its memory."""
+    need = (per_rank + replicas) * slot_bytes
+    if replicas and need > memory:
+        raise PlanError(f"{field}: {per_rank} + {replicas} experts per rank need {need / 2**20:,.0f} MiB for their "
+                        f"parameters, gradients and AdamW state alone; a rank has {memory / 2**20:,.0f} MiB "
+                        f"(at most {max(0, int(memory // slot_bytes) - per_rank)} extra slots fit)")
+
+
+def greedy(loads: Sequence[float], devices: int, replicas: int = 0, current: Placement | None = None) -> Placement:
+    """The seed rule (replicas = 0) or the seed rule with `replicas` extra slots per device (see the module
+    doc); ties between equally loaded devices go to the one that holds the expert now, then the lowest index. With
+    a `current` placement: kept if it is as good with the same copies, else the result is relabelled to move as
+    few experts as possible."""
+    E = len(loads)
+    check_fit(E, devices, replicas)
+    load = [float(x) for x in loads]
+    copies = [1] * E
+    for _ in range(devices * replicas):
+        e = max((e for e in range(E) if copies[e] < devices), key=lambda e: (load[e] / copies[e], -e))
+        copies[e] += 1
+    slots = E // devices + replicas
+    items = sorted(((load[e] / copies[e], e) for e in range(E) for _ in range(copies[e])), key=lambda t: (-t[0], t[1]))
+    now = [set(d) for d in current.devices] if current is not None else [set() for _ in range(devices)]
+    held: list[set[int]] = [set() for _ in range(devices)]
+    total = [0.0] * devices
+    for share, e in items:
+        room = [d for d in range(devices) if len(held[d]) < slots and e not in held[d]]
+        d = min(room, key=lambda d: (total[d], e not in now[d], d))
+        held[d].add(e)
+        total[d] += share
+    new = Placement(tuple(tuple(sorted(h)) for h in held), E)
+    if current is None:
+        return new
+    if current.copies() == new.copies() and device_loads(load, current).max() <= device_loads(load, new).max():
+        return current  # as good as the new one: nothing moves
+    return align(new, current)
+
+
+def align(new: Placement, current: Placement) -> Placement:
+    """`new` with its devices relabelled so that the most experts stay where `current` has them (the same
+    predicted time: devices are interchangeable)."""
+    n = len(new.devices)
+    overlap = np.array([[len(set(current.devices[a]) & set(new.devices[b])) for b in range(n)] for a in range(n)])
+    perm = min_cost_assignment((-overlap).tolist())  # device a of the result gets new.devices[perm[a]]
+    return Placement(tuple(new.devices[perm[a]] for a in range(n)), new.experts)
+
+
+def moves(old: Placement, new: Placement) -> list[tuple[int, int]]:
+    """(expert, device) for each copy `new` places on a device that does not hold it under `old`."""
+    return [(e, d) for d, held in enumerate(new.devices) for e in held if e not in old.devices[d]]
+
+
+def should_switch(t1: float, t2: float, k: int, tc: float) -> bool:
+    """The switch rule: move iff the next k steps at t2 plus the move's cost tc beat k steps at t1."""
+    return t1 * k > t2 * k + tc
+
+
+def window_loads(history: np.ndarray, window: int) -> np.ndarray:
+    """Per layer and expert, tokens over the last `window` steps of history[step, layer, expert]."""
+    return np.asarray(history)[-window:].sum(axis=0)
+
+
+def expert_params(width: int, bias: bool = True) -> int:
+    """Parameters of one expert of the MoE GPT (the C -> 4C -> C MLP)."""
+    return 8 * width * width + (5 * width if bias else 0)
+
+
+def expert_state_bytes(width: int, bias: bool = True) -> int:
+    """Bytes that move with one expert of the MoE GPT: float32 parameters and AdamW's two moments."""
+    return 3 * 4 * expert_params(width, bias)
+
+
+def fit_row_cost(samples: Sequence[tuple[int, float, float]]) -> float | None:
+    """Seconds of compute per expert row: the least-squares slope of a rank's compute seconds on the rows its
+    experts computed, over (key, rows, seconds) samples, one intercept per key (a pipeline position: its dense
+    layers). None when the rows do not vary within a key (nothing to fit)."""
+    by: dict[int, list[tuple[float, float]]] = {}
+    for key, rows, secs in samples:
+        by.setdefault(key, []).append((rows, secs))
+    sxx = sxy = 0.0
+    for pts in by.values():
+        x, y = np.array(pts).T
+        dx = x - x.mean()
+        sxx += float(dx @ dx)
+        sxy += float(dx @ (y - y.mean()))
+    if sxx <= 1e-9 * max(1.0, sum(r * r for _, r, _ in samples)):
+        return None
+    return max(sxy / sxx, 0.0)
+
+
+@dataclass
+class PlacementDecision:
+    """A placement decision after `step`: t1 / t2 the predicted step time under the current / new placement, tc
+    the predicted cost of moving, k the steps until the next decision; switch iff t1 * k > t2 * k + tc (or
+    forced). `moved`: (layer, expert, device) of each new copy, `bytes` what travels in the whole job."""
+
+    step: int
+    t1: float
+    t2: float
+    tc: float
+    k: int
+    switch: bool
+    moved: list[tuple[int, int, int]]
+    bytes: int
+    row_cost_s: float
+    bandwidth: float
+    placements: dict[int, Placement]
+    busiest_over_mean: tuple[float, float]  # the window's loads under the current and the new placement
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"event": "placement", "step": self.step, "t1": self.t1, "t2": self.t2, "tc": self.tc, "k": self.k,
+                "switch": self.switch, "moved": [list(m) for m in self.moved], "bytes": self.bytes,
+                "row_cost_s": self.row_cost_s, "bandwidth": self.bandwidth,
+                "placements": {str(i): p.to_list() for i, p in self.placements.items()},
+                "busiest_over_mean": list(self.busiest_over_mean), "reason": self.reason}
+
+
+def decide_placement(step: int, loads: dict[int, np.ndarray], current: dict[int, Placement], replicas: int, k: int,
+                     step_s: float, row_cost_s: float, expert_bytes: int, bandwidth: float, fixed_s: float,
+                     groups: int = 1, always: bool = False) -> PlacementDecision:
+    """Place each MoE layer from `loads[layer]` (tokens per expert per step, one expert-parallel group's), and
+    apply the switch rule: a step's expert time is row_cost_s per row of each layer's busiest device, so t2 = t1
+    (the measured step_s) less row_cost_s times the rows the new placement takes off the busiest devices; tc =
+    the most bytes one device receives over `bandwidth`, plus the measured fixed cost of a switch. `groups`
+    expert-parallel groups move the same copies at once."""
+    new = {i: greedy(loads[i], len(current[i].devices), replicas, current[i]) for i in sorted(current)}
+    before = sum(float(device_loads(loads[i], current[i]).max()) for i in current)
+    after = sum(float(device_loads(loads[i], new[i]).max()) for i in current)
+    total = sum(float(np.sum(loads[i])) / len(current[i].devices) for i in current)
+    moved = [(i, e, d) for i in sorted(new) for e, d in moves(current[i], new[i])]
+    per_device: dict[int, int] = {}
+    for _, _, d in moved:
+        per_device[d] = per_device.get(d, 0) + 1
+    t1, t2 = step_s, step_s - row_cost_s * (before - after)
+    tc = (max(per_device.values(), default=0) * expert_bytes / bandwidth + fixed_s) if moved else 0.0
+    rule = should_switch(t1, t2, k, tc)
+    switch = bool(moved) and (rule or always)
+    if not moved:
+        reason = "the placement is already the best found"
+    elif rule:
+        reason = f"{k} steps gain {(t1 - t2) * k:.3g} s > the move's {tc:.3g} s"
+    else:
+        reason = f"{k} steps gain {(t1 - t2) * k:.3g} s <= the move's {tc:.3g} s" + (
+            "; moved anyway (moe.always_switch)" if always else "")
+    ratio = (before / total if total else float("nan"), after / total if total else float("nan"))
+    return PlacementDecision(step, t1, t2, tc, k, switch, moved, len(moved) * groups * expert_bytes, row_cost_s,
+                             bandwidth, new if switch else dict(current), ratio, reason)

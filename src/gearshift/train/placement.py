@@ -1,0 +1,113 @@
+"""Expert placement during training (moe.every): every rank records each step's expert loads and its own compute;
+every moe.every steps rank 0 fits the compute seconds per expert row from every rank's samples, places each MoE
+layer from the last moe.window steps' loads and applies the switch rule; the decision is broadcast and every rank
+moves its experts at the same step boundary (runtime.placement). The link bandwidth the move's cost is priced at is
+probed once, then taken from the moves themselves."""
+
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+import torch.distributed as dist
+
+from gearshift.planner.placement import Placement, decide_placement, device_loads, expert_state_bytes, fit_row_cost
+from gearshift.runtime.experts import ExpertPlacement
+from gearshift.runtime.pipeline import PipelineRuntime, StepResult
+from gearshift.runtime.placement import move_experts, probe_bandwidth
+from gearshift.train.build import moe_config
+from gearshift.train.config import JobConfig
+
+
+class Placer:
+    """One rank's side of expert placement (built on every rank when moe.every > 0)."""
+
+    skip = 1  # steps after the start and after a move left out of the cost fit (allocations, warm-up)
+
+    def __init__(self, cfg: JobConfig, rt: PipelineRuntime):
+        m, mc = cfg.moe, moe_config(cfg)
+        self.every, self.window, self.replicas, self.always = m.every, m.window or m.every, m.replicas, m.always_switch
+        self.shards = rt.experts
+        self.groups = self.shards.replicas // self.shards.width
+        self.expert_bytes = expert_state_bytes(mc.width, mc.bias)
+        self.loads: dict[int, list[list[int]]] = {}  # step -> per MoE layer, per expert (the whole job's)
+        self.samples: list[tuple[int, float, float]] = []  # (step, this rank's compute s, step s)
+        self.row_cost: float | None = None
+        self.bandwidth: float | None = None
+        self.fixed_s = 0.0
+        self._skip = self.skip
+
+    def observe(self, step: int, rt: PipelineRuntime, res: StepResult, step_s: float) -> None:
+        compute = rt.take_compute()
+        self.loads[step] = res.moe.routed
+        for old in [s for s in self.loads if s <= step - max(self.window, self.every)]:
+            del self.loads[old]
+        if self._skip > 0:
+            self._skip -= 1
+            return
+        self.samples.append((step, compute, step_s))
+
+    def _rows(self, rank: int, routed: list[list[int]], bounds, stage_rank: list[int]) -> float:
+        """Expert rows `rank` computed in a step with `routed` loads under the current placement."""
+        sh = self.shards
+        position, index = rank % sh.R, (rank // sh.R) % sh.width
+        mine = {i for s, (a, b) in enumerate(bounds) if stage_rank[s] == position for i in range(a, b)}
+        rows = 0.0
+        for k, i in enumerate(sh.moe_layers):
+            if i in mine:
+                rows += device_loads(np.asarray(routed[k]) / self.groups, self._current()[i])[index]
+        return rows
+
+    def _current(self) -> dict[int, Placement]:
+        return {i: Placement.from_holders(p.holders, self.shards.width) for i, p in self.shards.placements.items()}
+
+    def maybe_place(self, rt: PipelineRuntime, step: int) -> dict | None:
+        """After `step`: decide (rank 0) and switch (every rank) if due. Collective."""
+        if not self.every or (step + 1) % self.every:
+            return None
+        if self.bandwidth is None:
+            self.bandwidth = probe_bandwidth(self.shards, self.expert_bytes)
+        gathered: list = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, self.samples)
+        box: list = [None]
+        if dist.get_rank() == 0:
+            box[0] = self._decide(rt, step, gathered)
+        dist.broadcast_object_list(box, src=0)
+        out = box[0]
+        self.row_cost = out["row_cost_s"] if out["row_cost_s"] > 0 else self.row_cost
+        if out["switch"]:
+            new = {int(i): ExpertPlacement(Placement(tuple(map(tuple, d)), self.shards.experts).holders())
+                   for i, d in out["placements"].items()}
+            rep = move_experts(rt, new)
+            rows: list = [None] * dist.get_world_size()
+            dist.all_gather_object(rows, (rep.bytes_received, rep.transfer_s, rep.seconds))
+            most = max(rows, key=lambda r: r[0])
+            secs = max(r[2] for r in rows)
+            out["move"] = {"bytes": sum(r[0] for r in rows), "seconds": secs, "transfer_s": max(r[1] for r in rows)}
+            if most[0] > 0 and most[1] > 0:
+                self.bandwidth = most[0] / most[1]
+            self.fixed_s = max(0.0, secs - max(r[1] for r in rows))
+            self._skip = self.skip
+        self.samples = []
+        return out
+
+    def _decide(self, rt: PipelineRuntime, step: int, gathered: list) -> dict:
+        """Rank 0: the decision as a dict (pure planning on the gathered measurements)."""
+        sh = self.shards
+        stage_rank = rt.schedule.placement
+        fit = []
+        for rank, samples in enumerate(gathered):
+            for s, compute, _ in samples:
+                fit.append((rank % sh.R, self._rows(rank, self.loads[s], rt.bounds, stage_rank),
+                            compute))
+        cost = fit_row_cost(fit)
+        row_cost = cost if cost is not None else (self.row_cost or 0.0)
+        step_times = [t for _, _, t in gathered[0]] or [0.0]
+        window = np.asarray([self.loads[s] for s in sorted(self.loads)[-self.window:]], dtype=np.float64)
+        loads = {i: window[:, k].mean(axis=0) / self.groups for k, i in enumerate(sh.moe_layers)}
+        d = decide_placement(step + 1, loads, self._current(), self.replicas, self.every,
+                             statistics.median(step_times), row_cost, self.expert_bytes, self.bandwidth, self.fixed_s,
+                             self.groups, self.always)
+        out = d.to_dict()
+        out["row_cost_fitted"] = cost is not None
+        return out

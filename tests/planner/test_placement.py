@@ -1,0 +1,116 @@
+"""Expert placement rules: the seed's greedy, greedy with replicated hot experts (tokens split by queue position),
+fewest moves among equally good placements, the switch rule, and the drifting Zipf trace generator."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gearshift.errors import PlanError
+from gearshift.planner.placement import (
+    Placement,
+    align,
+    busiest_over_mean,
+    check_fit,
+    device_loads,
+    greedy,
+    moves,
+    should_switch,
+    split,
+    window_loads,
+)
+from gearshift.planner.synthetic import drifting_zipf, zipf_shares
+
+
+def test_tokens_split_over_copies_by_queue_position():
+    assert split(10, 3) == [4, 3, 3]  # positions 0,3,6,9 | 1,4,7 | 2,5,8
+    assert split(2, 4) == [1, 1, 0, 0]
+    assert split(2.5, 2) == [1.25, 1.25]
+    p = Placement.from_holders([(0, 1), (1,), (0,), (1, 0)], 2)
+    assert p.devices == ((0, 2, 3), (0, 1, 3)) and p.holders() == ((0, 1), (1,), (0,), (0, 1))
+    assert device_loads([5, 1, 2, 3], p).tolist() == [3 + 2 + 2, 2 + 1 + 1]
+
+
+def test_seed_rule_places_by_descending_load_on_the_least_loaded_device_with_room():
+    p = greedy([8, 4, 2, 2], 2)
+    assert p.devices == ((0, 3), (1, 2))  # 8 -> d0, 4 -> d1, 2 -> d1 (4 < 8), 2 -> d0 (d1 full)
+    assert busiest_over_mean([8, 4, 2, 2], p) == pytest.approx(10 / 8)
+    assert all(len(d) == 2 for d in p.devices) and sorted(sum(p.devices, ())) == [0, 1, 2, 3]
+
+
+def test_replicas_go_to_the_highest_load_per_copy_and_balance_what_greedy_cannot():
+    loads = [8, 4, 2, 2]
+    p = greedy(loads, 2, replicas=1)
+    assert p.copies() == [2, 2, 1, 1] and all(len(d) == 3 for d in p.devices)
+    assert device_loads(loads, p).tolist() == [8, 8]
+    # Zipf(1.2) over 32 experts on 8 devices: the hottest expert alone outweighs a device's fair share
+    z = (zipf_shares(32, 1.2) * 100_000).round()
+    seed = busiest_over_mean(z, greedy(z, 8))
+    assert seed >= z.max() / (z.sum() / 8) - 1e-9 > 2
+    assert busiest_over_mean(z, greedy(z, 8, replicas=2)) < 1.1 < seed
+    assert busiest_over_mean(z, Placement.contiguous(32, 8)) >= seed
+
+
+def test_equally_good_placements_prefer_fewer_moves():
+    contiguous = Placement.contiguous(8, 4)
+    assert greedy([1] * 8, 4, current=contiguous) == contiguous  # uniform loads: nothing moves
+    shuffled = Placement(tuple(reversed(contiguous.devices)), 8)
+    assert align(shuffled, contiguous) == contiguous and moves(contiguous, align(shuffled, contiguous)) == []
+    loads = [9, 1, 1, 1, 1, 1, 1, 9]
+    fresh, kept = greedy(loads, 4), greedy(loads, 4, current=contiguous)
+    assert device_loads(loads, fresh).max() == device_loads(loads, kept).max()
+    assert len(moves(contiguous, kept)) <= len(moves(contiguous, fresh))
+    assert moves(contiguous, kept) == [(e, d) for d, held in enumerate(kept.devices) for e in held
+                                       if e not in contiguous.devices[d]]
+
+
+def test_switch_rule_and_window():
+    assert should_switch(1.0, 0.8, 10, 1.9) and not should_switch(1.0, 0.8, 10, 2.0)
+    assert not should_switch(1.0, 1.0, 10, 0.0)
+    h = np.arange(24).reshape(4, 2, 3)
+    assert window_loads(h, 2).tolist() == (h[2] + h[3]).tolist()
+
+
+def test_bad_fit_is_one_line():
+    with pytest.raises(PlanError, match=r"^devices: must divide the 32 experts, got 3$"):
+        check_fit(32, 3, 0)
+    with pytest.raises(PlanError, match=r"^replicas: extra expert slots per device must be in 0\.\.28"):
+        greedy([1] * 32, 8, replicas=29)
+
+
+def test_drifting_zipf_trace():
+    t = drifting_zipf(120, 2, 16, 1000, drift_every=20, seed=3)
+    assert t.shape == (120, 2, 16) and t.dtype == np.int64 and (t.sum(axis=2) == 1000).all()
+    assert (t == drifting_zipf(120, 2, 16, 1000, drift_every=20, seed=3)).all()
+    top = {int(np.argmax(t[s:s + 10, 0].sum(axis=0))) for s in range(0, 120, 10)}
+    assert len(top) > 1  # the hot set moves
+    still = drifting_zipf(120, 1, 16, 1000, drift_every=0)
+    assert len({int(np.argmax(still[s:s + 20, 0].sum(axis=0))) for s in range(0, 120, 20)}) == 1
+    shares = t[:, 0].sum(axis=0) / t[:, 0].sum()
+    assert shares.max() > 2 / 16  # skewed
+
+
+def test_row_cost_fit_and_the_decision():
+    from gearshift.planner.placement import decide_placement, fit_row_cost
+
+    # rank compute = 0.5 s (position 0) or 0.9 s (position 1) + 2 ms per row
+    samples = [(p, rows, base + 0.002 * rows) for p, base in ((0, 0.5), (1, 0.9)) for rows in (100, 300, 700)]
+    assert fit_row_cost(samples) == pytest.approx(0.002)
+    assert fit_row_cost([(0, 100, 1.0), (0, 100, 1.2)]) is None  # rows never vary: nothing to fit
+    loads = {3: np.array([400.0, 300, 50, 50, 50, 50, 50, 50])}
+    current = {3: Placement.contiguous(8, 4)}  # the two hot experts share device 0: 700 of a mean 250 rows
+    d = decide_placement(10, loads, current, 1, k=10, step_s=2.0, row_cost_s=0.002, expert_bytes=1000,
+                         bandwidth=1e6, fixed_s=0.05)
+    assert d.switch and d.t1 == 2.0 and d.t2 == pytest.approx(2.0 - 0.002 * (700 - max(
+        device_loads(loads[3], d.placements[3]))))
+    per_device = max(sum(1 for _, _, dev in d.moved if dev == x) for x in range(4))
+    assert d.tc == pytest.approx(per_device * 1000 / 1e6 + 0.05) and d.bytes == len(d.moved) * 1000
+    assert d.busiest_over_mean[0] == pytest.approx(700 / 250) and d.busiest_over_mean[1] < 1.2
+    # the same gain does not pay for a slow move over one step; kept unless forced
+    slow = decide_placement(10, loads, current, 1, k=1, step_s=2.0, row_cost_s=0.002, expert_bytes=1000,
+                            bandwidth=1e3, fixed_s=0.0)
+    assert not slow.switch and slow.placements == current and "<=" in slow.reason
+    forced = decide_placement(10, loads, current, 1, k=1, step_s=2.0, row_cost_s=0.002, expert_bytes=1000,
+                              bandwidth=1e3, fixed_s=0.0, always=True)
+    assert forced.switch and forced.placements[3] != current[3]
+    assert d.to_dict()["event"] == "placement" and d.to_dict()["placements"]["3"] == d.placements[3].to_list()

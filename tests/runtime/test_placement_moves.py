@@ -1,0 +1,108 @@
+"""Moving experts live equals not moving them: a MoE GPT whose experts move and replicate between steps (through
+the runtime, and through the training loop's placement decisions with pipeline stages and a capacity) gives the
+losses and parameters of single-process training, and every copy of a replicated expert stays identical."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from test_experts import PARAM_ATOL, STEPS, _cfg, _reference
+
+from gearshift.models.moe import moe_modules
+from gearshift.planner.placement import Placement, greedy
+from gearshift.runtime.experts import ExpertPlacement
+from gearshift.runtime.placement import move_experts
+from gearshift.train.build import build_runtime, lr_at
+from gearshift.train.checkpoint import checkpoint_path
+from gearshift.train.datasets import job_data
+from gearshift.train.loop import train
+from gloo_spawn import spawn
+
+pytestmark = pytest.mark.multiprocess
+
+EIGHT = ("--model.experts=8",)
+# after step 0: every rank 3 experts, expert 0 on three ranks, 3 and 5 on two; after step 1: greedy with a replica
+# slot per rank on the loads seen
+FIRST = ((0, 1, 2), (3,), (1,), (0, 2), (2,), (1, 3), (0,), (3,))
+LOOP = ("--moe.every=1", "--moe.replicas=1", "--moe.always_switch=true", "--train.steps=3", "--train.eval_every=0",
+        "--output.trace=false", "--output.progress=false", "--train.checkpoint_every=0")
+
+
+def _copies(rt) -> dict[str, torch.Tensor]:
+    return {f"layers.{i}.{n}": p.detach().clone() for i in sorted(rt.layers) for n, p in rt.layers[i].named_parameters()
+            if ".experts." in n}
+
+
+def _run(rank: int, world: int, out_dir: str) -> dict:
+    cfg = _cfg(1, 4, 2, 0.0, "1f1b", world, more=EIGHT)
+    data = job_data(cfg)
+    rt = build_runtime(cfg, data=data)
+    losses, moved, held = [], [], []
+    for step in range(STEPS):
+        res = rt.step(*data.batch(step, cfg.train.batch_size, cfg.train.seed), lr_at(step, cfg))
+        losses.append(res.loss)
+        if step == 0:
+            new = {i: ExpertPlacement(FIRST) for i in rt.experts.moe_layers}
+        elif step == 1:
+            current = {i: Placement.from_holders(p.holders, 4) for i, p in rt.experts.placements.items()}
+            new = {i: ExpertPlacement(greedy(res.moe.routed[k], 4, 1, current[i]).holders())
+                   for k, i in enumerate(rt.experts.moe_layers)}
+        else:
+            continue
+        moved.append(move_experts(rt, new).moved)
+        held.append([sorted(int(e) for e in m.experts) for i in sorted(rt.layers) for m in moe_modules(rt.layers[i])])
+    runtime = {"losses": losses, "params": {k: v.numpy() for k, v in rt.saved_state()[0].items()},
+               "copies": {k: v.numpy() for k, v in _copies(rt).items()}, "moved": moved, "held": held,
+               "holders": {i: p.holders for i, p in rt.experts.placements.items()}}
+    # the training loop: 2 stages x 2 replicas, expert-parallel width 2, top-1 with a capacity; a placement
+    # decision after every step, moved whatever the switch rule says
+    loop_cfg = _cfg(2, 2, 1, 1.25, "1f1b", world, out_dir, LOOP)
+    summary = train(loop_cfg)
+    return {"runtime": runtime, "summary": summary}
+
+
+def test_moves_and_replicas_equal_training_without_them(tmp_path) -> None:
+    results = spawn(_run, 4, str(tmp_path / "loop"))
+    # -- through the runtime: 8 experts on 4 ranks, replicated and moved after steps 0 and 1
+    ref_losses, _, ref_params = _reference(_cfg(1, 4, 2, 0.0, "1f1b", more=EIGHT))
+    rt = [r["runtime"] for r in results]
+    torch.testing.assert_close(torch.tensor(rt[0]["losses"]), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6)
+    assert rt[0]["moved"][0] and rt[0]["moved"][1]  # copies travelled at both switches
+    assert rt[0]["held"][0][0] == [0, 3, 6] and rt[3]["held"][0][0] == [1, 5, 7]
+    assert all(len(h) == 3 for r in rt for h in r["held"][1])  # E / 4 + 1 slots each after greedy with replicas
+    params = {k: torch.from_numpy(v) for r in rt for k, v in r["params"].items()}
+    assert set(params) == set(ref_params)
+    for name, ref in ref_params.items():
+        torch.testing.assert_close(params[name], ref, rtol=1e-5, atol=PARAM_ATOL, msg=f"{name} differs")
+    copies: dict[str, list[torch.Tensor]] = {}
+    for r in rt:
+        for k, v in r["copies"].items():
+            copies.setdefault(k, []).append(torch.from_numpy(v))
+    replicated = [k for k, vs in copies.items() if len(vs) > 1]
+    assert replicated
+    for k in replicated:  # every copy of a replicated expert is the same tensor, bit for bit
+        assert all(torch.equal(copies[k][0], v) for v in copies[k][1:]), k
+    # -- through the training loop
+    loop_cfg = _cfg(2, 2, 1, 1.25, "1f1b", 4, str(tmp_path / "loop"), LOOP)
+    ref_losses, ref_routed, ref_params = _reference(loop_cfg)
+    records = [json.loads(ln) for ln in (tmp_path / "loop" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "loss" in r and "event" not in r]
+    decisions = [r for r in records if r.get("event") == "placement"]
+    torch.testing.assert_close(torch.tensor([r["loss"] for r in steps]), torch.tensor(ref_losses), rtol=1e-5,
+                               atol=1e-6)
+    assert [r["expert_tokens"] for r in steps] == [routed for routed, _ in ref_routed]
+    assert len(decisions) == 3 and decisions[0]["switch"] and decisions[0]["moved"]
+    for d in decisions:
+        assert {"t1", "t2", "tc", "moved", "bytes", "k"} <= set(d) and d["tc"] >= 0 and d["bandwidth"] > 0
+        assert all(len(held) == 3 for devices in d["placements"].values() for held in devices)
+    assert decisions[0]["move"]["bytes"] > 0 and decisions[0]["bytes"] > 0
+    summary = results[0]["summary"]
+    assert summary["placement_decisions"] == 3 and summary["placement_switches"] == sum(d["switch"] for d in decisions)
+    ck = torch.load(checkpoint_path(tmp_path / "loop", STEPS), map_location="cpu", weights_only=True)
+    assert set(ck["model"]) == set(ref_params)
+    for name, ref in ref_params.items():
+        torch.testing.assert_close(ck["model"][name], ref, rtol=1e-5, atol=PARAM_ATOL, msg=f"{name} differs (loop)")
+    assert Path(tmp_path / "loop" / "metrics.jsonl").is_file()

@@ -1,0 +1,36 @@
+"""[moe] placement keys and the skewed router's keys: bad values, a model that is not moe_gpt, replicas that do not
+fill or do not fit a rank's memory are each one line naming the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from gearshift.errors import UserError
+from gearshift.train.config import load_config
+
+MOE = ["--model.name=moe_gpt", "--parallel.stages=1", "--parallel.experts=4", "--model.experts=8"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--moe.every=-1"], "moe.every: must be >= 0, got -1"),
+    (["--moe.every=5", "--model.name=gpt", "--parallel.experts=1", "--model.experts=8"],
+     "model.experts: a key of model.name"),
+    (["--moe.every=5", "--parallel.experts=1"], "moe.every: expert placement needs parallel.experts > 1"),
+    (["--moe.replicas=1"], "moe.replicas: replicas are placed by the re-placement every moe.every steps"),
+    (["--moe.every=5", "--moe.replicas=7"], "moe.replicas: extra expert slots per device must be in 0..6"),
+    (["--moe.every=5", "--moe.replicas=2", "--model.width=2048", "--model.heads=8", "--model.layers=8"],
+     "moe.replicas: 2 + 2 experts per rank need"),
+    (["--model.router_skew=-1"], "model.router_skew: must be a number >= 0 (got -1.0)"),
+    (["--model.router_drift=1.5"], "model.router_drift: expected an integer, got 1.5"),
+])
+def test_bad_placement_keys_are_one_line(args, message):
+    with pytest.raises(UserError) as e:
+        load_config(None, MOE + args)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_good_placement_keys():
+    cfg = load_config(None, MOE + ["--moe.every=5", "--moe.replicas=2", "--moe.window=10",
+                                   "--model.router_skew=1.2", "--model.router_drift=20"])
+    assert (cfg.moe.every, cfg.moe.replicas, cfg.moe.window) == (5, 2, 10)
+    assert cfg.model.table()["router_skew"] == 1.2
