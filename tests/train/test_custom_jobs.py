@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from gearshift.cli.main import main as cli_main
+
 ROOT = Path(__file__).resolve().parents[2]
 QUIET = ["--output.trace=false", "--output.progress=false"]
 MLP = ["--cluster.workers=2", "--parallel.stages=2", "--parallel.microbatches=2", "--train.batch_size=8",
@@ -60,7 +62,7 @@ def test_mlp_example_launched_from_python_equals_the_cli_and_resumes_exactly(tmp
 
 
 @pytest.mark.multiprocess
-def test_hf_gpt2_example_trains_as_a_4_stage_pipeline_and_profiles_and_plans(tmp_path):
+def test_hf_gpt2_example_trains_as_a_4_stage_pipeline_and_profiles_and_plans(tmp_path, monkeypatch, capsys):
     pytest.importorskip("transformers")
     out, prof = tmp_path / "hf", tmp_path / "profile.json"
     r = _gs("train", *HF, "--train.steps=2", f"--output.dir={out}")
@@ -68,13 +70,13 @@ def test_hf_gpt2_example_trains_as_a_4_stage_pipeline_and_profiles_and_plans(tmp
     recs = _records(out)
     assert len(recs) == 2 and recs[0]["partition"] == [[0, 1], [1, 2], [2, 3], [3, 4]]
     assert abs(recs[0]["loss"] - math.log(256)) < 0.5  # random init: about uniform over bytes
-    r = _gs("profile", *HF, "--out", str(prof), "--repeats", "2", "--warmup", "1")
-    assert r.returncode == 0, r.stderr[-3000:]
+    monkeypatch.chdir(ROOT)  # profile and plan in this process (the job file's path is the repository's)
+    assert cli_main(["profile", *HF, "--out", str(prof), "--repeats", "2", "--warmup", "1"]) == 0
     assert [lp["name"] for lp in json.loads(prof.read_text())["layers"]] == \
         ["0:Embeddings", "1:Block", "2:Block", "3:Head"]
-    r = _gs("plan", *HF, "--profile", str(prof))
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "adaptive vs baselines" in r.stdout
+    capsys.readouterr()
+    assert cli_main(["plan", *HF, "--profile", str(prof)]) == 0
+    assert "adaptive vs baselines" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("args, message", [

@@ -30,18 +30,6 @@ def _workers_alive(out_dir: str) -> list[str]:
     return [ln for ln in ps.splitlines() if "gearshift.train" in ln and out_dir in ln]
 
 
-def test_train_runs_and_writes_metrics(tmp_path):
-    out = tmp_path / "run"
-    r = _gearshift("train", *TINY, "--cluster.workers=2", "--parallel.stages=2", "--train.steps=3",
-                   f"--output.dir={out}", "--output.trace=true")
-    assert r.returncode == 0, r.stderr
-    lines = (out / "metrics.jsonl").read_text().splitlines()
-    assert len(lines) == 3
-    assert "unigram entropy" in r.stdout
-    assert json.loads((out / "config.json").read_text())["output"]["dir"] == str(out)
-    assert "predicted (simulator)" in (out / "trace.json").read_text()  # the run's own trace, in its own dir
-
-
 def test_failing_worker_stops_job_with_its_error(tmp_path, capsys):
     out = tmp_path / "fail"
     cfg = load_config(None, [*TINY, "--cluster.workers=4", "--parallel.stages=4", "--train.steps=50",
@@ -115,11 +103,17 @@ def test_ctrl_c_stops_every_worker(tmp_path):
     assert not _workers_alive(str(out))
 
 
-def test_emulation_on_some_ranks_only_does_not_deadlock(tmp_path):
-    """Rank 0 at slowdown 1 is not emulated, rank 1 is: both still build the adaptation loop and enter the
-    same collectives (the profile's broadcast); before, rank 0 skipped it and the job hung."""
+def test_train_writes_its_run_and_emulation_on_some_ranks_only_does_not_deadlock(tmp_path):
+    """A run writes metrics, config, its own trace and report into its own directory. Rank 0 at slowdown 1 is
+    not emulated, rank 1 is: both still build the adaptation loop and enter the same collectives (the
+    profile's broadcast); before, rank 0 skipped it and the job hung."""
     out = tmp_path / "emu"
     r = _gearshift("train", *TINY, "--cluster.workers=2", "--parallel.stages=2", "--train.steps=2",
-                   "--emulate.slowdown=[1,2]", "--cluster.timeout_s=30", f"--output.dir={out}", timeout=90)
+                   "--emulate.slowdown=[1,2]", "--cluster.timeout_s=30", f"--output.dir={out}", "--output.trace=true",
+                   timeout=90)
     assert r.returncode == 0, r.stderr
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+    assert "unigram entropy" in r.stdout and "(open in a browser)" in r.stdout  # the summary points at the report
+    assert json.loads((out / "config.json").read_text())["output"]["dir"] == str(out)
+    assert "predicted (simulator)" in (out / "trace.json").read_text()  # the run's own trace, in its own dir
+    assert (out / "report.html").is_file() and (out / "metrics.png").is_file()
