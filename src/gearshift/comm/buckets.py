@@ -15,6 +15,17 @@ from gearshift.comm.measure import fastest
 from gearshift.sim.collectives import LinkCosts
 
 
+def scatter_grads(flat: torch.Tensor, params: list[torch.Tensor]) -> None:
+    """Write consecutive slices of `flat` (the params' gradients, flattened in order) into each p.grad."""
+    offset = 0
+    for p in params:
+        g = flat[offset: offset + p.numel()].view_as(p)
+        if p.grad is None:
+            p.grad = g.clone()
+        else:
+            p.grad.copy_(g)
+        offset += p.numel()
+
 @dataclass
 class Bucket:
     """Parameters (same dtype, consecutive) whose gradients travel in one flat tensor of `numel`."""
@@ -107,11 +118,4 @@ class GradientSync:
             else:
                 all_reduce(flat, b.algorithm, self.topology, self.groups, self.costs, matrix=self.node_matrix)
             flat.div_(world)
-            offset = 0
-            for p in b.params:
-                g = flat[offset: offset + p.numel()].view_as(p)
-                if p.grad is None:
-                    p.grad = g.clone()
-                else:
-                    p.grad.copy_(g)
-                offset += p.numel()
+            scatter_grads(flat, b.params)

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from gearshift.comm.alltoall import AllToAllDispatch, Clock
+from gearshift.comm.buckets import scatter_grads
 from gearshift.models.moe import LocalDispatch, moe_modules
 
 
@@ -141,14 +142,7 @@ class ExpertShards:
                 if len(ranks) > 1:
                     dist.all_reduce(flat, group=self._groups[ranks])
                 flat /= D
-                off = 0
-                for p in params:
-                    g = flat[off:off + p.numel()].view_as(p)
-                    if p.grad is None:
-                        p.grad = g.clone()
-                    else:
-                        p.grad.copy_(g)
-                    off += p.numel()
+                scatter_grads(flat, params)
 
         return sync, weights
 
