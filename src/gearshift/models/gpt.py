@@ -107,6 +107,12 @@ class MLP(nn.Module):
         return self.drop(self.proj(F.gelu(self.fc(x))))
 
 
+def attention_block_flops(block: nn.Module, input_shape: tuple[int, ...]) -> float:
+    """2 * the block's matmul params * tokens, plus 2*2*B*T*T*C for QK^T and AV (full, not causal-halved)."""
+    B, T, C = input_shape
+    return float(2 * linear_params(block) * B * T + 2 * 2 * B * T * T * C)
+
+
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x))."""
 
@@ -122,9 +128,7 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
     def flops(self, input_shape: tuple[int, ...]) -> float:
-        """2 * matmul params * tokens, plus 2*2*B*T*T*C for QK^T and AV (full, not causal-halved)."""
-        B, T, C = input_shape
-        return float(2 * linear_params(self) * B * T + 2 * 2 * B * T * T * C)
+        return attention_block_flops(self, input_shape)
 
 
 class Head(nn.Module):

@@ -30,6 +30,7 @@ from gearshift.models.gpt import (
     Embedding,
     GPTConfig,
     Head,
+    attention_block_flops,
     gpt_loss,
     init_weights,
     linear_params,
@@ -225,8 +226,7 @@ class Attention(nn.Module):
         return x + self.attn(self.ln1(x))
 
     def flops(self, input_shape: tuple[int, ...]) -> float:
-        B, T, C = input_shape
-        return float(2 * linear_params(self) * B * T + 2 * 2 * B * T * T * C)
+        return attention_block_flops(self, input_shape)
 
 
 class MoELayer(nn.Module):
