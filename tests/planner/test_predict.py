@@ -34,3 +34,22 @@ def test_duty_cycle_emulation_reaches_the_cost(make_profile):
     assert sim_cost(prof, BOUNDS, make_schedule("1f1b", 4, 8), state).duty == [1.0, 4.0, 1.0, 1.0]
     slow = predict(prof, BOUNDS, make_schedule("1f1b", 4, 8), state).iteration_s
     assert slow > 8 * 0.6 * 4  # the emulated rank alone needs 4x its work
+
+
+def test_the_optimizer_update_is_each_ranks_and_waits_for_the_clip(make_profile):
+    prof = make_profile([0.3] * 8)
+    for i, lp in enumerate(prof.layers):
+        lp.step_s = 0.01 * (i + 1)
+    state = local_cluster(4, cores=4)
+    one = make_schedule("1f1b", 4, 8)
+    cost = sim_cost(prof, BOUNDS, one, state)
+    assert cost.step_s == pytest.approx([0.03, 0.07, 0.11, 0.15])  # the update of the layers each rank holds
+    assert cost.step_barrier_s == 0.0  # the clip's all-reduce: every rank waits for the last
+    res = predict(prof, BOUNDS, one, state)
+    without = predict(make_profile([0.3] * 8), BOUNDS, one, state)
+    # every rank waits for rank 0's last backward, then the slowest update ends the step
+    assert res.iteration_s == pytest.approx(without.iteration_s + 0.15, rel=1e-3)
+    md = make_schedule("multidir", 4, 4, directions=2)
+    cost = sim_cost(prof, BOUNDS, md, state)
+    slices = [0.03, 0.07, 0.11, 0.15]  # one slice's update on its holder in the optimizer direction
+    assert sorted(cost.step_s) == pytest.approx(slices)

@@ -56,6 +56,14 @@ def test_grads_left_as_they_were(gpt_profile):
     assert all(p.grad is None for p in model.parameters())
 
 
+def test_the_update_is_timed_on_copies(gpt_profile):
+    model, prof = gpt_profile
+    assert all(lp.step_s > 0 for lp in prof.layers)  # every layer of the GPT has parameters
+    before = [p.detach().clone() for p in model.parameters()]
+    profile_model(model, torch.zeros(B, T, dtype=torch.long), torch.zeros(B, T, dtype=torch.long), repeats=1, warmup=0)
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))  # AdamW stepped copies only
+
+
 def test_generic_layers_and_saved_bytes():
     torch.manual_seed(0)
     seq = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))

@@ -11,7 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 from gearshift.cli.config_help import add_config_help
-from gearshift.cluster.state import local_pipeline_state
+from gearshift.cluster.cores import effective_cores
+from gearshift.cluster.state import available_cores, local_pipeline_state
 from gearshift.errors import UserError
 from gearshift.paths import check_output_file
 from gearshift.planner.predict import predict
@@ -43,11 +44,13 @@ def run(args: argparse.Namespace) -> int:
         bounds = equal_time_slices(prof, p.stages)  # what the multidir runtime cuts
     else:
         bounds = resolve_partition(cfg, job_model(cfg))
-    state = local_pipeline_state(cfg.cluster.workers, p.stages, cfg.emulate.slowdown)
+    # this host's cores as measured with the job's workers computing at once (what processor sharing divides)
+    state = local_pipeline_state(cfg.cluster.workers, p.stages, cfg.emulate.slowdown,
+                                 cores=effective_cores(cfg.cluster.workers))
     res = predict(prof, bounds, schedule, state, microbatch_size(cfg))
     cores = state.cores[0] * cfg.cluster.workers / p.stages
     t = Table(title=f"{p.schedule} x {p.stages} stages, {p.microbatches} micro-batches "
-              f"({cfg.cluster.workers} workers sharing {cores:g} cores)")
+              f"({cfg.cluster.workers} workers sharing {available_cores()} cores, measured as {cores:.2f} at once)")
     for col in ("", "iteration (s)", "tokens/s", "bubble"):
         t.add_column(col, justify="right")
     tokens = cfg.train.batch_size * prof.seq_len  # tokens per sample, as the profile measured them

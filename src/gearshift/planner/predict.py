@@ -6,14 +6,15 @@ from __future__ import annotations
 from gearshift.cluster.state import ClusterState
 from gearshift.errors import PlanError
 from gearshift.profile.model_profile import ModelProfile
-from gearshift.schedules import Schedule
+from gearshift.schedules import Op, Schedule
 from gearshift.sim import CostModel, SimResult, simulate
 
 
 def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Schedule, state: ClusterState,
              microbatch_size: int | None = None) -> CostModel:
     """Stage times = profiled layer times / the speed of the rank holding the stage; transfers = output
-    activation bytes of each stage's last layer over the measured links; ranks that share a host's cores
+    activation bytes of each stage's last layer over the measured links; a rank's STEP = the profiled update
+    of its layers, after the clip's job-wide all-reduce (every rank waits for the last); ranks that share a host's cores
     (state.hosts, state.cores) share them in the simulation, as do emulated ranks' duty cycles. `bounds` has
     one range per stage, or one per slice of a schedule of several pipes (the same cut in every pipe)."""
     if len(bounds) == schedule.stages_per_pipe < schedule.num_stages:
@@ -32,8 +33,14 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
     act_mem = [scale * sum(lp.peak_activation_bytes for lp in profile.layers[a:b]) for a, b in bounds]
     params = [4.0 * sum(lp.param_bytes for lp in profile.layers[a:b]) for a, b in bounds]
     moved = [float(sum(lp.param_bytes for lp in profile.layers[a:b])) for a, b in bounds]  # a slice's update
+    step = [0.0] * len(state.speeds)  # a whole-rank STEP updates every stage the rank holds, a slice's STEP that slice
+    for r, acts in enumerate(schedule.actions):
+        stepped = {a.stage for a in acts if a.op is Op.STEP}
+        stages = [s for s in range(len(bounds)) if place[s] == r] if -1 in stepped else sorted(stepped)
+        step[r] = sum(lp.step_s for s in stages for lp in profile.layers[slice(*bounds[s])]) / state.speeds[r]
     return CostModel(fwd, bwd, act, state.bandwidth, state.latency, act_mem, params, state.memory,
-                     host=state.hosts, cores=state.cores, duty=state.duty, param_bytes=moved)
+                     step_s=step, step_barrier_s=0.0, host=state.hosts, cores=state.cores, duty=state.duty,
+                     param_bytes=moved)
 
 
 def predict(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Schedule, state: ClusterState,

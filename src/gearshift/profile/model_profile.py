@@ -18,6 +18,7 @@ class LayerProfile:
     param_bytes: int
     activation_bytes: int  # output activation bytes per sample (what a pipeline sends)
     peak_activation_bytes: int  # memory held for backward per micro-batch
+    step_s: float = 0.0  # median update of its parameters (norm, clip, AdamW step): once a batch
 
     @property
     def work_s(self) -> float:

@@ -63,6 +63,28 @@ def _storage_ptrs(module: nn.Module) -> set[int]:
     return {t.untyped_storage().data_ptr() for t in tensors}
 
 
+def update_time(layer: nn.Module, repeats: int, warmup: int, device: torch.device) -> float:
+    """Median time of the optimizer update of `layer`'s parameters as the runtime runs it once a batch (each
+    gradient's norm, the clip, AdamW's step), on copies so that the layer itself is not changed."""
+    params = [p.detach().clone().requires_grad_(True) for p in layer.parameters()]
+    if not params:
+        return 0.0
+    for p in params:
+        p.grad = torch.randn_like(p)
+    decay = [p for p in params if p.dim() >= 2]
+    other = [p for p in params if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}], lr=1e-4)
+
+    def update() -> None:
+        sq = torch.stack([torch.linalg.vector_norm(p.grad) for p in params]).double().pow(2).sum()
+        coef = min(1.0 / (float(sq) ** 0.5 + 1e-6), 1.0)
+        for p in params:
+            p.grad.mul_(coef)
+        opt.step()
+
+    return _median_time(update, repeats, warmup, device)
+
+
 def profile_layer(layer: nn.Module, x: Tensor, loss: Callable[[Tensor], Tensor] | None,
                   repeats: int, warmup: int) -> tuple[LayerProfile, Tensor]:
     """Profile one layer on input x (the final layer with `loss` applied to its output); returns the
@@ -93,6 +115,7 @@ def profile_layer(layer: nn.Module, x: Tensor, loss: Callable[[Tensor], Tensor] 
         param_bytes=params,
         activation_bytes=out.numel() * out.element_size() // batch,
         peak_activation_bytes=peak,
+        step_s=update_time(layer, repeats, warmup, device),
     )
     return lp, out
 
@@ -131,8 +154,9 @@ def profile_layers(layers: Iterator[nn.Module], num_layers: int, loss_fn: LossFn
                    sample_target: Tensor, repeats: int, warmup: int,
                    keep_together: list[tuple[int, int]] = ()) -> ModelProfile:
     """Measure `num_layers` layers, in order, on one micro-batch, layer by layer on detached inputs: median
-    forward and backward times (the last layer's include the loss), FLOPs, parameter bytes, output bytes
-    per sample and bytes saved for backward. Boundaries inside `keep_together` ranges become `no_cut`."""
+    forward and backward times (the last layer's include the loss), the update of its parameters, FLOPs,
+    parameter bytes, output bytes per sample and bytes saved for backward. Boundaries inside `keep_together`
+    ranges become `no_cut`."""
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0 (got {repeats}, {warmup})")
     profiles: list[LayerProfile] = []
