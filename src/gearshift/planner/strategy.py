@@ -8,9 +8,10 @@ rank's speed, where a MoE layer's time grows by its busiest expert-parallel rank
 uniform, or the mean shares of a recorded trace) and adds its all-to-alls (forward: counts, dispatch, combine;
 backward: dispatch, combine), each priced alpha per peer plus the bytes the busiest rank sends or receives; at
 the end, the dense gradients are all-reduced over the D replicas and each expert's over its D / e copies
-(sim.collectives), then AdamW steps. Ranks that share cores compute at a shared speed found as a fixed point
-(mean-field processor sharing over all S x D ranks; the simulator's own sharing sees one pipeline's ranks only):
-a rank computes at min(1, cores / A) of its speed, A the mean number of ranks using a core at once. Memory per
+(sim.collectives), then AdamW steps. Ranks that share a host's cores (the local workers) share them in the
+simulator: the D replicas run the same list at the same times, so each pipeline position stands for D workers
+on 1 / D of the cores (synchronised replicas compute at once, which a mean-field share of a duty cycle would
+miss), and an emulated rank computes on a core, then sleeps (the duty cycle). Memory per
 rank: parameters x 4 (weights, gradients, AdamW's two moments) of its dense layers and its experts, plus the
 activations of the micro-batches the schedule holds at once."""
 
@@ -148,12 +149,13 @@ def _profile_for(profiles: dict[int, ModelProfile], mb: int) -> tuple[ModelProfi
 
 def price(S: int, D: int, e: int, profiles: dict[int, ModelProfile], shape: MoEShape, state: ClusterState,
           comm: CommCosts, batch: int, microbatches: int, schedule: str = "1f1b", k: int = 1,
-          cores: float | None = None, duty: float = 1.0, shares: list[list[float]] | None = None,
+          cores: float | None = None, slowdown: list[float] | None = None, shares: list[list[float]] | None = None,
           optimizer_s_per_byte: float = 0.0, bounds: list[tuple[int, int]] | None = None) -> Strategy:
     """Price one strategy (see the module's docstring). `state`: the cluster's ranks (speeds, links, memory);
-    `cores`: the cores the ranks share (None: each its own); `duty`: the share of a rank's compute time spent on a
-    core (1 / emulated slowdown; 1 without emulation); `shares[i]`: MoE layer i's share of assignments per
-    expert (None: uniform); `bounds`: the partition (None: the DP's over the priced layer times)."""
+    `cores`: the cores all the ranks share (None: each its own); `slowdown[r]`: rank r's duty-cycle emulation
+    (its speed in `state` is 1 / slowdown[r]; priced as a core at full speed for 1 / slowdown of the time);
+    `shares[i]`: MoE layer i's share of assignments per expert (None: uniform); `bounds`: the partition (None:
+    the DP's over the priced layer times)."""
     M = microbatches
     mb = batch // (D * M)
     prof, scale = _profile_for(profiles, mb)
@@ -201,26 +203,24 @@ def price(S: int, D: int, e: int, profiles: dict[int, ModelProfile], shape: MoES
         opt.append((dense + held) * optimizer_s_per_byte)
         acts = scale * sum(lp.peak_activation_bytes for lp in prof.layers[a:b])
         mem.append(OPTIMIZER_FACTOR * (dense + held) + in_flight[p] * acts)
-    share = 1.0
-    res = None
-    for _ in range(30):
-        speeds = [s * share for s in pipe.speeds]
-        cost = CostModel(
-            [sum(fwd[a:b]) / speeds[p] + sum(a2a_f[a:b]) for p, (a, b) in enumerate(bounds)],
-            [sum(bwd[a:b]) / speeds[p] + sum(a2a_b[a:b]) for p, (a, b) in enumerate(bounds)],
-            [prof.layers[b - 1].activation_bytes * mb for _, b in bounds], pipe.bandwidth, pipe.latency,
-            [0.0] * S, sync_s=sync, step_s=max(opt))
-        res = simulate(sched, cost)
-        if cores is None:
-            break
-        compute = sum(M * (sum(fwd[a:b]) + sum(bwd[a:b])) / speeds[p] for p, (a, b) in enumerate(bounds))
-        active = D * duty * compute / res.iteration_s if res.iteration_s > 0 else S * D
-        new = min(1.0, cores / max(active, 1e-9))
-        if abs(new - share) < 1e-4:
-            break
-        share = 0.5 * (share + new)
-    compute = max(M * (sum(fwd[a:b]) + sum(bwd[a:b])) / (pipe.speeds[p] * share) for p, (a, b) in enumerate(bounds))
-    a2a = max(M * (sum(a2a_f[a:b]) + sum(a2a_b[a:b])) for a, b in bounds) if n_moe else 0.0
+    # replicas compute in step: position p stands for its D workers, on their 1 / D of the shared cores
+    host, shared = ([0] * S, [cores / D]) if cores is not None else (None, None)
+    slow = [max(slowdown[d * S + p] for d in range(D)) for p in range(S)] if slowdown else None
+    f = slow or [1.0] * S
+    speed = [pipe.speeds[p] * f[p] for p in range(S)]  # the emulation is its duty cycle, not a slower core
+    work = [M * (sum(fwd[a:b]) + sum(bwd[a:b])) / speed[p] for p, (a, b) in enumerate(bounds)]
+    # an all-to-all is not compute: the emulation does not stretch it (priced as 1 / f of it, then stretched)
+    cost = CostModel(
+        [sum(fwd[a:b]) / speed[p] + sum(a2a_f[a:b]) / f[p] for p, (a, b) in enumerate(bounds)],
+        [sum(bwd[a:b]) / speed[p] + sum(a2a_b[a:b]) / f[p] for p, (a, b) in enumerate(bounds)],
+        [prof.layers[b - 1].activation_bytes * mb for _, b in bounds], pipe.bandwidth, pipe.latency,
+        [0.0] * S, sync_s=sync, step_s=max(opt), host=host, cores=shared, duty=slow)
+    res = simulate(sched, cost)
+    a2a_busy = [M * (sum(a2a_f[a:b]) + sum(a2a_b[a:b])) for a, b in bounds]
+    # the speed a computing rank got: its work at full speed (stretched by the emulation) over its busy time
+    share = min(1.0, sum(w * x for w, x in zip(work, f)) / max(sum(res.busy_s) - sum(a2a_busy), 1e-12))
+    compute = max(work) / share
+    a2a = max(a2a_busy) if n_moe else 0.0
     fits = all(m <= pipe.memory[p] for p, m in enumerate(mem))
     return Strategy(S, D, e, M, schedule, bounds, res.iteration_s, compute, a2a, max(sync), res.bubble_fraction,
                     share, mem, fits)
@@ -228,7 +228,7 @@ def price(S: int, D: int, e: int, profiles: dict[int, ModelProfile], shape: MoES
 
 def strategy_pool(profiles: dict[int, ModelProfile], shape: MoEShape, state: ClusterState, comm: CommCosts,
                   batch: int, microbatches: int, schedule: str = "1f1b", k: int = 1, cores: float | None = None,
-                  duty: float = 1.0, shares: list[list[float]] | None = None,
+                  slowdown: list[float] | None = None, shares: list[list[float]] | None = None,
                   optimizer_s_per_byte: float = 0.0) -> list[Strategy]:
     """Every strategy the cluster admits, priced, fastest first (those that fit memory before those that do
     not). The whole pool is kept: a later decision may switch within it."""
@@ -239,7 +239,7 @@ def strategy_pool(profiles: dict[int, ModelProfile], shape: MoEShape, state: Clu
     if not cands:
         raise PlanError(f"strategy: no strategy splits batch {batch} over {state.world_size} workers with "
                         f"{microbatches} micro-batches")
-    pool = [price(S, D, e, profiles, shape, state, comm, batch, microbatches, schedule, k, cores, duty, shares,
+    pool = [price(S, D, e, profiles, shape, state, comm, batch, microbatches, schedule, k, cores, slowdown, shares,
                   optimizer_s_per_byte) for S, D, e in cands]
     return sorted(pool, key=lambda s: (not s.fits, s.step_s))
 

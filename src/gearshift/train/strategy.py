@@ -76,12 +76,12 @@ def optimizer_seconds_per_byte(numel: int = 1 << 20, repeats: int = 5) -> float:
     return sorted(times)[len(times) // 2] / (numel * 4)
 
 
-def _cluster(cfg: JobConfig, comm: CommCosts | None = None) -> tuple[ClusterState, float | None, float]:
-    """(ranks, cores they share or None, duty): the spec's devices, or the local workers, each slowed by its
-    emulated factor, sharing this machine's cores (a duty-cycle slowdown f keeps a rank on a core 1 / f of its
-    compute time), their pipeline links priced as the measured exchanges' (one message: alpha, beta)."""
+def _cluster(cfg: JobConfig, comm: CommCosts | None = None) -> tuple[ClusterState, float | None, list[float] | None]:
+    """(ranks, cores they share or None, each rank's duty-cycle slowdown or None): the spec's devices, or the
+    local workers, each slowed by its emulated factor (speed 1 / f), sharing this machine's cores, their
+    pipeline links priced as the measured exchanges' (one message: alpha, beta)."""
     if cfg.cluster.spec:
-        return ClusterState.from_spec(load_spec(cfg.cluster.spec)), None, 1.0
+        return ClusterState.from_spec(load_spec(cfg.cluster.spec)), None, None
     n = cfg.cluster.workers
     slow = cfg.emulate.slowdown or [1.0] * n
     state = ClusterState.from_spec(ClusterSpec.uniform(n, memory_bytes=LOCAL_MEMORY))
@@ -90,7 +90,7 @@ def _cluster(cfg: JobConfig, comm: CommCosts | None = None) -> tuple[ClusterStat
         state.latency = [[0.0 if a == b else comm.a2a_alpha for b in range(n)] for a in range(n)]
         state.bandwidth = [[math.inf if a == b or comm.a2a_beta <= 0 else 1 / comm.a2a_beta for b in range(n)]
                            for a in range(n)]
-    return state, float(os.cpu_count() or 1), sum(1.0 / f for f in slow) / n
+    return state, float(os.cpu_count() or 1), list(slow)
 
 
 def spec_comm_costs(cfg: JobConfig) -> CommCosts:
@@ -106,10 +106,10 @@ def spec_comm_costs(cfg: JobConfig) -> CommCosts:
 def job_pool(cfg: JobConfig, profiles: dict[int, ModelProfile], comm: CommCosts, opt_s_per_byte: float = 0.0,
              shares: list[list[float]] | None = None) -> list[Strategy]:
     """The priced pool for the job's model, batch, micro-batches and schedule on its cluster."""
-    state, cores, duty = _cluster(cfg, comm)
+    state, cores, slowdown = _cluster(cfg, comm)
     p = cfg.parallel
     return strategy_pool(profiles, moe_shape(cfg), state, comm, cfg.train.batch_size, p.microbatches, p.schedule,
-                         p.k, cores, duty, shares, opt_s_per_byte)
+                         p.k, cores, slowdown, shares, opt_s_per_byte)
 
 
 def with_strategy(cfg: JobConfig, s: Strategy) -> JobConfig:
