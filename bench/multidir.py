@@ -114,11 +114,11 @@ def predictions(a: argparse.Namespace, profile, schedule: str, cut: list, busy: 
     busy time (sleep included) and a core each."""
     from gearshift.cluster.state import local_pipeline_state, local_state
     from gearshift.planner.predict import predict
-    from gearshift.train.build import job_schedule
+    from gearshift.train.build import job_schedule, slice_act_bytes
     from gearshift.train.config import load_config
 
     cfg = load_config(None, overrides(a, schedule, cut, None, a.slowdown))
-    sch = job_schedule(cfg)
+    sch = job_schedule(cfg, slice_act_bytes(profile, cut))  # the orders the runtime built from the same profile
     mb = a.batch // (D * a.micro)
     scale = mb / profile.microbatch_size
     bounds = [tuple(cut[s % WORLD]) for s in range(sch.num_stages)]
