@@ -7,7 +7,9 @@ from the definition rather than from the runtime:
   version its rank's action list gives it (w_{b-1} before the slice's new weights are installed, else
   w_b), its backward on the same version; a batch right after a flush (the first, and each after a
   checkpoint or an evaluation, which drain the stream) runs on w_b throughout;
-- stale: every micro-batch on w_{b-1} (PipeDream-2BW's delayed gradient), for comparison.
+- stale: every micro-batch on w_{b-1} (PipeDream-2BW's delayed gradient), for comparison;
+- predict: async, but a forward the list runs on w_{b-1} runs on the extrapolation 2 w_{b-1} - w_{b-2} (what
+  a holder could compute from the two versions it keeps), its backward on the same: a remedy, not built.
 
 Each is compared with flush's loss; with --run-dir, a finished `gearshift train` run's train losses are put
 beside the ideal ones step by step (the runtime should follow its ideal within float noise early on).
@@ -79,6 +81,7 @@ def train(cfg, cut: list[tuple[int, int]], mode: str, offsets: dict, lr_scale: f
                              {"params": [q for q in params if q.dim() < 2], "weight_decay": 0.0}],
                             lr=t.lr, betas=(t.beta1, t.beta2))
     prev = cur = [copy.deepcopy(m) for m in master]  # the slices at w_{b-1} and w_b
+    before = prev  # w_{b-2} (predict)
     losses, val = [], {}
     t0 = time.perf_counter()
     for b in range(t.steps):
@@ -95,16 +98,17 @@ def train(cfg, cut: list[tuple[int, int]], mode: str, offsets: dict, lr_scale: f
                 else:
                     key = tuple(offsets[(g * P + i, j)] for i in range(P))
                 groups.setdefault(key, []).append(g * M + j)
+        old = prev if mode != "predict" else [extrapolate(a, z) for a, z in zip(prev, before)]
         batch_loss = 0.0
         for key, mbs in groups.items():
             h = torch.cat([xs[k] for k in mbs])
             for i in range(P):
-                h = (cur if key[i] else prev)[i](h)
+                h = (cur if key[i] else old)[i](h)
             loss = spec.loss_fn(h, torch.cat([ys[k] for k in mbs]))  # mean over the group's tokens
             (loss * len(mbs) / (D * M)).backward()  # = the sum of its micro-batches' losses / (D * M)
             batch_loss += float(loss.detach()) * len(mbs) / (D * M)
         for i in range(P):
-            for q, qc, qp in zip(master[i].parameters(), cur[i].parameters(), prev[i].parameters()):
+            for q, qc, qp in zip(master[i].parameters(), cur[i].parameters(), old[i].parameters()):
                 grads = [c.grad for c in {id(qc): qc, id(qp): qp}.values() if c.grad is not None]
                 q.grad = sum(grads) if grads else None
         for gr in opt.param_groups:
@@ -113,8 +117,8 @@ def train(cfg, cut: list[tuple[int, int]], mode: str, offsets: dict, lr_scale: f
             torch.nn.utils.clip_grad_norm_(params, t.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        prev, cur = cur, [copy.deepcopy(m) for m in master]
-        for m in prev:
+        before, prev, cur = prev, cur, [copy.deepcopy(m) for m in master]
+        for m in prev + old:
             m.zero_grad(set_to_none=True)
         losses.append(batch_loss)
         if t.eval_every and ((b + 1) % t.eval_every == 0 or b + 1 == t.steps):
@@ -123,6 +127,17 @@ def train(cfg, cut: list[tuple[int, int]], mode: str, offsets: dict, lr_scale: f
             print(f"  {mode} step {b + 1}: loss {statistics.fmean(losses[-10:]):.3f} "
                   f"({time.perf_counter() - t0:.0f} s)", flush=True)
     return {"losses": losses, "val": val}
+
+
+def extrapolate(last, earlier):
+    """A copy of `last` with parameters 2 last - earlier (linear extrapolation of the weights one update on)."""
+    import torch
+
+    out = copy.deepcopy(last)
+    with torch.no_grad():
+        for q, a, z in zip(out.parameters(), last.parameters(), earlier.parameters()):
+            q.copy_(2 * a - z)
+    return out
 
 
 def evaluate(cfg, data, loss_fn, slices) -> float:
