@@ -171,9 +171,10 @@ def schedule_rows(a: argparse.Namespace, work: Path) -> tuple[list[dict], dict, 
                         "profile_work_ms": [round(1e3 * lp.work_s, 3) for lp in profile.layers]}
 
 
-def memory_rows(a: argparse.Namespace, work: Path) -> list[dict]:
+def memory_rows(a: argparse.Namespace, work: Path) -> tuple[list[dict], object, dict]:
     """Per-rank peak activation bytes of every schedule on both splits, measured over 3 steps without
-    emulation (bytes do not depend on time), beside the simulator's prediction: the memory goal alone."""
+    emulation (bytes do not depend on time), beside the simulator's prediction: the memory goal alone.
+    Also returns the profile and the cuts."""
     from gloo_spawn import spawn
 
     profile = robust_profile(a, 1)
@@ -191,6 +192,30 @@ def memory_rows(a: argparse.Namespace, work: Path) -> list[dict]:
             rows.append({"schedule": s, "split": split, "cut": cut, "peak_act_bytes": peak,
                          "predicted_peak_act_bytes": pred, "peak_max_over_min": max(peak) / min(peak),
                          "predicted_error_worst_rank": max(abs(p - q) / q for p, q in zip(pred, peak))})
+    return rows, profile, cuts
+
+
+def order_comparison(profile, cuts: dict, slowdown: float) -> list[dict]:
+    """The simulator's step time and peaks of multidir under the byte-balanced orders (what the job runs)
+    against an order and its reverse (the orders before slice bytes were weighed), priced as predictions()
+    prices the emulated comparison and without emulation: does the choice of orders cost throughput?"""
+    from gearshift.cluster.state import local_pipeline_state
+    from gearshift.planner.predict import predict
+    from gearshift.schedules import make_schedule
+    from gearshift.train.build import slice_act_bytes
+
+    mb = profile.microbatch_size
+    rows = []
+    for split, cut in cuts.items():
+        for update in ("flush", "async"):
+            for orders, w in (("bytes", slice_act_bytes(profile, cut)), ("reverse", None)):
+                sch = make_schedule("multidir", WORLD, 8, directions=D, update=update, slice_bytes=w)
+                row = {"split": split, "update": update, "orders": orders, "direction_1": sch.params["orders"][1]}
+                for tag, slow in (("emulated", slowdown), ("plain", 1.0)):
+                    res = predict(profile, cut, sch, local_pipeline_state(WORLD, WORLD, [slow] * WORLD), mb)
+                    row[f"predicted_step_s_{tag}"] = res.iteration_s
+                row["predicted_peak_act_bytes"] = res.peak_act_bytes
+                rows.append(row)
     return rows
 
 
@@ -374,6 +399,10 @@ def show(res: dict) -> None:
                       " ".join(f"{b / 2**20:.1f}" for b in r["predicted_peak_act_bytes"]),
                       f"{r['peak_max_over_min']:.2f}", f"{r['predicted_error_worst_rank']:.1%}")
         c.print(m)
+    for r in res.get("orders_simulated", []):
+        c.print(f"simulated {r['split']} {r['update']} orders {r['orders']} {r['direction_1']}: step "
+                f"{r['predicted_step_s_emulated']:.3f} s emulated, {r['predicted_step_s_plain']:.3f} s plain; "
+                "peaks MiB " + " ".join(f"{b / 2**20:.1f}" for b in r["predicted_peak_act_bytes"]))
     if "loss" in res:
         c.print("loss after the default job:", {k: round(v, 4) for k, v in res["loss"].items() if "over" in k})
 
@@ -417,7 +446,8 @@ def main(argv: list[str] | None = None) -> dict:
         res.update(rows=rows, cuts=cuts, uneven_split="the equal-speed DP run as if rank 0 were 2x as fast "
                    "(a front-heavy first slice)", repeats=a.repeats, timed_steps=a.steps, **extra)
     if a.memory:
-        res["memory"] = memory_rows(a, work)
+        res["memory"], prof, cuts = memory_rows(a, work)
+        res["orders_simulated"] = order_comparison(prof, cuts, a.slowdown)
     if a.torch:
         ta = argparse.Namespace(**{**vars(a), "layers": a.torch_layers})
         trows, tinfo = torch_rows(ta, work)
