@@ -5,9 +5,9 @@ step by step so a shared machine's load hits them alike. Duty-cycle emulation (e
 rank: each op is mostly sleep) so a bubble costs wall time on 2 cores. Also, with --torch, our multidir
 beside torch.distributed.pipelining's two-stages-per-rank schedules (DualPipeV, ZBVZeroBubble,
 Interleaved1F1B) without emulation; with --loss, the loss of the default job (300 steps) under async and
-under flush.
+under flush; with --memory, every schedule's per-rank activation peaks beside the simulator's (no timing).
 
-Usage: .venv/bin/python bench/multidir.py [--quick] [--repeats N] [--torch] [--loss]"""
+Usage: .venv/bin/python bench/multidir.py [--quick] [--repeats N] [--torch] [--loss] [--memory]"""
 
 from __future__ import annotations
 
@@ -93,7 +93,8 @@ def _worker(rank: int, world: int, a: argparse.Namespace, cuts: dict, profile: s
     for step in range(a.warmup + a.steps):
         x, y = data.batch(step, c0.train.batch_size, c0.train.seed)
         for key in keys[step % len(keys):] + keys[:step % len(keys)]:
-            adapters[key].step = step
+            if adapters[key] is not None:  # the emulation's sleeps (none under --memory)
+                adapters[key].step = step
             rec = out[f"{key[0]}/{key[1]}"]
             dist.barrier()
             t0 = time.perf_counter()
@@ -114,11 +115,11 @@ def predictions(a: argparse.Namespace, profile, schedule: str, cut: list, busy: 
     busy time (sleep included) and a core each."""
     from gearshift.cluster.state import local_pipeline_state, local_state
     from gearshift.planner.predict import predict
-    from gearshift.train.build import job_schedule
+    from gearshift.train.build import job_schedule, slice_act_bytes
     from gearshift.train.config import load_config
 
     cfg = load_config(None, overrides(a, schedule, cut, None, a.slowdown))
-    sch = job_schedule(cfg)
+    sch = job_schedule(cfg, slice_act_bytes(profile, cut))  # the orders the runtime built from the same profile
     mb = a.batch // (D * a.micro)
     scale = mb / profile.microbatch_size
     bounds = [tuple(cut[s % WORLD]) for s in range(sch.num_stages)]
@@ -168,6 +169,54 @@ def schedule_rows(a: argparse.Namespace, work: Path) -> tuple[list[dict], dict, 
     return rows, cuts, {"tokens_per_s_ratio_per_repeat": ratios,
                         "load_1min_per_repeat": [r["load_1min"] for r in repeats],
                         "profile_work_ms": [round(1e3 * lp.work_s, 3) for lp in profile.layers]}
+
+
+def memory_rows(a: argparse.Namespace, work: Path) -> tuple[list[dict], object, dict]:
+    """Per-rank peak activation bytes of every schedule on both splits, measured over 3 steps without
+    emulation (bytes do not depend on time), beside the simulator's prediction: the memory goal alone.
+    Also returns the profile and the cuts."""
+    from gloo_spawn import spawn
+
+    profile = robust_profile(a, 1)
+    path = work / "profile_memory.json"
+    profile.save(path)
+    cuts = splits(profile)
+    m = argparse.Namespace(**{**vars(a), "warmup": 1, "steps": 2, "slowdown": 1.0})
+    res = spawn(_worker, WORLD, m, cuts, str(path), timeout_s=1800)
+    rows = []
+    for split, cut in cuts.items():
+        for s in SCHEDULES:
+            name = f"{s}/{split}"
+            peak = [max(res[q][name]["peak"]) for q in range(WORLD)]
+            pred = predictions(m, profile, s, cut, [1.0] * WORLD)["predicted_peak_act_bytes"]
+            rows.append({"schedule": s, "split": split, "cut": cut, "peak_act_bytes": peak,
+                         "predicted_peak_act_bytes": pred, "peak_max_over_min": max(peak) / min(peak),
+                         "predicted_error_worst_rank": max(abs(p - q) / q for p, q in zip(pred, peak))})
+    return rows, profile, cuts
+
+
+def order_comparison(profile, cuts: dict, slowdown: float) -> list[dict]:
+    """The simulator's step time and peaks of multidir under the byte-balanced orders (what the job runs)
+    against an order and its reverse (the orders before slice bytes were weighed), priced as predictions()
+    prices the emulated comparison and without emulation: does the choice of orders cost throughput?"""
+    from gearshift.cluster.state import local_pipeline_state
+    from gearshift.planner.predict import predict
+    from gearshift.schedules import make_schedule
+    from gearshift.train.build import slice_act_bytes
+
+    mb = profile.microbatch_size
+    rows = []
+    for split, cut in cuts.items():
+        for update in ("flush", "async"):
+            for orders, w in (("bytes", slice_act_bytes(profile, cut)), ("reverse", None)):
+                sch = make_schedule("multidir", WORLD, 8, directions=D, update=update, slice_bytes=w)
+                row = {"split": split, "update": update, "orders": orders, "direction_1": sch.params["orders"][1]}
+                for tag, slow in (("emulated", slowdown), ("plain", 1.0)):
+                    res = predict(profile, cut, sch, local_pipeline_state(WORLD, WORLD, [slow] * WORLD), mb)
+                    row[f"predicted_step_s_{tag}"] = res.iteration_s
+                row["predicted_peak_act_bytes"] = res.peak_act_bytes
+                rows.append(row)
+    return rows
 
 
 def _median(repeat: dict, name: str) -> float:
@@ -341,6 +390,19 @@ def show(res: dict) -> None:
     if "torch" in res:
         c.print("torch.distributed.pipelining (no emulation), tokens/s ratios ours/theirs:",
                 {k: round(v, 3) for k, v in res["torch"]["ratios_tokens_per_s"].items()})
+    if "memory" in res:
+        m = Table(title="activation peaks per rank (MiB), measured / predicted, no emulation")
+        for col in ("split", "schedule", "measured", "predicted", "max/min", "worst error"):
+            m.add_column(col)
+        for r in res["memory"]:
+            m.add_row(r["split"], r["schedule"], " ".join(f"{b / 2**20:.1f}" for b in r["peak_act_bytes"]),
+                      " ".join(f"{b / 2**20:.1f}" for b in r["predicted_peak_act_bytes"]),
+                      f"{r['peak_max_over_min']:.2f}", f"{r['predicted_error_worst_rank']:.1%}")
+        c.print(m)
+    for r in res.get("orders_simulated", []):
+        c.print(f"simulated {r['split']} {r['update']} orders {r['orders']} {r['direction_1']}: step "
+                f"{r['predicted_step_s_emulated']:.3f} s emulated, {r['predicted_step_s_plain']:.3f} s plain; "
+                "peaks MiB " + " ".join(f"{b / 2**20:.1f}" for b in r["predicted_peak_act_bytes"]))
     if "loss" in res:
         c.print("loss after the default job:", {k: round(v, 4) for k, v in res["loss"].items() if "over" in k})
 
@@ -363,6 +425,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--torch-layers", dest="torch_layers", type=int, default=14,
                    help="blocks of the model for the torch comparison (8 equal-time stages for torch)")
     p.add_argument("--no-schedules", dest="schedules", action="store_false", help="skip the emulated comparison")
+    p.add_argument("--memory", action="store_true",
+                   help="also each schedule's activation peaks per rank beside the simulator's (no emulation)")
     p.add_argument("--loss", action="store_true", help="also the loss of the default job under async and flush")
     p.add_argument("--loss-from", dest="loss_from", default="",
                    help="read the loss goal from two finished runs DIR_FLUSH,DIR_ASYNC instead of training")
@@ -381,6 +445,9 @@ def main(argv: list[str] | None = None) -> dict:
         rows, cuts, extra = schedule_rows(a, work)
         res.update(rows=rows, cuts=cuts, uneven_split="the equal-speed DP run as if rank 0 were 2x as fast "
                    "(a front-heavy first slice)", repeats=a.repeats, timed_steps=a.steps, **extra)
+    if a.memory:
+        res["memory"], prof, cuts = memory_rows(a, work)
+        res["orders_simulated"] = order_comparison(prof, cuts, a.slowdown)
     if a.torch:
         ta = argparse.Namespace(**{**vars(a), "layers": a.torch_layers})
         trows, tinfo = torch_rows(ta, work)

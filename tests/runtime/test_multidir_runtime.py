@@ -1,7 +1,9 @@
 """Multi-directional pipelines on 4 gloo workers (2 directions): flush equals single-process training, the
 optimizer state is one copy of the model's, its state resumes under 1F1B, and async equals a single-process
 reference that runs each micro-batch on the weight version its schedule gives it (one step stale at most, the
-backward on the forward's version). One launch, a tiny model, 3 steps per check."""
+backward on the forward's version). The job's own direction orders balance the slices' activation bytes (not
+an order and its reverse on this model); async also runs on the reverse. One launch, a tiny model, 3 steps
+per check."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from gearshift.models.gpt import build_gpt, gpt_loss
-from gearshift.schedules import Op
+from gearshift.schedules import Op, make_schedule
 from gearshift.train.build import build_runtime, gpt_config, lr_at
 from gearshift.train.config import load_config
 from gearshift.train.data import ByteCorpus
@@ -61,6 +63,7 @@ def _numpy(state: dict) -> dict:
 def _worker(rank: int, world: int) -> dict:
     out: dict = {}
     flush = build_runtime(_cfg("multidir"))
+    out["orders"] = flush.schedule.params["orders"]
     losses = _train(flush, _cfg("multidir"), range(2))
     out["optim_bytes"] = sum(t.numel() * t.element_size() for st in flush.optimizer.state.values()
                              for k, t in st.items() if k in ("exp_avg", "exp_avg_sq"))
@@ -71,10 +74,11 @@ def _worker(rank: int, world: int) -> dict:
     out["md_to_1f1b"] = (losses + _train(then, _cfg("1f1b"), range(2, 3)), _numpy(_everything(then)[0]))
 
     cfg = _cfg("multidir", "async")
-    asy = build_runtime(cfg)
-    out["async_schedule"] = asy.schedule.to_dict()
-    out["async_losses"] = _train(asy, cfg, range(STEPS))
-    out["async_state"] = _numpy(_everything(asy)[0])  # drains: the last batch's update is in
+    for name, sch in (("async", None), ("async_reverse", make_schedule("multidir", WORLD, M, directions=D,
+                                                                       update="async"))):
+        asy = build_runtime(cfg, schedule=sch)
+        out[name] = (asy.schedule.to_dict(), _train(asy, cfg, range(STEPS)),
+                     _numpy(_everything(asy)[0]))  # drains: the last batch's update is in
     return out
 
 
@@ -175,13 +179,18 @@ def test_multidir_trains_like_single_process() -> None:
     model_bytes = sum(p.numel() * p.element_size() for p in build_gpt(gpt_config(_cfg("multidir"))).parameters())
     assert sum(r["optim_bytes"] for r in results) == 2 * model_bytes
 
-    # async: the stale reference, and it is stale (some forwards ran on the previous version)
-    vers = [_versions(r0["async_schedule"], b) for b in range(STEPS)]
-    assert any(v == b - 1 for b in range(1, STEPS) for v in vers[b].values())
-    assert all(v in (b - 1, b) for b in range(1, STEPS) for v in vers[b].values())
-    assert _straddles(r0["async_schedule"])
-    ref_losses, ref_states = _single_process(_cfg("multidir", "async"), STEPS, lambda b: vers[b])
-    _close(r0["async_losses"], r0["async_state"], ref_losses, ref_states[-1], "multidir async")
+    # the job's orders weigh the slices' bytes: embedding light, blocks and head heavy, not the reverse
+    assert r0["orders"][0] == [0, 1, 2, 3] and r0["orders"][1] != [3, 2, 1, 0]
     fresh_state = _single_process(_cfg("multidir", "async"), STEPS)[1][-1]
-    assert any(not torch.allclose(torch.from_numpy(r0["async_state"][k]), v, rtol=1e-5, atol=1e-6)
-               for k, v in fresh_state.items()), "async trained exactly like flush: no forward was stale"
+    for name in ("async", "async_reverse"):
+        schedule, losses, state = r0[name]
+        assert (schedule["params"]["orders"][1] == [3, 2, 1, 0]) == (name == "async_reverse")
+        # async: the stale reference, and it is stale (some forwards ran on the previous version)
+        vers = [_versions(schedule, b) for b in range(STEPS)]
+        assert any(v == b - 1 for b in range(1, STEPS) for v in vers[b].values())
+        assert all(v in (b - 1, b) for b in range(1, STEPS) for v in vers[b].values())
+        assert _straddles(schedule)
+        ref_losses, ref_states = _single_process(_cfg("multidir", "async"), STEPS, vers.__getitem__)
+        _close(losses, state, ref_losses, ref_states[-1], f"multidir {name}")
+        assert any(not torch.allclose(torch.from_numpy(state[k]), v, rtol=1e-5, atol=1e-6)
+                   for k, v in fresh_state.items()), f"{name} trained exactly like flush: no forward was stale"

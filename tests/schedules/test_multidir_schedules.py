@@ -1,3 +1,6 @@
+import itertools
+import random
+
 import pytest
 
 from gearshift.schedules import Action, Op, Schedule, ScheduleError, make_schedule, validate
@@ -34,6 +37,62 @@ def test_direction_orders_balance_activation_memory(P, D, worst):
     assert max(ld) / min(ld) <= worst + 1e-9, ld
 
 
+def byte_loads(orders, w):
+    """Per rank: bytes its stages hold at once under 1F1B ((P - position) x the slice's bytes, summed)."""
+    P = len(orders[0])
+    return [sum((P - o.index(r)) * w[o.index(r)] for o in orders) for r in range(P)]
+
+
+def test_weighted_orders_balance_bytes_where_the_reverse_cannot():
+    """The benchmark's even split of the GPT: slices 0 and 3 save about half a middle slice's bytes per
+    micro-batch. The reverse leaves the middle ranks with both heavy slices; pairing 0 with 2 and 1 with 3
+    does not."""
+    w = [2.05, 4.0, 4.0, 2.5]
+    rev = byte_loads([[0, 1, 2, 3], [3, 2, 1, 0]], w)
+    orders = direction_orders(4, 2, slice_bytes=w)
+    ld = byte_loads(orders, w)
+    assert orders == [[0, 1, 2, 3], [2, 3, 0, 1]]
+    assert max(rev) / min(rev) > 1.8 and max(ld) / min(ld) < 1.15, (rev, ld)
+    # a front-heavy first slice: the reverse is the best there is (rank 0 pairs slice 0 with the lightest)
+    assert direction_orders(4, 2, slice_bytes=[6.05, 2, 2, 2.5])[1] == [3, 2, 1, 0]
+
+
+@pytest.mark.parametrize("P", [4, 5, 6])
+def test_two_weighted_directions_are_the_best_assignment(P):
+    """D = 2: the second order minimises the sum of squared byte loads over every permutation that gives no
+    rank the same slice twice (brute force), for random weights."""
+    rng = random.Random(P)
+    for _ in range(5):
+        w = [rng.randint(1, 1000) for _ in range(P)]
+        got = sum(x * x for x in byte_loads(direction_orders(P, 2, slice_bytes=w), w))
+        best = min(sum(x * x for x in byte_loads([list(range(P)), list(o)], w))
+                   for o in itertools.permutations(range(P)) if all(o[i] != i for i in range(P)))
+        assert got == best, w
+
+
+@pytest.mark.parametrize("P,D", COMBOS + [(10, 5), (16, 4), (7, 3)])
+def test_equal_weights_give_the_unweighted_orders(P, D):
+    plain = direction_orders(P, D)
+    assert direction_orders(P, D, slice_bytes=[3.5] * P) == plain
+    assert direction_orders(P, D, slice_bytes=[1000.0] * (P - 1) + [1000.2]) == plain  # equal to 1 part in 1000
+
+
+@pytest.mark.parametrize("P,D", [(6, 3), (8, 2), (8, 4)])
+def test_weighted_orders_keep_each_rank_off_a_slice_twice_and_beat_the_unweighted(P, D):
+    w = [1.0] + [3.0] * (P - 2) + [2.0]
+    orders = direction_orders(P, D, slice_bytes=w)
+    assert orders[0] == list(range(P)) and all(sorted(o) == list(range(P)) for o in orders)
+    assert all(len({o.index(r) for o in orders}) == D for r in range(P))
+    ld, plain = byte_loads(orders, w), byte_loads(direction_orders(P, D), w)
+    assert sum(x * x for x in ld) < sum(x * x for x in plain) and max(ld) / min(ld) < max(plain) / min(plain)
+
+
+def test_bad_slice_bytes_name_the_field():
+    for bad in ([1.0, 2.0], [1.0, -1.0, 2.0, 3.0], [0, 0, 0, 0], [1.0, float("nan"), 1.0, 1.0]):
+        with pytest.raises(ScheduleError, match="slice_bytes: needs 4 finite values >= 0"):
+            make_schedule("multidir", 4, 4, directions=2, slice_bytes=bad)
+
+
 @pytest.mark.parametrize("P,D", [(P, D) for P in range(4, 9) for D in range(2, P // 2 + 1)])
 @pytest.mark.parametrize("update", ["flush", "async"])
 def test_generated_multidir_schedules_are_valid(P, D, update):
@@ -44,6 +103,10 @@ def test_generated_multidir_schedules_are_valid(P, D, update):
         assert sch.num_stages == D * P and sch.stages_per_pipe == P and sch.num_pipes == D
         assert sch.window == (update == "async")
         validate(sch)  # structure, each batch's update in order, staleness, no deadlock (async: unrolled)
+    w = [1.0] + [2.0 + (i % 3) for i in range(P - 2)] + [1.5]  # embedding light, blocks uneven, head between
+    sch = make_schedule("multidir", P, P, directions=D, update=update, slice_bytes=w)
+    assert sch.params["orders"] == direction_orders(P, D, slice_bytes=w) and sch.params["slice_bytes"] == w
+    validate(sch)
 
 
 def test_bad_requests_name_the_field():
@@ -175,6 +238,22 @@ def test_multidir_beats_1f1b_on_bubbles_and_balances_memory_in_the_simulator():
     d3 = run(make_schedule("multidir", 6, 6, directions=3))
     assert max(d3.peak_act_bytes) / min(d3.peak_act_bytes) <= 1.1 and d3.iteration_s < run(
         make_schedule("1f1b", 6, 18)).iteration_s
+
+
+def test_weighted_orders_balance_the_simulated_peaks():
+    """The simulator's per-rank activation peaks (unit costs, each slice's bytes per micro-batch as in the
+    benchmark's even split) under the weighted orders, flush and async, against the reverse's."""
+    w = [2.05, 4.0, 4.0, 2.5]
+
+    def peaks(sch):
+        cost = CostModel.uniform(sch.num_stages, sch.num_ranks)
+        cost.act_mem_bytes = [w[s % 4] for s in range(sch.num_stages)]
+        res = simulate(sch, cost)
+        return max(res.peak_act_bytes) / min(res.peak_act_bytes)
+
+    for update in ("flush", "async"):
+        assert peaks(make_schedule("multidir", 4, 8, directions=2, update=update, slice_bytes=w)) < 1.3
+        assert peaks(make_schedule("multidir", 4, 8, directions=2, update=update)) > 1.6
 
 
 def test_schedule_with_pipes_round_trips():

@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gearshift.report.trace import sim_trace, write_trace
-    from gearshift.train.build import equal_time_slices, job_model, job_schedule
+    from gearshift.train.build import equal_time_slices, job_model, job_schedule, slice_act_bytes
     from gearshift.train.layout import resolve_partition
 
     cfg = load_config(args.config, args.overrides)
@@ -39,11 +39,11 @@ def run(args: argparse.Namespace) -> int:
     n_layers = cfg.model.layers + 2
     prof = read_profile(args.profile, "--profile", n_layers, UserError) if args.profile else profile_job(cfg)
     p = cfg.parallel
-    schedule = job_schedule(cfg)
     if p.schedule == "multidir" and p.partition == "uniform":
         bounds = equal_time_slices(prof, p.stages)  # what the multidir runtime cuts
     else:
         bounds = resolve_partition(cfg, job_model(cfg))
+    schedule = job_schedule(cfg, slice_act_bytes(prof, bounds))  # multidir: orders balance the slices' bytes
     # this host's cores as measured with the job's workers computing at once (what processor sharing divides)
     state = local_pipeline_state(cfg.cluster.workers, p.stages, cfg.emulate.slowdown,
                                  cores=effective_cores(cfg.cluster.workers))

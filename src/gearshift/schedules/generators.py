@@ -31,16 +31,18 @@ def kfkb(num_stages: int, num_microbatches: int, k: int, placement: list[int] | 
 def make_schedule(
     name: str, num_stages: int, num_microbatches: int, k: int = 1, placement: list[int] | None = None,
     stages_per_pipe: int | None = None, directions: int = 2, update: str = "flush",
+    slice_bytes: list[float] | None = None,
 ) -> Schedule:
     """Build a named schedule; raises ScheduleError (a ValueError) naming the bad field.
 
-    "multidir" builds `directions` pipelines over num_stages ranks (gearshift.schedules.multidir); the
-    others run num_stages stages in pipes of `stages_per_pipe` (default: one pipe), each pipe its own
-    num_microbatches micro-batches."""
+    "multidir" builds `directions` pipelines over num_stages ranks (gearshift.schedules.multidir), in orders
+    that balance `slice_bytes` (activation bytes per micro-batch of each slice; None: equal); the others run
+    num_stages stages in pipes of `stages_per_pipe` (default: one pipe), each pipe its own num_microbatches
+    micro-batches."""
     if name == "multidir":
         from gearshift.schedules.multidir import multidir
 
-        return multidir(num_stages, directions, num_microbatches, update)
+        return multidir(num_stages, directions, num_microbatches, update, slice_bytes)
     _check_args(name, num_stages, num_microbatches, k)
     spp = stages_per_pipe or num_stages
     if num_stages % spp:

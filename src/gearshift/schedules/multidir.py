@@ -14,16 +14,23 @@ after its inputs are ready. A forward that starts before a slice's new parameter
 version (at most one version stale); its backward uses the same version.
 
 Direction orders (direction_orders): direction 0 is 0..P-1. The others minimise sum_r load_r^2, where
-load_r = sum over directions of P - (rank r's position): the micro-batches a 1F1B stage at that position
-holds at once, i.e. the rank's activation memory in units of one slice's; no rank may take a position it
-holds in another direction (no rank holds one slice twice), and ties go to ranks that are not yet some
-direction's first or last stage (embedding, head, the ends of the bubbles). Each direction is an exact
-assignment (Hungarian method) given the others: first one after another, then each again while the total
-improves (a local optimum; for up to 16 ranks, also from cyclic shifts, keeping the best). For D = 2 and
-even P this is an order and its reverse (every rank holds P + 1 micro-batches); even D balances exactly;
-odd D as nearly as the positions allow (P = 6, D = 3: 10 or 11 per rank)."""
+load_r = sum over directions of (P - q) * w_q for the position q rank r takes: a 1F1B stage at position q
+holds P - q micro-batches at once, each saving w_q bytes (slice q's activation bytes per micro-batch, from
+the profile; equal weights when not given, i.e. the load counts slices' worth of micro-batches). No rank may
+take a position it holds in another direction (no rank holds one slice twice), and ties go to ranks that
+are not yet some direction's first or last stage (embedding, head, the ends of the bubbles). Each direction
+is an exact assignment (Hungarian method) given the others: first one after another, then each again while
+the total improves (a local optimum; for up to 16 ranks, also from cyclic shifts, keeping the best). With
+equal weights, D = 2 and even P this is an order and its reverse (every rank holds P + 1 micro-batches);
+even D balances exactly; odd D as nearly as the positions allow (P = 6, D = 3: 10 or 11 per rank). With
+weights the reverse is no longer forced: slices cut at equal compute time save unequal bytes (the middle
+slices of a GPT hold more than the embedding's or the head's), and under the reverse the middle ranks hold
+the heavy middle slices in both directions; e.g. w = [1, 2, 2, 1] pairs slice 0 with 2 and 1 with 3 on each
+rank (direction 1 = [2, 3, 0, 1]), loads 8 / 7 / 8 / 7 against the reverse's 5 / 10 / 10 / 5."""
 
 from __future__ import annotations
+
+import math
 
 from gearshift.schedules.action import Action, Op, Schedule
 from gearshift.schedules.generators import merge_orders, stage_order, with_comm
@@ -35,54 +42,75 @@ _STEP_COST = 0.5  # unit-cost placement: an optimizer step of a slice, against F
 _SLACK = 3.0  # a bubble that begins later than this after an update's inputs are ready is not waited for
 
 
-def direction_orders(num_ranks: int, directions: int, rounds: int = 20) -> list[list[int]]:
-    """orders[g][i]: the rank at position i of direction g (see the module docstring for the rule)."""
+def direction_orders(num_ranks: int, directions: int, rounds: int = 20,
+                     slice_bytes: list[float] | None = None) -> list[list[int]]:
+    """orders[g][i]: the rank at position i of direction g (see the module docstring for the rule);
+    `slice_bytes[i]`: activation bytes one micro-batch saves on slice i (None: equal)."""
     P, D = num_ranks, directions
     if not 1 <= D <= P:
         raise ScheduleError(f"directions: must be in 1..{P} (one position per rank and direction), got {D}")
+    w = position_weights(P, slice_bytes)
+    c = [(P - q) * w[q] for q in range(P)]  # a rank's load from position q: micro-batches held x their bytes
     greedy = [list(range(P))]  # pos[g][r]: position of rank r in direction g
     for _ in range(1, D):
-        greedy.append(_best_direction(greedy, P))
-    best = _descend(greedy, P, rounds)
-    load = [sum(P - p[r] for p in best) for r in range(P)]
-    if max(load) - min(load) > 1 and P <= 16:  # a local optimum: also descend from cyclic shifts, keep the best
-        starts = [[[(r + g * c) % P for r in range(P)] for g in range(D)]
-                  for c in range(1, min(P, 9)) if len({g * c % P for g in range(D)}) == D]
-        best = min([best] + [_descend(pos, P, rounds) for pos in starts], key=lambda pos: _total(pos, P))
+        greedy.append(_best_direction(greedy, c))
+    best = _descend(greedy, c, rounds)
+    load = _loads(best, c)
+    if (max(load) - min(load) > 1 or w != [1] * P) and P <= 16:  # a local optimum: also descend from cyclic
+        starts = [[[(r + g * k) % P for r in range(P)] for g in range(D)]  # shifts, keep the best
+                  for k in range(1, min(P, 9)) if len({g * k % P for g in range(D)}) == D]
+        best = min([best] + [_descend(pos, c, rounds) for pos in starts], key=lambda pos: _total(pos, c))
     return [sorted(range(P), key=lambda r: p[r]) for p in best]
 
 
-def _descend(pos: list[list[int]], P: int, rounds: int) -> list[list[int]]:
+def position_weights(P: int, slice_bytes: list[float] | None, levels: int = 1000) -> list[int]:
+    """Integer weights per slice for the exact assignment: 1 each when `slice_bytes` is None or (to 1 part in
+    `levels`) equal, else the bytes scaled so the largest is `levels`."""
+    if slice_bytes is None:
+        return [1] * P
+    if len(slice_bytes) != P or not all(isinstance(b, (int, float)) and math.isfinite(b) and b >= 0
+                                        for b in slice_bytes) or max(slice_bytes) <= 0:
+        raise ScheduleError(f"slice_bytes: needs {P} finite values >= 0 (one per slice), not all 0, got {slice_bytes}")
+    w = [round(levels * b / max(slice_bytes)) for b in slice_bytes]
+    return [1] * P if len(set(w)) == 1 else w
+
+
+def _loads(pos: list[list[int]], c: list[int]) -> list[int]:
+    """Per rank: the sum over directions of its position's load."""
+    return [sum(c[p[r]] for p in pos) for r in range(len(c))]
+
+
+def _descend(pos: list[list[int]], c: list[int], rounds: int) -> list[list[int]]:
     """Re-choose each direction but the first given the others, while the total improves."""
-    cost = _total(pos, P)
+    cost = _total(pos, c)
     for _ in range(rounds):
         improved = False
         for g in range(1, len(pos)):
-            cand = pos[:g] + [_best_direction(pos[:g] + pos[g + 1:], P)] + pos[g + 1:]
-            c = _total(cand, P)
-            if c < cost:
-                pos, cost, improved = cand, c, True
+            cand = pos[:g] + [_best_direction(pos[:g] + pos[g + 1:], c)] + pos[g + 1:]
+            t = _total(cand, c)
+            if t < cost:
+                pos, cost, improved = cand, t, True
         if not improved:
             break
     return pos
 
 
-def _total(pos: list[list[int]], P: int) -> tuple[int, int]:
+def _total(pos: list[list[int]], c: list[int]) -> tuple[int, int]:
     """(sum of squared per-rank loads, first/last positions on ranks that are already first or last)."""
-    load = [sum(P - p[r] for p in pos) for r in range(P)]
+    P = len(c)
     edges = [sum(p[r] in (0, P - 1) for p in pos) for r in range(P)]
-    return sum(x * x for x in load), sum(max(e - 1, 0) for e in edges)
+    return sum(x * x for x in _loads(pos, c)), sum(max(e - 1, 0) for e in edges)
 
 
-def _best_direction(others: list[list[int]], P: int) -> list[int]:
+def _best_direction(others: list[list[int]], c: list[int]) -> list[int]:
     """The positions (per rank) of one more direction that minimise the total given `others`."""
-    D = len(others) + 1
-    load = [sum(P - p[r] for p in others) for r in range(P)]
+    P, D = len(c), len(others) + 1
+    load = _loads(others, c)
     taken = [{p[r] for p in others} for r in range(P)]
     edge = [any(p[r] in (0, P - 1) for p in others) for r in range(P)]
     big = 2 * P + 1  # one unit of squared load outweighs every tie-break together
-    forbidden = big * (2 * P * D) ** 2 * P
-    cost = [[forbidden if q in taken[r] else big * (load[r] + P - q) ** 2 + (q in (0, P - 1) and edge[r])
+    forbidden = big * (2 * max(c) * D) ** 2 * P
+    cost = [[forbidden if q in taken[r] else big * (load[r] + c[q]) ** 2 + (q in (0, P - 1) and edge[r])
              for q in range(P)] for r in range(P)]
     return min_cost_assignment(cost)
 
@@ -135,18 +163,22 @@ def window_order(slice_: int, num_slices: int, num_microbatches: int) -> list[tu
     return order
 
 
-def multidir(num_ranks: int, directions: int, num_microbatches: int, update: str = "flush") -> Schedule:
+def multidir(num_ranks: int, directions: int, num_microbatches: int, update: str = "flush",
+             slice_bytes: list[float] | None = None) -> Schedule:
     """The per-rank lists of `directions` pipelines over `num_ranks` ranks, 1F1B in each direction,
-    `num_microbatches` micro-batches per direction; "async" returns the steady window."""
+    `num_microbatches` micro-batches per direction; "async" returns the steady window. `slice_bytes`: the
+    activation bytes a micro-batch saves on each slice, which the direction orders balance (None: equal)."""
     P, D, M = num_ranks, directions, num_microbatches
     _check(P, D, M, update)
-    orders = direction_orders(P, D)
+    orders = direction_orders(P, D, slice_bytes=slice_bytes)
     placement = [orders[g][i] for g in range(D) for i in range(P)]
     S = D * P
     window = update == "async"
     stage_orders = [window_order(s % P, P, M) if window else stage_order(s % P, P, M, 1) for s in range(S)]
     compute = merge_orders(stage_orders, placement, P, P)
     params = {"directions": D, "update": update, "orders": orders, "window": window}
+    if slice_bytes is not None:
+        params["slice_bytes"] = list(slice_bytes)
     lists = [with_comm(c, placement, P) for c in compute]
     sch = Schedule("multidir", S, M, placement, lists, params, P)
     _add_reduces(sch)

@@ -17,6 +17,7 @@ from gearshift.imports import is_import_path
 from gearshift.models.gpt import GPTConfig
 from gearshift.models.moe import MoEConfig
 from gearshift.models.spec import ModelSpec, resolve_model
+from gearshift.profile.model_profile import ModelProfile
 from gearshift.runtime.adapt import Adapter
 from gearshift.runtime.experts import ExpertShards
 from gearshift.runtime.multidir import MultiDirRuntime
@@ -71,13 +72,21 @@ def job_model(cfg: JobConfig) -> ModelSpec:
     return resolve_model(cfg.model.name, cfg.model.table(), cfg.train.seed)
 
 
-def job_schedule(cfg: JobConfig) -> Schedule:
+def job_schedule(cfg: JobConfig, slice_bytes: list[float] | None = None) -> Schedule:
     """The schedule every replica runs (parallel.schedule, stages, micro-batches, k); with "auto", the kFkB of
     parallel.microbatches and k the job measures and plans its partition with before it chooses; for multidir,
-    its directions and, under update = async, the steady window."""
+    its directions (in orders that balance `slice_bytes`, the activation bytes per micro-batch of each slice:
+    slice_act_bytes) and, under update = async, the steady window."""
     p = cfg.parallel
     return make_schedule("kfkb" if p.schedule == "auto" else p.schedule, p.stages, p.microbatches, k=p.k,
-                         directions=p.directions, update=p.update)
+                         directions=p.directions, update=p.update,
+                         slice_bytes=slice_bytes if p.schedule == "multidir" else None)
+
+
+def slice_act_bytes(profile: ModelProfile, bounds: list[tuple[int, int]]) -> list[float]:
+    """Activation bytes one micro-batch saves for backward on each slice, from the profile (what the simulator
+    prices a stage's memory by; multidir's direction orders balance them)."""
+    return [float(sum(lp.peak_activation_bytes for lp in profile.layers[a:b])) for a, b in bounds]
 
 
 def brings_own(cfg: JobConfig) -> bool:
@@ -109,7 +118,8 @@ def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None, a
     """This rank's pipeline runtime for the job (the partition and schedule from the config unless given) on the
     job's device; only this rank's layers are built. A MoE model's experts as `experts` places them, else
     contiguously. links: a group per link direction (PipelineRuntime; None: on NCCL). For parallel.schedule =
-    multidir, `bounds` is one range per slice (the same cut in every direction)."""
+    multidir, `bounds` is one range per slice (the same cut in every direction), and the direction orders
+    balance the slices' activation bytes from the job's profile (multidir_profile)."""
     t = cfg.train
     spec = spec or job_model(cfg)
     build, act_meta = layer_factory(cfg, spec, data)
@@ -117,8 +127,11 @@ def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None, a
     hooks = {"after_compute": adapter.after_compute if adapter else None,
              "after_recv": adapter.after_recv if adapter else None}
     if cfg.parallel.schedule == "multidir":
-        rt = MultiDirRuntime(build, spec.loss_fn, bounds or multidir_slices(cfg, spec, adapter),
-                             schedule or job_schedule(cfg), act_meta, optim, **hooks)
+        if bounds is None or schedule is None:
+            profile = multidir_profile(cfg, adapter)
+            bounds = bounds or multidir_slices(cfg, spec, profile)
+            schedule = schedule or job_schedule(cfg, slice_act_bytes(profile, bounds))
+        rt = MultiDirRuntime(build, spec.loss_fn, bounds, schedule, act_meta, optim, **hooks)
     else:
         device = job_device(cfg)
         rt = PipelineRuntime(build, spec.loss_fn, bounds or resolve_partition(cfg, spec), schedule or job_schedule(cfg),
@@ -128,25 +141,26 @@ def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None, a
     return rt
 
 
-def multidir_slices(cfg: JobConfig, spec: ModelSpec, adapter: Adapter | None = None) -> list[tuple[int, int]]:
-    """The cut of every direction: parallel.partition's ranges or parameter split as given; "uniform" is
-    slices of equal profiled compute time, from the adapter's profile, adapt.profile, or rank 0's profile
-    of the job's micro-batch (broadcast)."""
-    from gearshift.profile.model_profile import ModelProfile
+def multidir_profile(cfg: JobConfig, adapter: Adapter | None = None) -> ModelProfile:
+    """The profile a multidir job cuts its slices and orders its directions by: the adapter's, adapt.profile,
+    or rank 0's profile of the job's micro-batch (broadcast; collective)."""
     from gearshift.train.profiling import profile_job
 
-    p = cfg.parallel
-    if p.partition != "uniform":
-        return resolve_partition(cfg, spec)
     if adapter is not None:
-        profile = adapter.profile
-    elif cfg.adapt.profile:
-        profile = ModelProfile.load(cfg.adapt.profile)
-    else:
-        box = [profile_job(cfg, repeats=3, warmup=1) if dist.get_rank() == 0 else None]
-        dist.broadcast_object_list(box, src=0)
-        profile = box[0]
-    return equal_time_slices(profile, p.stages)
+        return adapter.profile
+    if cfg.adapt.profile:
+        return ModelProfile.load(cfg.adapt.profile)
+    box = [profile_job(cfg, repeats=3, warmup=1) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def multidir_slices(cfg: JobConfig, spec: ModelSpec, profile: ModelProfile) -> list[tuple[int, int]]:
+    """The cut of every direction: parallel.partition's ranges or parameter split as given; "uniform" is
+    slices of equal profiled compute time."""
+    if cfg.parallel.partition != "uniform":
+        return resolve_partition(cfg, spec)
+    return equal_time_slices(profile, cfg.parallel.stages)
 
 
 def equal_time_slices(profile, num_slices: int) -> list[tuple[int, int]]:
