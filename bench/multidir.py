@@ -171,16 +171,16 @@ def schedule_rows(a: argparse.Namespace, work: Path) -> tuple[list[dict], dict, 
                         "profile_work_ms": [round(1e3 * lp.work_s, 3) for lp in profile.layers]}
 
 
-def memory_rows(a: argparse.Namespace, work: Path) -> tuple[list[dict], object, dict]:
-    """Per-rank peak activation bytes of every schedule on both splits, measured over 3 steps without
-    emulation (bytes do not depend on time), beside the simulator's prediction: the memory goal alone.
-    Also returns the profile and the cuts."""
+def memory_rows(a: argparse.Namespace, work: Path, cuts: dict | None) -> tuple[list[dict], object, dict]:
+    """Per-rank peak activation bytes of every schedule on both splits (`cuts`: the schedule comparison's,
+    else from the profile), measured over 3 steps without emulation (bytes do not depend on time), beside
+    the simulator's prediction: the memory goal alone. Also returns the profile and the cuts."""
     from gloo_spawn import spawn
 
-    profile = robust_profile(a, 1)
+    profile = robust_profile(a, 2 if a.quick else 4)
     path = work / "profile_memory.json"
     profile.save(path)
-    cuts = splits(profile)
+    cuts = cuts or splits(profile)
     m = argparse.Namespace(**{**vars(a), "warmup": 1, "steps": 2, "slowdown": 1.0})
     res = spawn(_worker, WORLD, m, cuts, str(path), timeout_s=1800)
     rows = []
@@ -446,7 +446,7 @@ def main(argv: list[str] | None = None) -> dict:
         res.update(rows=rows, cuts=cuts, uneven_split="the equal-speed DP run as if rank 0 were 2x as fast "
                    "(a front-heavy first slice)", repeats=a.repeats, timed_steps=a.steps, **extra)
     if a.memory:
-        res["memory"], prof, cuts = memory_rows(a, work)
+        res["memory"], prof, cuts = memory_rows(a, work, res.get("cuts"))
         res["orders_simulated"] = order_comparison(prof, cuts, a.slowdown)
     if a.torch:
         ta = argparse.Namespace(**{**vars(a), "layers": a.torch_layers})

@@ -15,8 +15,9 @@ Each is compared with flush's loss; with --run-dir, a finished `gearshift train`
 beside the ideal ones step by step (the runtime should follow its ideal within float noise early on).
 Single process, one thread; no timing.
 
-Usage: .venv/bin/python bench/multidir_staleness.py [--steps 300] [--modes flush,async,stale]
-       [--orders bytes|reverse] [--lr-scale 1.0] [--run-dir DIR_ASYNC] [KEY=VALUE overrides ...]"""
+Usage: .venv/bin/python bench/multidir_staleness.py [--steps 300] [--modes flush,async,stale,predict]
+       [--orders bytes|reverse] [--lr-scale 1.0] [--stale-first K] [--run-dir DIR_ASYNC]
+       [section.key=value overrides ...]"""
 
 from __future__ import annotations
 
@@ -175,6 +176,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--lr-scale", dest="lr_scale", type=float, default=1.0, help="async/stale: lr x this")
     ap.add_argument("--cut", default="", help='slices, e.g. "[[0,2],[2,4],[4,6],[6,8]]" (default: equal profiled time)')
     ap.add_argument("--profile", default="", help="ModelProfile JSON (default: profile now)")
+    ap.add_argument("--stale-first", dest="stale_first", type=int, default=-1,
+                    help="async: instead of the list's versions, the first K micro-batches of each direction on "
+                         "w_{b-1} (all slices), the rest on w_b: what fewer stale forwards would cost")
     ap.add_argument("--run-dir", dest="run_dir", default="", help="a finished async run to put beside the ideal")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "multidir_staleness.json"))
     ap.add_argument("overrides", nargs="*", help="config overrides, --section.key=value without the dashes")
@@ -185,6 +189,8 @@ def main(argv: list[str] | None = None) -> dict:
     cut = [tuple(b) for b in json.loads(a.cut)] if a.cut else equal_time_slices(prof, cfg.parallel.stages)
     sch = job_schedule(cfg, slice_act_bytes(prof, cut) if a.orders == "bytes" else None)
     offsets = window_versions(sch)
+    if a.stale_first >= 0:
+        offsets = {(s, j): int(j >= a.stale_first) for s, j in offsets}
     stale = sum(v == 0 for v in offsets.values())
     print(f"cut {cut}, orders {sch.params['orders']}: {stale} of {len(offsets)} forwards of a steady batch "
           "run on the previous version", flush=True)
