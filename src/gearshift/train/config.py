@@ -15,6 +15,7 @@ from gearshift import tomlfile
 from gearshift.errors import ConfigError, UsageError, UserError
 from gearshift.imports import is_import_path
 from gearshift.paths import check_dir, check_input_file, read_json
+from gearshift.planner.forecast import FORECASTS
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.tomlfile import read_toml
 
@@ -215,12 +216,14 @@ class AdaptConfig:
 @dataclass
 class MoEPlacementConfig:
     """Expert placement by measured load (moe_gpt with parallel.experts > 1): every `every` steps, rank 0 places
-    each MoE layer's experts from the last `window` steps' loads (greedy, plus `replicas` extra slots per rank for
-    copies of the hottest experts) and the job moves to it iff the predicted gain over the next period beats the
-    measured cost of moving."""
+    each MoE layer's experts for the loads `forecast` predicts from the last `window` steps' (greedy, plus `replicas`
+    extra slots per rank for copies of the hottest experts) and the job moves to it iff the predicted gain over the
+    next period beats the measured cost of moving."""
 
     every: int = key(0, "moe_gpt: re-place experts every this many steps; 0 = never (the contiguous placement)")
     window: int = key(0, "moe_gpt: place from the expert loads of the last this many steps; 0 = moe.every")
+    forecast: str = key("trend", "moe_gpt: the loads a placement is made for: trend (the window's trend, "
+                                 "extrapolated to the coming period where it clears the noise) | mean (the window's)")
     replicas: int = key(0, "moe_gpt: extra expert slots per rank for copies of the hottest experts (0 = the seed's "
                            "greedy, E / parallel.experts experts per rank)")
     always_switch: bool = key(False, "moe_gpt: move at every decision whatever the switch rule says (tests, demos; "
@@ -611,6 +614,7 @@ def _validate_placement(cfg: JobConfig) -> None:
     for name in ("every", "window", "replicas"):
         v = getattr(m, name)
         _check(v >= 0, f"moe.{name}: must be >= 0, got {v}")
+    _check(m.forecast in FORECASTS, f"moe.forecast: {m.forecast!r} (allowed: {', '.join(FORECASTS)})")
     if not (m.every or m.replicas):
         return
     what = "moe.every" if m.every else "moe.replicas"
