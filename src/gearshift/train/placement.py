@@ -38,6 +38,20 @@ class Placer:
         self.fixed_s = 0.0
         self._skip = self.skip
 
+    def state(self) -> dict:
+        """What a checkpoint keeps so that a resumed run places as this one would: the window's loads and what was
+        measured (the same on every rank; plain Python values). Each rank's own compute samples are left out: a
+        resumed process starts its cost fit afresh, after a warm-up step as at the start."""
+        return {"loads": {str(s): v for s, v in self.loads.items()}, "row_cost": self.row_cost,
+                "bandwidth": self.bandwidth, "fixed_s": self.fixed_s}
+
+    def load_state(self, state: dict | None) -> None:
+        """Continue from `state` (Placer.state of the checkpoint resumed; None: a checkpoint without one)."""
+        if not state:
+            return
+        self.loads = {int(s): v for s, v in state["loads"].items()}
+        self.row_cost, self.bandwidth, self.fixed_s = state["row_cost"], state["bandwidth"], state["fixed_s"]
+
     def observe(self, step: int, rt: PipelineRuntime, res: StepResult, step_s: float) -> None:
         compute = rt.take_compute()
         self.loads[step] = res.moe.routed
