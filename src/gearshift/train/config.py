@@ -183,10 +183,12 @@ class EmulateConfig:
                                                    "(one for all or one per rank); 0 = uncapped")
     link_latency_s: float = key(0.0, "added latency in seconds per pipeline transfer")
     scenario: list[Any] = key([], 'changes over time, e.g. ["150:1:3.0"]: at step 150 rank 1 becomes 3x slower')
+    basis: str = key("wall", "what a slowdown stretches: wall (an op's measured time) | cpu (its thread's CPU time, "
+                             "on CPU devices: independent of other ranks computing on the same cores at once)")
 
     def as_emulation_dict(self, workers: int) -> dict:
         d: dict = {"slowdown": self.slowdown or [1.0] * workers, "link_latency_s": self.link_latency_s,
-                   "scenario": self.scenario}
+                   "scenario": self.scenario, "basis": self.basis}
         if isinstance(self.link_bandwidth, list) or self.link_bandwidth > 0:
             d["link_bandwidth"] = self.link_bandwidth
         return d
