@@ -57,8 +57,8 @@ class ModelConfig:
     capacity_factor: float = key(0.0, "moe_gpt: an expert keeps ceil(factor * top_k * tokens / experts) of a "
                                       "micro-batch's assignments (first choices first, in token order); 0 = all")
     aux_loss: float = key(0.01, "moe_gpt: weight of the load-balancing loss (Switch / GShard); 0 = off")
-    router_skew: float = key(0.0, "moe_gpt: add -skew * log(1 + rank) to the router's logits, so a few experts are "
-                                  "hot (benchmarks of expert placement); 0 = off")
+    router_skew: float = key(0.0, "moe_gpt: add -skew * log(1 + rank) times each token's logit spread to the "
+                                  "router's logits, so a few experts stay hot (placement benchmarks); 0 = off")
     router_drift: int = key(0, "moe_gpt: with router_skew, the hot set moves by one expert every this many steps; "
                                "0 = fixed")
     options: dict[str, Any] = key({}, "model.KEY = value for any other KEY: passed to a model given by import path")
