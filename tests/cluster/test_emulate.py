@@ -80,6 +80,20 @@ def test_after_compute_sleeps_f_minus_one_times_measured():
     assert fast.after_compute(0.5, step=0) == 0.0 and len(sleep.calls) == 1
 
 
+def test_cpu_basis_stretches_the_ops_cpu_time_whatever_shares_its_cores():
+    sleep = FakeSleep()
+    em = Emulator(EmulationConfig.from_dict({"slowdown": [4.0], "basis": "cpu"}, 1), 0, sleep=sleep)
+    # 0.1 s of CPU: 0.4 s in all, alone on a core (0.1 s wall) or sharing it with two others (0.3 s wall)
+    assert em.after_compute(0.1, step=0, cpu_s=0.1) == pytest.approx(0.3)
+    assert em.after_compute(0.3, step=0, cpu_s=0.1) == pytest.approx(0.1)
+    assert em.after_compute(0.5, step=0, cpu_s=0.1) == 0.0  # already slower than f x its CPU time
+    assert em.after_compute(0.1, step=0) == pytest.approx(0.3)  # no CPU time (a CUDA op): the wall time
+    wall = Emulator(EmulationConfig([4.0]), 0, sleep=sleep)
+    assert wall.cfg.basis == "wall" and wall.after_compute(0.3, step=0, cpu_s=0.1) == pytest.approx(0.9)
+    with pytest.raises(ConfigError, match=r"^emulate.basis: 'gpu' \(allowed: wall, cpu\)$"):
+        EmulationConfig.from_dict({"basis": "gpu"}, 1)
+
+
 def test_transfer_delay_caps_bandwidth_and_adds_latency():
     sleep = FakeSleep()
     cfg = EmulationConfig([1.0, 1.0], link_bandwidth=[1e6, 2e6], link_latency_s=0.01,

@@ -111,3 +111,23 @@ def test_every_expert_gets_a_gradient_even_without_tokens():
     F.mse_loss(ff(x), torch.ones(3, 8)).backward()
     assert all(p.grad is not None for p in ff.parameters())
     assert ff.experts["3"].fc.weight.grad.abs().sum() == 0 and ff.experts["0"].fc.weight.grad.abs().sum() > 0
+
+
+def test_the_router_skew_holds_however_large_the_logits_grow():
+    torch.manual_seed(0)
+    m = MoEFeedForward(_cfg(width=32, experts=8, router_skew=2.0, router_drift=5))
+    m.at_step(0)
+    x = torch.randn(2000, 32)
+    shares = []
+    for scale in (1.0, 30.0):  # a router whose logits grew 30-fold while training
+        with torch.no_grad():
+            m.router.weight.mul_(scale)
+        m.reset_stats()
+        m(x)
+        shares.append(m.routed.float() / m.routed.sum())
+    assert shares[0][0] > 0.4 and shares[1][0] > 0.4  # expert 0, the hottest, in nearly every token's top 2
+    torch.testing.assert_close(shares[1], shares[0], atol=0.03, rtol=0)
+    m.at_step(5)  # the hot set has moved by one expert
+    m.reset_stats()
+    m(x)
+    assert int(m.routed.argmax()) == 1

@@ -99,7 +99,7 @@ def test_row_cost_fit_and_the_decision():
     assert fit_row_cost([(0, 100, 1.0), (0, 100, 1.2)]) is None  # rows never vary: nothing to fit
     loads = {3: np.array([400.0, 300, 50, 50, 50, 50, 50, 50])}
     current = {3: Placement.contiguous(8, 4)}  # the two hot experts share device 0: 700 of a mean 250 rows
-    d = decide_placement(10, loads, current, 1, k=10, step_s=2.0, row_cost_s=0.002, expert_bytes=1000,
+    d = decide_placement(10, {3: loads[3][None]}, current, 1, k=10, step_s=2.0, row_cost_s=0.002, expert_bytes=1000,
                          bandwidth=1e6, fixed_s=0.05)
     assert d.switch and d.t1 == 2.0 and d.t2 == pytest.approx(2.0 - 0.002 * (700 - max(
         device_loads(loads[3], d.placements[3]))))
@@ -107,10 +107,27 @@ def test_row_cost_fit_and_the_decision():
     assert d.tc == pytest.approx(per_device * 1000 / 1e6 + 0.05) and d.bytes == len(d.moved) * 1000
     assert d.busiest_over_mean[0] == pytest.approx(700 / 250) and d.busiest_over_mean[1] < 1.2
     # the same gain does not pay for a slow move over one step; kept unless forced
-    slow = decide_placement(10, loads, current, 1, k=1, step_s=2.0, row_cost_s=0.002, expert_bytes=1000,
+    slow = decide_placement(10, {3: loads[3][None]}, current, 1, k=1, step_s=2.0, row_cost_s=0.002, expert_bytes=1000,
                             bandwidth=1e3, fixed_s=0.0)
     assert not slow.switch and slow.placements == current and "<=" in slow.reason
-    forced = decide_placement(10, loads, current, 1, k=1, step_s=2.0, row_cost_s=0.002, expert_bytes=1000,
+    forced = decide_placement(10, {3: loads[3][None]}, current, 1, k=1, step_s=2.0, row_cost_s=0.002, expert_bytes=1000,
                               bandwidth=1e3, fixed_s=0.0, always=True)
     assert forced.switch and forced.placements[3] != current[3]
     assert d.to_dict()["event"] == "placement" and d.to_dict()["placements"]["3"] == d.placements[3].to_list()
+
+
+def test_the_decision_places_for_the_forecast_loads():
+    from gearshift.planner.placement import decide_placement
+
+    # expert 1 rises by 40 rows a step, the rest hold still: the coming period's loads, not the window's
+    history = np.array([[300.0, 100 + 40 * s, 50, 50, 50, 50, 50, 50] for s in range(5)])
+    current = {0: Placement.contiguous(8, 4)}
+    d = decide_placement(5, {0: history}, current, 0, k=5, step_s=1.0, row_cost_s=0.001, expert_bytes=1,
+                         bandwidth=1e9, fixed_s=0.0)
+    ahead = 100 + 40 * (4 + 3)  # the middle of steps 5..9
+    # t1: the current placement's busiest device under the forecast (experts 0 and 1 on device 0), not the window's
+    assert d.t1 == pytest.approx(1.0 + 0.001 * ((300 + ahead) - (300 + 180)))
+    assert d.busiest_over_mean[0] == pytest.approx((300 + ahead) / ((300 + ahead + 300) / 4))
+    mean = decide_placement(5, {0: history}, current, 0, k=5, step_s=1.0, row_cost_s=0.001, expert_bytes=1,
+                            bandwidth=1e9, fixed_s=0.0, forecast="mean")
+    assert mean.t1 == 1.0 and mean.busiest_over_mean[0] == pytest.approx(480 / (780 / 4))

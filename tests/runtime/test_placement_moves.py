@@ -1,14 +1,17 @@
 """Moving experts live equals not moving them: a MoE GPT whose experts move and replicate between steps (through
 the runtime, and through the training loop's placement decisions with pipeline stages and a capacity) gives the
-losses and parameters of single-process training, and every copy of a replicated expert stays identical."""
+losses and parameters of single-process training, and every copy of a replicated expert stays identical. A run
+stopped and resumed holds its experts where they were and decides as the uninterrupted run does."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 from test_experts import PARAM_ATOL, STEPS, _cfg, _reference
 
 from gearshift.models.moe import moe_modules
@@ -27,8 +30,9 @@ EIGHT = ("--model.experts=8",)
 # after step 0: every rank 3 experts, expert 0 on three ranks, 3 and 5 on two; after step 1: greedy with a replica
 # slot per rank on the loads seen
 FIRST = ((0, 1, 2), (3,), (1,), (0, 2), (2,), (1, 3), (0,), (3,))
-LOOP = ("--moe.every=1", "--moe.replicas=1", "--moe.always_switch=true", "--train.steps=3", "--train.eval_every=0",
-        "--output.trace=false", "--output.progress=false", "--train.checkpoint_every=0")
+LOOP = ("--moe.every=1", "--moe.window=3", "--moe.replicas=1", "--moe.always_switch=true", "--train.steps=5",
+        "--train.eval_every=0", "--output.trace=false", "--output.progress=false", "--train.checkpoint_every=0")
+STOP = ("--train.stop_after=3",)  # the loop run stops after STEPS = 3 of its 5 steps, with a checkpoint
 
 
 def _copies(rt) -> dict[str, torch.Tensor]:
@@ -58,9 +62,15 @@ def _run(rank: int, world: int, out_dir: str) -> dict:
                "copies": {k: v.numpy() for k, v in _copies(rt).items()}, "moved": moved, "held": held,
                "holders": {i: p.holders for i, p in rt.experts.placements.items()}}
     # the training loop: 2 stages x 2 replicas, expert-parallel width 2, top-1 with a capacity; a placement
-    # decision after every step, moved whatever the switch rule says
-    loop_cfg = _cfg(2, 2, 1, 1.25, "1f1b", world, out_dir, LOOP)
-    summary = train(loop_cfg)
+    # decision after every step, moved whatever the switch rule says; stopped after 3 of 5 steps
+    summary = train(_cfg(2, 2, 1, 1.25, "1f1b", world, out_dir, LOOP + STOP))
+    # resumed (in a copy of the run) to the end, and the same 5 steps without a stop
+    resumed, full = Path(out_dir).with_name("resumed"), Path(out_dir).with_name("full")
+    if rank == 0:
+        shutil.copytree(out_dir, resumed)
+    dist.barrier()
+    train(_cfg(2, 2, 1, 1.25, "1f1b", world, str(resumed), LOOP), resume=True)
+    train(_cfg(2, 2, 1, 1.25, "1f1b", world, str(full), LOOP))
     return {"runtime": runtime, "summary": summary}
 
 
@@ -86,7 +96,7 @@ def test_moves_and_replicas_equal_training_without_them(tmp_path) -> None:
     for k in replicated:  # every copy of a replicated expert is the same tensor, bit for bit
         assert all(torch.equal(copies[k][0], v) for v in copies[k][1:]), k
     # -- through the training loop
-    loop_cfg = _cfg(2, 2, 1, 1.25, "1f1b", 4, str(tmp_path / "loop"), LOOP)
+    loop_cfg = _cfg(2, 2, 1, 1.25, "1f1b", 4, str(tmp_path / "loop"), LOOP + STOP)
     ref_losses, ref_routed, ref_params = _reference(loop_cfg)
     records = [json.loads(ln) for ln in (tmp_path / "loop" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "loss" in r and "event" not in r]
@@ -105,4 +115,16 @@ def test_moves_and_replicas_equal_training_without_them(tmp_path) -> None:
     assert set(ck["model"]) == set(ref_params)
     for name, ref in ref_params.items():
         torch.testing.assert_close(ck["model"][name], ref, rtol=1e-5, atol=PARAM_ATOL, msg=f"{name} differs (loop)")
-    assert Path(tmp_path / "loop" / "metrics.jsonl").is_file()
+    # the checkpoint holds the expert->rank map in force (the last decision's) and the loads it forecasts from
+    last = {int(i): Placement(tuple(map(tuple, d)), 4).holders() for i, d in decisions[-1]["placements"].items()}
+    assert {int(i): tuple(map(tuple, h)) for i, h in ck["experts"]["holders"].items()} == last
+    assert sorted(int(s) for s in ck["placer"]["loads"]) == [0, 1, 2]
+    # -- resumed at step 3: the same losses, expert->rank maps and moves as the run that was not stopped
+    runs = {}
+    for name in ("resumed", "full"):
+        recs = [json.loads(ln) for ln in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        runs[name] = ([r["loss"] for r in recs if "loss" in r and "event" not in r],
+                      [(r["step"], r["placements"], r["moved"]) for r in recs if r.get("event") == "placement"])
+    assert len(runs["full"][0]) == 5 and len(runs["full"][1]) == 5
+    torch.testing.assert_close(torch.tensor(runs["resumed"][0]), torch.tensor(runs["full"][0]), rtol=0, atol=0)
+    assert runs["resumed"][1] == runs["full"][1]

@@ -99,3 +99,17 @@ def test_a_fresh_run_moves_the_old_one_aside_and_resume_refuses_another_jobs_che
     assert r.returncode == 2 and "train.seed is 1 in the checkpoint but 0 in the config" in r.stderr, r.stderr
     r = _train(out, *one, "--train.seed=1", "--output.existing=refuse")
     assert r.returncode == 2 and "output.dir:" in r.stderr and "holds another run" in r.stderr
+
+
+def test_a_moe_checkpoint_gives_back_its_expert_placement_where_it_fits(tmp_path):
+    from gearshift.runtime.experts import ExpertPlacement
+    from gearshift.train.checkpoint import Checkpointer, checkpoint_path
+
+    moe = ["--model.name=moe_gpt", "--model.experts=8", "--parallel.stages=1", f"--output.dir={tmp_path}"]
+    cfg = load_config(None, moe + ["--parallel.experts=4"])
+    holders = [[0, 1], [1], [2], [3], [0], [1, 2], [2, 3], [3, 0]]
+    save_checkpoint(checkpoint_path(tmp_path, 5), {"format": FORMAT, "step": 5, "job": job_fingerprint(cfg),
+                                                   "experts": {"width": 4, "experts": 8, "holders": {"3": holders}}})
+    got = Checkpointer(cfg).expert_placements(8, 4)
+    assert got == {3: ExpertPlacement(tuple(tuple(h) for h in holders))}
+    assert Checkpointer(load_config(None, moe + ["--parallel.experts=2"])).expert_placements(8, 2) is None

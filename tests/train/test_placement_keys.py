@@ -20,6 +20,7 @@ MOE = ["--model.name=moe_gpt", "--parallel.stages=1", "--parallel.experts=4", "-
     (["--moe.every=5", "--moe.replicas=7"], "moe.replicas: extra expert slots per device must be in 0..6"),
     (["--moe.every=5", "--moe.replicas=2", "--model.width=2048", "--model.heads=8", "--model.layers=8"],
      "moe.replicas: 2 + 2 experts per rank need"),
+    (["--moe.every=5", "--moe.forecast=median"], "moe.forecast: 'median' (allowed: trend, mean)"),
     (["--model.router_skew=-1"], "model.router_skew: must be a number >= 0 (got -1.0)"),
     (["--model.router_drift=1.5"], "model.router_drift: expected an integer, got 1.5"),
 ])
@@ -31,6 +32,7 @@ def test_bad_placement_keys_are_one_line(args, message):
 
 def test_good_placement_keys():
     cfg = load_config(None, MOE + ["--moe.every=5", "--moe.replicas=2", "--moe.window=10",
+                                   "--moe.forecast=mean",
                                    "--model.router_skew=1.2", "--model.router_drift=20"])
-    assert (cfg.moe.every, cfg.moe.replicas, cfg.moe.window) == (5, 2, 10)
+    assert (cfg.moe.every, cfg.moe.replicas, cfg.moe.window, cfg.moe.forecast) == (5, 2, 10, "mean")
     assert cfg.model.table()["router_skew"] == 1.2

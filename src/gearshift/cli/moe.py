@@ -8,6 +8,7 @@ import json
 
 from gearshift.cli.argtypes import int_at_least, positive_int
 from gearshift.errors import UsageError
+from gearshift.planner.forecast import FORECASTS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -18,6 +19,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--every", type=positive_int, default=10, help="re-place every this many steps (default 10)")
     r.add_argument("--window", type=int_at_least(0), default=0,
                    help="place from the loads of the last this many steps (default 0: the period)")
+    r.add_argument("--forecast", choices=FORECASTS, default="trend",
+                   help="greedy_replicas places for the loads predicted from the window: its trend extrapolated to "
+                        "the coming period (default, as training does with moe.forecast) or its mean")
     r.add_argument("--replicas", type=int_at_least(0), default=2,
                    help="extra expert slots per device for greedy_replicas and oracle (default 2)")
     r.add_argument("--expert-bytes", type=int_at_least(0), default=0,
@@ -74,7 +78,7 @@ def _replay(args: argparse.Namespace) -> int:
 
         check_output_file(args.plot, "--plot")
     results = replay(loads, args.devices, args.every, args.replicas, args.expert_bytes or expert_state_bytes(128),
-                     args.window)
+                     args.window, forecast=args.forecast)
     if args.plot:
         from gearshift.report.placement_plots import plot_replay
 
@@ -87,7 +91,8 @@ def _replay(args: argparse.Namespace) -> int:
 
     steps, layers, experts = loads.shape
     t = Table(title=f"{args.trace}: {steps} steps x {layers} layers x {experts} experts on {args.devices} devices, "
-                    f"re-placed every {args.every} steps, {args.replicas} extra slots per device (replicas)")
+                    f"re-placed every {args.every} steps, {args.replicas} extra slots per device (replicas), "
+                    f"{args.forecast} forecast")
     for col in ("policy", "busiest/mean", "p95 busiest/mean", "experts moved", "MB moved"):
         t.add_column(col, justify="left" if col == "policy" else "right")
     for r in results:

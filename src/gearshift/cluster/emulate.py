@@ -1,5 +1,10 @@
 """Emulated heterogeneity: slow a rank's compute by sleeping (f - 1) x measured time, and cap its link
-bandwidth by delaying transfers; both can change at given steps. The only reader of emulation settings."""
+bandwidth by delaying transfers; both can change at given steps. The only reader of emulation settings.
+
+The compute an op is stretched from is its wall time (basis "wall"), or, on CPU devices, the CPU time the op's
+thread spent (basis "cpu"): the op then lasts f x that CPU time whatever else shares the cores. Ranks that share a
+few cores and compute at the same moments (a MoE layer's all-to-alls keep them in step) inflate each other's wall
+time, so under "wall" an op's emulated time follows how many ranks compute at once as well as its work."""
 
 from __future__ import annotations
 
@@ -9,7 +14,8 @@ from dataclasses import dataclass, field
 
 from gearshift.errors import ConfigError
 
-KEYS = {"slowdown", "link_bandwidth", "link_latency_s", "scenario"}
+KEYS = {"slowdown", "link_bandwidth", "link_latency_s", "scenario", "basis"}
+BASES = ("wall", "cpu")
 EVENT_KEYS = {"step", "rank", "slowdown", "link_bandwidth"}
 
 
@@ -32,6 +38,7 @@ class EmulationConfig:
     link_bandwidth: float | list[float] | None = None
     link_latency_s: float = 0.0
     scenario: list[ScenarioEvent] = field(default_factory=list)
+    basis: str = "wall"
 
     @classmethod
     def none(cls, world_size: int) -> EmulationConfig:
@@ -65,7 +72,10 @@ class EmulationConfig:
         if not isinstance(events, list):
             raise ConfigError(f"{where}.scenario: expected a list of events, got {events!r}")
         scen = [parse_event(e, world_size, f"{where}.scenario[{i}]") for i, e in enumerate(events)]
-        return cls(slow, bw, float(lat), sorted(scen, key=lambda e: e.step))
+        basis = d.get("basis", "wall")
+        if basis not in BASES:
+            raise ConfigError(f"{where}.basis: {basis!r} (allowed: {', '.join(BASES)})")
+        return cls(slow, bw, float(lat), sorted(scen, key=lambda e: e.step), basis)
 
 
 def _positive(x: object, where: str) -> float:
@@ -128,10 +138,16 @@ class Emulator:
                 b = e.link_bandwidth
         return b
 
-    def after_compute(self, measured_s: float, step: int) -> float:
-        """Sleep (f - 1) x measured_s so compute appears f times slower; returns the seconds slept. measured_s is
-        the op's device time: callers on CUDA read it after the stream has finished (runtime.executor)."""
-        extra = max(0.0, (self.slowdown_at(step) - 1.0) * measured_s)
+    def after_compute(self, measured_s: float, step: int, cpu_s: float | None = None) -> float:
+        """Sleep so compute appears f times slower; returns the seconds slept. measured_s is the op's device time
+        (callers on CUDA read it after the stream has finished: runtime.executor), cpu_s its thread's CPU time (None
+        on CUDA). Basis "wall": sleep (f - 1) x measured_s; "cpu" with cpu_s: sleep until the op has lasted f x
+        cpu_s (nothing when it already has)."""
+        f = self.slowdown_at(step)
+        if self.cfg.basis == "cpu" and cpu_s is not None:
+            extra = max(0.0, f * cpu_s - measured_s)
+        else:
+            extra = max(0.0, (f - 1.0) * measured_s)
         if extra > 0:
             self._sleep(extra)
         return extra

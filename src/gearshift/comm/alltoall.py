@@ -13,15 +13,18 @@ from gearshift.models.moe import run_experts
 
 
 class Clock:
-    """Seconds spent inside all-to-all calls (waiting for peers included), for the runtime to take out of a
-    compute action's measured time."""
+    """Seconds spent inside all-to-all calls (waiting for peers included) and the CPU time this thread spent in
+    them, for the runtime to take out of a compute action's measured wall and CPU time."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
+        self.cpu_seconds = 0.0
 
-    def take(self) -> float:
-        s, self.seconds = self.seconds, 0.0
-        return s
+    def take(self) -> tuple[float, float]:
+        """(wall, CPU) seconds since the last take."""
+        s, c = self.seconds, self.cpu_seconds
+        self.seconds = self.cpu_seconds = 0.0
+        return s, c
 
 
 def all_to_all(x: Tensor, send: list[int], recv: list[int], group: dist.ProcessGroup | None,
@@ -32,11 +35,12 @@ def all_to_all(x: Tensor, send: list[int], recv: list[int], group: dist.ProcessG
 
 
 def _exchange(x: Tensor, send: list[int], recv: list[int], group, clock: Clock | None) -> Tensor:
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     out = x.new_empty((sum(recv), *x.shape[1:]))
     dist.all_to_all_single(out, x.contiguous(), recv, send, group=group)
     if clock is not None:
         clock.seconds += time.perf_counter() - t0
+        clock.cpu_seconds += time.thread_time() - c0
     return out
 
 

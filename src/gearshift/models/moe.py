@@ -156,8 +156,9 @@ class MoEFeedForward(nn.Module):
         self.dispatch = dispatch
 
     def _skew_at(self, step: int) -> Tensor:
-        """The router's logit bias at training step `step`: -skew * log(1 + r) for the expert at popularity rank r,
-        expert (step // drift) mod E the hottest (the hot set moves by one expert every `drift` steps)."""
+        """The router's logit bias at training step `step`, in units of a token's logit spread (the standard
+        deviation of its logits over the experts): -skew * log(1 + r) for the expert at popularity rank r, expert
+        (step // drift) mod E the hottest (the hot set moves by one expert every `drift` steps)."""
         shift = step // self.drift if self.drift else 0
         ranks = (torch.arange(self.num_experts) - shift) % self.num_experts
         return -self.skew * torch.log1p(ranks.float())
@@ -184,7 +185,9 @@ class MoEFeedForward(nn.Module):
         h = x.reshape(-1, shape[-1])
         n, E, k = h.shape[0], self.num_experts, self.top_k
         logits = self.router(h)
-        probs = (logits + self.router_bias if self.skew else logits).softmax(dim=-1)
+        if self.skew:  # in units of each token's logit spread: the skew holds however large the logits grow
+            logits = logits + self.router_bias * logits.detach().std(dim=-1, keepdim=True)
+        probs = logits.softmax(dim=-1)
         top_p, top_e = probs.topk(k, dim=-1)
         gates = top_p if k == 1 else top_p / top_p.sum(dim=-1, keepdim=True)
         expert = top_e.t().reshape(-1)  # assignment a = choice * n + token: choice-major priority

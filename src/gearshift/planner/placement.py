@@ -6,7 +6,9 @@ the expert with the highest load per copy (at most one copy per device), and the
 each carrying load / copies. An expert's tokens are split among its copies by queue position (token index):
 position q goes to holders[q % copies], holders in ascending device order, as the all-to-all dispatcher does.
 Placements of equal predicted time differ by which device gets which set; the new placement's devices are
-relabelled to keep as many experts where they are as possible (fewest moves)."""
+relabelled to keep as many experts where they are as possible (fewest moves). A period's placement is made for the
+loads forecast from the last steps' (planner.forecast: where a drifting expert is heading), by next_placement: the
+one function training's decisions and the replay's greedy_replicas run."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gearshift.errors import PlanError
+from gearshift.planner.forecast import forecast_loads
 from gearshift.schedules.multidir import min_cost_assignment
 
 
@@ -123,6 +126,14 @@ def greedy(loads: Sequence[float], devices: int, replicas: int = 0, current: Pla
     return align(new, current)
 
 
+def next_placement(history: np.ndarray, devices: int, replicas: int, current: Placement, ahead: int,
+                   forecast: str = "trend") -> tuple[Placement, np.ndarray]:
+    """The placement for the next `ahead` steps from one layer's history[step, expert] of loads (what training's
+    decisions and the replay's greedy_replicas both run), and the loads it was made for (the forecast)."""
+    loads = forecast_loads(history, ahead, forecast)
+    return greedy(loads, devices, replicas, current), loads
+
+
 def align(new: Placement, current: Placement) -> Placement:
     """`new` with its devices relabelled so that the most experts stay where `current` has them (the same
     predicted time: devices are interchangeable)."""
@@ -192,7 +203,7 @@ class PlacementDecision:
     row_cost_s: float
     bandwidth: float
     placements: dict[int, Placement]
-    busiest_over_mean: tuple[float, float]  # the window's loads under the current and the new placement
+    busiest_over_mean: tuple[float, float]  # the forecast loads under the current and the new placement
     reason: str
 
     def to_dict(self) -> dict:
@@ -203,23 +214,31 @@ class PlacementDecision:
                 "busiest_over_mean": list(self.busiest_over_mean), "reason": self.reason}
 
 
-def decide_placement(step: int, loads: dict[int, np.ndarray], current: dict[int, Placement], replicas: int, k: int,
-                     step_s: float, row_cost_s: float, expert_bytes: int, bandwidth: float, fixed_s: float,
-                     groups: int = 1, always: bool = False) -> PlacementDecision:
-    """Place each MoE layer from `loads[layer]` (tokens per expert per step, one expert-parallel group's), and
-    apply the switch rule: a step's expert time is row_cost_s per row of each layer's busiest device, so t2 = t1
-    (the measured step_s) less row_cost_s times the rows the new placement takes off the busiest devices; tc =
-    the most bytes one device receives over `bandwidth`, plus the measured fixed cost of a switch. `groups`
-    expert-parallel groups move the same copies at once."""
-    new = {i: greedy(loads[i], len(current[i].devices), replicas, current[i]) for i in sorted(current)}
-    before = sum(float(device_loads(loads[i], current[i]).max()) for i in current)
-    after = sum(float(device_loads(loads[i], new[i]).max()) for i in current)
-    total = sum(float(np.sum(loads[i])) / len(current[i].devices) for i in current)
+def decide_placement(step: int, history: dict[int, np.ndarray], current: dict[int, Placement], replicas: int,
+                     k: int, step_s: float, row_cost_s: float, expert_bytes: int, bandwidth: float, fixed_s: float,
+                     groups: int = 1, always: bool = False, forecast: str = "trend") -> PlacementDecision:
+    """Place each MoE layer for the next k steps from `history[layer]` (tokens per expert per step, one
+    expert-parallel group's, oldest step first; next_placement), and apply the switch rule: a step's expert time is
+    row_cost_s per row of each layer's busiest device, so t1 = the measured step_s corrected by the rows the
+    forecast adds to the current placement's busiest devices, t2 = t1 less row_cost_s times the rows the new
+    placement takes off them; tc = the most bytes one device receives over `bandwidth`, plus the measured fixed cost
+    of a switch. `groups` expert-parallel groups move the same copies at once."""
+    new, seen, pred = {}, {}, {}
+    for i in sorted(current):
+        new[i], pred[i] = next_placement(history[i], len(current[i].devices), replicas, current[i], k, forecast)
+        seen[i] = np.asarray(history[i], dtype=np.float64).mean(axis=0)
+
+    def busiest(loads: dict[int, np.ndarray], placement: dict[int, Placement]) -> float:
+        return sum(float(device_loads(loads[i], placement[i]).max()) for i in current)
+
+    before, after = busiest(pred, current), busiest(pred, new)
+    total = sum(float(np.sum(pred[i])) / len(current[i].devices) for i in current)
     moved = [(i, e, d) for i in sorted(new) for e, d in moves(current[i], new[i])]
     per_device: dict[int, int] = {}
     for _, _, d in moved:
         per_device[d] = per_device.get(d, 0) + 1
-    t1, t2 = step_s, step_s - row_cost_s * (before - after)
+    t1 = step_s + row_cost_s * (before - busiest(seen, current))
+    t2 = t1 - row_cost_s * (before - after)
     tc = (max(per_device.values(), default=0) * expert_bytes / bandwidth + fixed_s) if moved else 0.0
     rule = should_switch(t1, t2, k, tc)
     switch = bool(moved) and (rule or always)

@@ -1,8 +1,9 @@
 """Offline replay of placement policies on a recorded routing trace (loads[step, layer, expert]): each layer's
 experts are re-placed every `every` steps and every step is scored by its busiest device over the mean device.
 
-Policies: static (contiguous, never moved), greedy (the seed rule on the previous `window` steps' loads), greedy
-with `replicas` extra slots per device (same loads), and oracle (greedy with replicas on the coming period's own
+Policies: static (contiguous, never moved), greedy (the seed rule on the mean of the previous `window` steps' loads),
+greedy with `replicas` extra slots per device (what training runs: next_placement on the loads `forecast` predicts
+from the previous `window` steps), and oracle (greedy with replicas on the coming period's own
 loads, known in advance: the bound a predictor of loads could reach). Before any loads are seen, the contiguous
 placement is used. Every re-placement keeps as many experts where they are as an equally good one allows; its moved
 copies count `expert_bytes` each (an expert's parameters and optimizer state)."""
@@ -14,7 +15,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gearshift.errors import DataError
-from gearshift.planner.placement import Placement, busiest_over_mean, check_fit, device_loads, greedy, moves
+from gearshift.planner.placement import (
+    Placement,
+    busiest_over_mean,
+    check_fit,
+    device_loads,
+    greedy,
+    moves,
+    next_placement,
+)
 
 POLICIES = ("static", "greedy", "greedy_replicas", "oracle")
 
@@ -58,15 +67,16 @@ def check_trace(loads: np.ndarray, devices: int, replicas: int, every: int,
 
 
 def replay(loads: np.ndarray, devices: int, every: int, replicas: int, expert_bytes: int = 0,
-           window: int = 0, policies: tuple[str, ...] = POLICIES) -> list[PolicyReplay]:
+           window: int = 0, policies: tuple[str, ...] = POLICIES, forecast: str = "trend") -> list[PolicyReplay]:
     """Each policy replayed on loads[step, layer, expert] over `devices` devices (window 0: the period)."""
     loads = np.asarray(loads)
     check_trace(loads, devices, replicas, every)
-    return [_replay_one(p, loads, devices, every, replicas, expert_bytes, window or every) for p in policies]
+    return [_replay_one(p, loads, devices, every, replicas, expert_bytes, window or every, forecast)
+            for p in policies]
 
 
 def _replay_one(policy: str, loads: np.ndarray, devices: int, every: int, replicas: int, expert_bytes: int,
-                window: int) -> PolicyReplay:
+                window: int, forecast: str) -> PolicyReplay:
     steps, layers, E = loads.shape
     current = [Placement.contiguous(E, devices) for _ in range(layers)]
     ratios = np.full((steps, layers), np.nan)
@@ -74,11 +84,11 @@ def _replay_one(policy: str, loads: np.ndarray, devices: int, every: int, replic
     moved, maps = 0, []
     for start in range(0, steps, every):
         for layer in range(layers):
-            seen = loads[max(0, start - window):start, layer].sum(axis=0) if start else None
+            seen = loads[max(0, start - window):start, layer] if start else None
             if policy == "greedy" and seen is not None:
-                new = greedy(seen, devices, 0, current[layer])
+                new = greedy(seen.sum(axis=0), devices, 0, current[layer])
             elif policy == "greedy_replicas" and seen is not None:
-                new = greedy(seen, devices, replicas, current[layer])
+                new, _ = next_placement(seen, devices, replicas, current[layer], every, forecast)
             elif policy == "oracle":
                 new = greedy(loads[start:start + every, layer].sum(axis=0), devices, replicas, current[layer])
             else:

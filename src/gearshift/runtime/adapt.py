@@ -70,10 +70,10 @@ class Adapter:
         self._skip = self.skip
         self._estimate: float | None = None
 
-    def after_compute(self, stage: int, op: Op, seconds: float) -> None:
+    def after_compute(self, stage: int, op: Op, seconds: float, cpu_s: float | None = None) -> None:
         """Executor hook: the emulated slowdown (sleep) of this rank at the current step."""
         if self.emulator is not None:
-            self.emulator.after_compute(seconds, self.step)
+            self.emulator.after_compute(seconds, self.step, cpu_s)
 
     def after_recv(self, peer: int, nbytes: int, waited_s: float) -> None:
         """Executor hook: an emulated link cap or latency on this rank's incoming pipeline transfers."""

@@ -95,7 +95,7 @@ class PipelineExecutor:
         loss_fn: Callable[[Tensor, Tensor], Tensor],
         act_meta: Callable[[int], tuple[tuple[int, ...], torch.dtype]],
         rank_offset: int = 0,
-        after_compute: Callable[[int, Op, float], None] | None = None,
+        after_compute: Callable[[int, Op, float, float | None], None] | None = None,
         group: dist.ProcessGroup | None = None,
         after_recv: Callable[[int, int, float], None] | None = None,
         update: UpdateHooks | None = None,
@@ -281,7 +281,7 @@ class PipelineExecutor:
             slot = (a.mb + shift) % NI if a.mb >= 0 else 0
             if sync is not None and op in COMPUTE:  # the op alone: what was queued before it finishes first
                 sync()
-            start = time.perf_counter()
+            start, cpu0 = time.perf_counter(), time.thread_time()
             if op in COMPUTE:
                 after = next_compute[i + 1] if i + 1 < len(actions) else len(actions)
                 post_until(next_compute[after + 1] if after + 1 < len(actions) else len(actions))
@@ -374,7 +374,7 @@ class PipelineExecutor:
             end = time.perf_counter()
             if op in COMPUTE:
                 if self.after_compute is not None:  # emulated slowdown sleeps here: it counts as compute
-                    self.after_compute(stage, op, end - start)
+                    self.after_compute(stage, op, end - start, None if sync else time.thread_time() - cpu0)
                     end = time.perf_counter()
                 rec.compute_s[stage] = rec.compute_s.get(stage, 0.0) + end - start
             rec.events.append((a.label, start - t0, end - t0))

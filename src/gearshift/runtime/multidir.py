@@ -46,7 +46,7 @@ class MultiDirRuntime:
         schedule: Schedule,
         act_meta: Callable[[int, int], tuple[tuple[int, ...], torch.dtype]],
         optim: OptimConfig,
-        after_compute: Callable[[int, Op, float], None] | None = None,
+        after_compute: Callable[[int, Op, float, float | None], None] | None = None,
         after_recv: Callable[[int, int, float], None] | None = None,
     ):
         validate(schedule)

@@ -67,7 +67,7 @@ class PipelineRuntime:
         schedule: Schedule,
         act_meta: Callable[[int, int], tuple[tuple[int, ...], torch.dtype]],
         optim: OptimConfig,
-        after_compute: Callable[[int, Op, float], None] | None = None,
+        after_compute: Callable[[int, Op, float, float | None], None] | None = None,
         after_recv: Callable[[int, int, float], None] | None = None,
         grad_sync_factory: Callable[[list[nn.Parameter], dist.ProcessGroup | None], Callable[[], None]]
         | None = None,
@@ -163,19 +163,20 @@ class PipelineRuntime:
             rank_offset=self.replica * self.R, after_recv=self.after_recv, device=self.device, links=self.links,
         )
 
-    def _compute_hook(self) -> Callable[[int, Op, float], None] | None:
-        """after_compute, told the compute time without the expert all-to-alls inside it (waiting on peers is
-        not this rank's compute: an emulated slowdown must not stretch it). With experts, that compute (and the
-        emulated slowdown's sleep) adds up in `compute_s`: what expert placement fits its cost per row to."""
+    def _compute_hook(self) -> Callable[[int, Op, float, float | None], None] | None:
+        """after_compute, told the compute time (wall and CPU) without the expert all-to-alls inside it (waiting on
+        peers is not this rank's compute: an emulated slowdown must not stretch it). With experts, that compute (and
+        the emulated slowdown's sleep) adds up in `compute_s`: what expert placement fits its cost per row to."""
         if self.experts is None:
             return self.after_compute
         clock = self.experts.clock
 
-        def hook(stage: int, op: Op, seconds: float) -> None:
-            net = max(0.0, seconds - clock.take())
+        def hook(stage: int, op: Op, seconds: float, cpu_s: float | None = None) -> None:
+            wall, cpu = clock.take()
+            net = max(0.0, seconds - wall)
             t0 = time.perf_counter()
             if self.after_compute is not None:
-                self.after_compute(stage, op, net)
+                self.after_compute(stage, op, net, None if cpu_s is None else max(0.0, cpu_s - cpu))
             self.compute_s += net + time.perf_counter() - t0
 
         return hook

@@ -82,7 +82,7 @@ def _answer(big: Tensor, tiny: Tensor, peer: int, repeats: int,
 
 
 def probe_speed(layers: nn.Module, x: Tensor, profiled_s: float,
-                after_compute: Callable[[int, Op, float], None] | None = None, repeats: int = 3,
+                after_compute: Callable[[int, Op, float, float | None], None] | None = None, repeats: int = 3,
                 warmup: int = 1) -> float:
     """This rank's speed as the monitor measures it: `profiled_s` (the profile's forward + backward work of
     `layers` for input `x`, both on the rank's device) over the median measured time of the same (device time),
@@ -92,11 +92,12 @@ def probe_speed(layers: nn.Module, x: Tensor, profiled_s: float,
     for r in range(warmup + repeats):
         xi = x.detach().requires_grad_(x.is_floating_point())
         wait()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         layers(xi).float().sum().backward()
         wait()
         if after_compute is not None:  # the emulated slowdown sleeps here, as in the executor
-            after_compute(0, Op.BACKWARD, time.perf_counter() - t0)
+            after_compute(0, Op.BACKWARD, time.perf_counter() - t0,
+                          time.thread_time() - c0 if x.device.type == "cpu" else None)
         if r >= warmup:
             times.append(time.perf_counter() - t0)
     return profiled_s / statistics.median(times)

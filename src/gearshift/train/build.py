@@ -19,7 +19,7 @@ from gearshift.models.moe import MoEConfig
 from gearshift.models.spec import ModelSpec, resolve_model
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.runtime.adapt import Adapter
-from gearshift.runtime.experts import ExpertShards
+from gearshift.runtime.experts import ExpertPlacement, ExpertShards
 from gearshift.runtime.multidir import MultiDirRuntime
 from gearshift.runtime.pipeline import OptimConfig, PipelineRuntime
 from gearshift.schedules import Schedule, make_schedule
@@ -58,13 +58,13 @@ def moe_config(cfg: JobConfig) -> MoEConfig | None:
     return MoEConfig(vocab_size=256, **cfg.model.table()) if cfg.model.name == "moe_gpt" else None
 
 
-def expert_shards(cfg: JobConfig) -> ExpertShards | None:
-    """The job's expert parallelism (parallel.experts wide, contiguous placement) for a MoE model (collective:
-    it creates process groups)."""
+def expert_shards(cfg: JobConfig, placements: dict[int, ExpertPlacement] | None = None) -> ExpertShards | None:
+    """The job's expert parallelism (parallel.experts wide; contiguous placement unless `placements` gives MoE
+    layers theirs) for a MoE model (collective: it creates process groups)."""
     mc = moe_config(cfg)
     if mc is None:
         return None
-    return ExpertShards(cfg.parallel.stages, cfg.parallel.experts, mc.experts, mc.moe_layers())
+    return ExpertShards(cfg.parallel.stages, cfg.parallel.experts, mc.experts, mc.moe_layers(), placements)
 
 
 def job_model(cfg: JobConfig) -> ModelSpec:

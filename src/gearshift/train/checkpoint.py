@@ -1,7 +1,9 @@
 """Checkpoints keyed by global layer index (independent of the partition that wrote them), written
 atomically (temp file, fsync, rename) and loaded with `torch.load(weights_only=True)`. A checkpoint carries
 its job's fingerprint, and `--resume` refuses one written by another job. Tensors are saved from the CPU and
-loaded onto it, then placed on each rank's device: a checkpoint written on GPUs resumes on CPUs and back."""
+loaded onto it, then placed on each rank's device: a checkpoint written on GPUs resumes on CPUs and back. A MoE
+job's checkpoint also carries its expert->rank map and the expert placement's state (the loads it forecasts
+from), so a resumed run holds the experts where the interrupted one did and decides as it would have."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from gearshift.errors import DataError
+from gearshift.runtime.experts import ExpertPlacement
 from gearshift.runtime.pipeline import PipelineRuntime
 from gearshift.train.config import JobConfig
 
@@ -114,9 +117,17 @@ class Checkpointer:
                 torch.cuda.set_rng_state(cuda_rng, rt.device)
         return int(ck["step"])
 
-    def save(self, rt: PipelineRuntime, step: int) -> Path:
+    def expert_placements(self, experts: int, width: int) -> dict[int, ExpertPlacement] | None:
+        """The expert->rank map the resumed checkpoint was written under, per MoE layer; None when it has none or
+        when it does not fit this job (another expert-parallel width: the contiguous placement then)."""
+        saved = self.resumed().get("experts")
+        if not saved or saved["width"] != width or saved["experts"] != experts:
+            return None
+        return {int(i): ExpertPlacement(tuple(tuple(h) for h in holders)) for i, holders in saved["holders"].items()}
+
+    def save(self, rt: PipelineRuntime, step: int, placer_state: dict | None = None) -> Path:
         """Gather every layer (from replica 0; experts from their first holders) and its AdamW state on rank 0
-        and write one checkpoint (collective)."""
+        and write one checkpoint (collective); with experts, their placement and `placer_state` (Placer.state)."""
         model, optim = rt.saved_state()  # CPU tensors: gather_object pickles them
         cuda_rng = torch.cuda.get_rng_state(rt.device) if rt.device.type == "cuda" else None
         parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
@@ -132,6 +143,19 @@ class Checkpointer:
                 "rng": [r for _, _, r, _ in parts], "cuda_rng": [c for _, _, _, c in parts],
                 "job": job_fingerprint(self.cfg),
                 "data": {"seed": self.cfg.train.seed, "next_step": step}, "bounds": [list(b) for b in rt.bounds],
+                **_expert_state(rt, placer_state),
             })
         dist.barrier()
         return path
+
+
+def _expert_state(rt: PipelineRuntime, placer_state: dict | None) -> dict:
+    """A MoE job's expert->rank map (group ranks holding each expert, per MoE layer) and its placer's state."""
+    sh = rt.experts
+    if sh is None:
+        return {}
+    holders = {str(i): [list(h) for h in p.holders] for i, p in sh.placements.items()}
+    out: dict = {"experts": {"width": sh.width, "experts": sh.experts, "holders": holders}}
+    if placer_state is not None:
+        out["placer"] = placer_state
+    return out

@@ -15,6 +15,7 @@ from gearshift import tomlfile
 from gearshift.errors import ConfigError, UsageError, UserError
 from gearshift.imports import is_import_path
 from gearshift.paths import check_dir, check_input_file, read_json
+from gearshift.planner.forecast import FORECASTS
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.tomlfile import read_toml
 
@@ -56,8 +57,8 @@ class ModelConfig:
     capacity_factor: float = key(0.0, "moe_gpt: an expert keeps ceil(factor * top_k * tokens / experts) of a "
                                       "micro-batch's assignments (first choices first, in token order); 0 = all")
     aux_loss: float = key(0.01, "moe_gpt: weight of the load-balancing loss (Switch / GShard); 0 = off")
-    router_skew: float = key(0.0, "moe_gpt: add -skew * log(1 + rank) to the router's logits, so a few experts are "
-                                  "hot (benchmarks of expert placement); 0 = off")
+    router_skew: float = key(0.0, "moe_gpt: add -skew * log(1 + rank) times each token's logit spread to the "
+                                  "router's logits, so a few experts stay hot (placement benchmarks); 0 = off")
     router_drift: int = key(0, "moe_gpt: with router_skew, the hot set moves by one expert every this many steps; "
                                "0 = fixed")
     options: dict[str, Any] = key({}, "model.KEY = value for any other KEY: passed to a model given by import path")
@@ -182,10 +183,12 @@ class EmulateConfig:
                                                    "(one for all or one per rank); 0 = uncapped")
     link_latency_s: float = key(0.0, "added latency in seconds per pipeline transfer")
     scenario: list[Any] = key([], 'changes over time, e.g. ["150:1:3.0"]: at step 150 rank 1 becomes 3x slower')
+    basis: str = key("wall", "what a slowdown stretches: wall (an op's measured time) | cpu (its thread's CPU time, "
+                             "on CPU devices: independent of other ranks computing on the same cores at once)")
 
     def as_emulation_dict(self, workers: int) -> dict:
         d: dict = {"slowdown": self.slowdown or [1.0] * workers, "link_latency_s": self.link_latency_s,
-                   "scenario": self.scenario}
+                   "scenario": self.scenario, "basis": self.basis}
         if isinstance(self.link_bandwidth, list) or self.link_bandwidth > 0:
             d["link_bandwidth"] = self.link_bandwidth
         return d
@@ -215,12 +218,14 @@ class AdaptConfig:
 @dataclass
 class MoEPlacementConfig:
     """Expert placement by measured load (moe_gpt with parallel.experts > 1): every `every` steps, rank 0 places
-    each MoE layer's experts from the last `window` steps' loads (greedy, plus `replicas` extra slots per rank for
-    copies of the hottest experts) and the job moves to it iff the predicted gain over the next period beats the
-    measured cost of moving."""
+    each MoE layer's experts for the loads `forecast` predicts from the last `window` steps' (greedy, plus `replicas`
+    extra slots per rank for copies of the hottest experts) and the job moves to it iff the predicted gain over the
+    next period beats the measured cost of moving."""
 
     every: int = key(0, "moe_gpt: re-place experts every this many steps; 0 = never (the contiguous placement)")
     window: int = key(0, "moe_gpt: place from the expert loads of the last this many steps; 0 = moe.every")
+    forecast: str = key("trend", "moe_gpt: the loads a placement is made for: trend (the window's trend, "
+                                 "extrapolated to the coming period where it clears the noise) | mean (the window's)")
     replicas: int = key(0, "moe_gpt: extra expert slots per rank for copies of the hottest experts (0 = the seed's "
                            "greedy, E / parallel.experts experts per rank)")
     always_switch: bool = key(False, "moe_gpt: move at every decision whatever the switch rule says (tests, demos; "
@@ -611,6 +616,7 @@ def _validate_placement(cfg: JobConfig) -> None:
     for name in ("every", "window", "replicas"):
         v = getattr(m, name)
         _check(v >= 0, f"moe.{name}: must be >= 0, got {v}")
+    _check(m.forecast in FORECASTS, f"moe.forecast: {m.forecast!r} (allowed: {', '.join(FORECASTS)})")
     if not (m.every or m.replicas):
         return
     what = "moe.every" if m.every else "moe.replicas"

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from gearshift.models.moe import moe_modules
 from gearshift.runtime.reschedule import describe as describe_schedule
 from gearshift.train.adaptation import build_adapter, build_switcher, plan_start, start_schedule
-from gearshift.train.build import build_runtime, job_model, lr_at
+from gearshift.train.build import build_runtime, expert_shards, job_model, lr_at, moe_config
 from gearshift.train.checkpoint import Checkpointer
 from gearshift.train.config import JobConfig
 from gearshift.train.datasets import JobData, job_data
@@ -57,13 +57,18 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
         bounds = bounds or resolve_partition(cfg, spec)
         first = int(ckpt.resumed()["step"]) if resume else 0
         choice = start_schedule(cfg, adapter, switcher, bounds, spec, data, first)
-    rt = build_runtime(cfg, bounds, adapter, spec, data, switcher.schedule() if switcher else None)
+    experts = None
+    if resume and (mc := moe_config(cfg)) is not None:  # the expert->rank map the checkpoint was written under
+        experts = expert_shards(cfg, ckpt.expert_placements(mc.experts, cfg.parallel.experts))
+    rt = build_runtime(cfg, bounds, adapter, spec, data, switcher.schedule() if switcher else None, experts)
     start = ckpt.restore(rt) if resume else 0
     log = MetricsLog(out / "metrics.jsonl", resume_step=start if resume else None) if rank == 0 else None
     bar = Progress(t.steps, start, enabled=rank == 0 and cfg.output.progress)
     trace = MoETrace(out / FILENAME, rt.experts.moe_layers, rt.experts.experts, start if resume else None) \
         if rank == 0 and cfg.output.moe_trace and rt.experts is not None else None
     placer = Placer(cfg, rt) if cfg.moe.every and rt.experts is not None else None
+    if placer and resume:
+        placer.load_state(ckpt.resumed().get("placer"))
     placements: list[dict] = []
     if strategy and log:
         log.write(strategy)
@@ -129,7 +134,7 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
                 log.write(placed)
                 bar.note(_describe(placed))
         if ckpt.due(step + 1, end) or stopped:
-            path = ckpt.save(rt, step + 1)
+            path = ckpt.save(rt, step + 1, placer.state() if placer else None)
         if stopped:
             break
     bar.close()

@@ -8,7 +8,8 @@ from pathlib import Path
 
 class MetricsLog:
     """Append-only JSON lines; on resume, lines from steps at or after the resume point are dropped so
-    the file reads as one uninterrupted run."""
+    the file reads as one uninterrupted run. A decision ("event") is logged at the step it takes effect from, after
+    the step before it and before that step's checkpoint: one at the resume point itself is kept."""
 
     def __init__(self, path: Path, resume_step: int | None = None):
         self.path = path
@@ -17,7 +18,7 @@ class MetricsLog:
             path.write_text("")
         elif path.exists():
             lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
-            kept = [ln for ln in lines if json.loads(ln).get("step", 0) < resume_step]
+            kept = [ln for ln in lines if _before(json.loads(ln), resume_step)]
             path.write_text("".join(ln + "\n" for ln in kept))
         self._f = open(path, "a")
 
@@ -27,6 +28,12 @@ class MetricsLog:
 
     def close(self) -> None:
         self._f.close()
+
+
+def _before(record: dict, resume_step: int) -> bool:
+    """Whether `record` happened before the checkpoint at `resume_step`."""
+    step = record.get("step", 0)
+    return step <= resume_step if "event" in record else step < resume_step
 
 
 def read_metrics(path: str | Path) -> list[dict]:

@@ -1,8 +1,8 @@
 """Expert placement during training (moe.every): every rank records each step's expert loads and its own compute;
 every moe.every steps rank 0 fits the compute seconds per expert row from every rank's samples, places each MoE
-layer from the last moe.window steps' loads and applies the switch rule; the decision is broadcast and every rank
-moves its experts at the same step boundary (runtime.placement). The link bandwidth the move's cost is priced at is
-probed once, then taken from the moves themselves."""
+layer for the loads moe.forecast predicts from the last moe.window steps' and applies the switch rule; the decision
+is broadcast and every rank moves its experts at the same step boundary (runtime.placement). The link bandwidth the
+move's cost is priced at is probed once, then taken from the moves themselves."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ class Placer:
     def __init__(self, cfg: JobConfig, rt: PipelineRuntime):
         m, mc = cfg.moe, moe_config(cfg)
         self.every, self.window, self.replicas, self.always = m.every, m.window or m.every, m.replicas, m.always_switch
+        self.forecast = m.forecast
         self.shards = rt.experts
         self.groups = self.shards.replicas // self.shards.width
         self.expert_bytes = expert_state_bytes(mc.width, mc.bias)
@@ -36,6 +37,20 @@ class Placer:
         self.bandwidth: float | None = None
         self.fixed_s = 0.0
         self._skip = self.skip
+
+    def state(self) -> dict:
+        """What a checkpoint keeps so that a resumed run places as this one would: the window's loads and what was
+        measured (the same on every rank; plain Python values). Each rank's own compute samples are left out: a
+        resumed process starts its cost fit afresh, after a warm-up step as at the start."""
+        return {"loads": {str(s): v for s, v in self.loads.items()}, "row_cost": self.row_cost,
+                "bandwidth": self.bandwidth, "fixed_s": self.fixed_s}
+
+    def load_state(self, state: dict | None) -> None:
+        """Continue from `state` (Placer.state of the checkpoint resumed; None: a checkpoint without one)."""
+        if not state:
+            return
+        self.loads = {int(s): v for s, v in state["loads"].items()}
+        self.row_cost, self.bandwidth, self.fixed_s = state["row_cost"], state["bandwidth"], state["fixed_s"]
 
     def observe(self, step: int, rt: PipelineRuntime, res: StepResult, step_s: float) -> None:
         compute = rt.take_compute()
@@ -104,10 +119,10 @@ class Placer:
         row_cost = cost if cost is not None else (self.row_cost or 0.0)
         step_times = [t for _, _, t in gathered[0]] or [0.0]
         window = np.asarray([self.loads[s] for s in sorted(self.loads)[-self.window:]], dtype=np.float64)
-        loads = {i: window[:, k].mean(axis=0) / self.groups for k, i in enumerate(sh.moe_layers)}
-        d = decide_placement(step + 1, loads, self._current(), self.replicas, self.every,
+        history = {i: window[:, k] / self.groups for k, i in enumerate(sh.moe_layers)}
+        d = decide_placement(step + 1, history, self._current(), self.replicas, self.every,
                              statistics.median(step_times), row_cost, self.expert_bytes, self.bandwidth, self.fixed_s,
-                             self.groups, self.always)
+                             self.groups, self.always, self.forecast)
         out = d.to_dict()
         out["row_cost_fitted"] = cost is not None
         return out
