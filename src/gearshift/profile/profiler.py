@@ -16,6 +16,7 @@ from gearshift.cluster.device import stream_wait
 from gearshift.models.gpt import estimate_flops
 from gearshift.models.layered import LayeredModel, LossFn, no_cut
 from gearshift.models.spec import ModelSpec
+from gearshift.optim import OptimConfig, adamw, clip_coef
 from gearshift.profile.model_profile import LayerProfile, ModelProfile
 
 
@@ -71,13 +72,11 @@ def update_time(layer: nn.Module, repeats: int, warmup: int, device: torch.devic
         return 0.0
     for p in params:
         p.grad = torch.randn_like(p)
-    decay = [p for p in params if p.dim() >= 2]
-    other = [p for p in params if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}], lr=1e-4)
+    opt = adamw(params, OptimConfig(), lr=1e-4)
 
     def update() -> None:
         sq = torch.stack([torch.linalg.vector_norm(p.grad) for p in params]).double().pow(2).sum()
-        coef = min(1.0 / (float(sq) ** 0.5 + 1e-6), 1.0)
+        coef = clip_coef(float(sq) ** 0.5, 1.0)
         for p in params:
             p.grad.mul_(coef)
         opt.step()

@@ -16,8 +16,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from gearshift.optim import OptimConfig, adamw, clip_coef
 from gearshift.runtime.executor import PipelineExecutor, StepRecord
-from gearshift.runtime.pipeline import OptimConfig, StepResult, forward_only, mean_loss
+from gearshift.runtime.pipeline import StepResult, forward_only, mean_loss
 from gearshift.schedules import Op, Schedule, validate
 
 
@@ -66,10 +67,7 @@ class MultiDirRuntime:
         a, b = self.slice_bounds[self.opt_stage]
         self.layers = {i: build_layer(i) for i in range(a, b)}  # the optimizer's copy (global layer index)
         self.master = nn.Sequential(*[self.layers[i] for i in range(a, b)])
-        decay = [p for p in self.master.parameters() if p.dim() >= 2]
-        other = [p for p in self.master.parameters() if p.dim() < 2]
-        self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": optim.weight_decay},
-                                            {"params": other, "weight_decay": 0.0}], lr=1e-3, betas=optim.betas)
+        self.optimizer = adamw(self.master.parameters(), optim)
         self._params = list(self.master.parameters())
         self._gflat = torch.zeros(sum(p.numel() for p in self._params))
         off = 0
@@ -130,8 +128,9 @@ class MultiDirRuntime:
         work, sq = self._norm
         work.wait()
         total = math.sqrt(float(sq))
-        if self.optim_cfg.grad_clip > 0:
-            self._gflat.mul_(min(self.optim_cfg.grad_clip / (total + 1e-6), 1.0))
+        coef = clip_coef(total, self.optim_cfg.grad_clip)
+        if coef < 1.0:
+            self._gflat.mul_(coef)
         batch = self.batch - 1 if self.window else self.batch  # the batch this update belongs to
         for g in self.optimizer.param_groups:
             g["lr"] = self._lr[batch]

@@ -14,19 +14,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from gearshift.optim import OptimConfig, adamw, clip_coef
 from gearshift.runtime.executor import PipelineExecutor, StepRecord
 from gearshift.runtime.experts import ExpertShards, MoEStats
 from gearshift.runtime.links import LinkGroups
 from gearshift.schedules import Op, Schedule, make_schedule, validate
-
-
-@dataclass
-class OptimConfig:
-    """AdamW and clipping settings (the LR is set per step by the loop)."""
-
-    weight_decay: float = 0.1
-    betas: tuple[float, float] = (0.9, 0.95)
-    grad_clip: float = 1.0
 
 
 @dataclass
@@ -115,13 +107,7 @@ class PipelineRuntime:
         if self.experts is not None:  # drop the experts other ranks hold, before the optimizer sees them
             self.experts.attach(self.layers, 1.0 / schedule.num_microbatches)
         self.stages = {s: nn.Sequential(*[self.layers[i] for i in range(*self.bounds[s])]) for s in mine}
-        decay = [p for _, p in self.named_parameters() if p.dim() >= 2]
-        other = [p for _, p in self.named_parameters() if p.dim() < 2]
-        self.optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": self.optim_cfg.weight_decay},
-             {"params": other, "weight_decay": 0.0}],
-            lr=1e-3, betas=self.optim_cfg.betas,
-        )
+        self.optimizer = adamw((p for _, p in self.named_parameters()), self.optim_cfg)
         self._build_executors()
         params = [p for _, p in self.named_parameters()]
         self._params = params
@@ -242,8 +228,8 @@ class PipelineRuntime:
             sq += (torch.stack([torch.linalg.vector_norm(g.detach()) for g in grads]).double().pow(2) * w).sum()
         dist.all_reduce(sq)
         total = math.sqrt(float(sq))
-        if self.optim_cfg.grad_clip > 0:
-            coef = min(self.optim_cfg.grad_clip / (total + 1e-6), 1.0)
+        coef = clip_coef(total, self.optim_cfg.grad_clip)
+        if coef < 1.0:
             for g in grads:
                 g.mul_(coef)
         return total

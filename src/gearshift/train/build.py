@@ -17,11 +17,12 @@ from gearshift.imports import is_import_path
 from gearshift.models.gpt import GPTConfig
 from gearshift.models.moe import MoEConfig
 from gearshift.models.spec import ModelSpec, resolve_model
+from gearshift.optim import OptimConfig
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.runtime.adapt import Adapter
 from gearshift.runtime.experts import ExpertPlacement, ExpertShards
 from gearshift.runtime.multidir import MultiDirRuntime
-from gearshift.runtime.pipeline import OptimConfig, PipelineRuntime
+from gearshift.runtime.pipeline import PipelineRuntime
 from gearshift.schedules import Schedule, make_schedule
 from gearshift.train.config import JobConfig
 from gearshift.train.datasets import JobData, job_data
