@@ -16,8 +16,8 @@ beside the ideal ones step by step (the runtime should follow its ideal within f
 Single process, one thread; no timing.
 
 Usage: .venv/bin/python bench/multidir_staleness.py [--steps 300] [--modes flush,async,stale,predict]
-       [--orders bytes|reverse] [--lr-scale 1.0] [--stale-first K] [--run-dir DIR_ASYNC]
-       [section.key=value overrides ...]"""
+       [--orders bytes|reverse] [--cut "[[0,2],...]"] [--lr-scale 1.0] [--stale-first K] [--run-dir DIR_ASYNC]
+       [--label NAME] [section.key=value overrides ...]"""
 
 from __future__ import annotations
 
@@ -180,7 +180,9 @@ def main(argv: list[str] | None = None) -> dict:
                     help="async: instead of the list's versions, the first K micro-batches of each direction on "
                          "w_{b-1} (all slices), the rest on w_b: what fewer stale forwards would cost")
     ap.add_argument("--run-dir", dest="run_dir", default="", help="a finished async run to put beside the ideal")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "multidir_staleness.json"))
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "multidir_staleness.json"),
+                    help="results file: each run is kept under its --label beside the others")
+    ap.add_argument("--label", default="", help="its name in the results file (default: lr and stale count)")
     ap.add_argument("overrides", nargs="*", help="config overrides, --section.key=value without the dashes")
     a = ap.parse_args(argv)
     ov = ["--parallel.schedule=multidir", "--parallel.update=async", f"--train.steps={a.steps}"]
@@ -195,7 +197,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"cut {cut}, orders {sch.params['orders']}: {stale} of {len(offsets)} forwards of a steady batch "
           "run on the previous version", flush=True)
     res: dict = {"cut": [list(b) for b in cut], "orders": sch.params["orders"], "stale_forwards": stale,
-                 "forwards": len(offsets), "lr_scale": a.lr_scale, "steps": a.steps, "runs": {}}
+                 "forwards": len(offsets), "lr": cfg.train.lr, "min_lr": cfg.train.min_lr, "lr_scale": a.lr_scale,
+                 "stale_first": a.stale_first, "steps": a.steps, "overrides": a.overrides, "runs": {}}
     for mode in a.modes.split(","):
         r = train(cfg, cut, mode, offsets, a.lr_scale if mode != "flush" else 1.0)
         res["runs"][mode] = r | summary(r)
@@ -216,8 +219,12 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"  step {b}: run {real[b]:.4f}, ideal async {ideal[b]:.4f}")
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1) + "\n")
-    print(f"wrote {out}")
+    label = a.label or f"lr {cfg.train.lr:g}, {stale} of {len(offsets)} forwards stale"
+    book = json.loads(out.read_text()) if out.is_file() else {}
+    book = book if "experiments" in book else {"experiments": {}}  # one file, one entry per experiment
+    book["experiments"][label] = res
+    out.write_text(json.dumps(book, indent=1) + "\n")
+    print(f"wrote {out} ({label!r})")
     return res
 
 

@@ -145,7 +145,8 @@ class ParallelConfig:
     directions: int = key(2, "multidir: pipelines over all the stages, each in its own order and on its own "
                              "1/directions of the batch, 2..stages/2")
     update: str = key("flush", "multidir: flush (a batch's update before the next batch: single-process training) or "
-                               "async (the next batch enters at once, on weights at most one step stale)")
+                               "async (the next batch enters at once, on weights at most one step stale; stale "
+                               "gradients cost loss at high learning rates, see docs/benchmarks.md)")
     experts: int = key(1, "moe_gpt: expert-parallel width: each MoE layer's experts split over this many replicas "
                           "of a stage (contiguous, model.experts / experts each); divides the replicas")
     strategy: str = key("fixed", "fixed (parallel.stages and experts as given) or auto (moe_gpt: the fastest "
