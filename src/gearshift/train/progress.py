@@ -40,14 +40,22 @@ class Progress:
             self.bar.stop()
 
 
+def schedule_runs_text(runs: list[dict], most: int = 6) -> str:
+    """Which (m, K) ran from which step; past `most` runs, the first two and the last two (metrics.jsonl
+    holds every decision)."""
+    parts = [f"m={r['m']} K={r['k']} from step {r['from_step']}" for r in runs]
+    if len(parts) > most:
+        parts = parts[:2] + [f"... {len(parts) - 4} more ..."] + parts[-2:]
+    return "; ".join(parts)
+
+
 def print_summary(cfg: JobConfig, s: dict) -> None:
     """The end-of-run table: losses (against the corpus's unigram entropy, where the data has one),
     throughput, bubbles."""
     t = Table(title="Gearshift run summary", show_header=False)
     p = cfg.parallel
     if s.get("schedule_runs"):  # auto or forced switches: what ran from which step
-        runs = "; ".join(f"m={r['m']} K={r['k']} from step {r['from_step']}" for r in s["schedule_runs"])
-        what = f"{p.schedule} schedule ({runs})"
+        what = f"{p.schedule} schedule ({schedule_runs_text(s['schedule_runs'])})"
     else:
         what = f"{p.schedule}{'' if p.schedule != 'kfkb' else f' K={p.k}'}, {p.microbatches} micro-batches"
     if p.schedule == "multidir":
