@@ -65,6 +65,22 @@ def test_the_measured_step_overhead_adds_to_every_candidate() -> None:
     assert [b.predicted_s - a.predicted_s for a, b in zip(plain, more)] == pytest.approx([0.25] * len(plain))
 
 
+def test_speeds_measured_at_a_size_price_that_size() -> None:
+    """A state per micro-batch size replaces the shared one for that size's candidates only: 1-sample
+    micro-batches measured at half speed take twice the compute, and the choice moves off them."""
+    plain = {c.key: c for c in price(profiles(8), BOUNDS, state(), 8)}
+    slow_small = state()
+    slow_small.speeds = [0.5] * 4
+    per = {c.key: c for c in price(profiles(8), BOUNDS, state(), 8, states={1: slow_small})}
+    for key, c in per.items():
+        if key[0] == 8:  # micro-batches of 1 sample
+            assert c.predicted_s == pytest.approx(2 * plain[key].predicted_s)
+        else:
+            assert c.predicted_s == pytest.approx(plain[key].predicted_s)
+    m = choose(profiles(8), BOUNDS, state(), 8).chosen[0]
+    assert choose(profiles(8), BOUNDS, state(), 8, states={8 // m: slow_small}).chosen[0] != m
+
+
 def test_a_candidate_over_the_memory_limit_is_never_chosen() -> None:
     slow = state(bandwidth=2e6, latency=5e-3)  # transfers matter: holding more micro-batches pays
     free = choose(profiles(8), BOUNDS, slow, 8)

@@ -112,3 +112,28 @@ def test_latencies_step_overhead_and_link_resets_merge():
     assert merged.step_overhead() == pytest.approx(0.05) and Monitor(2).step_overhead() is None
     s = merged.state(step=3, base=base_state(2))
     assert s.latency[0][1] == 0.002 and s.bandwidth[0][1] == pytest.approx(30.0)
+
+
+def test_speeds_are_kept_per_micro_batch_size_and_shape_the_current_speed():
+    m = Monitor(2, alpha=1.0)
+    m.record_compute(0, 1.0, 2.0, size=1)  # 1-sample micro-batches: half the profile's speed
+    m.record_compute(0, 1.0, 1.0, size=8)  # 8-sample ones: the profile's
+    assert m.speed(0) == 1.0  # the current speed follows the last sample, whatever its size
+    assert m.speed_at(0, 1, running=8) == pytest.approx(0.5)
+    assert m.speed_at(0, 8, running=8) == pytest.approx(1.0)
+    m.speeds[0].value = 0.9  # the current speed (a period's settled median) 10% under the last sample at 8
+    assert m.speed_at(0, 1, running=8) == pytest.approx(0.45)  # size 1's measurement, moved alike
+    assert m.speed_at(0, 4, running=8) == pytest.approx(0.9)  # never measured at 4: the current speed
+    assert m.speed_at(1, 1, running=8) is None
+    s = m.state(step=3, base=base_state(2), size=1, running=8)
+    assert s.speeds == pytest.approx([0.45, 1.0]) and m.state(3, base_state(2)).speeds == pytest.approx([0.9, 1.0])
+
+
+def test_size_speeds_round_trip_and_merge():
+    a, b = Monitor(2), Monitor(2)
+    a.record_compute(0, 1.0, 2.0, size=2)
+    b.record_compute(1, 1.0, 4.0, size=2)
+    d = json.loads(json.dumps(a.to_dict()))
+    assert d["size_speeds"] == [[0, 2, 0.5, 1]] and Monitor.from_dict(d).size_speeds[(0, 2)].value == 0.5
+    both = merge([a.to_dict(), b.to_dict()])
+    assert both.size_speeds[(0, 2)].value == 0.5 and both.size_speeds[(1, 2)].value == 0.25

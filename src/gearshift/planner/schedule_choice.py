@@ -99,9 +99,11 @@ class ScheduleChoice:
 
 def price(profiles: Mapping[int, ModelProfile], bounds: Sequence[tuple[int, int]], state: ClusterState, batch: int,
           memory: Sequence[float] | None = None, ms: Sequence[int] | None = None,
-          predictor: Predictor = predict, step_overhead_s: float = 0.0) -> list[Candidate]:
+          predictor: Predictor = predict, step_overhead_s: float = 0.0,
+          states: Mapping[int, ClusterState] | None = None) -> list[Candidate]:
     """Every (m, K) for a replica's `batch`, each simulated under `state` (one device per stage) with the
-    profile measured at its micro-batch size (`profiles[size]`). `memory` caps each rank (bytes; None: no
+    profile measured at its micro-batch size (`profiles[size]`); `states[size]`, where given, replaces
+    `state` for that size (the speeds measured at it). `memory` caps each rank (bytes; None: no
     cap, K runs to m); a candidate over it is kept, marked not fitting, and is never chosen. `ms` restricts
     the splits (each must divide the batch). `step_overhead_s`, the time a step spends after the pipeline
     drains (the gradient-norm all-reduce and the optimizer, as measured), is added to every prediction."""
@@ -114,14 +116,15 @@ def price(profiles: Mapping[int, ModelProfile], bounds: Sequence[tuple[int, int]
                         f"allowed: {', '.join(map(str, all_ms))}")
     if memory is not None and len(memory) < S:
         raise PlanError(f"schedule choice: memory limits for {len(memory)} ranks, the pipeline has {S}")
-    st = copy.deepcopy(state)
-    st.memory = [float(x) for x in memory[:S]] if memory is not None else [INF] * S
+    cap = [float(x) for x in memory[:S]] if memory is not None else [INF] * S
     out: list[Candidate] = []
     for m in sorted(ms) if ms else all_ms:
         mb = batch // m
         prof = profiles.get(mb)
         if prof is None:
             raise PlanError(f"schedule choice: no profile for micro-batch size {mb} (have {sorted(profiles)})")
+        st = copy.deepcopy((states or {}).get(mb, state))
+        st.memory = cap
         seen: set = set()
         for k in range(1, m + 1):
             sch = make_schedule("kfkb", S, m, k=k)
@@ -187,9 +190,9 @@ def _nothing_fits(candidates: list[Candidate], memory: Sequence[float] | None) -
 def choose(profiles: Mapping[int, ModelProfile], bounds: Sequence[tuple[int, int]], state: ClusterState, batch: int,
            memory: Sequence[float] | None = None, step: int = 0, current: tuple[int, int] | None = None,
            margin: float = 0.0, ms: Sequence[int] | None = None, predictor: Predictor = predict,
-           step_overhead_s: float = 0.0) -> ScheduleChoice:
-    """price() then decide(): the schedule to run under `state`."""
-    cands = price(profiles, bounds, state, batch, memory, ms, predictor, step_overhead_s)
+           step_overhead_s: float = 0.0, states: Mapping[int, ClusterState] | None = None) -> ScheduleChoice:
+    """price() then decide(): the schedule to run under `state` (`states`: per micro-batch size, see price)."""
+    cands = price(profiles, bounds, state, batch, memory, ms, predictor, step_overhead_s, states)
     ch = decide(cands, state, step, current, margin, memory)
     ch.extra["step_overhead_s"] = step_overhead_s
     return ch

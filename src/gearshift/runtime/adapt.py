@@ -94,7 +94,7 @@ class Adapter:
         if self._skip > 0:
             self._skip -= 1
             return
-        self.monitor.record_compute(dist.get_rank(), profiled, measured)
+        self.monitor.record_compute(dist.get_rank(), profiled, measured, mb_size)
         self.window.append(profiled / measured)
 
     def settle_speed(self) -> None:
@@ -125,6 +125,12 @@ class Adapter:
         dist.all_gather_object(dicts, self.monitor.to_dict())
         self.merged = merge(dicts)
         return self.merged.state(step, self.base.resized(dist.get_world_size())).pipeline(stages)
+
+    def size_states(self, stages: int, step: int, sizes: list[int]) -> dict[int, ClusterState]:
+        """After pipeline_state (from the monitors it merged; not collective): the cluster at each micro-batch
+        size, each rank at its speed for that size (Monitor.speed_at, against the size it runs now)."""
+        base = self.base.resized(dist.get_world_size())
+        return {n: self.merged.state(step, base, n, self.mb_size).pipeline(stages) for n in sizes}
 
     def measure_links(self, stages: int, prank: int, replica: int) -> None:
         """Probe each pipeline link, both ways, with a message of the largest activation a stage sends (at least

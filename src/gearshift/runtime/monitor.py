@@ -41,9 +41,14 @@ class Monitor:
         self.links: dict[tuple[int, int], Ewma] = {}
         self.latencies: dict[tuple[int, int], Ewma] = {}
         self.steps: list[Ewma | None] = [None] * num_ranks  # the STEP action: clip all-reduce + optimizer
+        # (rank, micro-batch size) -> speed at that size: a rank runs small micro-batches less efficiently
+        # than its profile at that size says (a cost per op the one-process profile lacks), so the speed
+        # measured at one size misprices another
+        self.size_speeds: dict[tuple[int, int], Ewma] = {}
 
-    def record_compute(self, rank: int, profiled_s: float, measured_s: float) -> None:
-        """One compute measurement: effective speed = profiled time / measured time."""
+    def record_compute(self, rank: int, profiled_s: float, measured_s: float, size: int | None = None) -> None:
+        """One compute measurement: effective speed = profiled time / measured time (profiled at micro-batch
+        size `size`, also kept for that size when given)."""
         if profiled_s <= 0 or measured_s <= 0:
             return
         x = profiled_s / measured_s
@@ -52,6 +57,23 @@ class Monitor:
             self.speeds[rank] = Ewma(x)
         else:
             cur.update(x, self.alpha)
+        if size is not None:
+            at = self.size_speeds.get((rank, size))
+            if at is None:
+                self.size_speeds[(rank, size)] = Ewma(x)
+            else:
+                at.update(x, self.alpha)
+
+    def speed_at(self, rank: int, size: int, running: int) -> float | None:
+        """`rank`'s speed at micro-batch size `size` while `running` is the size it runs: its speed as last
+        measured at `size`, moved as far as its current speed has from the last measurement at `running`; its
+        current speed where either size has no measurement yet. A size not run since a rank changed speed
+        keeps its old measurement until it runs again."""
+        cur = self.speed(rank)
+        a, b = self.size_speeds.get((rank, size)), self.size_speeds.get((rank, running))
+        if cur is None or a is None or b is None or b.value <= 0:
+            return cur
+        return cur * a.value / b.value
 
     def record_transfer(self, src: int, dst: int, num_bytes: float, seconds: float) -> None:
         """One transfer measurement: bandwidth = bytes / seconds on link src -> dst."""
@@ -103,12 +125,13 @@ class Monitor:
         e = self.latencies.get((src, dst))
         return None if e is None else e.value
 
-    def state(self, step: int, base: ClusterState) -> ClusterState:
-        """`base` with measured speeds, bandwidths and latencies substituted where known (source = "monitor")."""
+    def state(self, step: int, base: ClusterState, size: int | None = None, running: int | None = None) -> ClusterState:
+        """`base` with measured speeds, bandwidths and latencies substituted where known (source = "monitor");
+        with `size` and `running`, each rank's speed at micro-batch size `size` (speed_at)."""
         out = copy.deepcopy(base)
         for r, e in enumerate(self.speeds):
             if e is not None and r < out.world_size:
-                out.speeds[r] = e.value
+                out.speeds[r] = e.value if size is None or running is None else self.speed_at(r, size, running)
         for (a, b), e in self.links.items():
             if a < out.world_size and b < out.world_size:
                 out.bandwidth[a][b] = e.value
@@ -129,6 +152,7 @@ class Monitor:
             "latencies": [[a, b, e.value, e.samples] for (a, b), e in sorted(self.latencies.items())],
             "reset_ratio": self.reset_ratio,
             "steps": [None if e is None else [e.value, e.samples] for e in self.steps],
+            "size_speeds": [[r, n, e.value, e.samples] for (r, n), e in sorted(self.size_speeds.items())],
         }
 
     @classmethod
@@ -143,6 +167,8 @@ class Monitor:
             m.latencies[(a, b)] = Ewma(v, n)
         for r, x in enumerate(d.get("steps", [])):
             m.steps[r] = None if x is None else Ewma(x[0], x[1])
+        for r, size, v, n in d.get("size_speeds", []):
+            m.size_speeds[(r, size)] = Ewma(v, n)
         return m
 
 
@@ -164,7 +190,7 @@ def merge(dicts: list[dict]) -> Monitor:
     for r in range(out.num_ranks):
         out.speeds[r] = _combine([p.speeds[r] for p in parts if r < p.num_ranks and p.speeds[r] is not None])
         out.steps[r] = _combine([p.steps[r] for p in parts if r < p.num_ranks and p.steps[r] is not None])
-    for table in ("links", "latencies"):
+    for table in ("links", "latencies", "size_speeds"):
         mine = getattr(out, table)
         for key in sorted({k for p in parts for k in getattr(p, table)}):
             mine[key] = _combine([getattr(p, table)[key] for p in parts if key in getattr(p, table)])

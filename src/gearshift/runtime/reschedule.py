@@ -50,9 +50,10 @@ class ScheduleSwitcher:
         """The first choice, at `step` (0, or where a resumed run continues), under the links measured before
         training (adapter.measure_links first)."""
         state = adapter.pipeline_state(self.stages, step)
+        by_size = adapter.size_states(self.stages, step, list(self.profiles))
         forced = self.forced.get(step)
         rec = rank0_decides(lambda: self._decide(state, bounds, step, "forced" if forced else "start", forced,
-                                                 adapter.merged.step_overhead() or 0.0))
+                                                 adapter.merged.step_overhead() or 0.0, by_size))
         self._adopt(rec, adapter, step)
         return rec
 
@@ -75,9 +76,10 @@ class ScheduleSwitcher:
         if not probed:
             adapter.measure_links(rt.R, rt.prank, rt.replica)
         state = adapter.pipeline_state(rt.R, nxt)
+        by_size = adapter.size_states(rt.R, nxt, list(self.profiles))
         trigger = "forced" if forced else "period" if due else "step time moved"
         rec = rank0_decides(lambda: self._decide(state, rt.bounds, nxt, trigger, forced,
-                                                 adapter.merged.step_overhead() or 0.0))
+                                                 adapter.merged.step_overhead() or 0.0, by_size))
         if rec.get("skip"):  # cued, but no link moved: keep watching from here
             self.times, self._skip = [], 0
             return None
@@ -95,9 +97,11 @@ class ScheduleSwitcher:
         return ref > 0 and abs(now / ref - 1) > self.change
 
     def _decide(self, state: ClusterState, bounds: list[tuple[int, int]], step: int, trigger: str,
-                forced: tuple[int, int] | None = None, overhead_s: float = 0.0) -> dict:
-        """Rank 0: the decision record (metrics.jsonl "schedule" event) under `state`, each candidate's step
-        time with the measured `overhead_s` after its pipeline drains."""
+                forced: tuple[int, int] | None = None, overhead_s: float = 0.0,
+                by_size: dict[int, ClusterState] | None = None) -> dict:
+        """Rank 0: the decision record (metrics.jsonl "schedule" event) under `state` (`by_size`: the speeds
+        measured at each micro-batch size), each candidate's step time with the measured `overhead_s` after its
+        pipeline drains."""
         S = self.stages
         now = measured_inputs(state, S)
         moved = []
@@ -108,7 +112,8 @@ class ScheduleSwitcher:
             moved = links_moved(self.priced, now, act, self.change or float("inf"))
         if trigger == "step time moved" and not moved:
             return {"skip": True}
-        cands = price(self.profiles, bounds, state, self.batch, self.memory, step_overhead_s=overhead_s)
+        cands = price(self.profiles, bounds, state, self.batch, self.memory, step_overhead_s=overhead_s,
+                      states=by_size)
         rec = decide(cands, state, step, self.current, self.margin, self.memory).to_dict()
         rec["step_overhead_s"] = overhead_s
         if forced is not None:
@@ -119,6 +124,8 @@ class ScheduleSwitcher:
                                          if (c["m"], c["k"]) == tuple(forced)), None))
         rec["trigger"] = trigger
         rec["links_moved"] = moved
+        if by_size:
+            rec["speeds_by_size"] = {str(n): [round(x, 4) for x in st.speeds] for n, st in sorted(by_size.items())}
         if self.times:
             rec["measured_step_s"] = statistics.median(self.times)  # the running choice, since it was made
             rec["measured_steps"] = len(self.times)
