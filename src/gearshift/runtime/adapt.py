@@ -127,8 +127,9 @@ class Adapter:
         return self.merged.state(step, self.base.resized(dist.get_world_size())).pipeline(stages)
 
     def size_states(self, stages: int, step: int, sizes: list[int]) -> dict[int, ClusterState]:
-        """After pipeline_state (from the monitors it merged; not collective): the cluster at each micro-batch
-        size, each rank at its speed for that size (Monitor.speed_at, against the size it runs now)."""
+        """After pipeline_state, from the monitors it merged (not collective: rank 0 calls it to decide): the
+        cluster at each micro-batch size, each rank at its speed for that size (Monitor.speed_at, against the
+        size it runs now)."""
         base = self.base.resized(dist.get_world_size())
         return {n: self.merged.state(step, base, n, self.mb_size).pipeline(stages) for n in sizes}
 

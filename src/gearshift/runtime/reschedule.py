@@ -50,10 +50,10 @@ class ScheduleSwitcher:
         """The first choice, at `step` (0, or where a resumed run continues), under the links measured before
         training (adapter.measure_links first)."""
         state = adapter.pipeline_state(self.stages, step)
-        by_size = adapter.size_states(self.stages, step, list(self.profiles))
         forced = self.forced.get(step)
         rec = rank0_decides(lambda: self._decide(state, bounds, step, "forced" if forced else "start", forced,
-                                                 adapter.merged.step_overhead() or 0.0, by_size))
+                                                 adapter.merged.step_overhead() or 0.0,
+                                                 adapter.size_states(self.stages, step, list(self.profiles))))
         self._adopt(rec, adapter, step)
         return rec
 
@@ -76,10 +76,10 @@ class ScheduleSwitcher:
         if not probed:
             adapter.measure_links(rt.R, rt.prank, rt.replica)
         state = adapter.pipeline_state(rt.R, nxt)
-        by_size = adapter.size_states(rt.R, nxt, list(self.profiles))
         trigger = "forced" if forced else "period" if due else "step time moved"
         rec = rank0_decides(lambda: self._decide(state, rt.bounds, nxt, trigger, forced,
-                                                 adapter.merged.step_overhead() or 0.0, by_size))
+                                                 adapter.merged.step_overhead() or 0.0,
+                                                 adapter.size_states(rt.R, nxt, list(self.profiles))))
         if rec.get("skip"):  # cued, but no link moved: keep watching from here
             self.times, self._skip = [], 0
             return None
