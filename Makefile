@@ -26,8 +26,10 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest tests -m "not multiprocess and not testbed" $(PYTEST_ARGS)
 
+# ruff, then the import contracts in pyproject.toml ([tool.importlinter]: layers, pure planning, no cycles).
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
+	$(BIN)/lint-imports
 
 bench: $(STAMP)
 	$(BIN)/python bench/pipeline_vs_torch.py

@@ -4,11 +4,12 @@ errors for what the workers could not import)."""
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
 from gearshift.errors import ConfigError
-from gearshift.imports import import_object, is_import_path, path_of
+from gearshift.imports import import_object, is_import_path, lazy_exports, path_of
 
 
 def test_import_object_and_its_errors():
@@ -40,3 +41,15 @@ def test_path_of_accepts_module_functions_and_refuses_what_workers_cannot_import
     main_fn.__module__, main_fn.__qualname__ = "__main__", "main_fn"
     with pytest.raises(ConfigError, match=r"main_fn is defined in __main__ .* move it into a module"):
         path_of(main_fn, "launch(data=...)")
+
+
+def test_lazy_exports_import_on_first_use_and_keep_the_name(monkeypatch):
+    import types
+
+    pkg = types.ModuleType("lazy_pkg_x")
+    monkeypatch.setitem(sys.modules, "lazy_pkg_x", pkg)
+    pkg.__getattr__ = lazy_exports("lazy_pkg_x", {"join": "os.path"})
+    assert "join" not in vars(pkg)
+    assert pkg.join is os.path.join and vars(pkg)["join"] is os.path.join
+    with pytest.raises(AttributeError, match="module 'lazy_pkg_x' has no attribute 'split'"):
+        _ = pkg.split

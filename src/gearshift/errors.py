@@ -17,6 +17,10 @@ class PlanError(UserError):
     """A request that cannot be planned (more stages than layers, model does not fit, ...)."""
 
 
+class ScheduleError(UserError):
+    """A schedule (or a request for one) that is malformed, incomplete or deadlocks."""
+
+
 class DataError(UserError):
     """A corpus or checkpoint that is missing, empty, corrupt or mismatched."""
 

@@ -1,5 +1,6 @@
 """Functions named by import path ("package.module:function"): what a config names for a custom model or
-dataset, resolved the same way in the launcher and in every worker."""
+dataset, resolved the same way in the launcher and in every worker; and `lazy_exports`, by which a package
+names what it exports from heavier modules without importing them."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import importlib
 import os
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from gearshift.errors import ConfigError, UserError
 
@@ -70,3 +72,18 @@ def call_user(fn: Callable, path: str, where: str, *args: object) -> object:
         raise
     except Exception as e:  # noqa: BLE001 - the user's function failed: say how, in one line
         raise ConfigError(f"{where}: {path}(...) raised {type(e).__name__}: {e}") from None
+
+
+
+def lazy_exports(package: str, exports: dict[str, str]) -> Callable[[str], Any]:
+    """A module `__getattr__` for `package` that imports each exported name from its module (exports: name ->
+    module) on first use and keeps it: importing the package, or any module under it, loads none of them."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in exports:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(exports[name]), name)
+        setattr(sys.modules[package], name, value)
+        return value
+
+    return __getattr__

@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from gearshift.errors import PlanError
 from gearshift.planner.baselines import all_baselines, snap_bounds, uniform_bounds
-from gearshift.planner.partition import cost_model, plan_partition
+from gearshift.planner.partition import cost_model
+from gearshift.planner.plan import plan_partition
 
 
 def test_uniform_bounds():

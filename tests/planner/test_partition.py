@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from gearshift.cluster.state import ClusterState
 from gearshift.errors import PlanError
-from gearshift.planner.partition import blocks, partition_dp, plan_partition
+from gearshift.planner.partition import blocks, partition_dp
+from gearshift.planner.plan import plan_partition
 from gearshift.profile.model_profile import LayerProfile, ModelProfile
 
 

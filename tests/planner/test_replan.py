@@ -10,7 +10,7 @@ import pytest
 from gearshift.cluster.spec import load_spec
 from gearshift.cluster.state import ClusterState
 from gearshift.errors import PlanError
-from gearshift.planner.partition import plan_partition
+from gearshift.planner.plan import plan_partition
 from gearshift.planner.replan import decide_replan, first_plan, moved_layers
 from gearshift.schedules import gpipe, one_f_one_b
 

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from gearshift.cluster.spec import ClusterSpec, load_spec
 from gearshift.cluster.state import ClusterState
-from gearshift.planner.partition import plan_partition
+from gearshift.planner.plan import plan_partition
 from gearshift.profile.model_profile import LayerProfile, ModelProfile
 from gearshift.runtime.adapt import Adapter
 from gearshift.schedules import make_schedule, peak_in_flight

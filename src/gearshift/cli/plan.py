@@ -13,7 +13,8 @@ from gearshift.cli.config_help import add_config_help
 from gearshift.cluster.spec import load_spec
 from gearshift.cluster.state import ClusterState, local_state
 from gearshift.errors import DataError
-from gearshift.planner.partition import PartitionResult, plan_partition
+from gearshift.planner.partition import PartitionResult
+from gearshift.planner.plan import plan_partition
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.schedules import make_schedule, peak_in_flight
 from gearshift.train.config import load_config, read_profile

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from gearshift.errors import ConfigError
 from gearshift.models.layered import LayeredModel, seeded
-from gearshift.models.spec import ModelSpec
+from gearshift.models.spec import ModelSpec, register_model
 
 
 @dataclass
@@ -207,3 +207,6 @@ def gpt_spec(cfg: GPTConfig) -> ModelSpec:
 def build_gpt(cfg: GPTConfig, seed: int = 0) -> LayeredModel:
     """The whole GPT as a LayeredModel with the cross-entropy loss."""
     return LayeredModel([build_layer(cfg, i, seed) for i in range(cfg.num_layers)], gpt_loss)
+
+
+register_model("gpt", lambda table: gpt_spec(GPTConfig(vocab_size=256, **table)))

@@ -35,7 +35,7 @@ from gearshift.models.gpt import (
     init_weights,
     linear_params,
 )
-from gearshift.models.spec import ModelSpec
+from gearshift.models.spec import ModelSpec, register_model
 
 
 @dataclass
@@ -261,6 +261,9 @@ def make_moe_layer(cfg: MoEConfig, index: int) -> nn.Module:
 def moe_spec(cfg: MoEConfig) -> ModelSpec:
     """The MoE GPT as a ModelSpec (what `model.name = "moe_gpt"` trains)."""
     return ModelSpec(cfg.num_layers, partial(make_moe_layer, cfg), gpt_loss)
+
+
+register_model("moe_gpt", lambda table: moe_spec(MoEConfig(vocab_size=256, **table)))
 
 
 def moe_modules(module: nn.Module) -> list[MoEFeedForward]:

@@ -14,7 +14,7 @@ from gearshift.errors import ConfigError
 from gearshift.imports import call_user, import_object, is_import_path
 from gearshift.models.layered import LayeredModel, LossFn, no_cut, seeded
 
-MODEL_NAMES = ("gpt", "moe_gpt")
+BUILTIN: dict[str, Callable[[dict], ModelSpec]] = {}  # model.name -> build from the [model] table (register_model)
 
 
 @dataclass
@@ -113,21 +113,22 @@ def as_spec(result: Any, make: Callable[[], Any], where: str) -> ModelSpec:
     return ModelSpec(model.num_layers, _Handout(lambda: layered(make()), model), model.loss_fn, model.keep_together)
 
 
+def register_model(name: str, build: Callable[[dict], ModelSpec]) -> None:
+    """Make `name` a built-in model.name: `build(table)` makes it from the [model] table (without `name`).
+    The built-in models register themselves when gearshift.models is imported (models.gpt: "gpt",
+    models.moe: "moe_gpt"), so this module needs neither."""
+    BUILTIN[name] = build
+
+
 def resolve_model(name: str, table: dict[str, Any], seed: int) -> ModelSpec:
-    """The model a config names: "gpt" (the built-in byte-level GPT, from the [model] table's fields), "moe_gpt"
-    (the GPT with experts, gearshift.models.moe) or
+    """The model a config names: a built-in one ("gpt": the byte-level GPT, from the [model] table's fields;
+    "moe_gpt": the GPT with experts, gearshift.models.moe) or
     "package.module:function", called with the [model] table (without `name`) as a dict; its call and any
     model it builds whole run under a RNG seeded from `seed`, so every rank gets the same model."""
-    if name == "gpt":
-        from gearshift.models.gpt import GPTConfig, gpt_spec
-
-        return gpt_spec(GPTConfig(vocab_size=256, **table))
-    if name == "moe_gpt":
-        from gearshift.models.moe import MoEConfig, moe_spec
-
-        return moe_spec(MoEConfig(vocab_size=256, **table))
+    if name in BUILTIN:
+        return BUILTIN[name](table)
     if not is_import_path(name):
-        raise ConfigError(f"model.name: unknown model {name!r} (allowed: {', '.join(MODEL_NAMES)} or "
+        raise ConfigError(f"model.name: unknown model {name!r} (allowed: {', '.join(BUILTIN)} or "
                           f"'package.module:function')")
     fn = import_object(name, "model.name")
 

@@ -9,7 +9,8 @@ from dataclasses import asdict, dataclass
 from gearshift.cluster.state import ClusterState
 from gearshift.errors import PlanError
 from gearshift.planner.baselines import uniform_bounds
-from gearshift.planner.partition import OPTIMIZER_FACTOR, PartitionResult, cost_model, plan_partition
+from gearshift.planner.partition import OPTIMIZER_FACTOR, PartitionResult, cost_model
+from gearshift.planner.plan import plan_partition
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.schedules import Schedule, peak_in_flight
 

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 
 from gearshift.cluster.state import ClusterState
 from gearshift.errors import PlanError
-from gearshift.planner.partition import OPTIMIZER_FACTOR, plan_partition
+from gearshift.planner.partition import OPTIMIZER_FACTOR
+from gearshift.planner.plan import plan_partition
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.schedules import make_schedule, peak_in_flight
 from gearshift.sim import CostModel, simulate

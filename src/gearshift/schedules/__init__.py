@@ -1,9 +1,11 @@
 """gearshift.schedules: per-rank action lists (GPipe, 1F1B, kFkB, multi-directional) and their validator."""
 
+from gearshift.errors import ScheduleError
+from gearshift.schedules import multidir as _multidir  # noqa: F401  (registers the "multidir" kind)
 from gearshift.schedules.action import Action, Op, Schedule
 from gearshift.schedules.generators import gpipe, kfkb, make_schedule, one_f_one_b
 from gearshift.schedules.memory import peak_in_flight
-from gearshift.schedules.validate import ScheduleError, validate
+from gearshift.schedules.validate import validate
 
 __all__ = [
     "Action",

@@ -3,11 +3,13 @@ several (multi-directional pipelines: gearshift.schedules.multidir)."""
 
 from __future__ import annotations
 
+from functools import partial
+
+from gearshift.errors import ScheduleError
 from gearshift.schedules.action import Action, Op, Schedule
-from gearshift.schedules.validate import ScheduleError
+from gearshift.schedules.kinds import ScheduleKind, kind_named, register
 
 NAMES = ("gpipe", "1f1b", "kfkb")
-ALL_NAMES = (*NAMES, "multidir")
 
 # Relative costs used only to merge several stages' orders on one rank (backward ~ 2x forward).
 _MERGE_COST = {Op.FORWARD: 1.0, Op.BACKWARD: 2.0}
@@ -33,16 +35,21 @@ def make_schedule(
     stages_per_pipe: int | None = None, directions: int = 2, update: str = "flush",
     slice_bytes: list[float] | None = None,
 ) -> Schedule:
-    """Build a named schedule; raises ScheduleError (a ValueError) naming the bad field.
+    """Build a schedule of the kind `name` (schedules.kinds); raises ScheduleError (a ValueError) naming the
+    bad field.
 
     "multidir" builds `directions` pipelines over num_stages ranks (gearshift.schedules.multidir), in orders
     that balance `slice_bytes` (activation bytes per micro-batch of each slice; None: equal); the others run
     num_stages stages in pipes of `stages_per_pipe` (default: one pipe), each pipe its own num_microbatches
     micro-batches."""
-    if name == "multidir":
-        from gearshift.schedules.multidir import multidir
+    return kind_named(name).build(num_stages, num_microbatches, k=k, placement=placement,
+                                  stages_per_pipe=stages_per_pipe, directions=directions, update=update,
+                                  slice_bytes=slice_bytes)
 
-        return multidir(num_stages, directions, num_microbatches, update, slice_bytes)
+
+def _pipeline(name: str, num_stages: int, num_microbatches: int, k: int = 1, placement: list[int] | None = None,
+              stages_per_pipe: int | None = None, **_: object) -> Schedule:
+    """GPipe, 1F1B or kFkB (`name`) over one pipe or several: make_schedule's build of these kinds."""
     _check_args(name, num_stages, num_microbatches, k)
     spp = stages_per_pipe or num_stages
     if num_stages % spp:
@@ -180,8 +187,6 @@ def _is_int(x: object) -> bool:
 
 
 def _check_args(name: str, num_stages: int, num_microbatches: int, k: int) -> None:
-    if name not in NAMES:
-        raise ScheduleError(f"schedule name: {name!r} is not one of {', '.join(ALL_NAMES)}")
     for field, value in (("num_stages", num_stages), ("num_microbatches", num_microbatches), ("k", k)):
         if not _is_int(value) or value < 1:
             raise ScheduleError(f"{field}: must be an integer >= 1, got {value!r}")
@@ -198,3 +203,7 @@ def _check_placement(placement: list[int], num_stages: int) -> int:
     if empty:
         raise ScheduleError(f"placement: ranks {empty} hold no stage (ranks must be 0..R-1, all used)")
     return num_ranks
+
+
+for _name in NAMES:
+    register(_name, ScheduleKind(partial(_pipeline, _name)))

@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import math
 
+from gearshift.errors import ScheduleError
 from gearshift.schedules.action import Action, Op, Schedule
 from gearshift.schedules.generators import merge_orders, stage_order, with_comm
-from gearshift.schedules.validate import ScheduleError
+from gearshift.schedules.kinds import ScheduleKind, register
+from gearshift.schedules.update import check_update
 
 UPDATES = ("flush", "async")
 OPT = 0  # the optimizer direction
@@ -346,5 +348,14 @@ def unroll(window: Schedule, steady: int = 2) -> Schedule:
                 lists[r].append(Action(Op.BARRIER))
             lists[r] += [a if a.mb < 0 else Action(a.op, a.stage, a.mb + shift, a.peer) for a in acts]
     params = dict(window.params, window=False, batch_microbatches=M)
-    return Schedule(f"{window.name} unrolled", window.num_stages, (steady + 1) * M, list(window.placement), lists,
+    return Schedule(window.name, window.num_stages, (steady + 1) * M, list(window.placement), lists,
                     params, window.stages_per_pipe)
+
+
+def _build(num_stages: int, num_microbatches: int, directions: int = 2, update: str = "flush",
+           slice_bytes: list[float] | None = None, **_: object) -> Schedule:
+    """make_schedule's build of "multidir": num_stages is the pipeline ranks P."""
+    return multidir(num_stages, directions, num_microbatches, update, slice_bytes)
+
+
+register("multidir", ScheduleKind(_build, check_update=check_update, unroll=unroll))

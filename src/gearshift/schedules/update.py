@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from gearshift.errors import ScheduleError
 from gearshift.schedules.action import Action, Op, Schedule
-from gearshift.schedules.validate import ScheduleError
 
 
 def check_update(sch: Schedule) -> None:

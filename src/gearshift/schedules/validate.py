@@ -4,37 +4,32 @@ from __future__ import annotations
 
 from collections import Counter
 
-from gearshift.errors import UserError
+from gearshift.errors import ScheduleError
 from gearshift.schedules.action import Action, Op, Schedule
+from gearshift.schedules.kinds import KINDS
 
 _SHOW = 6  # at most this many items in one message
 
 
-class ScheduleError(UserError):
-    """A schedule (or a request for one) that is malformed, incomplete or deadlocks."""
-
-
 def validate(schedule: Schedule) -> None:
     """Raise ScheduleError unless every (stage, mb) runs F then B once on its rank, every send has its
-    receive, each rank ends its compute with SYNC then STEP (multi-directional pipelines: each slice's
-    update runs once per batch, in order, and no forward runs on weights more than one version stale),
-    and the lists run to completion. A window (a step without a flush) is checked as the stream it
-    repeats in: the first step, two windows and the final flush, with the step boundaries between."""
+    receive, each rank ends its compute with its kind's update (schedules.kinds: SYNC then STEP; for
+    multi-directional pipelines each slice's update once per batch, in order, and no forward on weights
+    more than one version stale), and the lists run to completion. A window (a step without a flush) is
+    checked as the stream it repeats in (its kind's unroll: for multidir the first step, two windows and
+    the final flush, with the step boundaries between)."""
+    kind = KINDS.get(schedule.name)  # None: a list made by hand, checked as a pipeline that flushes
     if schedule.window:
-        from gearshift.schedules.multidir import unroll
-
+        if kind is None or kind.unroll is None:
+            raise ScheduleError(f"{schedule.name}: a window (params['window']), but no stream to unroll it into")
         _check_window(schedule)
-        validate(unroll(schedule))
+        validate(kind.unroll(schedule))
         return
     _check_shape(schedule)
     _check_compute(schedule)
     _check_comm(schedule)
-    if "directions" in schedule.params:
-        from gearshift.schedules.update import check_update
-
-        check_update(schedule)
-    else:
-        _check_sync_step(schedule)
+    check_update = kind.check_update if kind is not None and kind.check_update else _check_sync_step
+    check_update(schedule)
     _check_deadlock(schedule)
 
 
