@@ -337,7 +337,8 @@ def drain(window: Schedule) -> list[list[Action]]:
 
 def unroll(window: Schedule, steady: int = 2) -> Schedule:
     """Prologue, `steady` windows and the drain, barriers between (the training loop's step boundaries),
-    as one flat schedule over steady + 1 batches (micro-batch ids batch * M + j), for validation."""
+    as one flat schedule over steady + 1 batches (micro-batch ids batch * M + j), for validation; it keeps the
+    window's name, so validate checks it as the same kind."""
     M = window.num_microbatches
     parts = [prologue(window)] + [window.actions] * steady + [drain(window)]
     lists: list[list[Action]] = [[] for _ in range(window.num_ranks)]
