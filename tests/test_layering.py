@@ -28,11 +28,19 @@ def test_pure_planning_loads_no_torch_and_nothing_above_it():
     assert [m for m in loaded if m.split(".")[0] == "torch" or m.startswith(heavy)] == []
 
 
-def test_the_package_root_loads_its_api_on_first_use():
+def test_the_root_loads_its_api_on_first_use_and_registries_fill_from_any_module_of_their_package():
+    # one interpreter for both (each loads torch): the root first, before anything has loaded its names
     out = _run("""
         import sys
         import gearshift
-        print("torch" in sys.modules, "gearshift.train.launch" in sys.modules)
+        print("torch" in sys.modules, "gearshift.models" in sys.modules, "gearshift.train.launch" in sys.modules)
+        from gearshift.models.spec import resolve_model
+        from gearshift.schedules.generators import make_schedule
+        from gearshift.schedules.validate import validate
+        spec = resolve_model("moe_gpt", {"context": 8, "layers": 2, "width": 16, "heads": 2, "experts": 2}, 0)
+        sch = make_schedule("multidir", 4, 4, directions=2, update="async")
+        validate(sch)
+        print(spec.num_layers, sch.name, sch.window)
         from gearshift import JobConfig, LayeredModel, ModelSpec, launch, load_config
         import gearshift.models, gearshift.train.config, gearshift.train.launch
         print(launch is gearshift.train.launch.launch, load_config is gearshift.train.config.load_config,
@@ -43,17 +51,5 @@ def test_the_package_root_loads_its_api_on_first_use():
         except AttributeError as e:
             print(e)
     """).splitlines()
-    assert out == ["False False", "True True True True True", "module 'gearshift' has no attribute 'no_such_name'"]
-
-
-def test_registries_are_filled_by_importing_any_module_of_their_package():
-    out = _run("""
-        from gearshift.models.spec import resolve_model
-        from gearshift.schedules.generators import make_schedule
-        from gearshift.schedules.validate import validate
-        spec = resolve_model("moe_gpt", {"context": 8, "layers": 2, "width": 16, "heads": 2, "experts": 2}, 0)
-        sch = make_schedule("multidir", 4, 4, directions=2, update="async")
-        validate(sch)
-        print(spec.num_layers, sch.name, sch.window)
-    """).split()
-    assert out == ["5", "multidir", "True"]
+    assert out == ["False False False", "5 multidir True", "True True True True True",
+                   "module 'gearshift' has no attribute 'no_such_name'"]
