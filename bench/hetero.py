@@ -88,7 +88,7 @@ def planned_bounds(profile, slow: list[float], micro: int, method: str = "adapti
     """`method`'s partition when the speeds are the true ones: 1/slowdown times this machine's contention
     factor (the oracle for method="adaptive", the DP)."""
     from gearshift.cluster.state import local_state
-    from gearshift.planner.partition import plan_partition
+    from gearshift.planner.plan import plan_partition
 
     state = local_state(WORLD)
     state.speeds = [s / f for s, f in zip(state.speeds, slow)]
