@@ -25,6 +25,6 @@ def test_peak_activation_bytes_follow_the_schedule():
         ex = PipelineExecutor(make_schedule(name, 1, 4), 0, {0: stage}, gpt_loss, lambda s: ((2, 16), torch.long))
         rec = ex.run(xs, ys)
         peaks[name] = rec.peak_act_bytes
-        assert ex._held == 0  # every backward freed what its forward saved
+        assert ex.act_meter.held == 0  # every backward freed what its forward saved
     assert peaks["gpipe"] == 4 * one  # all four micro-batches held before the first backward
     assert peaks["1f1b"] == one  # one stage: forward, backward, forward, ...

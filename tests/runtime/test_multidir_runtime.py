@@ -3,7 +3,7 @@ optimizer state is one copy of the model's, its state resumes under 1F1B, and as
 reference that runs each micro-batch on the weight version its schedule gives it (one step stale at most, the
 backward on the forward's version). The job's own direction orders balance the slices' activation bytes (not
 an order and its reverse on this model); async also runs on the reverse. One launch, a tiny model, 3 steps
-per check."""
+per check. A broken invariant (weights too stale) is an error, not an assert."""
 
 from __future__ import annotations
 
@@ -77,8 +77,16 @@ def _worker(rank: int, world: int) -> dict:
     for name, sch in (("async", None), ("async_reverse", make_schedule("multidir", WORLD, M, directions=D,
                                                                        update="async"))):
         asy = build_runtime(cfg, schedule=sch)
-        out[name] = (asy.schedule.to_dict(), _train(asy, cfg, range(STEPS)),
-                     _numpy(_everything(asy)[0]))  # drains: the last batch's update is in
+        losses = _train(asy, cfg, range(STEPS))
+        if name == "async":  # weights two versions old break the staleness bound: the step refuses to run
+            held = dict(asy.version)
+            asy.version = {s: v - 2 for s, v in held.items()}
+            try:
+                _train(asy, cfg, range(STEPS, STEPS + 1))
+            except RuntimeError as e:
+                out["stale"] = str(e)
+            asy.version = held
+        out[name] = (asy.schedule.to_dict(), losses, _numpy(_everything(asy)[0]))  # drains: the last update is in
     return out
 
 
@@ -181,6 +189,7 @@ def test_multidir_trains_like_single_process() -> None:
 
     # the job's orders weigh the slices' bytes: embedding light, blocks and head heavy, not the reverse
     assert r0["orders"][0] == [0, 1, 2, 3] and r0["orders"][1] != [3, 2, 1, 0]
+    assert all(f"batch {STEPS} would run on stale weights" in r.get("stale", "") for r in results)
     fresh_state = _single_process(_cfg("multidir", "async"), STEPS)[1][-1]
     for name in ("async", "async_reverse"):
         schedule, losses, state = r0[name]

@@ -48,7 +48,7 @@ def test_kfkb_two_alternates_pairs():
 
 def test_local_hand_off_has_no_comm():
     sch = make_schedule("1f1b", 4, 4, placement=[0, 0, 1, 1])
-    comm = {(a.op, a.stage) for acts in sch.actions for a in acts if a.op.is_send or a.op.is_recv}
+    comm = {(a.op, a.stage) for acts in sch.actions for a in acts if a.op.is_stage_send or a.op.is_stage_recv}
     assert comm == {(Op.SEND_ACT, 1), (Op.RECV_ACT, 2), (Op.SEND_GRAD, 2), (Op.RECV_GRAD, 1)}
 
 

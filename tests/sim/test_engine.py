@@ -117,3 +117,17 @@ def test_interleaved_placement_shrinks_the_bubble():
     plain = simulate(one_f_one_b(4, 16), CostModel.uniform(4, 4, 2 * F, 2 * B))
     assert res.busy_s == plain.busy_s
     assert res.iteration_s < plain.iteration_s
+
+
+def test_engine_codes_follow_the_op_kinds():
+    """The replay's integer codes order compute first and the per-micro-batch ops before SYNC (it compares codes),
+    and its sends and receives are the ops' point-to-point ones (REDUCE and SEND_PAR included)."""
+    from gearshift.schedules.action import Op
+    from gearshift.sim import engine
+
+    code = engine._CODE
+    assert set(code) == set(Op)
+    assert {op for op in Op if code[op] <= engine._B} == {op for op in Op if op.is_compute}
+    assert {op for op in Op if code[op] < engine._SYNC} == {op for op in Op if op.is_per_microbatch}
+    assert {op for op in Op if code[op] in engine._SENDS} == {Op.SEND_ACT, Op.SEND_GRAD, Op.REDUCE, Op.SEND_PAR}
+    assert {op for op in Op if code[op] in engine._RECVS} == {Op.RECV_ACT, Op.RECV_GRAD, Op.RECV_RED, Op.RECV_PAR}

@@ -23,9 +23,9 @@ def _messages(schedule: Schedule) -> tuple[dict[Channel, list[int]], dict[Channe
     received: dict[Channel, list[int]] = {}
     for r, acts in enumerate(schedule.actions):
         for a in acts:
-            if a.op.is_send or a.op.is_recv:
+            if a.op.is_stage_send or a.op.is_stage_recv:
                 kind, stage, mb, src, dst = _comm_key(a, r)
-                (sent if a.op.is_send else received).setdefault((src, dst, kind, stage), []).append(mb)
+                (sent if a.op.is_stage_send else received).setdefault((src, dst, kind, stage), []).append(mb)
     return sent, received
 
 

@@ -145,9 +145,11 @@ class MultiDirRuntime:
         """The stage's next weight version: into the copy no micro-batch in flight still runs on."""
         copies = self._copies[stage]
         spare = copies[(copies.index(self.stages[stage]) + 1) % len(copies)]
-        users = [k for k, v in self.executor._saved.items() if len(v) == 3 and v[2] is spare]
-        assert not users, (f"multidir: version {self.version[stage] + 1} of stage {stage} would overwrite the "
-                           f"weights micro-batch {users[0][1]} still needs for its backward")
+        users = self.executor.pending_backwards(spare)
+        if users:
+            raise RuntimeError(f"multidir: version {self.version[stage] + 1} of stage {stage} would overwrite the "
+                               f"weights micro-batch {users[0][1]} of stage {users[0][0]} still needs for its "
+                               "backward")
         _unflat(flat, list(spare.parameters()))
         self.stages[stage] = spare
         self.version[stage] += 1
@@ -163,7 +165,8 @@ class MultiDirRuntime:
         """Staleness at most one version: every forward of `batch` runs on version batch - 1 or later."""
         low = batch - 1 if self.window else batch
         stale = {s: v for s, v in self.version.items() if v < low}
-        assert not stale, f"multidir: batch {batch} would run on stale weights {stale} (version >= {low} needed)"
+        if stale:
+            raise RuntimeError(f"multidir: batch {batch} would run on stale weights {stale} (version >= {low} needed)")
 
     def step(self, x: Tensor, y: Tensor, lr: float) -> StepResult:
         """One batch: its forwards and backwards in every direction and (flush) its update, or (async) the
@@ -184,7 +187,9 @@ class MultiDirRuntime:
             return None
         rec = self.executor.run([], [], phase="drain", batch=self.batch)
         self._pending = False
-        assert all(v == self.batch for v in self.version.values()), f"multidir: versions {self.version} after a flush"
+        if any(v != self.batch for v in self.version.values()):
+            raise RuntimeError(f"multidir: versions {self.version} after a flush of batch {self.batch - 1} (each "
+                               f"stage should have {self.batch} updates)")
         return rec
 
     @torch.no_grad()

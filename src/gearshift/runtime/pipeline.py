@@ -33,7 +33,7 @@ def forward_only(schedule: Schedule) -> Schedule:
     """The forward half of a schedule (evaluation): F and activation transfers, GPipe order."""
     g = make_schedule("gpipe", schedule.num_stages, schedule.num_microbatches, placement=schedule.placement,
                       stages_per_pipe=schedule.stages_per_pipe)
-    acts = [[a for a in lst if a.op in (Op.FORWARD, Op.SEND_ACT, Op.RECV_ACT)] for lst in g.actions]
+    acts = [[a for a in lst if a.op.is_forward_half] for lst in g.actions]
     return Schedule("forward", g.num_stages, g.num_microbatches, g.placement, acts, stages_per_pipe=g.stages_per_pipe)
 
 

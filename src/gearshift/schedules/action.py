@@ -31,23 +31,67 @@ class Op(str, Enum):
 
     @property
     def is_compute(self) -> bool:
-        return self in (Op.FORWARD, Op.BACKWARD)
+        """F or B: runs a stage's module on a micro-batch."""
+        return self in COMPUTE_OPS
 
     @property
-    def is_send(self) -> bool:
-        return self in (Op.SEND_ACT, Op.SEND_GRAD)
+    def is_forward_half(self) -> bool:
+        """F or an activation transfer: what evaluation runs."""
+        return self in FORWARD_HALF_OPS
 
     @property
-    def is_recv(self) -> bool:
-        return self in (Op.RECV_ACT, Op.RECV_GRAD)
+    def is_per_microbatch(self) -> bool:
+        """Names a (stage, micro-batch): compute and the transfers between a pipe's neighbouring stages."""
+        return self in MICROBATCH_OPS
+
+    @property
+    def is_stage_send(self) -> bool:
+        """SA or SG: one micro-batch's activation (input gradient) to the rank of the next (previous) stage."""
+        return self in STAGE_SENDS
+
+    @property
+    def is_stage_recv(self) -> bool:
+        """RA or RG: the receive of a stage send."""
+        return self in STAGE_RECVS
+
+    @property
+    def is_slice_send(self) -> bool:
+        """REDUCE or SEND_PAR: a slice's gradient or new parameters to another of its holders (REDUCE with
+        peer -1 stays on the rank)."""
+        return self in SLICE_SENDS
+
+    @property
+    def is_slice_recv(self) -> bool:
+        """RECV_RED or RECV_PAR: the receive of a slice send."""
+        return self in SLICE_RECVS
+
+    @property
+    def is_p2p_send(self) -> bool:
+        """Sends point to point (non-blocking): a stage send or a slice send."""
+        return self in P2P_SENDS
+
+    @property
+    def is_p2p_recv(self) -> bool:
+        """Receives point to point (posted ahead by the runtime): a stage or slice receive."""
+        return self in P2P_RECVS
 
     @property
     def is_update(self) -> bool:
-        """Part of a slice's update (multi-directional pipelines)."""
-        return self in _UPDATE or self is Op.NORM
+        """Part of a slice's update (multi-directional pipelines): a slice send or receive, or NORM."""
+        return self in UPDATE_OPS
 
 
-_UPDATE = (Op.REDUCE, Op.RECV_RED, Op.SEND_PAR, Op.RECV_PAR)
+# The kinds of ops, defined here once: the validator, the simulator and the executor read these.
+COMPUTE_OPS = frozenset({Op.FORWARD, Op.BACKWARD})
+STAGE_SENDS = frozenset({Op.SEND_ACT, Op.SEND_GRAD})
+STAGE_RECVS = frozenset({Op.RECV_ACT, Op.RECV_GRAD})
+SLICE_SENDS = frozenset({Op.REDUCE, Op.SEND_PAR})
+SLICE_RECVS = frozenset({Op.RECV_RED, Op.RECV_PAR})
+P2P_SENDS = STAGE_SENDS | SLICE_SENDS
+P2P_RECVS = STAGE_RECVS | SLICE_RECVS
+MICROBATCH_OPS = COMPUTE_OPS | STAGE_SENDS | STAGE_RECVS
+FORWARD_HALF_OPS = frozenset({Op.FORWARD, Op.SEND_ACT, Op.RECV_ACT})
+UPDATE_OPS = SLICE_SENDS | SLICE_RECVS | {Op.NORM}
 
 
 @dataclass(frozen=True)

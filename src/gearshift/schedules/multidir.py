@@ -308,7 +308,7 @@ def _position(line: list[tuple[Action, float, float]], ready: float, lo: int, sl
         clock = line[i - 1][2] if i else 0.0
         if clock > ready + slack:
             break
-        idle_until = end if a.op in (Op.RECV_ACT, Op.RECV_GRAD, Op.RECV_RED, Op.RECV_PAR) else start
+        idle_until = end if a.op.is_p2p_recv else start
         if idle_until > clock + 1e-9 and idle_until > ready:
             return i
     # at once: strictly after `ready` (an action at `ready` itself may be what the awaited message follows)

@@ -120,7 +120,7 @@ def _check_pairs(sch: Schedule) -> None:
             sl = sch.slice_of(a.stage) if a.stage >= 0 else -1
             if (a.op is Op.REDUCE and a.peer >= 0) or a.op is Op.SEND_PAR:
                 sent[(a.op is Op.SEND_PAR, sl, r, a.peer)] += 1
-            elif a.op in (Op.RECV_RED, Op.RECV_PAR):
+            elif a.op.is_slice_recv:
                 got[(a.op is Op.RECV_PAR, sl, a.peer, r)] += 1
     for key in set(sent) | set(got):
         if sent[key] != got[key]:

@@ -128,7 +128,7 @@ def _check_comm(sch: Schedule) -> None:
         for a in acts:
             if a.op.is_compute:
                 done.add((a.op, a.stage, a.mb))
-            if not (a.op.is_send or a.op.is_recv):
+            if not (a.op.is_stage_send or a.op.is_stage_recv):
                 continue
             kind, src_stage, mb, src, dst = key = _comm_key(a, r)
             dst_stage = src_stage + 1 if kind == "act" else src_stage - 1
@@ -149,7 +149,7 @@ def _check_comm(sch: Schedule) -> None:
                     f"{sch.placement[src_stage]} to rank {sch.placement[dst_stage]}"
                 )
                 continue
-            if a.op.is_send:
+            if a.op.is_stage_send:
                 producer = (Op.FORWARD if kind == "act" else Op.BACKWARD, src_stage, mb)
                 if producer not in done:
                     bad.append(f"{a} on rank {r} precedes the compute that produces it")

@@ -45,8 +45,10 @@ _CODE = {
     Op.RECV_PAR: _RP,
     Op.BARRIER: _BAR,
 }
-_SENDS = (_SA, _SG, _RED, _SP)
-_RECVS = (_RA, _RG, _RR, _RP)
+# The codes follow Op's order: compute first (k <= _B), then the stage transfers (k < _SYNC: per micro-batch).
+_SENDS = tuple(_CODE[op] for op in Op if op.is_p2p_send)
+_RECVS = tuple(_CODE[op] for op in Op if op.is_p2p_recv)
+_SLICE_MSGS = tuple(_CODE[op] for op in Op if op.is_slice_send or op.is_slice_recv)
 _NONE = -2  # no dependency
 _NEVER = -1  # a dependency that does not exist in the schedule: blocks forever
 _BARRIER = -3  # waiters key of ranks held at STEP's barrier
@@ -117,7 +119,7 @@ def _compile(schedule: Schedule, cost: CostModel) -> _Program:
     used = [(s, mb) for k, s, mb in zip(kind, stage, mbs) if k < _SYNC]
     if any(not (0 <= s < num_stages and mb >= 0) for s, mb in used):
         raise ValueError("simulate: an action has a stage or micro-batch out of range (run validate first)")
-    if any(not 0 <= s < num_stages for k, s in zip(kind, stage) if k in (_RED, _RR, _SP, _RP)):
+    if any(not 0 <= s < num_stages for k, s in zip(kind, stage) if k in _SLICE_MSGS):
         raise ValueError("simulate: an update action has a stage out of range (run validate first)")
     m = max((mb for _, mb in used), default=0) + 1
     slot = [_NEVER] * (6 * num_stages * m)
