@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from gearshift.errors import PlanError
 from gearshift.planner.baselines import all_baselines, snap_bounds, uniform_bounds
-from gearshift.planner.partition import cost_model
+from gearshift.planner.partition import partition_costs
 from gearshift.planner.plan import plan_partition
 
 
@@ -36,10 +36,10 @@ def test_equal_speed_ignores_speed_but_is_evaluated_under_true_speeds(make_profi
     assert ad.bottleneck_s == pytest.approx(2.0)
 
 
-def test_baselines_share_the_cost_model(make_profile, make_state):
+def test_baselines_share_the_partition_costs(make_profile, make_state):
     prof = make_profile([1.0, 2.0, 3.0, 4.0])
     state = make_state([1.0, 2.0])
-    cost = cost_model(prof, state, 2, microbatches=2)
+    cost = partition_costs(prof, state, 2, microbatches=2)
     for name, r in all_baselines(cost).items():
         again = cost.evaluate(r.bounds, name)
         assert again == r

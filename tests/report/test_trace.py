@@ -2,7 +2,7 @@ import json
 
 from gearshift.report.trace import chrome_trace, merge_traces, sim_trace, write_trace
 from gearshift.schedules import gpipe
-from gearshift.sim import CostModel, simulate
+from gearshift.sim import ScheduleCosts, simulate
 
 
 def complete(trace):
@@ -26,7 +26,7 @@ def test_chrome_trace_events_and_tracks():
 
 def test_sim_trace_has_every_action_and_link_tracks(tmp_path):
     sch = gpipe(2, 3)
-    res = simulate(sch, CostModel.uniform(2, 2, act_bytes=1.0, bandwidth=4.0))
+    res = simulate(sch, ScheduleCosts.uniform(2, 2, act_bytes=1.0, bandwidth=4.0))
     trace = sim_trace(res)
     events = complete(trace)
     tracks = {e["args"]["name"]: e["tid"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
@@ -62,7 +62,7 @@ def test_multidir_compute_is_coloured_by_direction():
     from gearshift.schedules import make_schedule
 
     sch = make_schedule("multidir", 4, 4, directions=2)
-    trace = sim_trace(simulate(sch, CostModel.uniform(8, 4)), stages_per_pipe=4)
+    trace = sim_trace(simulate(sch, ScheduleCosts.uniform(8, 4)), stages_per_pipe=4)
     tracks = {e["args"]["name"]: e["tid"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
     assert [t for t in tracks if t.startswith("rank")] == [
         f"rank {r}{x}" for r in range(4) for x in ("", " directions")]

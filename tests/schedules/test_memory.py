@@ -6,7 +6,7 @@ import pytest
 
 from gearshift.planner.partition import default_in_flight
 from gearshift.schedules import gpipe, kfkb, make_schedule, one_f_one_b, peak_in_flight
-from gearshift.sim import CostModel, simulate
+from gearshift.sim import ScheduleCosts, simulate
 
 
 @pytest.mark.parametrize("stages,mbs", [(1, 1), (2, 5), (4, 3), (4, 8)])
@@ -21,7 +21,7 @@ def test_closed_forms(stages, mbs):
 def test_equals_the_simulators_peak(name, k):
     """One stage per rank: the simulator's activation peak is the count times a micro-batch's bytes."""
     stages, mbs, mem = 4, 8, [10.0, 20.0, 30.0, 40.0]
-    cost = CostModel.uniform(stages, stages)
+    cost = ScheduleCosts.uniform(stages, stages)
     cost.act_mem_bytes = mem
     sch = make_schedule(name, stages, mbs, k=k)
     assert simulate(sch, cost).peak_act_mem == [n * m for n, m in zip(peak_in_flight(sch), mem)]

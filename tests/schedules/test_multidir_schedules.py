@@ -5,7 +5,7 @@ import pytest
 
 from gearshift.schedules import Action, Op, Schedule, ScheduleError, make_schedule, validate
 from gearshift.schedules.multidir import direction_orders, drain, prologue, unroll
-from gearshift.sim import CostModel, simulate
+from gearshift.sim import ScheduleCosts, simulate
 
 COMBOS = [(4, 2), (5, 2), (6, 2), (6, 3), (8, 2), (8, 3), (8, 4)]
 
@@ -223,7 +223,7 @@ def test_multidir_beats_1f1b_on_bubbles_and_balances_memory_in_the_simulator():
     Chimera's bubble ratio (P - 2) / (2N + P - 2) for N = 8 micro-batches is 1/9 (1F1B: (P - 1) / (N + P - 1) =
     3/11), and every rank holds between P/2 + 1 and P micro-batches' activations, not 1 to P."""
     def run(sch):
-        return simulate(sch, CostModel.uniform(sch.num_stages, sch.num_ranks, act_mem=1.0))
+        return simulate(sch, ScheduleCosts.uniform(sch.num_stages, sch.num_ranks, act_mem=1.0))
 
     one = run(make_schedule("1f1b", 4, 8))
     flush = run(make_schedule("multidir", 4, 4, directions=2))
@@ -246,7 +246,7 @@ def test_weighted_orders_balance_the_simulated_peaks():
     w = [2.05, 4.0, 4.0, 2.5]
 
     def peaks(sch):
-        cost = CostModel.uniform(sch.num_stages, sch.num_ranks)
+        cost = ScheduleCosts.uniform(sch.num_stages, sch.num_ranks)
         cost.act_mem_bytes = [w[s % 4] for s in range(sch.num_stages)]
         res = simulate(sch, cost)
         return max(res.peak_act_bytes) / min(res.peak_act_bytes)

@@ -5,13 +5,13 @@ import time
 import pytest
 
 from gearshift.schedules import Action, Op, Schedule, gpipe, make_schedule, one_f_one_b
-from gearshift.sim import CostModel, simulate
+from gearshift.sim import ScheduleCosts, simulate
 
 
-def steps_only(sync_s: list[float], step_s: list[float], host: list[int], cores: list[float]) -> CostModel:
+def steps_only(sync_s: list[float], step_s: list[float], host: list[int], cores: list[float]) -> ScheduleCosts:
     """Ranks that only SYNC (a wait, no core) then STEP (compute): isolates the sharing arithmetic."""
     n = len(step_s)
-    cost = CostModel.uniform(1, n)
+    cost = ScheduleCosts.uniform(1, n)
     cost.sync_s, cost.step_s, cost.host, cost.cores = sync_s, step_s, host, cores
     return cost
 
@@ -48,14 +48,14 @@ def test_hosts_share_only_their_own_cores():
     assert [e for _, e in step_spans(res)] == pytest.approx([2.0, 2.0, 1.0])
 
 
-def shared(cost: CostModel, ranks: int, cores: float) -> CostModel:
+def shared(cost: ScheduleCosts, ranks: int, cores: float) -> ScheduleCosts:
     cost.host, cost.cores = [0] * ranks, [cores]
     return cost
 
 
 def test_gpipe_on_one_core_by_hand():
     # r0 F0 0-1; r0 F1 and r1 F0 share 1-3; r1 F1 3-4, B0 4-6; r0 B0 and r1 B1 share 6-10; r0 B1 10-12
-    res = simulate(gpipe(2, 2), shared(CostModel.uniform(2, 2, 1.0, 2.0), 2, 1.0))
+    res = simulate(gpipe(2, 2), shared(ScheduleCosts.uniform(2, 2, 1.0, 2.0), 2, 1.0))
     spans = [[(a.label, s, e) for a, s, e in line if a.op.is_compute] for line in res.timelines]
     assert spans == [
         [("F0", 0.0, 1.0), ("F1", 1.0, 3.0), ("B0", 6.0, 10.0), ("B1", 10.0, 12.0)],
@@ -69,7 +69,7 @@ def test_duty_cycle_sleep_holds_no_core():
     # rank 0 emulates a 3x slower device: computes, then sleeps twice as long without the core.
     # r0 F0 0-1 (+2 sleep); r0 F1 and r1 F0 share 3-5, r0 sleeps 4 more; r1 F1 9-10, B0 10-12;
     # r0 B0 and r1 B1 share 12-16, r0 sleeps 8 more; r0 B1 24-26 (+4 sleep)
-    cost = shared(CostModel.uniform(2, 2, 1.0, 2.0), 2, 1.0)
+    cost = shared(ScheduleCosts.uniform(2, 2, 1.0, 2.0), 2, 1.0)
     cost.duty = [3.0, 1.0]
     res = simulate(gpipe(2, 2), cost)
     spans = [[(a.label, s, e) for a, s, e in line if a.op.is_compute] for line in res.timelines]
@@ -79,9 +79,9 @@ def test_duty_cycle_sleep_holds_no_core():
 
 
 def test_duty_cycle_unshared_is_a_slower_device():
-    cost = CostModel.uniform(2, 2, 1.0, 2.0)
+    cost = ScheduleCosts.uniform(2, 2, 1.0, 2.0)
     cost.duty = [2.0, 1.0]
-    slower = CostModel.uniform(2, 2, 1.0, 2.0)
+    slower = ScheduleCosts.uniform(2, 2, 1.0, 2.0)
     slower.forward_s, slower.backward_s = [2.0, 1.0], [4.0, 2.0]
     a, b = simulate(one_f_one_b(2, 4), cost), simulate(one_f_one_b(2, 4), slower)
     assert (a.iteration_s, a.busy_s, a.timelines) == (b.iteration_s, b.busy_s, b.timelines)
@@ -89,7 +89,7 @@ def test_duty_cycle_unshared_is_a_slower_device():
 
 def test_step_barrier_waits_for_the_last_rank():
     # unshared gpipe(2, 2): r1 reaches STEP at 7, r0 at 9; both step from 9 + 0.5 (a STEP spans its wait)
-    cost = CostModel.uniform(2, 2, 1.0, 2.0)
+    cost = ScheduleCosts.uniform(2, 2, 1.0, 2.0)
     cost.step_s, cost.step_barrier_s = [1.0, 3.0], 0.5
     res = simulate(gpipe(2, 2), cost)
     assert step_spans(res) == [(9.0, 10.5), (7.0, 12.5)]
@@ -104,7 +104,7 @@ def test_step_barrier_waits_for_the_last_rank():
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "kfkb"])
 def test_enough_cores_is_the_unshared_result(name):
     sch = make_schedule(name, 4, 8, k=2)
-    cost = CostModel.uniform(4, 4, 1.0, 2.0, act_bytes=10.0, bandwidth=40.0, latency=0.1)
+    cost = ScheduleCosts.uniform(4, 4, 1.0, 2.0, act_bytes=10.0, bandwidth=40.0, latency=0.1)
     cost.step_s, cost.sync_s = 0.3, [0.1, 0.2, 0.3, 0.4]
     base = simulate(sch, cost)
     for cores in (4.0, 8.0):
@@ -114,16 +114,16 @@ def test_enough_cores_is_the_unshared_result(name):
 
 
 def test_one_microbatch_never_overlaps_so_sharing_costs_nothing():
-    base = simulate(gpipe(4, 1), CostModel.uniform(4, 4, 1.0, 2.0))
-    res = simulate(gpipe(4, 1), shared(CostModel.uniform(4, 4, 1.0, 2.0), 4, 1.0))
+    base = simulate(gpipe(4, 1), ScheduleCosts.uniform(4, 4, 1.0, 2.0))
+    res = simulate(gpipe(4, 1), shared(ScheduleCosts.uniform(4, 4, 1.0, 2.0), 4, 1.0))
     assert res.iteration_s == pytest.approx(base.iteration_s)
 
 
 @pytest.mark.parametrize("cores", [1.0, 1.5, 2.0, 3.0])
 def test_shared_time_between_work_bound_and_unshared_bound(cores):
     sch = one_f_one_b(4, 8)
-    base = simulate(sch, CostModel.uniform(4, 4, 1.0, 2.0))
-    res = simulate(sch, shared(CostModel.uniform(4, 4, 1.0, 2.0), 4, cores))
+    base = simulate(sch, ScheduleCosts.uniform(4, 4, 1.0, 2.0))
+    res = simulate(sch, shared(ScheduleCosts.uniform(4, 4, 1.0, 2.0), 4, cores))
     work = 4 * 8 * 3.0
     assert max(work / cores, base.iteration_s) <= res.iteration_s + 1e-9
     assert res.iteration_s <= base.iteration_s * 4 / cores + 1e-9  # never slower than every rank at cores / 4
@@ -132,13 +132,13 @@ def test_shared_time_between_work_bound_and_unshared_bound(cores):
 def test_deadlock_is_reported_when_shared():
     sch = gpipe(2, 2)
     sch.actions[1].remove(Action(Op.RECV_ACT, 1, 1, 0))
-    res = simulate(sch, shared(CostModel.uniform(2, 2), 2, 1.0))
+    res = simulate(sch, shared(ScheduleCosts.uniform(2, 2), 2, 1.0))
     assert res.deadlock == [(0, Action(Op.RECV_GRAD, 0, 0, 1)), (1, Action(Op.FORWARD, 1, 1))]
     assert res.iteration_s == float("inf")
 
 
 def test_sharing_fields_are_checked():
-    cost = CostModel.uniform(2, 2)
+    cost = ScheduleCosts.uniform(2, 2)
     cost.host = [0, 0]
     with pytest.raises(ValueError, match="host"):
         simulate(gpipe(2, 2), cost)
@@ -153,7 +153,7 @@ def test_sharing_fields_are_checked():
 def test_large_shared_1f1b_simulates_fast():
     stages, mbs = 64, 512
     t0 = time.process_time()
-    res = simulate(one_f_one_b(stages, mbs), shared(CostModel.uniform(stages, stages, 1.0, 2.0), stages, 16.0))
+    res = simulate(one_f_one_b(stages, mbs), shared(ScheduleCosts.uniform(stages, stages, 1.0, 2.0), stages, 16.0))
     cpu = time.process_time() - t0
     print(f"shared simulate: {cpu:.3f} s CPU")
     assert res.deadlock is None

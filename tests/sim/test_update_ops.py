@@ -3,11 +3,11 @@ collective that every slice's STEP waits for, step boundaries (BARRIER), and a w
 
 from gearshift.schedules import Op, make_schedule
 from gearshift.schedules.multidir import unroll
-from gearshift.sim import CostModel, simulate
+from gearshift.sim import ScheduleCosts, simulate
 
 
-def cost(sch, param_bytes: float = 0.0, bandwidth: float = float("inf"), act_mem: float = 0.0) -> CostModel:
-    c = CostModel.uniform(sch.num_stages, sch.num_ranks, bandwidth=bandwidth, act_mem=act_mem)
+def cost(sch, param_bytes: float = 0.0, bandwidth: float = float("inf"), act_mem: float = 0.0) -> ScheduleCosts:
+    c = ScheduleCosts.uniform(sch.num_stages, sch.num_ranks, bandwidth=bandwidth, act_mem=act_mem)
     c.param_bytes = [param_bytes] * sch.num_stages
     return c
 

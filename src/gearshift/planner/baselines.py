@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from gearshift.errors import PlanError
-from gearshift.planner.partition import Bounds, CostModel, PartitionResult, dp
+from gearshift.planner.partition import Bounds, PartitionCosts, PartitionResult, dp
 
 
 def uniform_bounds(num_units: int, num_stages: int) -> Bounds:
@@ -23,7 +23,7 @@ def uniform_bounds(num_units: int, num_stages: int) -> Bounds:
     return out
 
 
-def uniform(cost: CostModel) -> PartitionResult:
+def uniform(cost: PartitionCosts) -> PartitionResult:
     """Split by layer count, ignoring time, speed and memory."""
     return cost.evaluate(uniform_bounds(cost.num_units, cost.num_stages), "uniform")
 
@@ -34,17 +34,17 @@ def params_bounds(param_bytes: list[float], num_stages: int) -> Bounds:
     if S > n:
         raise PlanError(f"partition: {S} stages but only {n} layers")
     inf = float("inf")
-    flat = CostModel(list(param_bytes), [0.0] * n, [0.0] * n, [1.0] * S,
-                     [[inf] * S for _ in range(S)], [[0.0] * S for _ in range(S)])
+    flat = PartitionCosts(list(param_bytes), [0.0] * n, [0.0] * n, [1.0] * S,
+                          [[inf] * S for _ in range(S)], [[0.0] * S for _ in range(S)])
     return dp(flat).bounds
 
 
-def by_params(cost: CostModel) -> PartitionResult:
+def by_params(cost: PartitionCosts) -> PartitionResult:
     """Balanced parameter counts, ignoring time, speed and memory."""
     return cost.evaluate(params_bounds(list(cost.param_bytes), cost.num_stages), "params")
 
 
-def equal_speed(cost: CostModel) -> PartitionResult:
+def equal_speed(cost: PartitionCosts) -> PartitionResult:
     """PipeDream-style: the DP assuming every device runs at the mean speed (links and memory as measured)."""
     mean = sum(cost.speeds) / len(cost.speeds)
     same = replace(cost, speeds=[mean] * cost.num_stages)
@@ -77,6 +77,6 @@ def snap_bounds(bounds: Sequence[tuple[int, int]], no_cut: Sequence[int]) -> Bou
 BASELINES = {"uniform": uniform, "params": by_params, "equal_speed": equal_speed}
 
 
-def all_baselines(cost: CostModel) -> dict[str, PartitionResult]:
+def all_baselines(cost: PartitionCosts) -> dict[str, PartitionResult]:
     """Every baseline, keyed by method name."""
     return {name: fn(cost) for name, fn in BASELINES.items()}

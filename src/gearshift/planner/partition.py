@@ -50,8 +50,9 @@ def _link_s(num_bytes: float, bandwidth: float, latency: float) -> float:
 
 
 @dataclass
-class CostModel:
-    """Everything the stage cost depends on, over `num_units` units (layers or blocks) and S stages.
+class PartitionCosts:
+    """What the partition DP prices a candidate stage by (its compute, its boundary transfers, its memory), over
+    `num_units` units (layers or blocks) and S stages.
 
     work_s[u]: seconds of work at speed 1.0; act_bytes[u]: bytes unit u sends to the next stage (forward;
     the gradient sent back is the same size); param_bytes[u]; act_mem_bytes[u]: activation bytes held per
@@ -158,7 +159,7 @@ def check_bounds(bounds: Sequence[tuple[int, int]], num_units: int, num_stages: 
         raise PlanError(f"partition: ranges end at {pos}, expected {num_units} layers")
 
 
-def _infeasible(cost: CostModel, reach: list[np.ndarray]) -> PlanError:
+def _infeasible(cost: PartitionCosts, reach: list[np.ndarray]) -> PlanError:
     """Explain why no partition fits: the first device that cannot take even its smallest share."""
     n, S = cost.num_units, cost.num_stages
     prev = np.zeros(n + 1, dtype=bool)
@@ -180,7 +181,7 @@ def _infeasible(cost: CostModel, reach: list[np.ndarray]) -> PlanError:
     return PlanError("partition: no feasible partition")  # pragma: no cover
 
 
-def dp(cost: CostModel, method: str = "adaptive") -> PartitionResult:
+def dp(cost: PartitionCosts, method: str = "adaptive") -> PartitionResult:
     """Min-bottleneck partition by dynamic programming: T(j, s) = min_i max(T(i, s-1), stage(s, i, j)).
 
     Vectorised per stage over all (j, i) pairs; memory limits are a mask; back-tracking gives the cuts."""
@@ -236,9 +237,9 @@ def partition_dp(work_s: list[float], act_bytes: list[float], param_bytes: list[
     S = len(speeds) if num_stages is None else num_stages
     if S > len(speeds):
         raise PlanError(f"partition: {S} stages but only {len(speeds)} devices")
-    cost = CostModel(list(work_s), list(act_bytes), list(param_bytes), list(speeds[:S]), bandwidth, latency,
-                     None if memory is None else list(memory[:S]), act_mem_bytes,
-                     None if in_flight is None else list(in_flight[:S]), optimizer_factor)
+    cost = PartitionCosts(list(work_s), list(act_bytes), list(param_bytes), list(speeds[:S]), bandwidth, latency,
+                          None if memory is None else list(memory[:S]), act_mem_bytes,
+                          None if in_flight is None else list(in_flight[:S]), optimizer_factor)
     return dp(cost)
 
 
@@ -268,10 +269,10 @@ def default_in_flight(num_stages: int, microbatches: int) -> list[int]:
     return [min(num_stages - s, microbatches) for s in range(num_stages)]
 
 
-def cost_model(profile: ModelProfile, state: ClusterState, num_stages: int | None = None,
-               microbatches: int = 1, in_flight: list[int] | None = None, per_iteration: bool = False,
-               units: Bounds | None = None) -> CostModel:
-    """CostModel of a profiled model on the first `num_stages` devices of `state`, per micro-batch (or per
+def partition_costs(profile: ModelProfile, state: ClusterState, num_stages: int | None = None,
+                    microbatches: int = 1, in_flight: list[int] | None = None, per_iteration: bool = False,
+                    units: Bounds | None = None) -> PartitionCosts:
+    """PartitionCosts of a profiled model on the first `num_stages` devices of `state`, per micro-batch (or per
     iteration); `units` groups layers into blocks (one unit per layer by default)."""
     S = state.world_size if num_stages is None else num_stages
     if S < 1 or S > state.world_size:
@@ -286,8 +287,8 @@ def cost_model(profile: ModelProfile, state: ClusterState, num_stages: int | Non
     par = [float(sum(L[k].param_bytes for k in range(i, j))) for i, j in units]
     amem = [float(sum(L[k].peak_activation_bytes for k in range(i, j))) for i, j in units]
     fl = list(in_flight) if in_flight is not None else default_in_flight(S, microbatches)
-    return CostModel(work, act, par, list(state.speeds[:S]), state.bandwidth, state.latency,
-                     list(state.memory[:S]), amem, fl)
+    return PartitionCosts(work, act, par, list(state.speeds[:S]), state.bandwidth, state.latency,
+                          list(state.memory[:S]), amem, fl)
 
 
 def no_cut_boundaries(profile: ModelProfile, extra: Sequence[int] = ()) -> list[int]:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from gearshift.cluster.state import ClusterState
 from gearshift.errors import PlanError
 from gearshift.planner.baselines import BASELINES, snap_bounds
-from gearshift.planner.partition import PartitionResult, blocks, cost_model, dp, no_cut_boundaries
+from gearshift.planner.partition import PartitionResult, blocks, dp, no_cut_boundaries, partition_costs
 from gearshift.profile.model_profile import ModelProfile
 
 
@@ -20,7 +20,7 @@ def plan_partition(profile: ModelProfile, state: ClusterState, num_stages: int |
     method's result is evaluated per layer by the same cost model, so results compare fairly. No method cuts
     a no-cut boundary (`profile.no_cut` and `no_cut`): the DP never considers one, and a baseline's cut that
     lands on one moves to the nearest allowed boundary (planner.baselines.snap_bounds)."""
-    cost = cost_model(profile, state, num_stages, microbatches, in_flight, per_iteration)
+    cost = partition_costs(profile, state, num_stages, microbatches, in_flight, per_iteration)
     if cost.num_stages > cost.num_units:
         raise PlanError(f"partition: {cost.num_stages} stages but only {cost.num_units} layers "
                         f"(every stage needs >= 1 layer)")
@@ -31,7 +31,7 @@ def plan_partition(profile: ModelProfile, state: ClusterState, num_stages: int |
             raise PlanError(f"partition: {cost.num_stages} stages but only {len(units)} cuttable blocks")
         if len(units) == profile.num_layers:
             return dp(cost)
-        coarse = dp(cost_model(profile, state, num_stages, microbatches, in_flight, per_iteration, units))
+        coarse = dp(partition_costs(profile, state, num_stages, microbatches, in_flight, per_iteration, units))
         return cost.evaluate([(units[i][0], units[j - 1][1]) for i, j in coarse.bounds], "adaptive")
     if method not in BASELINES:
         raise PlanError(f"partition: unknown method {method!r} (allowed: adaptive, {', '.join(BASELINES)})")

@@ -7,11 +7,11 @@ from gearshift.cluster.state import ClusterState
 from gearshift.errors import PlanError
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.schedules import Op, Schedule
-from gearshift.sim import CostModel, SimResult, simulate
+from gearshift.sim import ScheduleCosts, SimResult, simulate
 
 
 def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Schedule, state: ClusterState,
-             microbatch_size: int | None = None) -> CostModel:
+             microbatch_size: int | None = None) -> ScheduleCosts:
     """Stage times = profiled layer times / the speed of the rank holding the stage; transfers = output
     activation bytes of each stage's last layer over the measured links; a rank's STEP = the profiled update
     of its layers, after the clip's job-wide all-reduce (every rank waits for the last); ranks that share a host's cores
@@ -38,9 +38,9 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
         stepped = {a.stage for a in acts if a.op is Op.STEP}
         stages = [s for s in range(len(bounds)) if place[s] == r] if -1 in stepped else sorted(stepped)
         step[r] = sum(lp.step_s for s in stages for lp in profile.layers[slice(*bounds[s])]) / state.speeds[r]
-    return CostModel(fwd, bwd, act, state.bandwidth, state.latency, act_mem, params, state.memory,
-                     step_s=step, step_barrier_s=0.0, host=state.hosts, cores=state.cores, duty=state.duty,
-                     param_bytes=moved)
+    return ScheduleCosts(fwd, bwd, act, state.bandwidth, state.latency, act_mem, params, state.memory,
+                         step_s=step, step_barrier_s=0.0, host=state.hosts, cores=state.cores, duty=state.duty,
+                         param_bytes=moved)
 
 
 def predict(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Schedule, state: ClusterState,

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from gearshift.cluster.state import ClusterState
 from gearshift.errors import PlanError
 from gearshift.planner.baselines import uniform_bounds
-from gearshift.planner.partition import OPTIMIZER_FACTOR, PartitionResult, cost_model
+from gearshift.planner.partition import OPTIMIZER_FACTOR, PartitionResult, partition_costs
 from gearshift.planner.plan import plan_partition
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.schedules import Schedule, peak_in_flight
@@ -101,7 +101,7 @@ def decide_replan(profile: ModelProfile, state: ClusterState, old_bounds: Sequen
     S, m = len(old_bounds), schedule.num_microbatches
     _check_schedule(schedule, S)
     fl = peak_in_flight(schedule)
-    old = cost_model(profile, state, S, m, fl).evaluate(list(old_bounds), "current")
+    old = partition_costs(profile, state, S, m, fl).evaluate(list(old_bounds), "current")
     t_old = predictor(old, m)
     try:
         new = plan_partition(profile, state, S, m, fl, max_blocks=max_blocks)
@@ -162,7 +162,7 @@ def first_plan(profile: ModelProfile, state: ClusterState, schedule: Schedule, s
     S, m = schedule.num_stages, schedule.num_microbatches
     fl = peak_in_flight(schedule)
     plan = plan_partition(profile, state, S, m, fl, max_blocks=max_blocks)
-    uni = cost_model(profile, state, S, m, fl).evaluate(uniform_bounds(profile.num_layers, S), "uniform")
+    uni = partition_costs(profile, state, S, m, fl).evaluate(uniform_bounds(profile.num_layers, S), "uniform")
     t, t_uni = predictor(plan, m), predictor(uni, m)
     reason = (f"dynamic program over the {'specified' if state.source == 'spec' else 'measured'} speeds and "
               f"links: predicted {t:.4g} s/step (uniform split: {t_uni:.4g} s/step)")

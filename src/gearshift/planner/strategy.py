@@ -27,7 +27,7 @@ from gearshift.planner.partition import OPTIMIZER_FACTOR
 from gearshift.planner.plan import plan_partition
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.schedules import make_schedule, peak_in_flight
-from gearshift.sim import CostModel, simulate
+from gearshift.sim import ScheduleCosts, simulate
 from gearshift.sim.collectives import LinkCosts, choose, predict
 
 BYTES = 4  # float32 activations and parameters
@@ -211,7 +211,7 @@ def price(S: int, D: int, e: int, profiles: dict[int, ModelProfile], shape: MoES
     speed = [pipe.speeds[p] * f[p] for p in range(S)]  # the emulation is its duty cycle, not a slower core
     work = [M * (sum(fwd[a:b]) + sum(bwd[a:b])) / speed[p] for p, (a, b) in enumerate(bounds)]
     # an all-to-all is not compute: the emulation does not stretch it (priced as 1 / f of it, then stretched)
-    cost = CostModel(
+    cost = ScheduleCosts(
         [sum(fwd[a:b]) / speed[p] + sum(a2a_f[a:b]) / f[p] for p, (a, b) in enumerate(bounds)],
         [sum(bwd[a:b]) / speed[p] + sum(a2a_b[a:b]) / f[p] for p, (a, b) in enumerate(bounds)],
         [prof.layers[b - 1].activation_bytes * mb for _, b in bounds], pipe.bandwidth, pipe.latency,

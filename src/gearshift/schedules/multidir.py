@@ -276,10 +276,10 @@ def _place_update(sch: Schedule) -> None:
 
 
 def _times(sch: Schedule) -> list[list[tuple[Action, float, float]]]:
-    from gearshift.sim.cost import CostModel  # the simulator defines what the lists mean
+    from gearshift.sim.cost import ScheduleCosts  # the simulator defines what the lists mean
     from gearshift.sim.engine import simulate
 
-    cost = CostModel.uniform(sch.num_stages, sch.num_ranks)
+    cost = ScheduleCosts.uniform(sch.num_stages, sch.num_ranks)
     cost.step_s = _STEP_COST
     res = simulate(sch, cost)
     if res.deadlock:  # cannot happen: every insertion follows what it waits for

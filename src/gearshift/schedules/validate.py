@@ -189,10 +189,10 @@ def _check_sync_step(sch: Schedule) -> None:
 
 def _check_deadlock(sch: Schedule) -> None:
     """Replay with unit costs; every rank must reach the end of its list."""
-    from gearshift.sim.cost import CostModel  # the simulator defines the execution semantics
+    from gearshift.sim.cost import ScheduleCosts  # the simulator defines the execution semantics
     from gearshift.sim.engine import simulate
 
-    res = simulate(sch, CostModel.uniform(sch.num_stages, sch.num_ranks))
+    res = simulate(sch, ScheduleCosts.uniform(sch.num_stages, sch.num_ranks))
     if res.deadlock:
         _fail(
             "schedule deadlocks; stuck",

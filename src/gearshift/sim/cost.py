@@ -1,5 +1,5 @@
-"""CostModel: per-stage compute times, per-link transfer costs, memory and the cores ranks share, for the
-schedule simulator."""
+"""ScheduleCosts: what the simulator prices a schedule's actions by (per-stage compute times, per-link transfer
+costs, memory and the cores ranks share)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ INF = float("inf")
 
 
 @dataclass
-class CostModel:
+class ScheduleCosts:
     """Times in seconds, sizes in bytes. act_bytes[s]: activation sent from stage s to s+1 per micro-batch
     (its gradient is the same size); act_mem_bytes[s]: memory a micro-batch holds on s between F and B.
 
@@ -45,7 +45,7 @@ class CostModel:
         bandwidth: float = INF,
         latency: float = 0.0,
         act_mem: float = 0.0,
-    ) -> CostModel:
+    ) -> ScheduleCosts:
         """Identical stages and links (handy for tests and unit-cost validation)."""
         return cls(
             forward_s=[fwd] * num_stages,
@@ -85,21 +85,22 @@ class CostModel:
         for name, xs in per_stage.items():
             if len(xs) != num_stages:
                 raise ValueError(
-                    f"CostModel.{name}: has {len(xs)} entries, expected {num_stages} (one per stage)"
+                    f"ScheduleCosts.{name}: has {len(xs)} entries, expected {num_stages} (one per stage)"
                 )
         per_rank = {"memory_bytes": self.memory_bytes, "sync_s": self.sync_s, "host": self.host,
                     "duty": self.duty, "step_s": self.step_s if isinstance(self.step_s, list) else None}
         for name, xs in per_rank.items():
             if xs is not None and len(xs) != num_ranks:
                 raise ValueError(
-                    f"CostModel.{name}: has {len(xs)} entries, expected {num_ranks} (one per rank)"
+                    f"ScheduleCosts.{name}: has {len(xs)} entries, expected {num_ranks} (one per rank)"
                 )
         if (self.host is None) != (self.cores is None):
-            raise ValueError("CostModel.host, CostModel.cores: give both (ranks on hosts, cores per host) or neither")
+            raise ValueError("ScheduleCosts.host, ScheduleCosts.cores: give both (ranks on hosts, cores per host) "
+                             "or neither")
         if self.cores is not None and any(not c > 0 for c in self.cores):
-            raise ValueError(f"CostModel.cores: every host needs > 0 cores, got {self.cores}")
+            raise ValueError(f"ScheduleCosts.cores: every host needs > 0 cores, got {self.cores}")
         if self.host is not None and any(not 0 <= h < len(self.cores) for h in self.host):
-            raise ValueError(f"CostModel.host: host indices must be in 0..{len(self.cores) - 1}, got {self.host}")
+            raise ValueError(f"ScheduleCosts.host: host indices must be in 0..{len(self.cores) - 1}, got {self.host}")
         for name, mat in (("bandwidth", self.bandwidth), ("latency", self.latency)):
             if len(mat) < num_ranks or any(len(row) < num_ranks for row in mat[:num_ranks]):
-                raise ValueError(f"CostModel.{name}: must be at least {num_ranks} x {num_ranks}")
+                raise ValueError(f"ScheduleCosts.{name}: must be at least {num_ranks} x {num_ranks}")

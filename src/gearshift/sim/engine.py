@@ -1,4 +1,4 @@
-"""Discrete-event replay of a Schedule's per-rank action lists under a CostModel, on a virtual clock.
+"""Discrete-event replay of a Schedule's per-rank action lists under a ScheduleCosts, on a virtual clock.
 
 Semantics (shared with the validator and the runtime): each rank runs its list in order; compute waits for
 its inputs (activation of the previous stage of its pipe / gradient of the next, local or received; B also
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from itertools import accumulate, compress
 
 from gearshift.schedules.action import Action, Op, Schedule
-from gearshift.sim.cost import INF, CostModel
+from gearshift.sim.cost import INF, ScheduleCosts
 
 _F, _B, _SA, _RA, _SG, _RG, _SYNC, _STEP, _RED, _RR, _NORM, _SP, _RP, _BAR = range(14)
 _CODE = {
@@ -69,7 +69,7 @@ class SimResult:
     peak_act_bytes: list[float] | None = None  # per rank: max activation bytes held (saved for backward)
 
 
-def simulate(schedule: Schedule, cost: CostModel) -> SimResult:
+def simulate(schedule: Schedule, cost: ScheduleCosts) -> SimResult:
     """Replay `schedule` under `cost`; never raises on a deadlock (see SimResult.deadlock)."""
     cost.check(schedule.num_stages, schedule.num_ranks)
     gc_was_on = gc.isenabled()
@@ -99,7 +99,7 @@ class _Program:
     carried: list[float]  # per rank: activation memory held at the start (forwards of the previous step)
 
 
-def _compile(schedule: Schedule, cost: CostModel) -> _Program:
+def _compile(schedule: Schedule, cost: ScheduleCosts) -> _Program:
     """Flatten the lists and resolve each action's dependency to the index of the action it waits for."""
     num_ranks, placement, spp = schedule.num_ranks, schedule.placement, schedule.stages_per_pipe
     offs = [0]
@@ -226,7 +226,7 @@ class _Barrier:
     """A whole-rank STEP's job-wide all-reduce: each STEP holder arrives once; the last arrival releases all
     of them `step_barrier_s` later. (A slice's STEP waits for every rank's NORM instead: _Program.depn.)"""
 
-    def __init__(self, prog: _Program, cost: CostModel):
+    def __init__(self, prog: _Program, cost: ScheduleCosts):
         self.latency = cost.step_barrier_s
         self.on = self.latency is not None
         self.left = sum(k == _STEP and g not in prog.depn for g, k in enumerate(prog.kind)) if self.on else 0
@@ -248,7 +248,7 @@ class _Barrier:
 class _Replay:
     """Per-action times of one replay, and each rank's progress through its list."""
 
-    def __init__(self, prog: _Program, cost: CostModel, shared: bool):
+    def __init__(self, prog: _Program, cost: ScheduleCosts, shared: bool):
         n, num_ranks = len(prog.kind), len(prog.offs) - 1
         self.prog, self.shared = prog, shared
         self.start = [0.0] * n
@@ -344,7 +344,7 @@ class _Replay:
         return found
 
 
-def _run(prog: _Program, cost: CostModel) -> _Replay:
+def _run(prog: _Program, cost: ScheduleCosts) -> _Replay:
     """Nothing shared: run each rank until it blocks on an unfinished action; wake it when that finishes."""
     rp = _Replay(prog, cost, shared=False)
     ready = list(range(len(prog.offs) - 2, -1, -1))
@@ -354,7 +354,7 @@ def _run(prog: _Program, cost: CostModel) -> _Replay:
     return rp
 
 
-def _run_shared(prog: _Program, cost: CostModel) -> _Replay:
+def _run_shared(prog: _Program, cost: ScheduleCosts) -> _Replay:
     """Processor-shared hosts: a global clock orders every start and finish of a compute (or STEP). A
     compute joins its host when it starts and ends when the host's virtual time (the work each of its k
     computing ranks has done, at min(1, cores / k) per second) has grown by its work; an emulated rank then
@@ -422,7 +422,7 @@ def _run_shared(prog: _Program, cost: CostModel) -> _Replay:
     return rp
 
 
-def _result(schedule: Schedule, cost: CostModel, prog: _Program, tm: _Replay) -> SimResult:
+def _result(schedule: Schedule, cost: ScheduleCosts, prog: _Program, tm: _Replay) -> SimResult:
     """Assemble timelines, busy time, memory peaks and the deadlock report from per-action times."""
     flat, kind, offs, pc = prog.flat, prog.kind, prog.offs, tm.pc
     num_ranks = schedule.num_ranks
