@@ -23,15 +23,15 @@ CPU = torch.device("cpu")
     ("cuda", "auto", 1, 2, 1, (torch.device("cuda", 0), "nccl")),  # two ranks on one GPU, if NCCL allows it
     ("cuda", "nccl", 0, 1, 1, (torch.device("cuda", 0), "nccl")),
 ])
-def test_placement(device, backend, local_rank, local_world, gpus, expected):
-    placed = choose(device, backend, local_rank, local_world, gpus)
-    assert (placed.device, placed.backend) == expected
+def test_device_choice(device, backend, local_rank, local_world, gpus, expected):
+    chosen = choose(device, backend, local_rank, local_world, gpus)
+    assert (chosen.device, chosen.backend) == expected
 
 
 def test_auto_with_fewer_gpus_than_local_ranks_trains_on_the_cpu_and_says_so():
-    placed = choose("auto", "auto", 0, 4, 1)
-    assert (placed.device, placed.backend) == (CPU, "gloo")
-    assert placed.note == ("cluster.device auto: 4 ranks on this machine, 1 CUDA device(s): training on the CPU "
+    chosen = choose("auto", "auto", 0, 4, 1)
+    assert (chosen.device, chosen.backend) == (CPU, "gloo")
+    assert chosen.note == ("cluster.device auto: 4 ranks on this machine, 1 CUDA device(s): training on the CPU "
                            "(cluster.device = cuda shares the GPUs)")
     assert choose("auto", "auto", 0, 1, 0).note == ""  # no GPU: nothing to say
     assert "NCCL may refuse two ranks on one GPU" in choose("cuda", "auto", 0, 2, 1).note

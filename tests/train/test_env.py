@@ -11,7 +11,7 @@ import torch.distributed as dist
 from gearshift.cli.main import main as cli_main
 from gearshift.errors import ConfigError
 from gearshift.train.__main__ import main as worker_main
-from gearshift.train.env import TORCHRUN_VARS, job_placement, load_job, reports_config_errors, under_torchrun
+from gearshift.train.env import TORCHRUN_VARS, job_device_choice, load_job, reports_config_errors, under_torchrun
 from gearshift.train.worker import init_distributed
 
 TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
@@ -110,8 +110,8 @@ def test_outside_a_launched_job_auto_picks_what_the_jobs_workers_would(env, monk
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     four = load_job(None, [])
-    assert job_placement(four).device == torch.device("cpu")
+    assert job_device_choice(four).device == torch.device("cpu")
     one = load_job(None, ["--cluster.workers=1", "--parallel.stages=1"])
-    assert job_placement(one).device == torch.device("cuda", 0)
+    assert job_device_choice(one).device == torch.device("cuda", 0)
     env(LOCAL_WORLD_SIZE="1")
-    assert job_placement(four).device == torch.device("cuda", 0)
+    assert job_device_choice(four).device == torch.device("cuda", 0)

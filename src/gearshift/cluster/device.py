@@ -19,7 +19,7 @@ BACKENDS = ("auto", "gloo", "nccl")
 
 
 @dataclass(frozen=True)
-class Placement:
+class DeviceChoice:
     """This rank's device, the backend for it, and a line for the console where the choice needs one."""
 
     device: torch.device
@@ -38,8 +38,8 @@ def check_pair(device: str, backend: str) -> None:
 
 
 def choose(device: str, backend: str, local_rank: int, local_world: int, cuda_devices: int,
-           group_backend: str | None = None) -> Placement:
-    """The placement of local rank `local_rank` of `local_world` ranks on a machine with `cuda_devices` GPUs.
+           group_backend: str | None = None) -> DeviceChoice:
+    """The device choice of local rank `local_rank` of `local_world` ranks on a machine with `cuda_devices` GPUs.
 
     auto is CUDA when every local rank can have a GPU of its own (NCCL refuses two ranks on one GPU), else the
     CPU; cuda (or nccl) shares the GPUs round-robin when there are fewer than ranks. A process group that
@@ -54,12 +54,12 @@ def choose(device: str, backend: str, local_rank: int, local_world: int, cuda_de
                               "tensors (allowed in it: auto or cuda)")
         backend = "nccl" if group_backend == "nccl" else "gloo"
     if device == "cpu" or backend == "gloo":
-        return Placement(torch.device("cpu"), "gloo")
+        return DeviceChoice(torch.device("cpu"), "gloo")
     if device == "auto" and backend == "auto" and cuda_devices < max(local_world, 1):
         note = "" if cuda_devices == 0 else (
             f"cluster.device auto: {local_world} ranks on this machine, {cuda_devices} CUDA device(s): training on "
             "the CPU (cluster.device = cuda shares the GPUs)")
-        return Placement(torch.device("cpu"), "gloo", note)
+        return DeviceChoice(torch.device("cpu"), "gloo", note)
     if cuda_devices == 0:
         field, allowed = ("cluster.device: cuda", "auto or cpu") if device == "cuda" else \
             ("cluster.backend: nccl", "auto or gloo")
@@ -68,11 +68,12 @@ def choose(device: str, backend: str, local_rank: int, local_world: int, cuda_de
     note = "" if local_world <= cuda_devices else (
         f"cluster.device: {local_world} ranks on this machine share {cuda_devices} CUDA device(s): NCCL may refuse "
         "two ranks on one GPU")
-    return Placement(torch.device("cuda", local_rank % cuda_devices), "nccl", note)
+    return DeviceChoice(torch.device("cuda", local_rank % cuda_devices), "nccl", note)
 
 
-def place(device: str, backend: str, local_rank: int | None = None, local_world: int | None = None) -> Placement:
-    """This process's placement: local rank and local world from torchrun's variables (LOCAL_RANK,
+def choose_here(device: str, backend: str, local_rank: int | None = None,
+                local_world: int | None = None) -> DeviceChoice:
+    """This process's device choice: local rank and local world from torchrun's variables (LOCAL_RANK,
     LOCAL_WORLD_SIZE; 0 and 1 without them) unless given, the GPUs torch sees, and the backend of the process
     group once one exists."""
     local_rank = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank

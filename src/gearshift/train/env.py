@@ -8,7 +8,7 @@ import os
 
 import torch
 
-from gearshift.cluster.device import Placement, place
+from gearshift.cluster.device import DeviceChoice, choose_here
 from gearshift.errors import ConfigError
 from gearshift.train.config import JobConfig, load_config
 
@@ -42,17 +42,17 @@ def load_job(path: str | None, overrides: list[str]) -> JobConfig:
         raise ConfigError(f"{e}; under torchrun cluster.workers is the {n} processes torchrun started") from None
 
 
-def job_placement(cfg: JobConfig, local_world: int | None = None) -> Placement:
-    """This rank's device and backend (gearshift.cluster.device.place: cluster.device, cluster.backend, the local
-    rank, and the process group's backend once joined; multidir runs on the CPU). Outside a launched job
+def job_device_choice(cfg: JobConfig, local_world: int | None = None) -> DeviceChoice:
+    """This rank's device and backend (gearshift.cluster.device.choose_here: cluster.device, cluster.backend, the
+    local rank, and the process group's backend once joined; multidir runs on the CPU). Outside a launched job
     (`gearshift profile`, `plan`) the ranks on this machine are the config's, so auto picks what the job's
     workers would."""
     if local_world is None and "LOCAL_WORLD_SIZE" not in os.environ:
         local_world = cfg.cluster.ranks_per_node or cfg.cluster.workers
     device = "cpu" if cfg.parallel.schedule == "multidir" else cfg.cluster.device  # multidir: CPU tensors, gloo
-    return place(device, cfg.cluster.backend, local_world=local_world)
+    return choose_here(device, cfg.cluster.backend, local_world=local_world)
 
 
 def job_device(cfg: JobConfig) -> torch.device:
     """The device this rank's layers, batches and buffers live on."""
-    return job_placement(cfg).device
+    return job_device_choice(cfg).device

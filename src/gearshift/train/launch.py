@@ -21,7 +21,7 @@ from pathlib import Path
 from gearshift.imports import is_import_path, path_of
 from gearshift.train.build import brings_own, check_job
 from gearshift.train.config import JobConfig, validate
-from gearshift.train.env import job_placement
+from gearshift.train.env import job_device_choice
 from gearshift.train.rundir import prepare_run_dir
 
 
@@ -124,7 +124,8 @@ def launch(
     `env` adds variables to every worker. With a `testbed` (gearshift.cluster.testbed.Testbed, up), each
     node's ranks run inside that node's network namespace and talk over its shaped link."""
     cfg = use_functions(cfg, model, data)
-    job_placement(cfg, local_world=cfg.cluster.ranks_per_node or cfg.cluster.workers)  # a device not here: one line
+    # a device not here: one line
+    job_device_choice(cfg, local_world=cfg.cluster.ranks_per_node or cfg.cluster.workers)
     if brings_own(cfg):  # the built-ins always fit
         check_job(cfg)
     note = prepare_run_dir(cfg, resume)

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from gearshift.errors import UserError
 from gearshift.train.config import JobConfig
-from gearshift.train.env import job_placement
+from gearshift.train.env import job_device_choice
 
 
 def _watch_parent() -> None:
@@ -41,15 +41,15 @@ def init_distributed(cfg: JobConfig) -> None:
     """Join the job's process group from the environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) with the
     backend for this rank's device (NCCL for CUDA, gloo for the CPU); a CUDA rank's current device is set first,
     which NCCL's object collectives need. A device this machine cannot give is a ConfigError before joining."""
-    placed = job_placement(cfg)
-    if placed.device.type == "cuda":
-        torch.cuda.set_device(placed.device)
-    dist.init_process_group(placed.backend, timeout=datetime.timedelta(seconds=cfg.cluster.timeout_s))
-    if dist.get_rank() == 0 and (placed.note or placed.device.type == "cuda"):
+    chosen = job_device_choice(cfg)
+    if chosen.device.type == "cuda":
+        torch.cuda.set_device(chosen.device)
+    dist.init_process_group(chosen.backend, timeout=datetime.timedelta(seconds=cfg.cluster.timeout_s))
+    if dist.get_rank() == 0 and (chosen.note or chosen.device.type == "cuda"):
         n = dist.get_world_size()
-        said = f"training on CUDA with NCCL ({n} rank{'s' if n > 1 else ''}, rank 0 on {placed.device})" \
-            if placed.device.type == "cuda" else ""
-        print(f"gearshift: {'; '.join(s for s in (said, placed.note) if s)}", flush=True)
+        said = f"training on CUDA with NCCL ({n} rank{'s' if n > 1 else ''}, rank 0 on {chosen.device})" \
+            if chosen.device.type == "cuda" else ""
+        print(f"gearshift: {'; '.join(s for s in (said, chosen.note) if s)}", flush=True)
 
 
 def run_worker(cfg: JobConfig, resume: bool) -> None:
