@@ -147,14 +147,15 @@ def routing_figures(recs: list[dict], first: int, every: int, replicas: int) -> 
     median over steps of the busiest rank's expert rows (both MoE layers are on every rank here: one stage)."""
     import numpy as np
 
-    from gearshift.planner.placement import Placement, busiest_over_mean
+    from gearshift.planner.expert_map import ExpertMap
+    from gearshift.planner.placement import busiest_over_mean
     from gearshift.planner.replay import replay, replay_run
 
     steps = [r for r in recs if r.get("event") is None and "expert_tokens" in r]
     loads = np.array([r["expert_tokens"] for r in steps])
     ran = replay_run(loads, 4, [r for r in recs if r.get("event") == "placement"], steps[0]["step"])
     keep = [k for k, r in enumerate(steps) if r["step"] >= first]
-    contiguous = Placement.contiguous(loads.shape[2], 4)
+    contiguous = ExpertMap.contiguous(loads.shape[2], 4)
     by_step = [float(np.mean([busiest_over_mean(x, contiguous) for x in loads[k]])) for k in range(len(steps))]
     rows = [float(ran.device_load[k].sum(axis=0).max()) for k in keep]
     replayed = {f: float(np.nanmean(replay(loads, 4, every, replicas, policies=("greedy_replicas",),

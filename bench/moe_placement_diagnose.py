@@ -51,9 +51,10 @@ def _worker(rank: int, world: int, args: list[str]) -> list[dict]:
 
 def _rows(routed: list[list[int]], holders: list, ranks: int) -> np.ndarray:
     """Expert rows each rank computed in a step (an expert's tokens split evenly over its copies)."""
-    from gearshift.planner.placement import Placement, device_loads
+    from gearshift.planner.expert_map import ExpertMap
+    from gearshift.planner.placement import device_loads
 
-    return sum(device_loads(r, Placement.from_holders(h, ranks)) for r, h in zip(routed, holders))
+    return sum(device_loads(r, ExpertMap(tuple(map(tuple, h)), ranks)) for r, h in zip(routed, holders))
 
 
 def _fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from gearshift.errors import PlanError
+from gearshift.planner.expert_map import ExpertMap
 from gearshift.planner.forecast import forecast_loads
-from gearshift.planner.placement import Placement, busiest_over_mean, next_placement
+from gearshift.planner.placement import busiest_over_mean, next_placement
 from gearshift.planner.synthetic import drifting_zipf
 
 
@@ -40,7 +41,7 @@ def test_gradual_drift_is_placed_better_from_the_trend():
     loads = drifting_zipf(200, 1, 32, 16384, drift_every=50, seed=3)
     score = {}
     for method in ("mean", "trend"):
-        current, ratios = Placement.contiguous(32, 8), []
+        current, ratios = ExpertMap.contiguous(32, 8), []
         for start in range(10, 200, 10):
             current, _ = next_placement(loads[start - 10:start, 0], 8, 2, current, 10, method)
             ratios += [busiest_over_mean(loads[t, 0], current) for t in range(start, start + 10)]

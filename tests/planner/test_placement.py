@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from gearshift.errors import PlanError
+from gearshift.planner.expert_map import ExpertMap
 from gearshift.planner.placement import (
-    Placement,
     align,
     busiest_over_mean,
     check_fit,
@@ -26,42 +26,46 @@ def test_tokens_split_over_copies_by_queue_position():
     assert split(10, 3) == [4, 3, 3]  # positions 0,3,6,9 | 1,4,7 | 2,5,8
     assert split(2, 4) == [1, 1, 0, 0]
     assert split(2.5, 2) == [1.25, 1.25]
-    p = Placement.from_holders([(0, 1), (1,), (0,), (1, 0)], 2)
-    assert p.devices == ((0, 2, 3), (0, 1, 3)) and p.holders() == ((0, 1), (1,), (0,), (0, 1))
+    p = ExpertMap.from_devices([(0, 2, 3), (0, 1, 3)], 4)
+    assert p.holders == ((0, 1), (1,), (0,), (0, 1))
     assert device_loads([5, 1, 2, 3], p).tolist() == [3 + 2 + 2, 2 + 1 + 1]
+    # the same copies with expert 3's holders the other way round: its first positions go to device 1, as the
+    # all-to-all deals them
+    q = ExpertMap(((0, 1), (1,), (0,), (1, 0)), 2)
+    assert q.by_device == p.by_device and device_loads([5, 1, 2, 3], q).tolist() == [3 + 2 + 1, 2 + 1 + 2]
 
 
 def test_seed_rule_places_by_descending_load_on_the_least_loaded_device_with_room():
     p = greedy([8, 4, 2, 2], 2)
-    assert p.devices == ((0, 3), (1, 2))  # 8 -> d0, 4 -> d1, 2 -> d1 (4 < 8), 2 -> d0 (d1 full)
+    assert p.by_device == ((0, 3), (1, 2))  # 8 -> d0, 4 -> d1, 2 -> d1 (4 < 8), 2 -> d0 (d1 full)
     assert busiest_over_mean([8, 4, 2, 2], p) == pytest.approx(10 / 8)
-    assert all(len(d) == 2 for d in p.devices) and sorted(sum(p.devices, ())) == [0, 1, 2, 3]
+    assert all(len(d) == 2 for d in p.by_device) and sorted(sum(p.by_device, ())) == [0, 1, 2, 3]
 
 
 def test_replicas_go_to_the_highest_load_per_copy_and_balance_what_greedy_cannot():
     loads = [8, 4, 2, 2]
     p = greedy(loads, 2, replicas=1)
-    assert p.copies() == [2, 2, 1, 1] and all(len(d) == 3 for d in p.devices)
+    assert p.copies() == [2, 2, 1, 1] and all(len(d) == 3 for d in p.by_device)
     assert device_loads(loads, p).tolist() == [8, 8]
     # Zipf(1.2) over 32 experts on 8 devices: the hottest expert alone outweighs a device's fair share
     z = (zipf_shares(32, 1.2) * 100_000).round()
     seed = busiest_over_mean(z, greedy(z, 8))
     assert seed >= z.max() / (z.sum() / 8) - 1e-9 > 2
     assert busiest_over_mean(z, greedy(z, 8, replicas=2)) < 1.1 < seed
-    assert busiest_over_mean(z, Placement.contiguous(32, 8)) >= seed
+    assert busiest_over_mean(z, ExpertMap.contiguous(32, 8)) >= seed
 
 
 def test_equally_good_placements_prefer_fewer_moves():
-    contiguous = Placement.contiguous(8, 4)
+    contiguous = ExpertMap.contiguous(8, 4)
     assert greedy([1] * 8, 4, current=contiguous) == contiguous  # uniform loads: nothing moves
-    shuffled = Placement(tuple(reversed(contiguous.devices)), 8)
+    shuffled = ExpertMap.from_devices(tuple(reversed(contiguous.by_device)), 8)
     assert align(shuffled, contiguous) == contiguous and moves(contiguous, align(shuffled, contiguous)) == []
     loads = [9, 1, 1, 1, 1, 1, 1, 9]
     fresh, kept = greedy(loads, 4), greedy(loads, 4, current=contiguous)
     assert device_loads(loads, fresh).max() == device_loads(loads, kept).max()
     assert len(moves(contiguous, kept)) <= len(moves(contiguous, fresh))
-    assert moves(contiguous, kept) == [(e, d) for d, held in enumerate(kept.devices) for e in held
-                                       if e not in contiguous.devices[d]]
+    assert moves(contiguous, kept) == [(e, d) for d, held in enumerate(kept.by_device) for e in held
+                                       if e not in contiguous.by_device[d]]
 
 
 def test_switch_rule_and_window():
@@ -98,7 +102,7 @@ def test_row_cost_fit_and_the_decision():
     assert fit_row_cost(samples) == pytest.approx(0.002)
     assert fit_row_cost([(0, 100, 1.0), (0, 100, 1.2)]) is None  # rows never vary: nothing to fit
     loads = {3: np.array([400.0, 300, 50, 50, 50, 50, 50, 50])}
-    current = {3: Placement.contiguous(8, 4)}  # the two hot experts share device 0: 700 of a mean 250 rows
+    current = {3: ExpertMap.contiguous(8, 4)}  # the two hot experts share device 0: 700 of a mean 250 rows
     d = decide_placement(10, {3: loads[3][None]}, current, 1, k=10, step_s=2.0, row_cost_s=0.002, expert_bytes=1000,
                          bandwidth=1e6, fixed_s=0.05)
     assert d.switch and d.t1 == 2.0 and d.t2 == pytest.approx(2.0 - 0.002 * (700 - max(
@@ -121,7 +125,7 @@ def test_the_decision_places_for_the_forecast_loads():
 
     # expert 1 rises by 40 rows a step, the rest hold still: the coming period's loads, not the window's
     history = np.array([[300.0, 100 + 40 * s, 50, 50, 50, 50, 50, 50] for s in range(5)])
-    current = {0: Placement.contiguous(8, 4)}
+    current = {0: ExpertMap.contiguous(8, 4)}
     d = decide_placement(5, {0: history}, current, 0, k=5, step_s=1.0, row_cost_s=0.001, expert_bytes=1,
                          bandwidth=1e9, fixed_s=0.0)
     ahead = 100 + 40 * (4 + 3)  # the middle of steps 5..9

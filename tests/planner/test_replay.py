@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from gearshift.errors import DataError, PlanError
-from gearshift.planner.placement import Placement, busiest_over_mean
+from gearshift.planner.expert_map import ExpertMap
+from gearshift.planner.placement import busiest_over_mean
 from gearshift.planner.replay import POLICIES, replay
 from gearshift.planner.synthetic import drifting_zipf
 
@@ -18,7 +19,7 @@ def test_policies_on_a_drifting_zipf_trace():
     assert list(res) == list(POLICIES)
     static, greedy, rep, oracle = (res[p] for p in POLICIES)
     assert static.moved_bytes == 0 and static.ratios.shape == (60, 2)
-    assert static.ratios[7, 1] == pytest.approx(busiest_over_mean(loads[7, 1], Placement.contiguous(16, 4)))
+    assert static.ratios[7, 1] == pytest.approx(busiest_over_mean(loads[7, 1], ExpertMap.contiguous(16, 4)))
     assert oracle.busiest_over_mean <= rep.busiest_over_mean < greedy.busiest_over_mean <= static.busiest_over_mean
     assert rep.moved_bytes == 100 * rep.moved_experts > 0
     assert len(rep.maps) == 6 and all(len(m) == 2 for m in rep.maps)

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from gearshift.models.moe import moe_modules
-from gearshift.runtime.experts import ExpertPlacement, ExpertShards
+from gearshift.planner.expert_map import ExpertMap
+from gearshift.runtime.experts import ExpertShards
 from gearshift.train.build import build_runtime, job_model, lr_at, moe_config
 from gearshift.train.checkpoint import Checkpointer
 from gearshift.train.config import load_config
@@ -70,7 +71,7 @@ def _train(rank: int, world: int, runs: list, out_dir: str) -> list:
         data = job_data(cfg)
         mc = moe_config(cfg)
         shards = ExpertShards(stages, width, mc.experts, mc.moe_layers(),
-                              {i: ExpertPlacement(holders) for i in mc.moe_layers()} if holders else None)
+                              {i: ExpertMap(holders, width) for i in mc.moe_layers()} if holders else None)
         rt = build_runtime(cfg, data=data, experts=shards)
         losses, routed = [], []
         for step in range(STEPS):

@@ -43,7 +43,7 @@ def _run(rank: int, world: int, moves: dict) -> tuple[list[float], dict, list]:
                 rep = migrate(rt, moves[step + 1])
                 moved.append(rep.moved_layers)
                 assert rt.bounds == moves[step + 1]
-        links = probe_links(rt.R, rt.prank, rt.replica * rt.R, 4096, repeats=1, device=rt.device)
+        links = probe_links(rt.pipe_ranks, rt.pipe_rank, rt.replica * rt.pipe_ranks, 4096, repeats=1, device=rt.device)
         stage = min(rt.stages)
         shape, dtype = rt.act_meta_fn(rt.bounds[stage][0], 2)
         speed = probe_speed(rt.stages[stage], torch.zeros(shape, dtype=dtype, device=rt.device), 1.0, repeats=1)

@@ -15,8 +15,8 @@ import torch.distributed as dist
 from test_experts import PARAM_ATOL, STEPS, _cfg, _reference
 
 from gearshift.models.moe import moe_modules
-from gearshift.planner.placement import Placement, greedy
-from gearshift.runtime.experts import ExpertPlacement
+from gearshift.planner.expert_map import ExpertMap
+from gearshift.planner.placement import greedy
 from gearshift.runtime.placement import move_experts
 from gearshift.train.build import build_runtime, lr_at
 from gearshift.train.checkpoint import checkpoint_path
@@ -49,10 +49,9 @@ def _run(rank: int, world: int, out_dir: str) -> dict:
         res = rt.step(*data.batch(step, cfg.train.batch_size, cfg.train.seed), lr_at(step, cfg))
         losses.append(res.loss)
         if step == 0:
-            new = {i: ExpertPlacement(FIRST) for i in rt.experts.moe_layers}
+            new = {i: ExpertMap(FIRST, 4) for i in rt.experts.moe_layers}
         elif step == 1:
-            current = {i: Placement.from_holders(p.holders, 4) for i, p in rt.experts.placements.items()}
-            new = {i: ExpertPlacement(greedy(res.moe.routed[k], 4, 1, current[i]).holders())
+            new = {i: greedy(res.moe.routed[k], 4, 1, rt.experts.placements[i])
                    for k, i in enumerate(rt.experts.moe_layers)}
         else:
             continue
@@ -116,7 +115,7 @@ def test_moves_and_replicas_equal_training_without_them(tmp_path) -> None:
     for name, ref in ref_params.items():
         torch.testing.assert_close(ck["model"][name], ref, rtol=1e-5, atol=PARAM_ATOL, msg=f"{name} differs (loop)")
     # the checkpoint holds the expert->rank map in force (the last decision's) and the loads it forecasts from
-    last = {int(i): Placement(tuple(map(tuple, d)), 4).holders() for i, d in decisions[-1]["placements"].items()}
+    last = {int(i): ExpertMap.from_devices(d, 4).holders for i, d in decisions[-1]["placements"].items()}
     assert {int(i): tuple(map(tuple, h)) for i, h in ck["experts"]["holders"].items()} == last
     assert sorted(int(s) for s in ck["placer"]["loads"]) == [0, 1, 2]
     # -- resumed at step 3: the same losses, expert->rank maps and moves as the run that was not stopped

@@ -102,7 +102,7 @@ def test_a_fresh_run_moves_the_old_one_aside_and_resume_refuses_another_jobs_che
 
 
 def test_a_moe_checkpoint_gives_back_its_expert_placement_where_it_fits(tmp_path):
-    from gearshift.runtime.experts import ExpertPlacement
+    from gearshift.planner.expert_map import ExpertMap
     from gearshift.train.checkpoint import Checkpointer, checkpoint_path
 
     moe = ["--model.name=moe_gpt", "--model.experts=8", "--parallel.stages=1", f"--output.dir={tmp_path}"]
@@ -111,5 +111,5 @@ def test_a_moe_checkpoint_gives_back_its_expert_placement_where_it_fits(tmp_path
     save_checkpoint(checkpoint_path(tmp_path, 5), {"format": FORMAT, "step": 5, "job": job_fingerprint(cfg),
                                                    "experts": {"width": 4, "experts": 8, "holders": {"3": holders}}})
     got = Checkpointer(cfg).expert_placements(8, 4)
-    assert got == {3: ExpertPlacement(tuple(tuple(h) for h in holders))}
+    assert got == {3: ExpertMap(tuple(tuple(h) for h in holders), 4)}
     assert Checkpointer(load_config(None, moe + ["--parallel.experts=2"])).expert_placements(8, 2) is None

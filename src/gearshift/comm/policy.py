@@ -61,21 +61,21 @@ class ReplicaSync:
     @property
     def needed(self) -> bool:
         """False where the runtime's own flat gloo all-reduce over the replica group is the policy."""
-        R, algo = self.stages, self.settings.algorithm
+        stages, algo = self.stages, self.settings.algorithm
         if self.device != "cpu":
-            return self.workers > R  # every replicated job: the start-up line says what runs
-        return self.workers > 1 and not (R > 1 and (algo == "gloo" or self.workers == R))
+            return self.workers > stages  # every replicated job: the start-up line says what runs
+        return self.workers > 1 and not (stages > 1 and (algo == "gloo" or self.workers == stages))
 
     def _setup(self) -> bool:
         """Topology, groups and (auto across nodes) measured link costs; True the first time."""
         if self.topology is not None:
             return False
-        R, workers = self.stages, self.workers
+        stages, workers = self.stages, self.workers
         s = self.settings
         topo = Topology.from_env(gather=gather)
-        if R > 1:
-            self.groups = CommGroups.partition(topo, [list(range(p, workers, R)) for p in range(R)], shm=s.shm,
-                                               send_thread=s.send_thread)
+        if stages > 1:
+            replica_groups = [list(range(p, workers, stages)) for p in range(stages)]  # one per pipeline position
+            self.groups = CommGroups.partition(topo, replica_groups, shm=s.shm, send_thread=s.send_thread)
         self.topology = self.groups.topology if self.groups is not None else topo
         if s.node_matrix is not None:  # the same answer on every rank, before any message moves
             check_matrix(s.node_matrix, self.topology.num_nodes, "parallel.node_matrix")

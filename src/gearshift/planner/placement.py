@@ -18,36 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from gearshift.errors import PlanError
+from gearshift.planner.expert_map import ExpertMap
 from gearshift.planner.forecast import forecast_loads
 from gearshift.schedules.multidir import min_cost_assignment
-
-
-@dataclass(frozen=True)
-class Placement:
-    """devices[d]: the experts device d holds, ascending; an expert held by several devices is replicated."""
-
-    devices: tuple[tuple[int, ...], ...]
-    experts: int
-
-    @classmethod
-    def contiguous(cls, experts: int, devices: int) -> Placement:
-        """E / N consecutive experts per device (the static layout)."""
-        per = experts // devices
-        return cls(tuple(tuple(range(d * per, (d + 1) * per)) for d in range(devices)), experts)
-
-    @classmethod
-    def from_holders(cls, holders: Sequence[Sequence[int]], devices: int) -> Placement:
-        return cls(tuple(tuple(e for e, h in enumerate(holders) if d in h) for d in range(devices)), len(holders))
-
-    def holders(self) -> tuple[tuple[int, ...], ...]:
-        """Per expert, the devices holding a copy of it (ascending)."""
-        return tuple(tuple(d for d, held in enumerate(self.devices) if e in held) for e in range(self.experts))
-
-    def copies(self) -> list[int]:
-        return [len(h) for h in self.holders()]
-
-    def to_list(self) -> list[list[int]]:
-        return [list(d) for d in self.devices]
 
 
 def split(tokens: float, copies: int) -> list[float]:
@@ -58,21 +31,21 @@ def split(tokens: float, copies: int) -> list[float]:
     return [tokens / copies] * copies
 
 
-def device_loads(loads: Sequence[float], placement: Placement) -> np.ndarray:
+def device_loads(loads: Sequence[float], placement: ExpertMap) -> np.ndarray:
     """Tokens each device computes for one layer's per-expert `loads`."""
-    out = np.zeros(len(placement.devices))
-    for e, h in enumerate(placement.holders()):
+    out = np.zeros(placement.devices)
+    for e, h in enumerate(placement.holders):
         for d, part in zip(h, split(float(loads[e]), len(h))):
             out[d] += part
     return out
 
 
-def busiest_over_mean(loads: Sequence[float], placement: Placement) -> float:
+def busiest_over_mean(loads: Sequence[float], placement: ExpertMap) -> float:
     """The busiest device's tokens over the mean device's (1.0 = perfectly balanced; nan without tokens)."""
     total = float(np.sum(loads))
     if total <= 0:
         return float("nan")
-    return float(device_loads(loads, placement).max() / (total / len(placement.devices)))
+    return float(device_loads(loads, placement).max() / (total / placement.devices))
 
 
 def check_fit(experts: int, devices: int, replicas: int, names: tuple[str, str] = ("devices", "replicas")) -> None:
@@ -96,7 +69,7 @@ def check_memory(per_rank: int, replicas: int, slot_bytes: float, memory: float,
                         f"(at most {max(0, int(memory // slot_bytes) - per_rank)} extra slots fit)")
 
 
-def greedy(loads: Sequence[float], devices: int, replicas: int = 0, current: Placement | None = None) -> Placement:
+def greedy(loads: Sequence[float], devices: int, replicas: int = 0, current: ExpertMap | None = None) -> ExpertMap:
     """The seed rule (replicas = 0) or the seed rule with `replicas` extra slots per device (see the module
     doc); ties between equally loaded devices go to the one that holds the expert now, then the lowest index. With
     a `current` placement: kept if it is as good with the same copies, else the result is relabelled to move as
@@ -110,7 +83,7 @@ def greedy(loads: Sequence[float], devices: int, replicas: int = 0, current: Pla
         copies[e] += 1
     slots = E // devices + replicas
     items = sorted(((load[e] / copies[e], e) for e in range(E) for _ in range(copies[e])), key=lambda t: (-t[0], t[1]))
-    now = [set(d) for d in current.devices] if current is not None else [set() for _ in range(devices)]
+    now = [set(d) for d in current.by_device] if current is not None else [set() for _ in range(devices)]
     held: list[set[int]] = [set() for _ in range(devices)]
     total = [0.0] * devices
     for share, e in items:
@@ -118,7 +91,7 @@ def greedy(loads: Sequence[float], devices: int, replicas: int = 0, current: Pla
         d = min(room, key=lambda d: (total[d], e not in now[d], d))
         held[d].add(e)
         total[d] += share
-    new = Placement(tuple(tuple(sorted(h)) for h in held), E)
+    new = ExpertMap.from_devices(held, E)
     if current is None:
         return new
     if current.copies() == new.copies() and device_loads(load, current).max() <= device_loads(load, new).max():
@@ -126,26 +99,26 @@ def greedy(loads: Sequence[float], devices: int, replicas: int = 0, current: Pla
     return align(new, current)
 
 
-def next_placement(history: np.ndarray, devices: int, replicas: int, current: Placement, ahead: int,
-                   forecast: str = "trend") -> tuple[Placement, np.ndarray]:
+def next_placement(history: np.ndarray, devices: int, replicas: int, current: ExpertMap, ahead: int,
+                   forecast: str = "trend") -> tuple[ExpertMap, np.ndarray]:
     """The placement for the next `ahead` steps from one layer's history[step, expert] of loads (what training's
     decisions and the replay's greedy_replicas both run), and the loads it was made for (the forecast)."""
     loads = forecast_loads(history, ahead, forecast)
     return greedy(loads, devices, replicas, current), loads
 
 
-def align(new: Placement, current: Placement) -> Placement:
+def align(new: ExpertMap, current: ExpertMap) -> ExpertMap:
     """`new` with its devices relabelled so that the most experts stay where `current` has them (the same
     predicted time: devices are interchangeable)."""
-    n = len(new.devices)
-    overlap = np.array([[len(set(current.devices[a]) & set(new.devices[b])) for b in range(n)] for a in range(n)])
-    perm = min_cost_assignment((-overlap).tolist())  # device a of the result gets new.devices[perm[a]]
-    return Placement(tuple(new.devices[perm[a]] for a in range(n)), new.experts)
+    n, old, got = new.devices, current.by_device, new.by_device
+    overlap = np.array([[len(set(old[a]) & set(got[b])) for b in range(n)] for a in range(n)])
+    perm = min_cost_assignment((-overlap).tolist())  # device a of the result gets new.by_device[perm[a]]
+    return ExpertMap.from_devices([got[perm[a]] for a in range(n)], new.experts)
 
 
-def moves(old: Placement, new: Placement) -> list[tuple[int, int]]:
+def moves(old: ExpertMap, new: ExpertMap) -> list[tuple[int, int]]:
     """(expert, device) for each copy `new` places on a device that does not hold it under `old`."""
-    return [(e, d) for d, held in enumerate(new.devices) for e in held if e not in old.devices[d]]
+    return [(e, d) for d, held in enumerate(new.by_device) for e in held if e not in old.by_device[d]]
 
 
 def should_switch(t1: float, t2: float, k: int, tc: float) -> bool:
@@ -202,7 +175,7 @@ class PlacementDecision:
     bytes: int
     row_cost_s: float
     bandwidth: float
-    placements: dict[int, Placement]
+    placements: dict[int, ExpertMap]
     busiest_over_mean: tuple[float, float]  # the forecast loads under the current and the new placement
     reason: str
 
@@ -214,7 +187,7 @@ class PlacementDecision:
                 "busiest_over_mean": list(self.busiest_over_mean), "reason": self.reason}
 
 
-def decide_placement(step: int, history: dict[int, np.ndarray], current: dict[int, Placement], replicas: int,
+def decide_placement(step: int, history: dict[int, np.ndarray], current: dict[int, ExpertMap], replicas: int,
                      k: int, step_s: float, row_cost_s: float, expert_bytes: int, bandwidth: float, fixed_s: float,
                      groups: int = 1, always: bool = False, forecast: str = "trend") -> PlacementDecision:
     """Place each MoE layer for the next k steps from `history[layer]` (tokens per expert per step, one
@@ -225,14 +198,14 @@ def decide_placement(step: int, history: dict[int, np.ndarray], current: dict[in
     of a switch. `groups` expert-parallel groups move the same copies at once."""
     new, seen, pred = {}, {}, {}
     for i in sorted(current):
-        new[i], pred[i] = next_placement(history[i], len(current[i].devices), replicas, current[i], k, forecast)
+        new[i], pred[i] = next_placement(history[i], current[i].devices, replicas, current[i], k, forecast)
         seen[i] = np.asarray(history[i], dtype=np.float64).mean(axis=0)
 
-    def busiest(loads: dict[int, np.ndarray], placement: dict[int, Placement]) -> float:
+    def busiest(loads: dict[int, np.ndarray], placement: dict[int, ExpertMap]) -> float:
         return sum(float(device_loads(loads[i], placement[i]).max()) for i in current)
 
     before, after = busiest(pred, current), busiest(pred, new)
-    total = sum(float(np.sum(pred[i])) / len(current[i].devices) for i in current)
+    total = sum(float(np.sum(pred[i])) / current[i].devices for i in current)
     moved = [(i, e, d) for i in sorted(new) for e, d in moves(current[i], new[i])]
     per_device: dict[int, int] = {}
     for _, _, d in moved:

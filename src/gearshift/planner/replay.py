@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gearshift.errors import DataError
+from gearshift.planner.expert_map import ExpertMap
 from gearshift.planner.placement import (
-    Placement,
     busiest_over_mean,
     check_fit,
     device_loads,
@@ -37,7 +37,7 @@ class PolicyReplay:
     device_load: np.ndarray  # [step, layer, device] tokens
     moved_bytes: int
     moved_experts: int
-    maps: list[list[Placement]] = field(default_factory=list)  # per period, per layer
+    maps: list[list[ExpertMap]] = field(default_factory=list)  # per period, per layer
 
     @property
     def busiest_over_mean(self) -> float:
@@ -78,7 +78,7 @@ def replay(loads: np.ndarray, devices: int, every: int, replicas: int, expert_by
 def _replay_one(policy: str, loads: np.ndarray, devices: int, every: int, replicas: int, expert_bytes: int,
                 window: int, forecast: str) -> PolicyReplay:
     steps, layers, E = loads.shape
-    current = [Placement.contiguous(E, devices) for _ in range(layers)]
+    current = [ExpertMap.contiguous(E, devices) for _ in range(layers)]
     ratios = np.full((steps, layers), np.nan)
     dev = np.zeros((steps, layers, devices))
     moved, maps = 0, []
@@ -107,15 +107,15 @@ def replay_run(loads: np.ndarray, devices: int, decisions: list[dict], first_ste
     """A training run's own placements scored like a policy: loads[step, layer, expert] from step `first_step`,
     and its "placement" events (metrics.jsonl), each in force from its step on."""
     steps, layers, E = loads.shape
-    current = [Placement.contiguous(E, devices) for _ in range(layers)]
+    current = [ExpertMap.contiguous(E, devices) for _ in range(layers)]
     switches = sorted((d["step"], d) for d in decisions if d.get("switch"))
     ratios, dev = np.full((steps, layers), np.nan), np.zeros((steps, layers, devices))
     maps, moved, nbytes = [list(current)], 0, 0
     for t in range(steps):
         while switches and switches[0][0] <= first_step + t:
             d = switches.pop(0)[1]
-            new = [Placement(tuple(tuple(h) for h in devs), E) for _, devs in sorted(d["placements"].items(),
-                                                                                    key=lambda kv: int(kv[0]))]
+            new = [ExpertMap.from_devices(devs, E) for _, devs in sorted(d["placements"].items(),
+                                                                   key=lambda kv: int(kv[0]))]
             moved += sum(len(moves(a, b)) for a, b in zip(current, new))
             nbytes += int(d.get("bytes", 0))
             current = new

@@ -12,13 +12,13 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from gearshift.planner.placement import Placement  # noqa: E402
+from gearshift.planner.expert_map import ExpertMap  # noqa: E402
 from gearshift.planner.replay import PolicyReplay  # noqa: E402
 
 
-def expert_map(maps: Sequence[Placement], devices: int) -> np.ndarray:
+def expert_map(maps: Sequence[ExpertMap], devices: int) -> np.ndarray:
     """[expert, period]: the device holding the expert's first copy (copies are drawn apart)."""
-    return np.array([[p.holders()[e][0] for p in maps] for e in range(maps[0].experts)])
+    return np.array([[p.holders[e][0] for p in maps] for e in range(maps[0].experts)])
 
 
 def plot_replay(results: Sequence[PolicyReplay], path: str | Path, layer: int = 0) -> Path:
@@ -38,7 +38,7 @@ def plot_replay(results: Sequence[PolicyReplay], path: str | Path, layer: int = 
     axes[n - 1].set_xlabel("step")
     axes[0].legend(fontsize=8)
     maps = [m[layer] for m in shown.maps]
-    devices = len(maps[0].devices)
+    devices = maps[0].devices
     im = axes[n].imshow(expert_map(maps, devices), aspect="auto", interpolation="nearest", cmap="tab10",
                         vmin=0, vmax=max(devices - 1, 1))
     axes[n].set_ylabel("expert")

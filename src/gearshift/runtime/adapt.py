@@ -133,17 +133,17 @@ class Adapter:
         base = self.base.resized(dist.get_world_size())
         return {n: self.merged.state(step, base, n, self.mb_size).pipeline(stages) for n in sizes}
 
-    def measure_links(self, stages: int, prank: int, replica: int) -> None:
+    def measure_links(self, stages: int, pipe_rank: int, replica: int) -> None:
         """Probe each pipeline link, both ways, with a message of the largest activation a stage sends (at least
         probe_bytes), and its latency with small round trips (collective: every replica probes its own
         pipeline's links at once)."""
         if stages < 2:
             return
         act = max(max(lp.activation_bytes for lp in self.profile.layers[:-1]) * self.mb_size, self.probe_bytes)
-        found = probe_links(stages, prank, replica * stages, int(act), self.after_recv, device=self.device)
+        found = probe_links(stages, pipe_rank, replica * stages, int(act), self.after_recv, device=self.device)
         for (a, b), (nbytes, seconds) in found.items():
             self.monitor.record_transfer(a, b, nbytes, seconds)
-        for (a, b), seconds in probe_latency(stages, prank, replica * stages, self.after_recv,
+        for (a, b), seconds in probe_latency(stages, pipe_rank, replica * stages, self.after_recv,
                                               device=self.device).items():
             self.monitor.record_latency(a, b, seconds)
 
@@ -169,8 +169,8 @@ class Adapter:
         if not due and forced is None:
             return None
         self.settle_speed()
-        self.measure_links(rt.R, rt.prank, rt.replica)
-        state = self.pipeline_state(rt.R, step + 1)
+        self.measure_links(rt.pipe_ranks, rt.pipe_rank, rt.replica)
+        state = self.pipeline_state(rt.pipe_ranks, step + 1)
         out = decide_replan(self.profile, state, rt.bounds, max(self.every, 1), rt.schedule, self.migration_bandwidth,
                             step + 1, min_gain=self.min_gain).to_dict()
         if forced is not None:

@@ -1,13 +1,13 @@
 """Expert parallelism in a (replicated) pipeline: which rank holds which experts, the expert-parallel groups,
 the gradient sync of expert parameters, and the per-step expert loads.
 
-Ranks: schedule rank p of replica d is global rank d * R + p; the D replicas of position p are its
+Ranks: schedule rank p of replica d is global rank d * pipe_ranks + p; the D replicas of position p are its
 data-parallel group. With width w (dividing D), replicas g*w .. g*w+w-1 form expert-parallel group g of each
 position; group rank j of every group holds, for MoE layer i, the experts placements[i] gives it
-(ExpertPlacement.holders[e]: the group ranks holding expert e; contiguous E / w by default, any map allowed,
-an expert may have several holders). Gradients: each rank's experts see the tokens of its whole group, so an
-expert's gradient is summed over every rank holding a copy of it (in all groups) and divided by D, as the
-dense parameters are averaged over the D replicas."""
+(planner.expert_map.ExpertMap over the w group ranks: holders[e], the group ranks holding expert e; contiguous
+E / w by default, any map allowed, an expert may have several holders). Gradients: each rank's experts see the
+tokens of its whole group, so an expert's gradient is summed over every rank holding a copy of it (in all groups)
+and divided by D, as the dense parameters are averaged over the D replicas."""
 
 from __future__ import annotations
 
@@ -21,27 +21,7 @@ from torch import nn
 from gearshift.comm.alltoall import AllToAllDispatch, Clock
 from gearshift.comm.buckets import scatter_grads
 from gearshift.models.moe import LocalDispatch, moe_modules
-
-
-@dataclass(frozen=True)
-class ExpertPlacement:
-    """holders[e]: the expert-parallel group ranks holding expert e (one or more)."""
-
-    holders: tuple[tuple[int, ...], ...]
-
-    @classmethod
-    def contiguous(cls, experts: int, width: int) -> ExpertPlacement:
-        """E / width consecutive experts per group rank."""
-        per = experts // width
-        return cls(tuple((e // per,) for e in range(experts)))
-
-    def held_by(self, index: int) -> list[int]:
-        return [e for e, h in enumerate(self.holders) if index in h]
-
-    def check(self, experts: int, width: int) -> None:
-        if len(self.holders) != experts or any(not h or any(not 0 <= r < width for r in h) for h in self.holders):
-            raise ValueError(f"ExpertPlacement: needs one non-empty holder list per expert ({experts}) with group "
-                             f"ranks in 0..{width - 1}, got {self.holders}")
+from gearshift.planner.expert_map import ExpertMap
 
 
 @dataclass
@@ -64,18 +44,17 @@ class ExpertShards:
     together: it creates process groups)."""
 
     def __init__(self, stages: int, width: int, experts: int, moe_layers: list[int],
-                 placements: dict[int, ExpertPlacement] | None = None):
+                 placements: dict[int, ExpertMap] | None = None):
         self.rank, world = dist.get_rank(), dist.get_world_size()
-        self.R, self.width, self.experts = stages, width, experts
+        self.pipe_ranks, self.width, self.experts = stages, width, experts
         self.replicas = world // stages
         if self.replicas % width:
             raise ValueError(f"expert-parallel width {width} does not divide the {self.replicas} replicas")
         self.moe_layers = list(moe_layers)
-        self.placements = {i: ExpertPlacement.contiguous(experts, width) for i in self.moe_layers}
+        self.placements = {i: ExpertMap.contiguous(experts, width) for i in self.moe_layers}
         self.placements.update(placements or {})
-        for p in self.placements.values():
-            p.check(experts, width)
-        self.replica, self.prank = divmod(self.rank, stages)
+        self._check(self.placements)
+        self.replica, self.pipe_rank = divmod(self.rank, stages)
         self.group_index, self.index = divmod(self.replica, width)
         self.clock = Clock()
         self._groups: dict[tuple[int, ...], dist.ProcessGroup | None] = {}
@@ -83,11 +62,18 @@ class ExpertShards:
         for p in range(stages):  # every rank creates every group, in the same order
             for g in range(self.replicas // width):
                 grp = self._group(tuple((g * width + j) * stages + p for j in range(width)))
-                if p == self.prank and g == self.group_index:
+                if p == self.pipe_rank and g == self.group_index:
                     self.ep_group = grp
         for p in range(stages):
             for holders in sorted({h for pl in self.placements.values() for h in pl.holders}):
                 self._group(self.copies_of(holders, p))
+
+    def _check(self, placements: dict[int, ExpertMap]) -> None:
+        """Every map covers this job's experts over its expert-parallel width."""
+        for i, p in placements.items():
+            if p.experts != self.experts or p.devices != self.width:
+                raise ValueError(f"expert map of layer {i}: {p.experts} experts over {p.devices} group ranks, the "
+                                 f"job has {self.experts} over an expert-parallel width of {self.width}")
 
     def _group(self, ranks: tuple[int, ...]) -> dist.ProcessGroup | None:
         """The process group of `ranks` (made once, by every rank; None for a single rank)."""
@@ -97,7 +83,7 @@ class ExpertShards:
 
     def copies_of(self, holders: tuple[int, ...], position: int) -> tuple[int, ...]:
         """Global ranks at pipeline `position` holding an expert whose group ranks are `holders`."""
-        return tuple(sorted((g * self.width + j) * self.R + position
+        return tuple(sorted((g * self.width + j) * self.pipe_ranks + position
                             for g in range(self.replicas // self.width) for j in holders))
 
     # ---- layers -------------------------------------------------------------------------------------
@@ -121,7 +107,7 @@ class ExpertShards:
         for i in sorted(layers):
             for m in moe_modules(layers[i]):
                 for e in sorted(int(k) for k in m.experts):
-                    ranks = self.copies_of(self.placements[i].holders[e], self.prank)
+                    ranks = self.copies_of(self.placements[i].holders[e], self.pipe_rank)
                     if len(ranks) < self.replicas:
                         out.setdefault(ranks, []).extend(m.experts[str(e)].parameters())
         return out
@@ -155,15 +141,14 @@ class ExpertShards:
         i, e = int(parts[1]), int(parts[parts.index("experts") + 1])
         return self.group_index == 0 and self.index == min(self.placements[i].holders[e])
 
-    def reshard(self, layers: dict[int, nn.Module], placements: dict[int, ExpertPlacement],
+    def reshard(self, layers: dict[int, nn.Module], placements: dict[int, ExpertMap],
                 arrived: dict[tuple[int, int], nn.Module]) -> None:
         """Switch to `placements` (every rank at once, the same placements: it may create process groups): each
         MoE layer of `layers` keeps the experts it still holds, takes those in `arrived[(layer, expert)]` and
         routes by the new map."""
-        for p in placements.values():
-            p.check(self.experts, self.width)
+        self._check(placements)
         self.placements.update(placements)
-        for pos in range(self.R):
+        for pos in range(self.pipe_ranks):
             for holders in sorted({h for pl in self.placements.values() for h in pl.holders}):
                 self._group(self.copies_of(holders, pos))
         for i, layer in layers.items():

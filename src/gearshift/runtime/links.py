@@ -60,12 +60,12 @@ class LinkGroups:
         receive posted ahead would wait for a peer that is itself waiting on this rank's next send. Here every
         rank opens its channels in one order, the same on every rank, so each pair meets."""
         check_in_order(schedule)
-        R, new = schedule.num_ranks, []
+        pipe_ranks, new = schedule.num_ranks, []
         for d in range(replicas):
             for src, dst, kind, stage in channels(schedule):
-                key = (d * R + src, d * R + dst, kind, stage)
+                key = (d * pipe_ranks + src, d * pipe_ranks + dst, kind, stage)
                 if key not in self.groups:
-                    self.groups[key] = dist.new_group(sorted((d * R + src, d * R + dst)))
+                    self.groups[key] = dist.new_group(sorted(key[:2]))
                     new.append(key)
         me, tiny = dist.get_rank(), torch.zeros(1, device=device)
         for key in new:

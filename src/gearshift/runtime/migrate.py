@@ -41,14 +41,14 @@ def migrate(rt: PipelineRuntime, new_bounds: list[tuple[int, int]]) -> Migration
     parcels: list = [None] * dist.get_world_size()
     dist.all_gather_object(parcels, outgoing)
     received = 0
-    for r in range(rt.replica * rt.R, (rt.replica + 1) * rt.R):  # parcels from this replica's ranks
+    for r in range(rt.replica * rt.pipe_ranks, (rt.replica + 1) * rt.pipe_ranks):  # parcels from this replica's ranks
         m, o = parcels[r]
         for k, v in m.items():
-            if new_owner[int(k.split(".")[1])] == rt.prank and k not in model:
+            if new_owner[int(k.split(".")[1])] == rt.pipe_rank and k not in model:
                 received += v.numel() * v.element_size()
             model[k] = v
         optim.update(o)
-    keep = {i: mod for i, mod in rt.layers.items() if new_owner[i] == rt.prank}
+    keep = {i: mod for i, mod in rt.layers.items() if new_owner[i] == rt.pipe_rank}
     rt.set_layout(new_bounds, rt.schedule, keep)
     rt.load_state(model, optim)
     return MigrationReport(moved, received, time.perf_counter() - t0)

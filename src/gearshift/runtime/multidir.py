@@ -55,7 +55,7 @@ class MultiDirRuntime:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         if self.world != P or len(slice_bounds) != P:
             raise ValueError(f"multidir: {P} pipeline ranks and {len(slice_bounds)} slices for {self.world} workers")
-        self.R, self.replicas, self.replica, self.prank = P, 1, 0, self.rank
+        self.pipe_ranks, self.replicas, self.replica, self.pipe_rank = P, 1, 0, self.rank
         self.device = torch.device("cpu")  # CPU tensors over gloo (train.env places multidir jobs there)
         self.experts = None  # no expert parallelism under multidir (config validation refuses it)
         self.schedule, self.directions, self.optim_cfg = schedule, D, optim

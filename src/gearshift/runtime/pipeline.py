@@ -72,11 +72,11 @@ class PipelineRuntime:
         self.links = LinkGroups() if (dist.get_backend() == "nccl" if links is None else links) else None
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
-        self.R = schedule.num_ranks
-        if self.world % self.R:
-            raise ValueError(f"world size {self.world} is not a multiple of the pipeline's {self.R} ranks")
-        self.replicas = self.world // self.R
-        self.replica, self.prank = divmod(self.rank, self.R)
+        self.pipe_ranks = schedule.num_ranks
+        if self.world % self.pipe_ranks:
+            raise ValueError(f"world size {self.world} is not a multiple of the pipeline's {self.pipe_ranks} ranks")
+        self.replicas = self.world // self.pipe_ranks
+        self.replica, self.pipe_rank = divmod(self.rank, self.pipe_ranks)
         self.build_layer, self.loss_fn, self.act_meta_fn = build_layer, loss_fn, act_meta
         self.optim_cfg, self.after_compute, self.after_recv = optim, after_compute, after_recv
         self.grad_sync_factory = grad_sync_factory
@@ -85,9 +85,9 @@ class PipelineRuntime:
         # One data-parallel group per pipeline position (every rank creates every group, same order).
         self.dp_group = None
         if self.replicas > 1:
-            for p in range(self.R):
-                g = dist.new_group([d * self.R + p for d in range(self.replicas)])
-                if p == self.prank:
+            for p in range(self.pipe_ranks):
+                g = dist.new_group([d * self.pipe_ranks + p for d in range(self.replicas)])
+                if p == self.pipe_rank:
                     self.dp_group = g
         self.layers: dict[int, nn.Module] = {}
         self.set_layout(bounds, schedule, {})
@@ -98,7 +98,7 @@ class PipelineRuntime:
         self.bounds, self.schedule = [tuple(b) for b in bounds], schedule
         if self.links is not None:
             self.links.ensure(schedule, self.replicas, self.device)  # collective: new channels' groups, opened
-        mine = [s for s, r in enumerate(schedule.placement) if r == self.prank]
+        mine = [s for s, r in enumerate(schedule.placement) if r == self.pipe_rank]
         self.layers = {}
         for s in mine:
             a, b = self.bounds[s]
@@ -138,15 +138,16 @@ class PipelineRuntime:
     def _build_executors(self) -> None:
         """The executors of this rank's action list (training) and of its forward half (evaluation)."""
         self.executor = PipelineExecutor(
-            self.schedule, self.prank, self.stages, self.loss_fn,
+            self.schedule, self.pipe_rank, self.stages, self.loss_fn,
             lambda stage: self.act_meta_fn(self.bounds[stage][0], self._mb_size),
-            rank_offset=self.replica * self.R, after_compute=self._compute_hook(), after_recv=self.after_recv,
+            rank_offset=self.replica * self.pipe_ranks, after_compute=self._compute_hook(), after_recv=self.after_recv,
             device=self.device, links=self.links,
         )
         self.eval_executor = PipelineExecutor(
-            forward_only(self.schedule), self.prank, self.stages, self.loss_fn,
+            forward_only(self.schedule), self.pipe_rank, self.stages, self.loss_fn,
             lambda stage: self.act_meta_fn(self.bounds[stage][0], self._mb_size),
-            rank_offset=self.replica * self.R, after_recv=self.after_recv, device=self.device, links=self.links,
+            rank_offset=self.replica * self.pipe_ranks, after_recv=self.after_recv, device=self.device,
+            links=self.links,
         )
 
     def _compute_hook(self) -> Callable[[int, Op, float, float | None], None] | None:

@@ -15,7 +15,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from gearshift.models.moe import moe_modules
-from gearshift.runtime.experts import ExpertPlacement, ExpertShards
+from gearshift.planner.expert_map import ExpertMap
+from gearshift.runtime.experts import ExpertShards
 from gearshift.runtime.pipeline import PipelineRuntime
 
 STATE = ("exp_avg", "exp_avg_sq", "step")  # AdamW's state per parameter, in the order it travels
@@ -29,7 +30,7 @@ class MoveReport:
     seconds: float  # the whole switch on this rank
 
 
-def transfers(shards: ExpertShards, rt: PipelineRuntime, new: dict[int, ExpertPlacement]
+def transfers(shards: ExpertShards, rt: PipelineRuntime, new: dict[int, ExpertMap]
               ) -> list[tuple[int, int, int, int]]:
     """(layer, expert, source rank, destination rank) of every copy to send, in one order on every rank: each
     new holder of an expert gets it from the expert's first current holder in its own group."""
@@ -39,8 +40,8 @@ def transfers(shards: ExpertShards, rt: PipelineRuntime, new: dict[int, ExpertPl
         old, p = shards.placements[i].holders, position[i]
         for g in range(shards.replicas // shards.width):
             for e, holders in enumerate(new[i].holders):
-                src = (g * shards.width + old[e][0]) * shards.R + p
-                out += [(i, e, src, (g * shards.width + j) * shards.R + p) for j in holders if j not in old[e]]
+                src = (g * shards.width + old[e][0]) * shards.pipe_ranks + p
+                out += [(i, e, src, (g * shards.width + j) * shards.pipe_ranks + p) for j in holders if j not in old[e]]
     return out
 
 
@@ -85,7 +86,7 @@ def _unpack(buf: Tensor, template: nn.Module) -> tuple[nn.Module, dict[nn.Parame
     return module, states
 
 
-def move_experts(rt: PipelineRuntime, new: dict[int, ExpertPlacement]) -> MoveReport:
+def move_experts(rt: PipelineRuntime, new: dict[int, ExpertMap]) -> MoveReport:
     """Apply `new` (MoE layer -> placement) on every rank: collective, every rank with the same `new`."""
     t0 = time.perf_counter()
     shards = rt.experts
@@ -113,7 +114,7 @@ def move_experts(rt: PipelineRuntime, new: dict[int, ExpertPlacement]) -> MoveRe
     for _, p in rt.named_parameters():
         if p in states:
             rt.optimizer.state[p] = states[p]
-    moved = sorted({(i, e, (dst // shards.R) % shards.width) for i, e, _, dst in plan})
+    moved = sorted({(i, e, (dst // shards.pipe_ranks) % shards.width) for i, e, _, dst in plan})
     received = sum(buf.numel() * buf.element_size() for buf, *_ in recvs.values())
     return MoveReport(moved, received, transfer_s, time.perf_counter() - t0)
 
@@ -121,13 +122,14 @@ def move_experts(rt: PipelineRuntime, new: dict[int, ExpertPlacement]) -> MoveRe
 def probe_bandwidth(shards: ExpertShards, nbytes: int) -> float:
     """Bytes/s of a point-to-point transfer of `nbytes` between neighbours of every expert-parallel group, all at
     once, as the slowest saw it (collective)."""
-    w, R = shards.width, shards.R
+    w, ranks = shards.width, shards.pipe_ranks
     me = dist.get_rank()
-    base = me - shards.index * R
+    base = me - shards.index * ranks
     buf, got = torch.zeros(max(1, nbytes // 4)), torch.empty(max(1, nbytes // 4))
     dist.barrier()
     t0 = time.perf_counter()
-    reqs = [dist.isend(buf, base + (shards.index + 1) % w * R), dist.irecv(got, base + (shards.index - 1) % w * R)]
+    reqs = [dist.isend(buf, base + (shards.index + 1) % w * ranks),
+            dist.irecv(got, base + (shards.index - 1) % w * ranks)]
     for r in reqs:
         r.wait()
     secs = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)

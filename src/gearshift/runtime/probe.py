@@ -17,7 +17,7 @@ from gearshift.cluster.device import stream_wait
 from gearshift.schedules import Op
 
 
-def probe_links(num_ranks: int, prank: int, offset: int, nbytes: int,
+def probe_links(num_ranks: int, pipe_rank: int, offset: int, nbytes: int,
                 after_recv: Callable[[int, int, float], None] | None = None, repeats: int = 3,
                 device: torch.device | str = "cpu") -> dict:
     """Collective over each pipeline of `num_ranks` ranks (global rank = offset + pipeline rank).
@@ -32,10 +32,10 @@ def probe_links(num_ranks: int, prank: int, offset: int, nbytes: int,
     size = big.numel() * big.element_size()
     out = {}
     for p in range(num_ranks - 1):
-        if prank not in (p, p + 1):
+        if pipe_rank not in (p, p + 1):
             continue
         for src, dst in ((p, p + 1), (p + 1, p)):
-            if prank == src:
+            if pipe_rank == src:
                 out[(offset + src, offset + dst)] = (size, _send_timed(big, tiny, offset + dst, repeats, wait))
             else:
                 _answer(big, tiny, offset + src, repeats, after_recv, wait)
@@ -103,7 +103,7 @@ def probe_speed(layers: nn.Module, x: Tensor, profiled_s: float,
     return profiled_s / statistics.median(times)
 
 
-def probe_latency(num_ranks: int, prank: int, offset: int,
+def probe_latency(num_ranks: int, pipe_rank: int, offset: int,
                   after_recv: Callable[[int, int, float], None] | None = None, repeats: int = 7,
                   device: torch.device | str = "cpu") -> dict:
     """Collective over each pipeline of `num_ranks` ranks: one-float round trips over each link p <-> p+1
@@ -114,13 +114,13 @@ def probe_latency(num_ranks: int, prank: int, offset: int,
     wait = stream_wait(tiny.device)
     out = {}
     for p in range(num_ranks - 1):
-        if prank not in (p, p + 1):
+        if pipe_rank not in (p, p + 1):
             continue
-        peer = offset + (p + 1 if prank == p else p)
+        peer = offset + (p + 1 if pipe_rank == p else p)
         rtts = []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            if prank == p:
+            if pipe_rank == p:
                 dist.send(tiny, peer)
                 _recv_hooked(tiny, peer, after_recv, wait)
                 rtts.append(time.perf_counter() - t0)

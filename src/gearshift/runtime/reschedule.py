@@ -74,12 +74,12 @@ class ScheduleSwitcher:
             return None
         adapter.settle_speed()
         if not probed:
-            adapter.measure_links(rt.R, rt.prank, rt.replica)
-        state = adapter.pipeline_state(rt.R, nxt)
+            adapter.measure_links(rt.pipe_ranks, rt.pipe_rank, rt.replica)
+        state = adapter.pipeline_state(rt.pipe_ranks, nxt)
         trigger = "forced" if forced else "period" if due else "step time moved"
         rec = rank0_decides(lambda: self._decide(state, rt.bounds, nxt, trigger, forced,
                                                  adapter.merged.step_overhead() or 0.0,
-                                                 adapter.size_states(rt.R, nxt, list(self.profiles))))
+                                                 adapter.size_states(rt.pipe_ranks, nxt, list(self.profiles))))
         if rec.get("skip"):  # cued, but no link moved: keep watching from here
             self.times, self._skip = [], 0
             return None

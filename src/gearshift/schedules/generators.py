@@ -51,18 +51,19 @@ def _pipeline(name: str, num_stages: int, num_microbatches: int, k: int = 1, pla
               stages_per_pipe: int | None = None, **_: object) -> Schedule:
     """GPipe, 1F1B or kFkB (`name`) over one pipe or several: make_schedule's build of these kinds."""
     _check_args(name, num_stages, num_microbatches, k)
-    spp = stages_per_pipe or num_stages
-    if num_stages % spp:
-        raise ScheduleError(f"stages_per_pipe: {spp} does not divide num_stages ({num_stages})")
+    stages_per_pipe = stages_per_pipe or num_stages
+    if num_stages % stages_per_pipe:
+        raise ScheduleError(f"stages_per_pipe: {stages_per_pipe} does not divide num_stages ({num_stages})")
     placement = list(range(num_stages)) if placement is None else list(placement)
     num_ranks = _check_placement(placement, num_stages)
     m = num_microbatches
     k_eff = {"gpipe": m, "1f1b": 1, "kfkb": min(k, m)}[name]
-    orders = [stage_order(s % spp, spp, m, k_eff) for s in range(num_stages)]
-    per_rank = merge_orders(orders, placement, num_ranks, spp)
-    actions = [with_comm(compute, placement, spp) + [Action(Op.SYNC), Action(Op.STEP)] for compute in per_rank]
+    orders = [stage_order(s % stages_per_pipe, stages_per_pipe, m, k_eff) for s in range(num_stages)]
+    per_rank = merge_orders(orders, placement, num_ranks, stages_per_pipe)
+    actions = [with_comm(compute, placement, stages_per_pipe) + [Action(Op.SYNC), Action(Op.STEP)]
+               for compute in per_rank]
     params = {"k": k} if name == "kfkb" else {}
-    return Schedule(name, num_stages, m, placement, actions, params, spp)
+    return Schedule(name, num_stages, m, placement, actions, params, stages_per_pipe)
 
 
 def stage_order(stage: int, num_stages: int, num_microbatches: int, k: int) -> list[tuple[Op, int]]:
@@ -91,9 +92,9 @@ def merge_orders(orders: list[list[tuple[Op, int]]], placement: list[int], num_r
     stages_of = [[s for s, r in enumerate(placement) if r == rank] for rank in range(num_ranks)]
     if all(len(ss) == 1 for ss in stages_of):
         return [[Action(op, ss[0], mb) for op, mb in orders[ss[0]]] for ss in stages_of]
-    spp = stages_per_pipe or len(orders)
+    stages_per_pipe = stages_per_pipe or len(orders)
     scheduled = {(op, s, mb) for s, order in enumerate(orders) for op, mb in order}
-    tail = _tails(orders, spp, scheduled) if spp < len(orders) else None
+    tail = _tails(orders, stages_per_pipe, scheduled) if stages_per_pipe < len(orders) else None
     ptr = [0] * len(orders)
     end: dict[tuple[Op, int, int], float] = {}
     free = [0.0] * num_ranks
@@ -106,7 +107,7 @@ def merge_orders(orders: list[list[tuple[Op, int]]], placement: list[int], num_r
                 if ptr[s] == len(orders[s]):
                     continue
                 op, mb = orders[s][ptr[s]]
-                deps = [d for d in _deps(op, s, mb, spp) if d in scheduled]
+                deps = [d for d in _deps(op, s, mb, stages_per_pipe) if d in scheduled]
                 if any(d not in end for d in deps):
                     continue
                 start = max([free[rank]] + [end[d] for d in deps])
@@ -124,20 +125,21 @@ def merge_orders(orders: list[list[tuple[Op, int]]], placement: list[int], num_r
     return out
 
 
-def _deps(op: Op, s: int, mb: int, spp: int) -> list[tuple[Op, int, int]]:
+def _deps(op: Op, s: int, mb: int, stages_per_pipe: int) -> list[tuple[Op, int, int]]:
     if op is Op.FORWARD:
-        return [(Op.FORWARD, s - 1, mb)] if s % spp else []
-    return [(Op.FORWARD, s, mb)] + ([(Op.BACKWARD, s + 1, mb)] if (s + 1) % spp else [])
+        return [(Op.FORWARD, s - 1, mb)] if s % stages_per_pipe else []
+    return [(Op.FORWARD, s, mb)] + ([(Op.BACKWARD, s + 1, mb)] if (s + 1) % stages_per_pipe else [])
 
 
-def _tails(orders: list[list[tuple[Op, int]]], spp: int, scheduled: set) -> dict[tuple[Op, int, int], float]:
+def _tails(orders: list[list[tuple[Op, int]]], stages_per_pipe: int,
+           scheduled: set) -> dict[tuple[Op, int, int], float]:
     """Longest path (merge costs) from each compute's start to the end of the iteration, over its data
     dependencies and its stage's order: list scheduling runs the longest first among equally early."""
     succ: dict[tuple, list[tuple]] = {k: [] for k in scheduled}
     for s, order in enumerate(orders):
         for i, (op, mb) in enumerate(order):
             key = (op, s, mb)
-            for d in _deps(op, s, mb, spp):
+            for d in _deps(op, s, mb, stages_per_pipe):
                 if d in scheduled:
                     succ[d].append(key)
             if i + 1 < len(order):
@@ -162,11 +164,11 @@ def _tails(orders: list[list[tuple[Op, int]]], spp: int, scheduled: set) -> dict
 def with_comm(compute: list[Action], placement: list[int], stages_per_pipe: int | None = None) -> list[Action]:
     """Insert receives just before and sends just after each compute whose neighbour in its pipe is on
     another rank."""
-    spp = stages_per_pipe or len(placement)
+    stages_per_pipe = stages_per_pipe or len(placement)
     out: list[Action] = []
     for a in compute:
         s, mb, me = a.stage, a.mb, placement[a.stage]
-        has_prev, has_next = s % spp != 0, (s + 1) % spp != 0
+        has_prev, has_next = s % stages_per_pipe != 0, (s + 1) % stages_per_pipe != 0
         if a.op is Op.FORWARD:
             if has_prev and placement[s - 1] != me:
                 out.append(Action(Op.RECV_ACT, s, mb, placement[s - 1]))
@@ -193,7 +195,7 @@ def _check_args(name: str, num_stages: int, num_microbatches: int, k: int) -> No
 
 
 def _check_placement(placement: list[int], num_stages: int) -> int:
-    """Return the number of ranks; every rank 0..R-1 must hold at least one stage."""
+    """Return the number of ranks; every rank 0..num_ranks-1 must hold at least one stage."""
     if len(placement) != num_stages:
         raise ScheduleError(f"placement: has {len(placement)} entries, expected one per stage ({num_stages})")
     if not all(_is_int(r) and r >= 0 for r in placement):
@@ -201,7 +203,7 @@ def _check_placement(placement: list[int], num_stages: int) -> int:
     num_ranks = max(placement) + 1
     empty = sorted(set(range(num_ranks)) - set(placement))
     if empty:
-        raise ScheduleError(f"placement: ranks {empty} hold no stage (ranks must be 0..R-1, all used)")
+        raise ScheduleError(f"placement: ranks {empty} hold no stage (ranks must be 0..num_ranks-1, all used)")
     return num_ranks
 
 

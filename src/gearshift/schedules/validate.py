@@ -121,7 +121,7 @@ def _check_comm(sch: Schedule) -> None:
     sends: Counter = Counter()
     recvs: Counter = Counter()
     last = sch.num_stages - 1
-    spp = sch.stages_per_pipe
+    stages_per_pipe = sch.stages_per_pipe
     bad = []
     for r, acts in enumerate(sch.actions):
         done: set[tuple[Op, int, int]] = set()
@@ -135,7 +135,7 @@ def _check_comm(sch: Schedule) -> None:
             if not (0 <= src_stage <= last and 0 <= dst_stage <= last):
                 bad.append(f"{a} on rank {r}: no stage {dst_stage if 0 <= src_stage <= last else src_stage}")
                 continue
-            if src_stage // spp != dst_stage // spp:
+            if src_stage // stages_per_pipe != dst_stage // stages_per_pipe:
                 bad.append(f"{a} on rank {r}: stages {src_stage} and {dst_stage} are in different pipes")
                 continue
             if sch.placement[src_stage] == sch.placement[dst_stage]:

@@ -101,7 +101,7 @@ class _Program:
 
 def _compile(schedule: Schedule, cost: ScheduleCosts) -> _Program:
     """Flatten the lists and resolve each action's dependency to the index of the action it waits for."""
-    num_ranks, placement, spp = schedule.num_ranks, schedule.placement, schedule.stages_per_pipe
+    num_ranks, placement, stages_per_pipe = schedule.num_ranks, schedule.placement, schedule.stages_per_pipe
     offs = [0]
     ranks: list[int] = []
     for r, acts in enumerate(schedule.actions):
@@ -153,7 +153,7 @@ def _compile(schedule: Schedule, cost: ScheduleCosts) -> _Program:
         if k == _F:
             dur[g] = fwd[s]
             mem[g] = act_mem[s]
-            if s % spp:
+            if s % stages_per_pipe:
                 if placement[s - 1] == r:
                     dep1[g] = carried(slot[fs + i - m], mb)
                 else:
@@ -165,7 +165,7 @@ def _compile(schedule: Schedule, cost: ScheduleCosts) -> _Program:
             dep2[g] = carried(slot[fs + i], mb)
             if dep2[g] == _NONE:
                 carried_mem[r] += act_mem[s]
-            if (s + 1) % spp:
+            if (s + 1) % stages_per_pipe:
                 if placement[s + 1] == r:
                     dep1[g] = carried(slot[bs + i + m], mb)
                 else:
@@ -178,7 +178,7 @@ def _compile(schedule: Schedule, cost: ScheduleCosts) -> _Program:
             link[g] = r * num_ranks + p
         elif k == _RA or k == _RG:
             src = s - 1 if k == _RA else s + 1
-            ok = (s % spp != 0) if k == _RA else ((s + 1) % spp != 0)
+            ok = (s % stages_per_pipe != 0) if k == _RA else ((s + 1) % stages_per_pipe != 0)
             d = slot[(sas if k == _RA else sgs) + i + (src - s) * m] if ok else _NEVER
             dep1[g] = carried(d if d >= 0 and ranks[d] == p and peer[d] == r else _NEVER, mb)
         elif k == _RED or k == _SP:

@@ -120,9 +120,9 @@ def start_schedule(cfg: JobConfig, adapter: Adapter, switcher: ScheduleSwitcher,
 def measure_start(cfg: JobConfig, adapter: Adapter, spec: ModelSpec, data: JobData) -> None:
     """Before training (collective): this rank's speed and its pipeline's links, both ways."""
     stages = cfg.parallel.stages
-    replica, prank = divmod(dist.get_rank(), stages)
-    adapter.seed_speed(_probe_speed(cfg, adapter, prank, spec, data))
-    adapter.measure_links(stages, prank, replica)
+    replica, pipe_rank = divmod(dist.get_rank(), stages)
+    adapter.seed_speed(_probe_speed(cfg, adapter, pipe_rank, spec, data))
+    adapter.measure_links(stages, pipe_rank, replica)
     adapter.start_measured = True
 
 
@@ -137,10 +137,10 @@ def plan_start(cfg: JobConfig, adapter: Adapter, spec: ModelSpec, data: JobData)
     return adapter.plan_start(job_schedule(cfg), measured)
 
 
-def _probe_speed(cfg: JobConfig, adapter: Adapter, prank: int, spec: ModelSpec, data: JobData) -> float:
+def _probe_speed(cfg: JobConfig, adapter: Adapter, pipe_rank: int, spec: ModelSpec, data: JobData) -> float:
     """This rank's speed on the layers a uniform split gives its pipeline position, on one micro-batch, on its
     device."""
-    a, b = uniform_bounds(adapter.profile.num_layers, cfg.parallel.stages)[prank]
+    a, b = uniform_bounds(adapter.profile.num_layers, cfg.parallel.stages)[pipe_rank]
     build, act_meta = layer_factory(cfg, spec, data)
     shape, dtype = act_meta(a, adapter.mb_size)
     cpu = torch.device("cpu")  # built where the runtime builds them, then moved

@@ -18,9 +18,10 @@ from gearshift.models.gpt import GPTConfig
 from gearshift.models.moe import MoEConfig
 from gearshift.models.spec import ModelSpec, resolve_model
 from gearshift.optim import OptimConfig
+from gearshift.planner.expert_map import ExpertMap
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.runtime.adapt import Adapter
-from gearshift.runtime.experts import ExpertPlacement, ExpertShards
+from gearshift.runtime.experts import ExpertShards
 from gearshift.runtime.multidir import MultiDirRuntime
 from gearshift.runtime.pipeline import PipelineRuntime
 from gearshift.schedules import Schedule, make_schedule
@@ -59,7 +60,7 @@ def moe_config(cfg: JobConfig) -> MoEConfig | None:
     return MoEConfig(vocab_size=256, **cfg.model.table()) if cfg.model.name == "moe_gpt" else None
 
 
-def expert_shards(cfg: JobConfig, placements: dict[int, ExpertPlacement] | None = None) -> ExpertShards | None:
+def expert_shards(cfg: JobConfig, placements: dict[int, ExpertMap] | None = None) -> ExpertShards | None:
     """The job's expert parallelism (parallel.experts wide; contiguous placement unless `placements` gives MoE
     layers theirs) for a MoE model (collective: it creates process groups)."""
     mc = moe_config(cfg)

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from gearshift.errors import DataError
-from gearshift.runtime.experts import ExpertPlacement
+from gearshift.planner.expert_map import ExpertMap
 from gearshift.runtime.pipeline import PipelineRuntime
 from gearshift.train.config import JobConfig
 
@@ -117,13 +117,13 @@ class Checkpointer:
                 torch.cuda.set_rng_state(cuda_rng, rt.device)
         return int(ck["step"])
 
-    def expert_placements(self, experts: int, width: int) -> dict[int, ExpertPlacement] | None:
+    def expert_placements(self, experts: int, width: int) -> dict[int, ExpertMap] | None:
         """The expert->rank map the resumed checkpoint was written under, per MoE layer; None when it has none or
         when it does not fit this job (another expert-parallel width: the contiguous placement then)."""
         saved = self.resumed().get("experts")
         if not saved or saved["width"] != width or saved["experts"] != experts:
             return None
-        return {int(i): ExpertPlacement(tuple(tuple(h) for h in holders)) for i, holders in saved["holders"].items()}
+        return {int(i): ExpertMap(tuple(tuple(h) for h in holders), width) for i, holders in saved["holders"].items()}
 
     def save(self, rt: PipelineRuntime, step: int, placer_state: dict | None = None) -> Path:
         """Gather every layer (from replica 0; experts from their first holders) and its AdamW state on rank 0

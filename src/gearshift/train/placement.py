@@ -11,8 +11,8 @@ import statistics
 import numpy as np
 import torch.distributed as dist
 
-from gearshift.planner.placement import Placement, decide_placement, device_loads, expert_state_bytes, fit_row_cost
-from gearshift.runtime.experts import ExpertPlacement
+from gearshift.planner.expert_map import ExpertMap
+from gearshift.planner.placement import decide_placement, device_loads, expert_state_bytes, fit_row_cost
 from gearshift.runtime.pipeline import PipelineRuntime, StepResult
 from gearshift.runtime.placement import move_experts, probe_bandwidth
 from gearshift.train.build import moe_config
@@ -65,7 +65,7 @@ class Placer:
     def _rows(self, rank: int, routed: list[list[int]], bounds, stage_rank: list[int]) -> float:
         """Expert rows `rank` computed in a step with `routed` loads under the current placement."""
         sh = self.shards
-        position, index = rank % sh.R, (rank // sh.R) % sh.width
+        position, index = rank % sh.pipe_ranks, (rank // sh.pipe_ranks) % sh.width
         mine = {i for s, (a, b) in enumerate(bounds) if stage_rank[s] == position for i in range(a, b)}
         rows = 0.0
         for k, i in enumerate(sh.moe_layers):
@@ -73,8 +73,8 @@ class Placer:
                 rows += device_loads(np.asarray(routed[k]) / self.groups, self._current()[i])[index]
         return rows
 
-    def _current(self) -> dict[int, Placement]:
-        return {i: Placement.from_holders(p.holders, self.shards.width) for i, p in self.shards.placements.items()}
+    def _current(self) -> dict[int, ExpertMap]:
+        return dict(self.shards.placements)
 
     def maybe_place(self, rt: PipelineRuntime, step: int) -> dict | None:
         """After `step`: decide (rank 0) and switch (every rank) if due. Collective."""
@@ -91,8 +91,7 @@ class Placer:
         out = box[0]
         self.row_cost = out["row_cost_s"] if out["row_cost_s"] > 0 else self.row_cost
         if out["switch"]:
-            new = {int(i): ExpertPlacement(Placement(tuple(map(tuple, d)), self.shards.experts).holders())
-                   for i, d in out["placements"].items()}
+            new = {int(i): ExpertMap.from_devices(d, self.shards.experts) for i, d in out["placements"].items()}
             rep = move_experts(rt, new)
             rows: list = [None] * dist.get_world_size()
             dist.all_gather_object(rows, (rep.bytes_received, rep.transfer_s, rep.seconds))
@@ -113,7 +112,7 @@ class Placer:
         fit = []
         for rank, samples in enumerate(gathered):
             for s, compute, _ in samples:
-                fit.append((rank % sh.R, self._rows(rank, self.loads[s], rt.bounds, stage_rank),
+                fit.append((rank % sh.pipe_ranks, self._rows(rank, self.loads[s], rt.bounds, stage_rank),
                             compute))
         cost = fit_row_cost(fit)
         row_cost = cost if cost is not None else (self.row_cost or 0.0)
