@@ -36,13 +36,15 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     if args.trace:
         check_output_file(args.trace, "--trace")
-    n_layers = cfg.model.layers + 2
-    prof = read_profile(args.profile, "--profile", n_layers, UserError) if args.profile else profile_job(cfg)
+    spec = job_model(cfg)  # its layers, whichever model it is (the GPT's are model.layers + embedding + head)
+    layers_are = "= model.layers + embedding + head" if cfg.model.name == "gpt" else f"in {cfg.model.name}"
+    prof = read_profile(args.profile, "--profile", spec.num_layers, UserError, layers_are) if args.profile \
+        else profile_job(cfg)
     p = cfg.parallel
     if p.schedule == "multidir" and p.partition == "uniform":
         bounds = equal_time_slices(prof, p.stages)  # what the multidir runtime cuts
     else:
-        bounds = resolve_partition(cfg, job_model(cfg))
+        bounds = resolve_partition(cfg, spec)
     schedule = job_schedule(cfg, slice_act_bytes(prof, bounds))  # multidir: orders balance the slices' bytes
     # this host's cores as measured with the job's workers computing at once (what processor sharing divides)
     state = local_pipeline_state(cfg.cluster.workers, p.stages, cfg.emulate.slowdown,
