@@ -283,17 +283,30 @@ class PipelineRuntime:
 
 
 def _flat_allreduce(params: list[nn.Parameter], group: dist.ProcessGroup | None) -> Callable[[], None]:
-    """Average gradients over `group` with one flat all_reduce (used when no GradientSync is given)."""
+    """Average gradients over `group` with one flat all_reduce (used when no GradientSync is given). A parameter
+    without a gradient here (unused by this rank's micro-batches) counts as zeros, so every rank reduces the same
+    sizes; one without a gradient on every rank keeps none, so AdamW leaves it alone (as DDP does). Which ones had
+    a gradient travels at the end of the same message."""
     n = dist.get_world_size(group)
 
+    @torch.no_grad()
     def sync() -> None:
+        if not params:
+            return
         grads = [p.grad for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        had = torch.tensor([float(g is not None) for g in grads], dtype=params[0].dtype, device=params[0].device)
+        flat = torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1) for p, g in zip(params, grads)]
+                         + [had])
         dist.all_reduce(flat, group=group)
+        anywhere = flat[-len(params):].tolist()
         flat /= n
         off = 0
-        for g in grads:
-            g.copy_(flat[off:off + g.numel()].view_as(g))
-            off += g.numel()
+        for p, g, k in zip(params, grads, anywhere):
+            avg = flat[off:off + p.numel()].view_as(p)
+            off += p.numel()
+            if g is not None:
+                g.copy_(avg)
+            elif k > 0:
+                p.grad = avg.clone()
 
     return sync
