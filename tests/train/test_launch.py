@@ -117,3 +117,17 @@ def test_train_writes_its_run_and_emulation_on_some_ranks_only_does_not_deadlock
     assert json.loads((out / "config.json").read_text())["output"]["dir"] == str(out)
     assert "predicted (simulator)" in (out / "trace.json").read_text()  # the run's own trace, in its own dir
     assert (out / "report.html").is_file() and (out / "metrics.png").is_file()
+
+
+def test_a_run_ended_by_stop_after_traces_its_last_step(tmp_path):
+    """train.stop_after ends a run before train.steps: output.trace_step = -1 (the last step) traces the step it
+    ends after, and the resumed run traces its own last step."""
+    out = tmp_path / "stop"
+    job = [*TINY, "--cluster.workers=1", "--parallel.stages=1", "--train.steps=4", f"--output.dir={out}",
+           "--output.trace=true"]
+    r = _gearshift("train", *job, "--train.stop_after=2")
+    assert r.returncode == 0, r.stderr
+    assert "measured step 1" in (out / "trace.json").read_text()
+    r = _gearshift("train", *job, "--resume")
+    assert r.returncode == 0, r.stderr
+    assert "measured step 3" in (out / "trace.json").read_text()

@@ -79,7 +79,8 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
     if choice and log:
         log.write(choice)
         bar.note(describe_schedule(choice))
-    evaluate, tracer = Evaluator(cfg, data), Tracer(cfg, adapter, data, spec)
+    end = min(t.steps, start + t.stop_after) if t.stop_after else t.steps
+    evaluate, tracer = Evaluator(cfg, data), Tracer(cfg, adapter, data, spec, end)
     if rank == 0 and t.eval_every and not data.has_val:
         print("gearshift: the data has no validation split: no validation loss (train.eval_every ignored)",
               flush=True)
@@ -87,7 +88,6 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
     per_replica = t.batch_size // cfg.replicas
     history: list[dict] = []
     wall0 = time.perf_counter()
-    end = min(t.steps, start + t.stop_after) if t.stop_after else t.steps
     stopped = False
     for step in range(start, end):
         x, y = data.batch(step, t.batch_size, t.seed)

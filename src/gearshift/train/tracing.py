@@ -21,13 +21,14 @@ from gearshift.train.profiling import profile_job
 
 
 class Tracer:
-    """Traces output.trace_step (-1: the last step) when output.trace is on."""
+    """Traces output.trace_step (-1: the last step) when output.trace is on. The last step is the run's own: `end`
+    (the step it stops before; train.stop_after ends a run short of train.steps) less one."""
 
     def __init__(self, cfg: JobConfig, adapter: Adapter | None, data: JobData | None = None,
-                 spec: ModelSpec | None = None):
+                 spec: ModelSpec | None = None, end: int | None = None):
         self.cfg, self.adapter, self.data, self.spec = cfg, adapter, data, spec
-        t = cfg.train
-        self.step = t.steps - 1 if cfg.output.trace_step < 0 else cfg.output.trace_step
+        end = cfg.train.steps if end is None else end
+        self.step = end - 1 if cfg.output.trace_step < 0 else cfg.output.trace_step
         self.path = Path(cfg.output.dir) / "trace.json"
 
     def maybe(self, step: int, rt: PipelineRuntime, record: StepRecord) -> None:
