@@ -218,6 +218,11 @@ def meets(value: float | None, goal: str) -> bool | None:
     return value is not None and (value <= float(bound) if op == "<=" else value >= float(bound))
 
 
+def make_console() -> Console:
+    """A rich console; 200 columns wide when the output is not a terminal, so that a log keeps every cell whole."""
+    return Console(width=None if sys.stdout.isatty() else 200)
+
+
 def table(title: str, columns: Sequence[str], rows: Sequence[Sequence], left: int = 0, console: Any = None) -> None:
     """Print a rich table (its first `left` columns left-aligned, the rest right-aligned)."""
     t = Table(title=title)
@@ -225,7 +230,7 @@ def table(title: str, columns: Sequence[str], rows: Sequence[Sequence], left: in
         t.add_column(col, justify="left" if i < left else "right")
     for row in rows:
         t.add_row(*map(str, row))
-    (console or Console()).print(t)
+    (console or make_console()).print(t)
 
 
 def goals_table(goals: dict[str, tuple], title: str = "goals", console: Any = None) -> None:

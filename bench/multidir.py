@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import torch.distributed as dist
-from rich.console import Console
 from torch.distributed import pipelining as pp
 from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
 
@@ -308,7 +307,7 @@ def show(res: dict) -> None:
     def mib(xs: list) -> str:
         return " ".join(f"{b / 2**20:.1f}" for b in xs)
 
-    c = Console()
+    c = harness.make_console()
     harness.table(f"multidir D = {D} vs 1F1B / GPipe, {WORLD} gloo workers, emulate.slowdown = {res['slowdown']:g} "
                   "on every rank (duty cycle)", ("split", "schedule", "tokens/s", "step s", "predicted s (monitor)",
                                                  "predicted s (profile)", "peak act MiB per rank", "predicted"),

@@ -10,7 +10,6 @@ import time
 
 import torch
 import torch.distributed as dist
-from rich.console import Console
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
@@ -132,7 +131,7 @@ def _summarise(results: list[dict], a: argparse.Namespace) -> dict:
 
 
 def _print(summary: dict) -> None:
-    console = Console()
+    console = harness.make_console()
     harness.table(f"Pipeline runtime vs torch.distributed.pipelining ({WORLD} gloo workers)",
                   ("schedule", "system", "tokens/s", "step ms (median)", "min (ms)", "CPU s/step", "final loss"),
                   [(r["schedule"], r["system"], f"{r['tokens_per_s']:,.0f}", f"{1e3 * r['step_time_s']:.1f}",

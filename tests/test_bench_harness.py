@@ -4,6 +4,7 @@ with the machine's description, `gearshift train` run from this interpreter, and
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 from bench import harness
@@ -71,11 +72,12 @@ def test_fastest_layers_keeps_each_layers_fastest_pass():
     assert best.meta["passes"] == 2
 
 
-def test_run_job_runs_this_interpreters_gearshift_and_says_why_it_failed(tmp_path):
+def test_run_job_runs_this_interpreters_gearshift_and_says_why_it_failed(tmp_path, monkeypatch):
     run = harness.run_job("bad", ["--model.layers=0"], tmp_path, check=False)
     assert run.returncode == 2 and "model.layers" in run.stderr and run.records == []
+    monkeypatch.setattr(harness, "cli", lambda *a, **k: subprocess.CompletedProcess(a, 1, "", "worker 2 failed"))
     with pytest.raises(SystemExit, match="job bad failed"):
-        harness.run_job("bad", ["--model.layers=0"], tmp_path)
+        harness.run_job("bad", ["--model.layers=2"], tmp_path)
 
 
 class _Runner:
