@@ -11,10 +11,10 @@ from placement import on_device_only
 
 from gearshift.runtime.migrate import migrate
 from gearshift.runtime.probe import probe_links, probe_speed
+from gearshift.testing import spawn
 from gearshift.train.build import build_runtime, lr_at
 from gearshift.train.config import load_config
 from gearshift.train.data import ByteCorpus
-from gloo_spawn import spawn
 
 pytestmark = pytest.mark.multiprocess
 

@@ -16,10 +16,10 @@ import torch.distributed as dist
 
 from gearshift.models.gpt import build_gpt, gpt_loss
 from gearshift.schedules import Op, make_schedule
+from gearshift.testing import spawn
 from gearshift.train.build import build_runtime, gpt_config, lr_at
 from gearshift.train.config import load_config
 from gearshift.train.data import ByteCorpus
-from gloo_spawn import spawn
 
 pytestmark = pytest.mark.multiprocess
 

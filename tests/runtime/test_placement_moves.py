@@ -18,11 +18,11 @@ from gearshift.models.moe import moe_modules
 from gearshift.planner.placement import Placement, greedy
 from gearshift.runtime.experts import ExpertPlacement
 from gearshift.runtime.placement import move_experts
+from gearshift.testing import spawn
 from gearshift.train.build import build_runtime, lr_at
 from gearshift.train.checkpoint import checkpoint_path
 from gearshift.train.datasets import job_data
 from gearshift.train.loop import train
-from gloo_spawn import spawn
 
 pytestmark = pytest.mark.multiprocess
 

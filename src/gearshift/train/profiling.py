@@ -66,16 +66,21 @@ def profile_sizes(cfg: JobConfig, sizes: list[int], cache: str = "", passes: int
         for size in todo:
             runs[size].append(profile_job(cfg, repeats, warmup, data, spec, size, device))
     for size in todo:
-        rs = runs[size]
-        layers = [replace(lps[0], forward_s=min(lp.forward_s for lp in lps),
-                          backward_s=min(lp.backward_s for lp in lps)) for lps in zip(*(r.layers for r in rs))]
-        out[size] = replace(rs[0], layers=layers, meta={**rs[0].meta, "passes": passes})
+        out[size] = fastest_layers(runs[size])
         if paths[size] is not None:
             paths[size].parent.mkdir(parents=True, exist_ok=True)
             tmp = paths[size].with_suffix(".tmp")
             out[size].save(tmp)
             tmp.replace(paths[size])
     return out
+
+
+def fastest_layers(runs: list[ModelProfile]) -> ModelProfile:
+    """One profile from several passes of the same model: each layer's fastest forward and backward (a shared
+    machine only ever adds time); meta["passes"] says how many."""
+    layers = [replace(lps[0], forward_s=min(lp.forward_s for lp in lps), backward_s=min(lp.backward_s for lp in lps))
+              for lps in zip(*(r.layers for r in runs))]
+    return replace(runs[0], layers=layers, meta={**runs[0].meta, "passes": len(runs)})
 
 
 def model_key(cfg: JobConfig, device: torch.device | None = None) -> str:
