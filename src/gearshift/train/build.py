@@ -11,11 +11,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gearshift.cluster.topology import parse_matrix
-from gearshift.comm.policy import ReplicaSync, SyncSettings
+from gearshift.comm.policy import ReplicaSync
 from gearshift.imports import is_import_path
-from gearshift.models.gpt import GPTConfig
-from gearshift.models.moe import MoEConfig
+from gearshift.models.config import GPTConfig, MoEConfig
 from gearshift.models.spec import ModelSpec, resolve_model
 from gearshift.optim import OptimConfig
 from gearshift.profile.model_profile import ModelProfile
@@ -24,7 +22,7 @@ from gearshift.runtime.experts import ExpertPlacement, ExpertShards
 from gearshift.runtime.multidir import MultiDirRuntime
 from gearshift.runtime.pipeline import PipelineRuntime
 from gearshift.schedules import Schedule, make_schedule
-from gearshift.train.config import JobConfig
+from gearshift.train.config import JobConfig, check_layers
 from gearshift.train.datasets import JobData, job_data
 from gearshift.train.env import job_device
 from gearshift.train.layout import LayerMeta, act_meta_fn, layer_inputs, resolve_partition
@@ -34,29 +32,26 @@ SAMPLE_BATCH = 2  # samples run through the layers to find activation shapes (2:
 
 def gpt_config(cfg: JobConfig) -> GPTConfig:
     """The GPT's shape from [model] (model.name = "gpt")."""
-    return GPTConfig(vocab_size=256, **cfg.model.table())
+    return cfg.model.shape()
 
 
 def grad_sync(cfg: JobConfig, device: torch.device | None = None) -> ReplicaSync | None:
     """The job's gradient-sync policy for gradients on `device` (default: the job's; None: the runtime's own
     flat all-reduce over each replica group)."""
     p = cfg.parallel
-    settings = SyncSettings(p.allreduce, int(p.bucket_mb * (1 << 20)), p.tune_allreduce,
-                            parse_matrix(p.node_matrix, "parallel.node_matrix"), p.shm,
-                            None if p.send_thread == "auto" else p.send_thread)
 
     def announce(line: str) -> None:
         if dist.get_rank() == 0:
             print(line, flush=True)
 
     device = job_device(cfg) if device is None else device
-    sync = ReplicaSync(settings, p.stages, cfg.cluster.workers, announce, device.type)
+    sync = ReplicaSync(p.sync, p.stages, cfg.cluster.workers, announce, device.type)
     return sync if sync.needed else None
 
 
 def moe_config(cfg: JobConfig) -> MoEConfig | None:
     """The MoE GPT's shape from [model] (model.name = "moe_gpt"), else None."""
-    return MoEConfig(vocab_size=256, **cfg.model.table()) if cfg.model.name == "moe_gpt" else None
+    return cfg.model.shape() if cfg.model.name == "moe_gpt" else None
 
 
 def expert_shards(cfg: JobConfig, placements: dict[int, ExpertPlacement] | None = None) -> ExpertShards | None:
@@ -69,8 +64,13 @@ def expert_shards(cfg: JobConfig, placements: dict[int, ExpertPlacement] | None 
 
 
 def job_model(cfg: JobConfig) -> ModelSpec:
-    """The job's model, layer by layer (the GPT, or the function model.name names)."""
-    return resolve_model(cfg.model.name, cfg.model.table(), cfg.train.seed)
+    """The job's model, layer by layer (the GPT, or the function model.name names). A model given by import path
+    is checked against the job here, once built (its layers against the stages, the partition, adapt.profile):
+    config validation never builds a model."""
+    spec = resolve_model(cfg.model.name, cfg.model.table(), cfg.train.seed)
+    if is_import_path(cfg.model.name):
+        check_layers(cfg, spec.num_layers, f"in {cfg.model.name}", spec.no_cut())
+    return spec
 
 
 def job_schedule(cfg: JobConfig, slice_bytes: list[float] | None = None) -> Schedule:

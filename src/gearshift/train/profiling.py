@@ -19,7 +19,7 @@ from gearshift.train.env import job_device
 
 
 def microbatch_size(cfg: JobConfig) -> int:
-    return cfg.train.batch_size // cfg.replicas // cfg.parallel.microbatches
+    return cfg.train.batch_size // cfg.batch_parts // cfg.parallel.microbatches
 
 
 def profile_job(cfg: JobConfig, repeats: int = 5, warmup: int = 2, data: JobData | None = None,
