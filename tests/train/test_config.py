@@ -13,7 +13,6 @@ from gearshift.cluster.emulate import EmulationConfig
 from gearshift.comm.settings import SyncSettings
 from gearshift.errors import ConfigError, UsageError
 from gearshift.models.config import GPTConfig, MoEConfig
-from gearshift.train.build import job_model
 from gearshift.train.config import (
     AdaptConfig,
     ClusterConfig,
@@ -27,6 +26,7 @@ from gearshift.train.config import (
     check_override_spelling,
     load_config,
 )
+from gearshift.train.model import job_model
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.toml"))
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from gearshift.errors import ConfigError
-from gearshift.train.build import job_model
 from gearshift.train.config import load_config
 from gearshift.train.forcing import Forcing
+from gearshift.train.model import job_model
 
 
 def _check(forcing: Forcing, *overrides: str) -> None:

@@ -10,9 +10,9 @@ from torch import nn
 
 from gearshift.errors import ConfigError
 from gearshift.models import ModelSpec
-from gearshift.train.build import check_job, job_model
 from gearshift.train.config import load_config
 from gearshift.train.layout import layer_inputs, resolve_partition
+from gearshift.train.model import check_job, job_model
 
 MLP = ["--model.name=examples.mlp:build", "--model.depth=2", "--model.width=16", "--data.name=examples.mlp:data",
        "--data.samples=64", "--cluster.workers=2", "--parallel.stages=2", "--train.batch_size=8",

@@ -63,8 +63,8 @@ def link_state(cfg, stages: int, bandwidth: str | None, latency: str | None) -> 
 
 def run(args: argparse.Namespace) -> int:
     from gearshift.train.adaptation import memory_limit
-    from gearshift.train.build import job_model
     from gearshift.train.layout import resolve_partition
+    from gearshift.train.model import job_model
     from gearshift.train.profiling import profile_sizes
 
     cfg = load_config(args.config, args.overrides)

@@ -30,8 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gearshift.report.trace import sim_trace, write_trace
-    from gearshift.train.build import equal_time_slices, job_model, job_schedule, slice_act_bytes
+    from gearshift.train.build import equal_time_slices, job_schedule, slice_act_bytes
     from gearshift.train.layout import resolve_partition
+    from gearshift.train.model import job_model
 
     cfg = load_config(args.config, args.overrides)
     if args.trace:

@@ -12,9 +12,8 @@ import torch.distributed as dist
 from torch import nn
 
 from gearshift.comm.policy import ReplicaSync
-from gearshift.imports import is_import_path
 from gearshift.models.config import GPTConfig, MoEConfig
-from gearshift.models.spec import ModelSpec, resolve_model
+from gearshift.models.spec import ModelSpec
 from gearshift.optim import OptimConfig
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.runtime.adapt import Adapter
@@ -22,12 +21,11 @@ from gearshift.runtime.experts import ExpertPlacement, ExpertShards
 from gearshift.runtime.multidir import MultiDirRuntime
 from gearshift.runtime.pipeline import PipelineRuntime
 from gearshift.schedules import Schedule, make_schedule
-from gearshift.train.config import JobConfig, check_layers
-from gearshift.train.datasets import JobData, job_data
+from gearshift.train.config import JobConfig
+from gearshift.train.datasets import JobData
 from gearshift.train.env import job_device
-from gearshift.train.layout import LayerMeta, act_meta_fn, layer_inputs, resolve_partition
-
-SAMPLE_BATCH = 2  # samples run through the layers to find activation shapes (2: the batch dimension shows)
+from gearshift.train.layout import act_meta_fn, resolve_partition
+from gearshift.train.model import check_job, job_model
 
 
 def gpt_config(cfg: JobConfig) -> GPTConfig:
@@ -63,16 +61,6 @@ def expert_shards(cfg: JobConfig, placements: dict[int, ExpertPlacement] | None 
     return ExpertShards(cfg.parallel.stages, cfg.parallel.experts, mc.experts, mc.moe_layers(), placements)
 
 
-def job_model(cfg: JobConfig) -> ModelSpec:
-    """The job's model, layer by layer (the GPT, or the function model.name names). A model given by import path
-    is checked against the job here, once built (its layers against the stages, the partition, adapt.profile):
-    config validation never builds a model."""
-    spec = resolve_model(cfg.model.name, cfg.model.table(), cfg.train.seed)
-    if is_import_path(cfg.model.name):
-        check_layers(cfg, spec.num_layers, f"in {cfg.model.name}", spec.no_cut())
-    return spec
-
-
 def job_schedule(cfg: JobConfig, slice_bytes: list[float] | None = None) -> Schedule:
     """The schedule every replica runs (parallel.schedule, stages, micro-batches, k); with "auto", the kFkB of
     parallel.microbatches and k the job measures and plans its partition with before it chooses; for multidir,
@@ -88,21 +76,6 @@ def slice_act_bytes(profile: ModelProfile, bounds: list[tuple[int, int]]) -> lis
     """Activation bytes one micro-batch saves for backward on each slice, from the profile (what the simulator
     prices a stage's memory by; multidir's direction orders balance them)."""
     return [float(sum(lp.peak_activation_bytes for lp in profile.layers[a:b])) for a, b in bounds]
-
-
-def brings_own(cfg: JobConfig) -> bool:
-    """Whether the job's model or data is the user's (by import path): only those can fail to fit."""
-    return is_import_path(cfg.model.name) or is_import_path(cfg.data.name)
-
-
-def check_job(cfg: JobConfig, spec: ModelSpec | None = None, data: JobData | None = None) -> list[LayerMeta]:
-    """Import the model and the data and run the layers and the loss on a sample batch (on the meta device
-    where they can): every one-line error a worker would hit at start, here first. Returns the shape and
-    dtype of each layer's input."""
-    spec = spec or job_model(cfg)
-    data = data or job_data(cfg)
-    x, y = data.sample(SAMPLE_BATCH, cfg.train.seed)
-    return layer_inputs(spec, x, y, cfg.train.seed)
 
 
 def layer_factory(cfg: JobConfig, spec: ModelSpec, data: JobData | None = None) -> tuple[Callable[[int], nn.Module],

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gearshift.imports import is_import_path, path_of
-from gearshift.train.build import brings_own, check_job, job_model
 from gearshift.train.config import JobConfig, validate
 from gearshift.train.env import job_placement
 from gearshift.train.forcing import Forcing
+from gearshift.train.model import brings_own, check_job, job_model
 from gearshift.train.rundir import prepare_run_dir
 
 

@@ -44,8 +44,8 @@ def microbatch_sizes(cfg: JobConfig) -> list[int]:
 def job_profiles(cfg: JobConfig, repeats: int = 3) -> dict[int, ModelProfile]:
     """The model profiled (one process, one thread) at each micro-batch size a strategy would run."""
     from gearshift.profile.profiler import profile_spec
-    from gearshift.train.build import job_model
     from gearshift.train.datasets import job_data
+    from gearshift.train.model import job_model
 
     spec, data = job_model(cfg), job_data(cfg)
     threads = torch.get_num_threads()

@@ -8,9 +8,9 @@ import types
 import typing
 from typing import Any
 
-from gearshift import tomlfile
 from gearshift.errors import ConfigError, UsageError
 from gearshift.imports import is_import_path
+from gearshift.tomlfile import TOMLDecodeError, loads
 from gearshift.train.config.fields import section_keys, set_key
 from gearshift.train.config.model import given
 
@@ -110,7 +110,7 @@ def parse_override(arg: str) -> tuple[str, str, Any]:
     key, raw = body.split("=", 1)
     sec, name = key.split(".", 1)
     try:
-        value = tomlfile.loads(f"v = {raw}")["v"]
-    except tomlfile.TOMLDecodeError:
+        value = loads(f"v = {raw}")["v"]
+    except TOMLDecodeError:
         value = raw
     return sec, name, value
