@@ -138,3 +138,21 @@ def test_the_emulated_router_skew_holds_however_large_the_logits_grow():
     m.reset_stats()
     m(x)
     assert float(m.routed.max() / m.routed.sum()) < 0.4
+
+
+def test_the_adapter_sets_the_emulated_skew_on_every_moe_layer_before_each_step():
+    """The training loop knows nothing of the skew: Adapter.begin_step asks the emulation for this step's bias."""
+    from types import SimpleNamespace
+
+    from gearshift.runtime.adapt import Adapter
+
+    model = moe_spec(_cfg(layers=2, moe_every=1)).model(0)
+    rt = SimpleNamespace(layers=dict(enumerate(model.layers)))
+    emulator = Emulator(EmulationConfig(router_skew=1.5, router_drift=2), 0)
+    adapter = SimpleNamespace(step=0, emulator=emulator)
+    Adapter.begin_step(adapter, rt, 3)
+    assert adapter.step == 3
+    for m in moe_modules(model):
+        torch.testing.assert_close(m.router_bias, emulator.router_bias(3, 4))
+    Adapter.begin_step(SimpleNamespace(step=0, emulator=Emulator(EmulationConfig(), 0)), rt, 4)
+    assert all(torch.equal(m.router_bias, emulator.router_bias(3, 4)) for m in moe_modules(model))  # no skew: untouched

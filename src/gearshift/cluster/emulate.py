@@ -213,8 +213,13 @@ class Emulator:
         return -float(self.cfg.router_skew) * torch.log1p(ranks.float())
 
     @property
+    def skews_router(self) -> bool:
+        """Whether a skewed router is emulated (router_bias is then set before every step)."""
+        return self.cfg.router_skew > 0
+
+    @property
     def active(self) -> bool:
         """Whether this rank is ever slowed or delayed, or routes through a skewed router (lets the runtime skip
         the hooks)."""
         return (self.slowdown_at(0) != 1.0 or self.bandwidth_at(0) is not None or self.cfg.link_latency_s > 0
-                or bool(self._events) or self.cfg.router_skew > 0)
+                or bool(self._events) or self.skews_router)

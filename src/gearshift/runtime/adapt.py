@@ -76,7 +76,7 @@ class Adapter:
         """Before `step`: the step the emulation is at, and an emulated skewed router's bias on this rank's MoE
         layers (the same on every rank)."""
         self.step = step
-        if self.emulator is not None and self.emulator.cfg.router_skew:
+        if self.emulator is not None and self.emulator.skews_router:
             for layer in rt.layers.values():
                 for m in moe_modules(layer):
                     m.set_router_bias(self.emulator.router_bias(step, m.num_experts))
