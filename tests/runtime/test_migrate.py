@@ -37,7 +37,7 @@ def _run(rank: int, world: int, moves: dict) -> tuple[list[float], dict, list]:
     losses, moved = [], []
     with on_device_only(rt.device):  # a tensor made or sent off the model's device fails the step
         for step in range(STEPS):
-            x, y = corpus.batch(step, cfg.train.batch_size, cfg.model.context, cfg.train.seed)
+            x, y = corpus.batch(step, cfg.train.batch_size, cfg.model.gpt.context, cfg.train.seed)
             losses.append(rt.step(x, y, lr_at(step, cfg)).loss)
             if step + 1 in moves:
                 rep = migrate(rt, moves[step + 1])

@@ -37,7 +37,7 @@ def _cfg(schedule: str, update: str = "flush"):
 
 def _batches(cfg, steps: range):
     corpus = ByteCorpus(None, cfg.data.val_fraction, cfg.data.max_bytes)
-    return [corpus.batch(s, cfg.train.batch_size, cfg.model.context, cfg.train.seed) for s in steps]
+    return [corpus.batch(s, cfg.train.batch_size, cfg.model.gpt.context, cfg.train.seed) for s in steps]
 
 
 def _train(rt, cfg, steps: range) -> list[float]:

@@ -22,7 +22,7 @@ from gearshift.train.profiling import microbatch_size, profile_job
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", nargs="?", help="job config TOML (default: the embedded default job)")
+    p.add_argument("config", nargs="?", help="job config TOML (default: every key at its default)")
     p.add_argument("--profile", help="ModelProfile JSON (default: profile now)")
     p.add_argument("--trace", help="write the predicted timeline as a Perfetto trace here")
     add_config_help(p, full=False)
@@ -30,13 +30,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gearshift.report.trace import sim_trace, write_trace
-    from gearshift.train.build import equal_time_slices, job_model, job_schedule, slice_act_bytes
+    from gearshift.train.build import equal_time_slices, job_schedule, slice_act_bytes
     from gearshift.train.layout import resolve_partition
+    from gearshift.train.model import job_model
 
     cfg = load_config(args.config, args.overrides)
     if args.trace:
         check_output_file(args.trace, "--trace")
-    n_layers = cfg.model.layers + 2
+    n_layers = cfg.model.gpt.layers + 2
     prof = read_profile(args.profile, "--profile", n_layers, UserError) if args.profile else profile_job(cfg)
     p = cfg.parallel
     if p.schedule == "multidir" and p.partition == "uniform":
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         bounds = resolve_partition(cfg, job_model(cfg))
     schedule = job_schedule(cfg, slice_act_bytes(prof, bounds))  # multidir: orders balance the slices' bytes
     # this host's cores as measured with the job's workers computing at once (what processor sharing divides)
-    state = local_pipeline_state(cfg.cluster.workers, p.stages, cfg.emulate.slowdown,
+    state = local_pipeline_state(cfg.cluster.workers, p.stages, cfg.emulate.slowdowns(cfg.cluster.workers),
                                  cores=effective_cores(cfg.cluster.workers))
     res = predict(prof, bounds, schedule, state, microbatch_size(cfg))
     cores = state.cores[0] * cfg.cluster.workers / p.stages
