@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gearshift.train.config import load_config
+from gearshift.train.forcing import Forcing
 from gearshift.train.launch import launch
 from gearshift.train.metrics import read_metrics
 from gearshift.train.profiling import fastest_layers, profile_job
@@ -107,19 +108,34 @@ def cli(*args: str, nice: int = 0, timeout: float | None = None) -> subprocess.C
                           text=True, timeout=timeout, preexec_fn=(lambda: os.nice(nice)) if nice else None)
 
 
+# `gearshift train` with decisions forced (gearshift.train.forcing: not a user key, so not a CLI flag)
+_FORCED = ("import sys; from gearshift.train.config import load_config; from gearshift.train.forcing import Forcing; "
+           "from gearshift.train.launch import launch; "
+           "sys.exit(launch(load_config(None, sys.argv[2:]), forcing=Forcing.load(sys.argv[1])))")
+
+
 def run_job(name: str, args: Sequence[str], work: Path, testbed: Any = None, nice: int = 0,
-            check: bool = True) -> Run:
+            check: bool = True, forcing: Forcing | None = None) -> Run:
     """`gearshift train ARGS` into work/NAME (emptied first): a subprocess (at niceness +`nice`), or launched
-    from this process when it owns the `testbed`. Prints one line; a failure ends the benchmark unless not
-    `check` (then the Run has no records, and says the exit code and output)."""
+    from this process when it owns the `testbed`; `forcing` imposes decisions (re-partitions, schedule switches).
+    Prints one line; a failure ends the benchmark unless not `check` (then the Run has no records, and says the
+    exit code and output)."""
     out = work / name
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
     if testbed is None:
-        proc = cli("train", *args, f"--output.dir={out}", nice=nice)
+        if forcing:
+            path = work / f"{name}.forcing.json"
+            forcing.save(path)
+            proc = subprocess.run([sys.executable, "-c", _FORCED, str(path), *args, f"--output.dir={out}"], cwd=ROOT,
+                                  capture_output=True, text=True,
+                                  preexec_fn=(lambda: os.nice(nice)) if nice else None)
+        else:
+            proc = cli("train", *args, f"--output.dir={out}", nice=nice)
         rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
     else:
-        rc, stdout, stderr = launch(load_config(None, [*args, f"--output.dir={out}"]), testbed=testbed), "", ""
+        cfg = load_config(None, [*args, f"--output.dir={out}"])
+        rc, stdout, stderr = launch(cfg, testbed=testbed, forcing=forcing), "", ""
     run = Run([]) if rc else read_run(out)
     run.wall_s, run.returncode, run.stdout, run.stderr = time.perf_counter() - t0, rc, stdout, stderr
     if rc and check:

@@ -6,7 +6,6 @@ mid-training, against the oracle for the new speeds."""
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ import harness
 from gearshift.cluster.state import local_state
 from gearshift.planner.plan import plan_partition
 from gearshift.train.config import load_config
+from gearshift.train.forcing import Forcing
 
 WORLD = 4
 SLOWDOWN = [1.0, 1.67, 3.33, 3.33]  # relative speeds 1.0, 0.6, 0.3, 0.3
@@ -40,10 +40,9 @@ def cycle(name: str, parts: dict[str, list], rounds: int, K: int, job, slow: lis
     of each partition over its segments, the first two steps of each segment (migration, warm-up) left out."""
     names = list(parts)
     order = [names[i % len(names)] for i in range(rounds * len(names))]
-    force = [[i * K, parts[n]] for i, n in enumerate(order) if i > 0]
-    force_arg = "--adapt.force=" + json.dumps(force, separators=(",", ":"))
-    run = job(name, [f"--train.steps={len(order) * K}", harness.slowdown(slow), harness.partition(parts[order[0]]),
-                     force_arg])
+    force = Forcing(partitions={i * K: parts[n] for i, n in enumerate(order) if i > 0})
+    run = job(name, [f"--train.steps={len(order) * K}", harness.slowdown(slow), harness.partition(parts[order[0]])],
+              force)
     return {n: [d["tokens_per_s"] for d in run.steps if order[d["step"] // K] == n and d["step"] % K >= 2]
             for n in names}
 
@@ -143,8 +142,8 @@ def main() -> None:
     scenario = f'--emulate.scenario=["{change}:{a.dyn_rank}:{slow_after[a.dyn_rank]:g}"]'
     adaptive = ["--parallel.partition=adaptive", f"--adapt.every={E}"]
 
-    def job(name: str, extra: list[str]) -> harness.Run:
-        return harness.run_job(name, [*base, *extra], work, nice=a.nice)
+    def job(name: str, extra: list[str], forcing: Forcing | None = None) -> harness.Run:
+        return harness.run_job(name, [*base, *extra], work, nice=a.nice, forcing=forcing)
 
     # Each live run is sandwiched between two jobs that measure the static partitions interleaved (forced
     # re-partitions every K steps), so a shared machine's load drifts over all of them alike.

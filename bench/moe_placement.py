@@ -7,8 +7,8 @@ what training runs; also with the period's mean, as a row of its own) and an ora
 Goal: busiest/mean <= 1.10 with replicas. Pure computation (no timing), so the figures do not depend on the machine.
 
 Training (--training): 4 ranks (1 stage, expert-parallel width 4), a MoE GPT whose router is biased so a few experts
-are hot (model.router_skew, in units of each token's logit spread so that it holds while the router learns) and the
-hot set drifts (model.router_drift), trained with the contiguous placement (static) and with moe.every re-placement
+are hot (emulate.router_skew, in units of each token's logit spread so that it holds while the router learns) and the
+hot set drifts (emulate.router_drift), trained with the contiguous placement (static) and with moe.every re-placement
 and replicas (dynamic) in the same run of this script, alternating, with the duty-cycle emulation (emulate.slowdown
 on every rank) on the CPU-time basis (emulate.basis = cpu: an op lasts slowdown x its thread's CPU time, so the 4
 ranks, which compute at the same moments between all-to-alls, do not stretch each other's ops on the 2 cores) and
@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 import harness
-from gearshift.planner.placement import Placement, busiest_over_mean, expert_state_bytes
+from gearshift.planner.placement import MOVED, Placement, busiest_over_mean, expert_bytes
 from gearshift.planner.replay import replay, replay_run
 from gearshift.planner.synthetic import drifting_zipf
 from gearshift.report.placement_plots import plot_replay
@@ -38,7 +38,7 @@ RESULTS = harness.RESULTS / "moe_placement.json"
 def replay_rows(a: argparse.Namespace) -> tuple[list[dict], dict]:
     setup = {"steps": a.steps, "layers": a.layers, "experts": 32, "devices": 8, "every": 10, "replicas": 2,
              "zipf": 1.2, "tokens_per_step": a.tokens, "drift_every": a.drift_every, "seeds": a.seeds,
-             "expert_bytes": expert_state_bytes(128)}
+             "expert_bytes": expert_bytes(128, copies=MOVED)}
     rows: dict[str, list] = {}
     forecast = {"greedy": "mean", "greedy_replicas": "trend"}
     for variant, abrupt in (("gradual", False), ("abrupt", True)):
@@ -69,7 +69,7 @@ def replay_rows(a: argparse.Namespace) -> tuple[list[dict], dict]:
 def train_args(a: argparse.Namespace) -> list[str]:
     return ["--model.name=moe_gpt", "--model.layers=2", "--model.moe_every=1", f"--model.width={a.width}",
             "--model.heads=4", f"--model.context={a.context}", "--model.experts=8", "--model.top_k=2",
-            f"--model.router_skew={a.skew}", f"--model.router_drift={a.drift}", f"--model.aux_loss={a.aux_loss}",
+            f"--emulate.router_skew={a.skew}", f"--emulate.router_drift={a.drift}", f"--model.aux_loss={a.aux_loss}",
             "--cluster.workers=4", "--parallel.stages=1", "--parallel.experts=4", "--parallel.microbatches=2",
             f"--train.batch_size={a.batch}", f"--train.steps={a.train_steps}", *harness.QUIET,
             "--data.max_bytes=200000", harness.slowdown([a.slowdown] * 4), f"--emulate.basis={a.basis}"]
@@ -146,7 +146,7 @@ def training_flags(p: argparse.ArgumentParser) -> None:
     """The flags of the training job (train_args), shared with bench/moe_placement_diagnose.py."""
     for name, default, text in (("every", 5, None), ("replicas", 1, "extra expert slots per rank in the dynamic job"),
                                 ("width", 256, None), ("context", 64, None), ("batch", 32, "sequences per step"),
-                                ("skew", 2.0, "model.router_skew (in units of the logit spread)"), ("drift", 15, None),
+                                ("skew", 2.0, "emulate.router_skew (in logit spreads)"), ("drift", 15, None),
                                 ("aux-loss", 0.0, "the balancing loss (0: off, so the biased routing stays skewed "
                                                   "while training)"), ("slowdown", 4.0, None)):
         p.add_argument(f"--{name}", type=type(default), default=default, help=text)

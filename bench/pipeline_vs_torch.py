@@ -83,7 +83,7 @@ def _worker(rank: int, world: int, a: argparse.Namespace) -> dict:
                                               uniform_bounds(gpt_config(cfgs[s]).num_layers, WORLD), range(WORLD),
                                               cfgs[s].parallel.microbatches)
     res = harness.interleave(runners, a.warmup + a.steps, a.warmup,
-                             lambda step: corpus.batch(step, cfg0.train.batch_size, cfg0.model.context,
+                             lambda step: corpus.batch(step, cfg0.train.batch_size, cfg0.model.gpt.context,
                                                        cfg0.train.seed),
                              lambda key, step: lr_at(step, cfgs[key.split("/")[1]]))
     out = {k: {name: r[k] for name, r in res.items()} for k in ("times", "cpu", "losses")}

@@ -7,9 +7,9 @@ ranks do not contend for the 2 cores). Three scenarios:
   change     idle, then contended from step `--change` (parallel.schedule = auto, adapt.every = `--every`).
 
 In idle and contended one job each measures every (m, K) candidate, interleaved: it starts on auto's pick, then
-adapt.force_schedule cycles through the candidates (`--rounds` rounds, `--segment` steps each, the first step of
-each segment left out), and each switch re-probes the links and logs every candidate's predicted step time.
-Fixed 1F1B with m = 8 is one of the candidates. Needs root (the testbed)."""
+a forced schedule (gearshift.train.forcing) cycles through the candidates (`--rounds` rounds, `--segment` steps
+each, the first step of each segment left out), and each switch re-probes the links and logs every candidate's
+predicted step time. Fixed 1F1B with m = 8 is one of the candidates. Needs root (the testbed)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ import harness
 from gearshift.cluster.testbed import Testbed, TestbedConfig, is_root
 from gearshift.schedules import make_schedule
 from gearshift.train.config import load_config
+from gearshift.train.forcing import Forcing
 from gearshift.train.profiling import profile_sizes
 
 HOSTS = 4
@@ -72,10 +73,10 @@ def grid(name: str, a: argparse.Namespace, base: list[str], cands: list[tuple[in
         rng.shuffle(o)
         order += o if r % 2 == 0 else o[::-1]
     seg = a.segment
-    force = [[(i + 1) * seg, m, k] for i, (m, k) in enumerate(order)]
+    force = Forcing(schedules={(i + 1) * seg: (m, k) for i, (m, k) in enumerate(order)})
     steps = (len(order) + 1) * seg
-    run = harness.run_job(name, [*base, *extra, f"--train.steps={steps}", "--adapt.every=0", "--adapt.link_change=0",
-                          "--adapt.force_schedule=" + json.dumps(force, separators=(",", ":"))], work, tb)
+    run = harness.run_job(name, [*base, *extra, f"--train.steps={steps}", "--adapt.every=0", "--adapt.link_change=0"],
+                          work, tb, forcing=force)
     steps_rec = {r["step"]: r for r in run.steps}
     decisions = run.events("schedule")
     start = decisions[0]
