@@ -1,10 +1,7 @@
 """All-reduce bus bandwidth: gloo's dist.all_reduce against our ring and both hierarchical forms, on
 loopback (4 and 8 ranks) and on the namespace testbed (4 nodes x 2 ranks, 200 Mbit/s per host), each
 point next to the cost model's prediction calibrated from a quick link measurement in the same run;
-plus model predictions for 16..4096 GPUs. Writes bench/results/allreduce.json and .png.
-
-Usage: .venv/bin/python bench/allreduce.py [--quick] [--settings loopback4,loopback8,testbed4x2]
-"""
+plus model predictions for 16..4096 GPUs. Writes bench/results/allreduce.json and .png."""
 
 from __future__ import annotations
 
@@ -17,8 +14,21 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent
-RESULTS = ROOT / "results"
+import torch
+import torch.distributed as dist
+
+import harness
+from gearshift.cli.allreduce import fmt_size
+from gearshift.cluster.testbed import Testbed, TestbedConfig, traffic_totals
+from gearshift.cluster.testbed import status as testbed_status
+from gearshift.cluster.topology import Topology
+from gearshift.comm import CommGroups, all_reduce
+from gearshift.comm.calibrate import measure_link_costs
+from gearshift.comm.measure import time_algorithms
+from gearshift.report.trace import chrome_trace, write_trace
+from gearshift.sim.collectives import ALGORITHMS, LinkCosts, busbw, choose, node_matrix, predict
+from gearshift.train.launch import free_port
+
 ALGOS = ["gloo", "ring", "hierarchical", "hierarchical_rs"]
 SETTINGS = {"loopback4": [2, 2], "loopback8": [2, 2, 2, 2], "testbed4x2": [2, 2, 2, 2]}
 KIB, MIB = 1 << 10, 1 << 20
@@ -31,13 +41,6 @@ AGAIN = ("hierarchical",)  # timed twice per repetition: an A/A test of the meas
 # ---------------------------------------------------------------- worker (one rank)
 def worker(args: argparse.Namespace) -> None:
     """Time every algorithm at every size; rank 0 writes the timings and the calibration."""
-    import torch
-    import torch.distributed as dist
-
-    from gearshift.cluster.topology import Topology
-    from gearshift.comm import CommGroups
-    from gearshift.comm.calibrate import measure_link_costs
-
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     counts = [int(c) for c in args.counts.split(",")]
@@ -61,8 +64,6 @@ def time_sizes(groups, sizes: list[int], costs, shaped: bool, again: tuple[str, 
     once); on loopback at least 3 calls per sample and 5 samples, as 4-8 processes on 2 cores make single
     calls vary by 2x; on the testbed 7 samples where calls are step-bound and cheap (to 1 MiB), 5 to 16 MiB
     (a single call there moves by 2-4% between samples), 3 above (a 64 MiB call takes 5 s)."""
-    from gearshift.comm.measure import time_algorithms
-
     rows = []
     parts = [([s for s in sizes if s <= MIB], 7 if shaped else 5), ([s for s in sizes if MIB < s <= 16 * MIB], 5),
              ([s for s in sizes if s > 16 * MIB], 3 if shaped else 5)]
@@ -76,11 +77,6 @@ def _timeline(size: int, groups, costs, rows: list[dict]) -> dict | None:
     """One traced hierarchical all-reduce of `size` bytes: every rank's steps, gathered on rank 0 as a
     Perfetto trace, plus where the time went: the first step's wait (the node gather, process wake-up
     included), and the leaders' inter-node byte rate against gloo's own in the timed rows."""
-    import torch
-    import torch.distributed as dist
-
-    from gearshift.comm import all_reduce
-
     x, events = torch.full((size // 4,), 1e-3), []
     dist.barrier()
     t0 = time.perf_counter()
@@ -90,12 +86,11 @@ def _timeline(size: int, groups, costs, rows: list[dict]) -> dict | None:
     dist.all_gather_object(box, (t0, t1, events))
     if dist.get_rank() != 0:
         return None
-    from gearshift.report.trace import chrome_trace, write_trace
-
     topo, start = groups.topology, min(b[0] for b in box)
     tracks = {f"rank {r}{' (leader)' if r in topo.leaders else ''}":
               [(n, a - start, b - start, args) for n, a, b, args in ev] for r, (_, _, ev) in enumerate(box)}
-    write_trace(RESULTS / "allreduce_trace.json", chrome_trace(tracks, f"hierarchical all-reduce, {size} bytes"))
+    write_trace(harness.RESULTS / "allreduce_trace.json",
+                chrome_trace(tracks, f"hierarchical all-reduce, {size} bytes"))
     inter = [(a, b, args["sent_bytes"]) for r in topo.leaders for _, a, b, args in box[r][2]
              if args["sent_bytes"] and topo.node[args["to"]] != topo.node[r]]
     busy = max(b for _, b, _ in inter) - min(a for a, _, _ in inter)
@@ -110,12 +105,12 @@ def _timeline(size: int, groups, costs, rows: list[dict]) -> dict | None:
 
 
 # ---------------------------------------------------------------- driver
-def spawn(setting: str, argv: list[str], tb=None) -> None:
-    """Run argv once per rank of `setting` (inside the testbed's namespaces when tb is given), rendezvous
-    at rank 0, and raise if any rank fails."""
-    from gearshift.train.launch import free_port
-
-    counts = SETTINGS[setting]
+def run_setting(setting: str, sizes: list[int], tb=None, trace: int | None = None) -> dict:
+    """Run this script with --worker once per rank of `setting` (inside the testbed's namespaces when tb is
+    given), rendezvous at rank 0, raise if any rank fails, and return the JSON rank 0 wrote."""
+    counts, out = SETTINGS[setting], tempfile.NamedTemporaryFile(suffix=".json", delete=False).name
+    argv = [sys.executable, __file__, "--worker", "--setting", setting, "--trace", str(trace or 0), "--counts",
+            ",".join(map(str, counts)), "--sizes", ",".join(map(str, sizes)), "--out", out]
     port = free_port() if tb is None else 29611
     procs, rank = [], 0
     for node, c in enumerate(counts):
@@ -128,34 +123,18 @@ def spawn(setting: str, argv: list[str], tb=None) -> None:
             env.update(RANK=str(rank), WORLD_SIZE=str(sum(counts)), OMP_NUM_THREADS="1")
             procs.append(subprocess.Popen(cmd, env={**os.environ, **env}))
             rank += 1
-    codes = [p.wait(timeout=900) for p in procs]
-    if any(codes):
-        raise RuntimeError(f"{setting}: workers exited with {codes}")
-
-
-def run_workers(setting: str, script: str, args: list[str], tb=None) -> dict:
-    """Run `script --worker ARGS --out FILE` once per rank of `setting` (spawn) and return the JSON rank 0
-    wrote to FILE."""
-    out = tempfile.NamedTemporaryFile(prefix=f"gs-bench-{setting}-", suffix=".json", delete=False).name
     try:
-        spawn(setting, [sys.executable, script, "--worker", *args, "--out", out], tb)
+        codes = [p.wait(timeout=900) for p in procs]
+        if any(codes):
+            raise RuntimeError(f"{setting}: workers exited with {codes}")
         return json.loads(Path(out).read_text())
     finally:
         os.unlink(out)
 
 
-def run_setting(setting: str, sizes: list[int], tb=None, trace: int | None = None) -> dict:
-    """Start the ranks of one setting (inside testbed namespaces when tb is given) and read rank 0's file."""
-    return run_workers(setting, __file__, ["--setting", setting, "--trace", str(trace or 0), "--counts",
-                                           ",".join(map(str, SETTINGS[setting])), "--sizes",
-                                           ",".join(map(str, sizes))], tb)
-
-
 def link_summary(setting: str, hosts: dict) -> str:
     """One line on what the testbed's host links carried during a setting: drops there mean retransmits
     in the timings (the shapers' queues hold ~20 ms, so there should be none)."""
-    from gearshift.cluster.testbed import traffic_totals
-
     total = traffic_totals(hosts)
     return (f"{setting}: host links carried {total['bytes'] / 1e9:.2f} GB in {total['packets']} packets, both ways; "
             f"held at the cap {total['throttled']} times; dropped {total['dropped']}"
@@ -164,8 +143,6 @@ def link_summary(setting: str, hosts: dict) -> str:
 
 def scale_predictions() -> list[dict]:
     """Model predictions for 16..4096 GPUs, 8 per node, on a typical GPU cluster (documented costs)."""
-    from gearshift.sim.collectives import ALGORITHMS, LinkCosts, busbw, predict
-
     dc = LinkCosts(intra_alpha=5e-6, intra_beta=1 / 150e9, inter_alpha=10e-6, inter_beta=1 / 12.5e9,
                    nic_bandwidth=4 * 12.5e9)  # NVLink-class inside; 4 x 100 Gbit/s cards per node
     rows = []
@@ -182,8 +159,6 @@ def scale_predictions() -> list[dict]:
 def auto_regret(rows: list[dict], calib: dict) -> list[dict]:
     """Per setting and size: the algorithm `auto` picks with that setting's calibration, the fastest one
     measured, and the pick's measured time over the fastest's (what a wrong pick costs)."""
-    from gearshift.sim.collectives import LinkCosts, choose
-
     out = []
     for setting in sorted({r["setting"] for r in rows}, key=list(SETTINGS).index):
         costs = LinkCosts(**calib[setting])
@@ -252,14 +227,8 @@ def _plot(rows: list[dict], preds: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def _torch() -> str:
-    import torch
-
-    return torch.__version__
-
-
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(__doc__)
     ap.add_argument("--quick", action="store_true", help="fewer sizes (4 KiB .. 4 MiB)")
     ap.add_argument("--settings", default=",".join(SETTINGS))
     ap.add_argument("--sizes-list", default=None, help=argparse.SUPPRESS)
@@ -277,14 +246,6 @@ def main() -> int:
     if args.worker:
         worker(args)
         return 0
-
-    from rich.console import Console
-    from rich.table import Table
-
-    from gearshift.cli.allreduce import fmt_size
-    from gearshift.cluster.testbed import Testbed, TestbedConfig
-    from gearshift.cluster.testbed import status as testbed_status
-    from gearshift.sim.collectives import LinkCosts, busbw, node_matrix, predict
 
     sizes = QUICK_SIZES if args.quick else FULL_SIZES
     if args.sizes_list:
@@ -328,29 +289,23 @@ def main() -> int:
         print(f"{setting}: done after {time.time() - t_start:.0f}s", flush=True)
     preds = scale_predictions()
 
-    table = Table(title="all-reduce: time, bus bandwidth, speed-up vs gloo, model")
-    for col in ("setting", "size", "algorithm", "time ms", "busbw Gbit/s", "x gloo", "model ms", "model err",
-                "A/A timed", "A/A model"):
-        table.add_column(col, justify="right")
     gloo = {(r["setting"], r["size_bytes"]): r["time_s"] for r in rows if r["algorithm"] == "gloo"}
-    for r in rows:
-        g = gloo[(r["setting"], r["size_bytes"])]
-        pred = r["predicted_time_s"] or float("nan")
-        table.add_row(r["setting"], fmt_size(r["size_bytes"]), r["algorithm"], f"{r['time_s'] * 1e3:.3f}",
-                      f"{r['busbw_gbps']:.3f}", f"{g / r['time_s']:.2f}", f"{pred * 1e3:.3f}",
-                      f"{r['time_s'] / pred - 1:+.0%}", f"{r['again_time_s'] / r['time_s'] - 1:+.0%}"
-                      if "again_time_s" in r else "", f"{r['predicted_again_time_s'] / pred - 1:+.0%}")
-    Console().print(table)
+    pred = [r["predicted_time_s"] or float("nan") for r in rows]
+    harness.table("all-reduce: time, bus bandwidth, speed-up vs gloo, model",
+                  ("setting", "size", "algorithm", "time ms", "busbw Gbit/s", "x gloo", "model ms", "model err",
+                   "A/A timed", "A/A model"),
+                  [(r["setting"], fmt_size(r["size_bytes"]), r["algorithm"], f"{r['time_s'] * 1e3:.3f}",
+                    f"{r['busbw_gbps']:.3f}", f"{gloo[(r['setting'], r['size_bytes'])] / r['time_s']:.2f}",
+                    f"{p * 1e3:.3f}", f"{r['time_s'] / p - 1:+.0%}",
+                    f"{r['again_time_s'] / r['time_s'] - 1:+.0%}" if "again_time_s" in r else "",
+                    f"{r['predicted_again_time_s'] / p - 1:+.0%}") for r, p in zip(rows, pred)])
     for line in accuracy(rows):
         print(line)
     auto = auto_regret(rows, calib)
-    picks = Table(title="auto: the model's pick against the fastest measured (time ratio; 1.00 = it picked the best)")
-    for col in ("setting", "size", "auto picks", "fastest", "ratio"):
-        picks.add_column(col, justify="right")
-    for a in auto:
-        picks.add_row(a["setting"], fmt_size(a["size_bytes"]), a["pick"], a["fastest"], f"{a['ratio']:.2f}")
-    Console().print(picks)
-    RESULTS.mkdir(exist_ok=True)
+    harness.table("auto: the model's pick against the fastest measured (time ratio; 1.00 = it picked the best)",
+                  ("setting", "size", "auto picks", "fastest", "ratio"),
+                  [(a["setting"], fmt_size(a["size_bytes"]), a["pick"], a["fastest"], f"{a['ratio']:.2f}")
+                   for a in auto])
     out = {"rows": rows, "predictions": preds, "calibration": calib, "calibration_again": calib_again,
            "timelines": timelines, "auto": auto, "testbed_links": links,
            "notes": "costs: gearshift.comm.calibrate.measure_link_costs, measured once per setting in the same "
@@ -365,13 +320,13 @@ def main() -> int:
                     "calibration_again, predicted_again_time_s: the costs measured again after the timings, and "
                     "what they predict (an A/A test of the model's input; predicted_time_s uses the first); "
                     "testbed_links: what crossed each host's shapers during the setting (cluster.testbed.status)",
-           "quick": args.quick, "testbed_rate": TESTBED_RATE,
-           "machine": {"cpus": len(os.sched_getaffinity(0)), "python": sys.version.split()[0], "torch": _torch()}}
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(out, indent=1))
-    _plot(rows, preds, RESULTS / f"{args.name}.png")
-    print(f"wrote {RESULTS / args.name}.json and {args.name}.png in {time.time() - t_start:.0f}s")
+           "quick": args.quick, "testbed_rate": TESTBED_RATE}
+    path = harness.write_results(args.name, out, emulation=f"the testbed settings: network namespaces, "
+                                 f"{TESTBED_RATE} per host (cluster.testbed)")
+    _plot(rows, preds, path.with_suffix(".png"))
+    print(f"wrote {path} and {args.name}.png in {time.time() - t_start:.0f}s")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -4,56 +4,44 @@ profile` on both devices, and a 2-stage pipeline on the GPU(s) (both stages on o
 one, if NCCL allows two ranks on one device: if not, the error it gave). Writes bench/results/gpu.json.
 Without CUDA it says so and writes nothing.
 
-The CPU side runs as every worker does, on one thread (train.worker sets torch.set_num_threads(1)).
-
-Usage: .venv/bin/python bench/gpu.py [--steps N] [--quick]"""
+The CPU side runs as every worker does, on one thread (train.worker sets torch.set_num_threads(1))."""
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "bench" / "results" / "gpu.json"
+import torch
+
+import harness
+
 LOSS_STEPS = 3  # the losses compared between the devices (the issue's float32-tolerance check)
 
 
-def _gearshift(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gearshift.cli.main", *args], capture_output=True, text=True,
-                          timeout=1800, cwd=ROOT)
-
-
 def _job(a: argparse.Namespace) -> list[str]:
-    return [f"--model.layers={a.layers}", f"--model.width={a.width}", f"--model.context={a.context}",
-            f"--train.batch_size={a.batch}", f"--parallel.microbatches={a.micro}", f"--train.steps={a.steps}",
-            "--train.warmup_steps=1", "--train.eval_every=0", "--train.checkpoint_every=0", "--output.trace=false",
-            "--output.progress=false"]
+    return [*harness.job_overrides(a), f"--train.steps={a.steps}", "--train.warmup_steps=1", *harness.QUIET]
 
 
-def _train(a: argparse.Namespace, out: Path, *args: str) -> dict:
+def _train(a: argparse.Namespace, work: Path, name: str, *args: str) -> dict:
     """One `gearshift train` run: its losses and median tokens/s after the first step, or the error it gave."""
-    r = _gearshift("train", *_job(a), f"--output.dir={out}", *args)
-    if r.returncode != 0:
-        text = (r.stderr + r.stdout).strip().splitlines()
+    run = harness.run_job(name, [*_job(a), *args], work, check=False)
+    if run.returncode:
+        text = (run.stderr + run.stdout).strip().splitlines()
         why = next((ln.strip() for ln in text if "Duplicate GPU" in ln or "ncclInvalidUsage" in ln), None)
-        return {"ran": False, "error": why or (text[-1] if text else f"exit code {r.returncode}")}
-    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
-    rows = [row for row in rows if "loss" in row]
+        return {"ran": False, "error": why or (text[-1] if text else f"exit code {run.returncode}")}
+    rows = run.steps
     return {"ran": True, "losses": [row["loss"] for row in rows],
             "tokens_per_s": statistics.median(row["tokens_per_s"] for row in rows[1:] or rows),
-            "stdout": [ln for ln in r.stdout.splitlines() if ln.startswith("gearshift:")]}
+            "stdout": [ln for ln in run.stdout.splitlines() if ln.startswith("gearshift:")]}
 
 
 def _profile(a: argparse.Namespace, out: Path, device: str) -> dict:
     path = out / f"profile-{device}.json"
-    r = _gearshift("profile", *_job(a), f"--output.dir={out}", f"--cluster.device={device}", "--out", str(path),
-                   "--repeats", "5", "--warmup", "2")
+    r = harness.cli("profile", *_job(a), f"--output.dir={out}", f"--cluster.device={device}", "--out", str(path),
+                    "--repeats", "5", "--warmup", "2", timeout=1800)
     if r.returncode != 0:
         return {"ran": False, "error": (r.stderr.strip().splitlines() or ["?"])[-1]}
     d = json.loads(path.read_text())
@@ -62,20 +50,13 @@ def _profile(a: argparse.Namespace, out: Path, device: str) -> dict:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = harness.parser(__doc__, layers=6, width=128, context=128, batch=32, micro=8)
     p.add_argument("--steps", type=int, default=20, help="training steps per run (tokens/s: the median after the "
                                                          "first)")
-    p.add_argument("--layers", type=int, default=6)
-    p.add_argument("--width", type=int, default=128)
-    p.add_argument("--context", type=int, default=128)
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--micro", type=int, default=8)
     p.add_argument("--quick", action="store_true", help="a tiny model for 4 steps (checks the script, not speed)")
     a = p.parse_args()
     if a.quick:
         a.steps, a.layers, a.width, a.context, a.batch, a.micro = 4, 2, 32, 16, 8, 2
-    import torch
-
     if not torch.cuda.is_available():
         print(f"bench/gpu.py: no CUDA device here (torch {torch.__version__}, torch.cuda.is_available() is False): "
               "nothing measured, nothing written")
@@ -83,17 +64,16 @@ def main() -> int:
     one = ["--cluster.workers=1", "--parallel.stages=1"]
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
-        cpu = _train(a, t / "cpu", *one, "--cluster.device=cpu")
-        cuda = _train(a, t / "cuda", *one, "--cluster.device=cuda")
-        two = _train(a, t / "two", "--cluster.workers=2", "--parallel.stages=2", "--cluster.device=cuda")
-        two_cpu = _train(a, t / "two-cpu", "--cluster.workers=2", "--parallel.stages=2", "--cluster.device=cpu")
+        cpu = _train(a, t, "cpu", *one, "--cluster.device=cpu")
+        cuda = _train(a, t, "cuda", *one, "--cluster.device=cuda")
+        two = _train(a, t, "two", "--cluster.workers=2", "--parallel.stages=2", "--cluster.device=cuda")
+        two_cpu = _train(a, t, "two-cpu", "--cluster.workers=2", "--parallel.stages=2", "--cluster.device=cpu")
         profiles = {d: _profile(a, t, d) for d in ("cpu", "cuda")}
     both = cpu["ran"] and cuda["ran"]
     diffs = [abs(x - y) / abs(y) for x, y in zip(cuda["losses"][:LOSS_STEPS], cpu["losses"][:LOSS_STEPS])] \
         if both else []
     result = {
-        "date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(0),
-        "gpus": torch.cuda.device_count(), "torch": torch.__version__, "cuda": torch.version.cuda,
+        "gpu": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(), "cuda": torch.version.cuda,
         "job": {"layers": a.layers, "width": a.width, "context": a.context, "batch": a.batch, "micro": a.micro,
                 "steps": a.steps},
         "one_rank": {"cpu": cpu, "cuda": cuda,
@@ -102,9 +82,8 @@ def main() -> int:
         "two_stages": {"cpu": two_cpu, "cuda": two, "on_one_gpu": torch.cuda.device_count() == 1},
         "profile": profiles,
     }
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(result, indent=1))
-    print(f"{result['gpu']} ({result['gpus']} GPU(s)), torch {result['torch']}, CUDA {result['cuda']}")
+    out = harness.write_results("gpu", result)
+    print(f"{result['gpu']} ({result['gpus']} GPU(s)), torch {torch.__version__}, CUDA {result['cuda']}")
     for name, run in (("1 rank, cpu", cpu), ("1 rank, cuda", cuda), ("2 stages, cpu", two_cpu),
                       ("2 stages, cuda", two)):
         said = f"{run['tokens_per_s']:,.0f} tokens/s, losses {[round(x, 5) for x in run['losses'][:LOSS_STEPS]]}" \
@@ -116,9 +95,9 @@ def main() -> int:
     for device, prof in profiles.items():
         print(f"  profile on {device}: " + (f"{prof['device']}, forward {prof['forward_ms']:.2f} ms, backward "
                                             f"{prof['backward_ms']:.2f} ms" if prof["ran"] else prof["error"]))
-    print(f"wrote {OUT.relative_to(ROOT)}")
+    print(f"wrote {out.relative_to(harness.ROOT)}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

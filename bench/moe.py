@@ -8,67 +8,49 @@ sleep) so that 4 ranks on 2 cores do not slow each other's compute; the model pr
 of the compute on a core). The peer comparison runs both sides without emulation. Repeats are interleaved, so
 drift in the machine's load hits every configuration alike; the figures are medians, with the spread.
 
-Usage: .venv/bin/python bench/moe.py [--quick] [--repeats N] [--steps N] [--no-peer]
 Peer: pip install --no-deps deepspeed einops hjson msgpack ninja psutil py-cpuinfo pydantic tqdm (into .venv;
 --no-deps keeps torch as it is)."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "tests"))  # gloo_spawn: the test suite's local worker launcher (the peer)
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import harness
+from gearshift.models.gpt import MLP
+from gearshift.models.moe import MoELayer
+from gearshift.planner.strategy import best
+from gearshift.testing import spawn
+from gearshift.train.build import job_model, moe_config
+from gearshift.train.config import load_config
+from gearshift.train.datasets import job_data
+from gearshift.train.strategy import job_pool, job_profiles, measure_local, optimizer_seconds_per_byte
 
 WORLD = 4
 SKIP = 3  # steps left out of the median (start-up, allocation, warm caches)
 
 
 def base_args(a: argparse.Namespace) -> list[str]:
-    return ["--model.name=moe_gpt", f"--model.layers={a.layers}", f"--model.width={a.width}",
-            f"--model.heads={a.heads}", f"--model.context={a.context}", f"--model.experts={a.experts}",
-            "--model.top_k=2", "--model.moe_every=2", f"--train.batch_size={a.batch}",
-            f"--parallel.microbatches={a.micro}", f"--cluster.workers={WORLD}", f"--train.steps={a.steps}",
-            "--train.eval_every=0", "--train.checkpoint_every=0", "--output.trace=false", "--output.progress=false",
-            "--train.warmup_steps=2", f"--data.max_bytes={a.max_bytes}"]
-
-
-def emulation(f: float) -> list[str]:
-    return ["--emulate.slowdown=[" + ",".join(f"{f:g}" for _ in range(WORLD)) + "]"] if f != 1 else []
+    return ["--model.name=moe_gpt", *harness.job_overrides(a), "--model.top_k=2", "--model.moe_every=2",
+            f"--cluster.workers={WORLD}", f"--train.steps={a.steps}", *harness.QUIET, "--train.warmup_steps=2"]
 
 
 def strategy_args(s) -> list[str]:
-    return [f"--parallel.stages={s.stages}", f"--parallel.experts={s.experts}",
-            "--parallel.partition=" + json.dumps([list(b) for b in s.bounds], separators=(",", ":"))]
+    return [f"--parallel.stages={s.stages}", f"--parallel.experts={s.experts}", harness.partition(s.bounds)]
 
 
-def run_job(name: str, args: list[str], work: Path) -> float:
-    """`gearshift train` as a subprocess; the median step time over steps >= SKIP."""
-    out = work / name
-    shutil.rmtree(out, ignore_errors=True)
-    cmd = [str(ROOT / ".venv/bin/gearshift"), "train", *args, f"--output.dir={out}"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
-        raise SystemExit(f"moe: {name} failed (exit {proc.returncode}): {' '.join(cmd)}")
-    lines = [json.loads(s) for s in (out / "metrics.jsonl").read_text().splitlines() if s.strip()]
-    times = [d["step_time_s"] for d in lines if "step_time_s" in d and d["step"] >= SKIP]
-    return statistics.median(times)
-
-
-def load() -> float:
-    return os.getloadavg()[0]
+def step_time(name: str, args: list[str], work: Path) -> float:
+    """`gearshift train`'s median step time over steps >= SKIP."""
+    return harness.run_job(name, args, work).median("step_time_s", SKIP)
 
 
 # ---- the peer: DeepSpeed's MoE layer on the same model -----------------------------------------------------
@@ -76,21 +58,11 @@ def _deepspeed_worker(rank: int, world: int, overrides: list[str], width: int, s
     """The MoE GPT with every MoEFeedForward replaced by deepspeed.moe.layer.MoE (the same expert MLPs, top-2,
     no token dropped), data parallel over the world with expert-parallel width `width`, trained by DeepSpeed's
     engine on the job's batches (each rank its rows, the job's micro-batches as gradient accumulation)."""
-    import torch
-
     os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
     try:
         import deepspeed
-        import torch.distributed as dist
         from deepspeed.moe.layer import MoE
         from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
-        from torch import nn
-
-        from gearshift.models.gpt import MLP
-        from gearshift.models.moe import MoELayer
-        from gearshift.train.build import job_model, moe_config
-        from gearshift.train.config import load_config
-        from gearshift.train.datasets import job_data
 
         deepspeed.init_distributed(dist_backend="gloo")
         cfg = load_config(None, overrides)
@@ -145,8 +117,6 @@ def deepspeed_step(overrides: list[str], width: int, steps: int) -> dict:
         import deepspeed  # noqa: F401
     except Exception as e:  # noqa: BLE001
         return {"ok": False, "error": f"deepspeed does not import: {type(e).__name__}: {e}"}
-    from gloo_spawn import spawn
-
     res = spawn(_deepspeed_worker, WORLD, overrides, width, steps, timeout_s=900)
     bad = [r for r in res if not r["ok"]]
     return bad[0] if bad else res[0]
@@ -154,38 +124,26 @@ def deepspeed_step(overrides: list[str], width: int, steps: int) -> dict:
 
 # ---- the benchmark ----------------------------------------------------------------------------------------
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(__doc__, "moe", layers=4, width=64, heads=4, context=32, experts=8, batch=32, micro=4,
+                        max_bytes=2_000_000)
     ap.add_argument("--quick", action="store_true", help="one repeat, fewer steps")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=14)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--width", type=int, default=64)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--context", type=int, default=32)
-    ap.add_argument("--experts", type=int, default=8)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--micro", type=int, default=4)
     ap.add_argument("--slowdown", type=float, default=4.0)
-    ap.add_argument("--max-bytes", type=int, default=2_000_000)
     ap.add_argument("--no-peer", action="store_true")
-    ap.add_argument("--out", default=str(ROOT / "bench/results/moe.json"))
     a = ap.parse_args()
     if a.quick:
         a.repeats, a.steps = 1, 8
 
-    from gearshift.planner.strategy import best
-    from gearshift.train.config import load_config
-    from gearshift.train.strategy import job_pool, job_profiles, measure_local, optimizer_seconds_per_byte
-
     base = base_args(a)
-    emu = emulation(a.slowdown)
+    emu = [harness.slowdown([a.slowdown] * WORLD)] if a.slowdown != 1 else []
     cfg = load_config(None, base + emu + ["--parallel.stages=1"])
-    load0 = load()
     t0 = time.perf_counter()
     comm = measure_local(WORLD)
     pool = job_pool(cfg, job_profiles(cfg), comm, optimizer_seconds_per_byte())
     auto = best(pool)
-    print(f"pool priced in {time.perf_counter() - t0:.0f} s (load {load0:.1f}); auto picks {auto.name}", flush=True)
+    print(f"pool priced in {time.perf_counter() - t0:.0f} s (load {harness.LOAD_AT_START:.1f}); auto picks "
+          f"{auto.name}", flush=True)
     tokens = a.batch * a.context
     measured: dict[str, list[float]] = {s.name: [] for s in pool}
     peer: dict[str, list[float]] = {}
@@ -194,10 +152,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gearshift-moe-") as tmp:
         work = Path(tmp)
         for r in range(a.repeats):
-            order = pool[r % len(pool):] + pool[:r % len(pool)]
-            for s in order:
-                loads.append(load())
-                t = run_job(f"r{r}-{s.name.replace(' ', '')}", base + emu + strategy_args(s), work)
+            for s in harness.rotated(pool, r):
+                loads.append(os.getloadavg()[0])
+                t = step_time(f"r{r}-{s.name.replace(' ', '')}", base + emu + strategy_args(s), work)
                 measured[s.name].append(t)
                 print(f"repeat {r}: {s.name:16s} measured {t * 1e3:7.1f} ms  predicted {s.step_s * 1e3:7.1f} ms  "
                       f"(load {loads[-1]:.1f})", flush=True)
@@ -206,7 +163,7 @@ def main() -> None:
             for width in (WORLD, 1):  # ours and DeepSpeed's, both pure data parallel, no emulation
                 ours = next(s for s in pool if s.stages == 1 and s.experts == width)
                 peer.setdefault(f"gearshift EP{width}", []).append(
-                    run_job(f"r{r}-peer-ours{width}", base + strategy_args(ours), work))
+                    step_time(f"r{r}-peer-ours{width}", base + strategy_args(ours), work))
                 ds = deepspeed_step(base + ["--parallel.stages=1"], width, a.steps)
                 if not ds["ok"]:
                     peer_error = ds["error"]
@@ -222,33 +179,32 @@ def main() -> None:
                      "bounds": [list(b) for b in s.bounds], "tokens_per_s": tokens / m, "measured_step_s": m,
                      "measured_runs_s": measured[s.name], "predicted_step_s": s.step_s,
                      "error": s.step_s / m - 1, "auto": s is auto, "mem_bytes_per_rank": max(s.mem_bytes)})
-    errors = sorted(abs(r["error"]) for r in rows)
-    best_measured = min(r["measured_step_s"] for r in rows)
+    by_time = sorted(rows, key=lambda r: r["measured_step_s"])  # the fastest first
     auto_row = next(r for r in rows if r["auto"])
+    emulation = f"slowdown {a.slowdown:g} on every rank (duty cycle)"
     result = {
         "rows": rows,
-        "median_abs_error": statistics.median(errors),
-        "auto": auto.name, "auto_vs_best_measured": auto_row["measured_step_s"] / best_measured - 1,
-        "best_measured": min(rows, key=lambda r: r["measured_step_s"])["strategy"],
+        "median_abs_error": statistics.median(abs(r["error"]) for r in rows),
+        "auto": auto.name,
+        "auto_vs_best_measured": auto_row["measured_step_s"] / by_time[0]["measured_step_s"] - 1,
+        "best_measured": by_time[0]["strategy"],
         "goals": {"median_abs_error_max": 0.2, "auto_within": 0.1},
         "peer": {"name": "deepspeed.moe.layer.MoE", "emulation": "none",
                  "step_s": {k: statistics.median(v) for k, v in peer.items()},
                  "runs_s": peer, "error": peer_error},
         "setup": {"model": f"moe_gpt layers={a.layers} width={a.width} context={a.context} experts={a.experts} "
                            f"top_k=2 moe_every=2", "batch": a.batch, "microbatches": a.micro, "workers": WORLD,
-                  "steps": a.steps, "skip": SKIP, "repeats": a.repeats, "emulation": f"slowdown {a.slowdown:g} on "
-                  "every rank (duty cycle)", "cores": os.cpu_count(), "machine": platform.platform(),
+                  "steps": a.steps, "skip": SKIP, "repeats": a.repeats, "emulation": emulation,
                   "load_avg_1m": {"min": min(loads), "max": max(loads), "median": statistics.median(loads)},
                   "comm": {"a2a_alpha_s": comm.a2a_alpha, "a2a_beta_s_per_byte": comm.a2a_beta,
-                           "gloo_alpha_s": comm.links.gloo_alpha, "gloo_beta_s_per_byte": comm.links.flat_beta},
-                  "date": time.strftime("%Y-%m-%d")},
+                           "gloo_alpha_s": comm.links.gloo_alpha, "gloo_beta_s_per_byte": comm.links.flat_beta}},
     }
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(result, indent=1))
-    print(f"\n{'strategy':18s} {'tokens/s':>9s} {'measured ms':>12s} {'predicted ms':>13s} {'error':>7s}")
-    for r in sorted(rows, key=lambda r: r["measured_step_s"]):
-        print(f"{r['strategy']:18s} {r['tokens_per_s']:9,.0f} {r['measured_step_s'] * 1e3:12.1f} "
-              f"{r['predicted_step_s'] * 1e3:13.1f} {r['error']:+7.0%}{'  <- auto' if r['auto'] else ''}")
+    harness.write_results("moe", result, a.out, emulation=emulation + " in the strategy runs; the peer runs none")
+    harness.table("MoE strategies, fastest measured first", ("strategy", "tokens/s", "measured ms", "predicted ms",
+                                                              "error", "auto"),
+                  [(r["strategy"], f"{r['tokens_per_s']:,.0f}", f"{r['measured_step_s'] * 1e3:.1f}",
+                    f"{r['predicted_step_s'] * 1e3:.1f}", f"{r['error']:+.0%}", "<- auto" if r["auto"] else "")
+                   for r in by_time], left=1)
     print(f"median |error| {result['median_abs_error']:.0%} (goal <= 20%); auto {auto.name} is "
           f"{result['auto_vs_best_measured']:+.0%} from the best measured {result['best_measured']} (goal within 10%)")
     for k, v in result["peer"]["step_s"].items():

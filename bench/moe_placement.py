@@ -7,40 +7,39 @@ what training runs; also with the period's mean, as a row of its own) and an ora
 Goal: busiest/mean <= 1.10 with replicas. Pure computation (no timing), so the figures do not depend on the machine.
 
 Training (--training): 4 ranks (1 stage, expert-parallel width 4), a MoE GPT whose router is biased so a few experts
-are hot (model.router_skew, in units of each token's logit spread so that it holds while the router learns) and the
-hot set drifts (model.router_drift), trained with the contiguous placement (static) and with moe.every re-placement
+are hot (emulate.router_skew, in units of each token's logit spread so that it holds while the router learns) and the
+hot set drifts (emulate.router_drift), trained with the contiguous placement (static) and with moe.every re-placement
 and replicas (dynamic) in the same run of this script, alternating, with the duty-cycle emulation (emulate.slowdown
 on every rank) on the CPU-time basis (emulate.basis = cpu: an op lasts slowdown x its thread's CPU time, so the 4
 ranks, which compute at the same moments between all-to-alls, do not stretch each other's ops on the 2 cores) and
 expert time follows the rows a rank computes. Width 256 so that expert compute is most of the busiest rank's step.
-Tokens/s is the median over the steps after the first decision, in both jobs.
-
-Usage: .venv/bin/python bench/moe_placement.py [--steps N] [--seeds N] [--training] [--skip-replay]"""
+Tokens/s is the median over the steps after the first decision, in both jobs."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import sys
+import shutil
+import statistics
+import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+import numpy as np
 
-RESULTS = ROOT / "bench" / "results" / "moe_placement.json"
+import harness
+from gearshift.planner.expert_map import ExpertMap
+from gearshift.planner.placement import MOVED, busiest_over_mean, expert_bytes
+from gearshift.planner.replay import replay, replay_run
+from gearshift.planner.synthetic import drifting_zipf
+from gearshift.report.placement_plots import plot_replay
+
+RESULTS = harness.RESULTS / "moe_placement.json"
 
 
 def replay_rows(a: argparse.Namespace) -> tuple[list[dict], dict]:
-    from gearshift.planner.placement import expert_state_bytes
-    from gearshift.planner.replay import replay
-    from gearshift.planner.synthetic import drifting_zipf
-    from gearshift.report.placement_plots import plot_replay
-
     setup = {"steps": a.steps, "layers": a.layers, "experts": 32, "devices": 8, "every": 10, "replicas": 2,
              "zipf": 1.2, "tokens_per_step": a.tokens, "drift_every": a.drift_every, "seeds": a.seeds,
-             "expert_bytes": expert_state_bytes(128)}
+             "expert_bytes": expert_bytes(128, copies=MOVED)}
     rows: dict[str, list] = {}
     forecast = {"greedy": "mean", "greedy_replicas": "trend"}
     for variant, abrupt in (("gradual", False), ("abrupt", True)):
@@ -49,7 +48,7 @@ def replay_rows(a: argparse.Namespace) -> tuple[list[dict], dict]:
             loads = drifting_zipf(a.steps, a.layers, 32, a.tokens, 1.2, a.drift_every, abrupt=abrupt, seed=seed)
             res = replay(loads, 8, 10, 2, setup["expert_bytes"])
             if seed == 0 and variant == "gradual":
-                plot_replay(res, ROOT / "bench" / "results" / "moe_placement_replay.png")
+                plot_replay(res, harness.RESULTS / "moe_placement_replay.png")
             # the same policy placed for the period's mean loads (before the trend forecast), for comparison
             res += replay(loads, 8, 10, 2, setup["expert_bytes"], policies=("greedy_replicas",), forecast="mean")
             per_seed.append(res)
@@ -71,42 +70,27 @@ def replay_rows(a: argparse.Namespace) -> tuple[list[dict], dict]:
 def train_args(a: argparse.Namespace) -> list[str]:
     return ["--model.name=moe_gpt", "--model.layers=2", "--model.moe_every=1", f"--model.width={a.width}",
             "--model.heads=4", f"--model.context={a.context}", "--model.experts=8", "--model.top_k=2",
-            f"--model.router_skew={a.skew}", f"--model.router_drift={a.drift}", f"--model.aux_loss={a.aux_loss}",
+            f"--emulate.router_skew={a.skew}", f"--emulate.router_drift={a.drift}", f"--model.aux_loss={a.aux_loss}",
             "--cluster.workers=4", "--parallel.stages=1", "--parallel.experts=4", "--parallel.microbatches=2",
-            f"--train.batch_size={a.batch}",
-            f"--train.steps={a.train_steps}", "--train.eval_every=0", "--train.checkpoint_every=0",
-            "--output.trace=false", "--output.progress=false", "--data.max_bytes=200000",
-            f"--emulate.slowdown=[{a.slowdown:g},{a.slowdown:g},{a.slowdown:g},{a.slowdown:g}]",
-            f"--emulate.basis={a.basis}"]
+            f"--train.batch_size={a.batch}", f"--train.steps={a.train_steps}", *harness.QUIET,
+            "--data.max_bytes=200000", harness.slowdown([a.slowdown] * 4), f"--emulate.basis={a.basis}"]
 
 
 def training_rows(a: argparse.Namespace) -> tuple[list[dict], dict]:
-    import shutil
-    import statistics
-    import subprocess
-    import tempfile
-
     jobs = {"static": ["--moe.every=0"],
             "dynamic": [f"--moe.every={a.every}", f"--moe.replicas={a.replicas}"]}
     work = Path(tempfile.mkdtemp(prefix="moe_placement_"))
-    load = [round(os.getloadavg()[0], 2)]  # the machine's load before and after: timings are only as good as it
     runs: dict[str, list[dict]] = {k: [] for k in jobs}
     for rep in range(a.repeats):
         for name, extra in jobs.items():
-            out = work / f"{name}{rep}"
-            cmd = [str(ROOT / ".venv/bin/gearshift"), "train", *train_args(a), *extra, f"--output.dir={out}"]
-            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-            if proc.returncode:
-                raise SystemExit(f"{name}: gearshift train failed:\n{proc.stderr[-3000:]}")
-            recs = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines() if ln.strip()]
-            steps = [r for r in recs if r.get("event") is None and "loss" in r and r["step"] >= a.every + 1]
-            decisions = [r for r in recs if r.get("event") == "placement"]
-            runs[name].append({"tokens_per_s": statistics.median(r["tokens_per_s"] for r in steps),
-                               "step_s": statistics.median(r["step_time_s"] for r in steps),
+            run = harness.run_job(f"{name}{rep}", [*train_args(a), *extra], work)
+            decisions = run.events("placement")
+            runs[name].append({"tokens_per_s": run.median("tokens_per_s", a.every + 1),
+                               "step_s": run.median("step_time_s", a.every + 1),
                                "switches": sum(d["switch"] for d in decisions), "decisions": decisions,
-                               **routing_figures(recs, a.every + 1, a.every, a.replicas)})
+                               **routing_figures(run.records, a.every + 1, a.every, a.replicas)})
             if name == "dynamic" and rep == 0:
-                shutil.copy(out / "placement.png", ROOT / "bench" / "results" / "moe_placement_training.png")
+                shutil.copy(work / f"{name}{rep}" / "placement.png", harness.RESULTS / "moe_placement_training.png")
             print(f"{name:8} run {rep}: {runs[name][-1]['tokens_per_s']:,.0f} tokens/s, "
                   f"{runs[name][-1]['switches']} switches", flush=True)
     rows = []
@@ -115,11 +99,11 @@ def training_rows(a: argparse.Namespace) -> tuple[list[dict], dict]:
         rows.append({"placement": name, "tokens_per_s": round(statistics.median(r["tokens_per_s"] for r in rs), 1),
                      "tokens_per_s_runs": [round(r["tokens_per_s"], 1) for r in rs],
                      "switches": int(statistics.median(r["switches"] for r in rs)),
-                "busiest_over_mean": round(statistics.median(r["busiest_over_mean"] for r in rs), 3),
-                "contiguous_busiest_over_mean": round(statistics.median(r["contiguous_busiest_over_mean"]
-                                                                        for r in rs), 3),
-                "contiguous_busiest_over_mean_by_step": rs[0]["contiguous_by_step"],
-                "replayed_greedy_replicas": rs[0]["replayed_greedy_replicas"],
+                     "busiest_over_mean": round(statistics.median(r["busiest_over_mean"] for r in rs), 3),
+                     "contiguous_busiest_over_mean": round(statistics.median(r["contiguous_busiest_over_mean"]
+                                                                             for r in rs), 3),
+                     "contiguous_busiest_over_mean_by_step": rs[0]["contiguous_by_step"],
+                     "replayed_greedy_replicas": rs[0]["replayed_greedy_replicas"],
                      "decisions": len(d) // max(len(rs), 1),
                      "tc_s": [round(x["tc"], 4) for x in d if x["switch"]],
                      "measured_move_s": [round(x["move"]["seconds"], 4) for x in d if "move" in x],
@@ -136,7 +120,7 @@ def training_rows(a: argparse.Namespace) -> tuple[list[dict], dict]:
              "router_skew": a.skew, "router_drift": a.drift, "aux_loss": a.aux_loss, "every": a.every,
              "replicas": a.replicas,
              "steps": a.train_steps, "repeats": a.repeats, "emulate_slowdown": a.slowdown, "emulate_basis": a.basis,
-             "measured_from_step": a.every + 1, "load_average_1min": load + [round(os.getloadavg()[0], 2)]}
+             "measured_from_step": a.every + 1}
     shutil.rmtree(work, ignore_errors=True)
     return rows, setup
 
@@ -145,12 +129,6 @@ def routing_figures(recs: list[dict], first: int, every: int, replicas: int) -> 
     """From a run's metrics: busiest/mean (mean over steps >= `first` and layers) under the placements it ran, under
     the contiguous one (also per step) and under greedy_replicas replayed on its routing with each forecast; and the
     median over steps of the busiest rank's expert rows (both MoE layers are on every rank here: one stage)."""
-    import numpy as np
-
-    from gearshift.planner.expert_map import ExpertMap
-    from gearshift.planner.placement import busiest_over_mean
-    from gearshift.planner.replay import replay, replay_run
-
     steps = [r for r in recs if r.get("event") is None and "expert_tokens" in r]
     loads = np.array([r["expert_tokens"] for r in steps])
     ran = replay_run(loads, 4, [r for r in recs if r.get("event") == "placement"], steps[0]["step"])
@@ -165,8 +143,21 @@ def routing_figures(recs: list[dict], first: int, every: int, replicas: int) -> 
             "contiguous_by_step": [round(x, 2) for x in by_step], "busiest_rows": float(np.median(rows))}
 
 
+def training_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of the training job (train_args), shared with bench/moe_placement_diagnose.py."""
+    for name, default, text in (("every", 5, None), ("replicas", 1, "extra expert slots per rank in the dynamic job"),
+                                ("width", 256, None), ("context", 64, None), ("batch", 32, "sequences per step"),
+                                ("skew", 2.0, "emulate.router_skew (in logit spreads)"), ("drift", 15, None),
+                                ("aux-loss", 0.0, "the balancing loss (0: off, so the biased routing stays skewed "
+                                                  "while training)"), ("slowdown", 4.0, None)):
+        p.add_argument(f"--{name}", type=type(default), default=default, help=text)
+    p.add_argument("--basis", default="cpu", choices=("cpu", "wall"),
+                   help="what the emulated slowdown stretches (emulate.basis): an op's CPU time, so that ranks "
+                        "computing at once on the 2 cores do not stretch each other's ops, or its wall time")
+
+
 def main() -> None:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--tokens", type=int, default=16384, help="assignments per step and layer")
@@ -175,20 +166,8 @@ def main() -> None:
     p.add_argument("--training", action="store_true", help="also the training comparison (minutes)")
     p.add_argument("--skip-replay", action="store_true", help="keep the replay rows already in the results file")
     p.add_argument("--train-steps", type=int, default=40)
-    p.add_argument("--every", type=int, default=5)
-    p.add_argument("--replicas", type=int, default=1, help="extra expert slots per rank in the dynamic job")
-    p.add_argument("--width", type=int, default=256)
-    p.add_argument("--context", type=int, default=64)
-    p.add_argument("--batch", type=int, default=32, help="sequences per step")
-    p.add_argument("--skew", type=float, default=2.0, help="model.router_skew (in units of the logit spread)")
-    p.add_argument("--drift", type=int, default=15)
-    p.add_argument("--aux-loss", type=float, default=0.0,
-                   help="the balancing loss (0: off, so the biased routing stays skewed while training)")
-    p.add_argument("--slowdown", type=float, default=4.0)
-    p.add_argument("--basis", default="cpu", choices=("cpu", "wall"),
-                   help="what the emulated slowdown stretches (emulate.basis): an op's CPU time, so that ranks "
-                        "computing at once on the 2 cores do not stretch each other's ops, or its wall time")
     p.add_argument("--repeats", type=int, default=2)
+    training_flags(p)
     a = p.parse_args()
     out = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     if a.training:
@@ -198,25 +177,20 @@ def main() -> None:
         out["training_setup"]["dynamic_over_static"] = round(ratio, 3)
         print(f"dynamic / static tokens/s: {ratio:.2f}x (goal >= 1.3x: {'met' if ratio >= 1.3 else 'NOT met'}; "
               f"emulate.slowdown = {a.slowdown:g} on every rank, basis {a.basis})")
-    if a.skip_replay:
-        RESULTS.write_text(json.dumps(out, indent=1) + "\n")
-        print(f"wrote {RESULTS}")
-        return
-    rows, setup = replay_rows(a)
-    out.update(replay=rows, replay_setup=setup, machine=platform.machine(), python=platform.python_version())
-    print(f"{'policy':16} {'forecast':8} {'drift':8} {'busiest/mean':>12} {'p95':>7} {'after 1st':>9} "
-          f"{'moved MB':>9}")
-    for r in rows:
-        print(f"{r['policy']:16} {r['forecast'] or '':8} {r['drift']:8} {r['busiest_over_mean']:12.3f} "
-              f"{r['p95_busiest_over_mean']:7.3f} {r['after_first_period_busiest_over_mean']:9.3f} "
-              f"{r['moved_bytes'] / 2**20:9.1f}")
-    gr = next(r for r in rows if r["policy"] == "greedy_replicas" and r["drift"] == "gradual"
-              and r["forecast"] == "trend")
-    print(f"goal busiest/mean <= 1.10 with 2 replicas (gradual drift): {gr['busiest_over_mean']:.3f} -> "
-          f"{'met' if gr['busiest_over_mean'] <= 1.10 else 'NOT met'}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wrote {RESULTS}")
+    if not a.skip_replay:
+        rows, setup = replay_rows(a)
+        out.update(replay=rows, replay_setup=setup)
+        harness.table("replay: busiest / mean", ("policy", "forecast", "drift", "busiest/mean", "p95", "after 1st",
+                                                 "moved MB"),
+                      [(r["policy"], r["forecast"] or "", r["drift"], f"{r['busiest_over_mean']:.3f}",
+                        f"{r['p95_busiest_over_mean']:.3f}", f"{r['after_first_period_busiest_over_mean']:.3f}",
+                        f"{r['moved_bytes'] / 2**20:.1f}") for r in rows], left=3)
+        gr = next(r for r in rows if r["policy"] == "greedy_replicas" and r["drift"] == "gradual"
+                  and r["forecast"] == "trend")
+        print(f"goal busiest/mean <= 1.10 with 2 replicas (gradual drift): {gr['busiest_over_mean']:.3f} -> "
+              f"{'met' if gr['busiest_over_mean'] <= 1.10 else 'NOT met'}")
+    emulation = f"training: emulate.slowdown {a.slowdown:g} on every rank, basis {a.basis}" if a.training else None
+    print(f"wrote {harness.write_results('moe_placement', out, RESULTS, emulation)}")
 
 
 if __name__ == "__main__":

@@ -5,35 +5,30 @@ expert rows it computed. Prints least-squares fits of compute and CPU time on ro
 part), the busiest rank's expert share of the step, busiest/mean, and the step time beyond the busiest rank's compute.
 
 With emulate.basis = wall an op sleeps 3x its wall time (slowdown 4), so the emulated compute over the CPU time
-should be 4; the ratio this prints shows how much contention for the 2 cores adds to it.
-
-Usage: .venv/bin/python bench/moe_placement_diagnose.py [--dynamic] [--basis wall|cpu] [--skew S] [--width W] ..."""
+should be 4; the ratio this prints shows how much contention for the 2 cores adds to it."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
-import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "tests"))  # gloo_spawn: the test suite's local worker launcher
-sys.path.insert(0, str(ROOT / "bench"))
+import harness
+import moe_placement
+from gearshift.planner.expert_map import ExpertMap
+from gearshift.planner.placement import device_loads
+from gearshift.runtime.pipeline import PipelineRuntime
+from gearshift.testing import spawn
+from gearshift.train.config import load_config
+from gearshift.train.loop import train
 
 
 def _worker(rank: int, world: int, args: list[str]) -> list[dict]:
     """Train the job on this rank, recording every step's compute, CPU time and expert placement."""
-    import time
-
-    from gearshift.runtime.pipeline import PipelineRuntime
-    from gearshift.train.config import load_config
-    from gearshift.train.loop import train
-
     recs: list[dict] = []
     step = PipelineRuntime.step
 
@@ -51,9 +46,6 @@ def _worker(rank: int, world: int, args: list[str]) -> list[dict]:
 
 def _rows(routed: list[list[int]], holders: list, ranks: int) -> np.ndarray:
     """Expert rows each rank computed in a step (an expert's tokens split evenly over its copies)."""
-    from gearshift.planner.expert_map import ExpertMap
-    from gearshift.planner.placement import device_loads
-
     return sum(device_loads(r, ExpertMap(tuple(map(tuple, h)), ranks)) for r, h in zip(routed, holders))
 
 
@@ -64,27 +56,17 @@ def _fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
 
 
 def main() -> None:
-    import moe_placement as mp
-    from gloo_spawn import spawn
-
     p = argparse.ArgumentParser()
     p.add_argument("--dynamic", action="store_true", help="moe.every re-placement with replicas (else contiguous)")
     p.add_argument("--train-steps", type=int, default=20)
     p.add_argument("--skip", type=int, default=2, help="first steps left out of the fits (warm-up)")
-    for name, default in (("every", 5), ("replicas", 1), ("width", 256), ("context", 64), ("batch", 32),
-                          ("drift", 15)):
-        p.add_argument(f"--{name}", type=int, default=default)
-    p.add_argument("--skew", type=float, default=2.0)
-    p.add_argument("--aux-loss", type=float, default=0.0)
-    p.add_argument("--slowdown", type=float, default=4.0)
-    p.add_argument("--basis", default="cpu", choices=("cpu", "wall"))
+    moe_placement.training_flags(p)
     a = p.parse_args()
     out = Path(tempfile.mkdtemp(prefix="moe_diagnose_"))
     extra = [f"--moe.every={a.every}", f"--moe.replicas={a.replicas}"] if a.dynamic else ["--moe.every=0"]
-    res = spawn(_worker, 4, mp.train_args(a) + extra + [f"--output.dir={out}"], timeout_s=1800)
-    recs = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    res = spawn(_worker, 4, moe_placement.train_args(a) + extra + [f"--output.dir={out}"], timeout_s=1800)
+    steps = harness.read_run(out).steps
     shutil.rmtree(out, ignore_errors=True)
-    steps = [r for r in recs if "loss" in r and "event" not in r]
     rows = np.array([_rows(r["expert_tokens"], res[0][k]["holders"], 4) for k, r in enumerate(steps)])
     compute = np.array([[res[rank][k]["compute"] for rank in range(4)] for k in range(len(steps))])
     cpu = np.array([[res[rank][k]["cpu"] for rank in range(4)] for k in range(len(steps))])

@@ -5,9 +5,7 @@ step by step so a shared machine's load hits them alike. Duty-cycle emulation (e
 rank: each op is mostly sleep) so a bubble costs wall time on 2 cores. Also, with --torch, our multidir
 beside torch.distributed.pipelining's two-stages-per-rank schedules (DualPipeV, ZBVZeroBubble,
 Interleaved1F1B) without emulation; with --loss, the loss of the default job (300 steps) under async and
-under flush; with --memory, every schedule's per-rank activation peaks beside the simulator's (no timing).
-
-Usage: .venv/bin/python bench/multidir.py [--quick] [--repeats N] [--torch] [--loss] [--memory]"""
+under flush; with --memory, every schedule's per-rank activation peaks beside the simulator's (no timing)."""
 
 from __future__ import annotations
 
@@ -15,15 +13,24 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "tests"))  # gloo_spawn: the test suite's local worker launcher
+import torch.distributed as dist
+from torch.distributed import pipelining as pp
+from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
+
+import harness
+from gearshift.cluster.state import local_pipeline_state, local_state
+from gearshift.planner.partition import partition_dp
+from gearshift.planner.predict import predict
+from gearshift.schedules import make_schedule
+from gearshift.testing import spawn
+from gearshift.train.adaptation import build_adapter
+from gearshift.train.build import build_runtime, equal_time_slices, job_model, job_schedule, lr_at, slice_act_bytes
+from gearshift.train.config import load_config
+from gearshift.train.datasets import job_data
+from pipeline_vs_torch import TorchPipeline
 
 WORLD, D = 4, 2
 SCHEDULES = ("1f1b", "gpipe", "multidir_flush", "multidir_async")
@@ -35,41 +42,27 @@ MONITOR_FROM = {"1f1b": "gpipe", "gpipe": "1f1b", "multidir_flush": "1f1b", "mul
 def overrides(a: argparse.Namespace, schedule: str, bounds: list, profile: Path | None, slowdown: float) -> list[str]:
     """Config overrides of one schedule; every schedule runs micro-batches of batch / (2 * micro) samples."""
     multi = schedule.startswith("multidir")
-    out = [f"--model.layers={a.layers}", f"--model.width={a.width}", f"--model.heads={a.heads}",
-           f"--model.context={a.context}", f"--train.batch_size={a.batch}", f"--data.max_bytes={a.max_bytes}",
+    out = [*harness.job_overrides(a, "layers", "width", "heads", "context", "batch", "max_bytes"),
            f"--cluster.workers={WORLD}", f"--parallel.stages={WORLD}", f"--parallel.directions={D}",
            f"--parallel.schedule={'multidir' if multi else schedule}",
            f"--parallel.update={schedule.split('_')[1] if multi else 'flush'}",
-           f"--parallel.microbatches={a.micro if multi else D * a.micro}",
-           "--parallel.partition=" + json.dumps([list(b) for b in bounds], separators=(",", ":")),
+           f"--parallel.microbatches={a.micro if multi else D * a.micro}", harness.partition(bounds),
            "--train.warmup_steps=2", f"--train.steps={a.warmup + a.steps + 1}"]
     if profile is not None:
         out.append(f"--adapt.profile={profile}")
     if slowdown != 1.0:
-        out += ["--emulate.slowdown=[" + ",".join([f"{slowdown:g}"] * WORLD) + "]", f"--emulate.basis={a.basis}"]
+        out += [harness.slowdown([slowdown] * WORLD), f"--emulate.basis={a.basis}"]
     return out
 
 
-def robust_profile(a: argparse.Namespace, passes: int):
-    """Per-layer minimum over several profiling passes of the benchmark's micro-batch (a shared machine only
-    ever adds time)."""
-    from dataclasses import replace
-
-    from gearshift.train.config import load_config
-    from gearshift.train.profiling import profile_job
-
-    cfg = load_config(None, overrides(a, "multidir_flush", [[0, 1], [1, 2], [2, 3], [3, a.layers + 2]], None, 1.0))
-    runs = [profile_job(cfg, repeats=5, warmup=1) for _ in range(passes)]
-    layers = [replace(lps[0], forward_s=min(lp.forward_s for lp in lps), backward_s=min(lp.backward_s for lp in lps))
-              for lps in zip(*(r.layers for r in runs))]
-    return replace(runs[0], layers=layers, meta={**runs[0].meta, "passes": passes, "combine": "per-layer min"})
+def robust_profile(a: argparse.Namespace, passes: int, path: Path):
+    """The benchmark's micro-batch profiled (harness.robust_profile), also saved to `path`."""
+    cuts = [[0, 1], [1, 2], [2, 3], [3, a.layers + 2]]
+    return harness.robust_profile(load_config(None, overrides(a, "multidir_flush", cuts, None, 1.0)), passes, path)
 
 
 def splits(profile) -> dict[str, list[list[int]]]:
     """even: equal compute time per slice; uneven: the equal-speed DP run as if rank 0 were twice as fast."""
-    from gearshift.planner.partition import partition_dp
-    from gearshift.train.build import equal_time_slices
-
     n, inf = profile.num_layers, float("inf")
     front = partition_dp([lp.work_s for lp in profile.layers], [0.0] * n, [0.0] * n, [2.0, 1.0, 1.0, 1.0],
                          [[inf] * WORLD] * WORLD, [[0.0] * WORLD] * WORLD)
@@ -78,44 +71,28 @@ def splits(profile) -> dict[str, list[list[int]]]:
 
 def _worker(rank: int, world: int, a: argparse.Namespace, cuts: dict, profile: str) -> dict:
     """Build every (schedule, split) on this rank, then step them in rotating order."""
-    import torch.distributed as dist
-
-    from gearshift.train.adaptation import build_adapter
-    from gearshift.train.build import build_runtime, job_model, lr_at
-    from gearshift.train.config import load_config
-    from gearshift.train.datasets import job_data
-
-    keys = [(s, split) for split in cuts for s in SCHEDULES]
-    cfgs = {k: load_config(None, overrides(a, k[0], cuts[k[1]], Path(profile), a.slowdown)) for k in keys}
-    data = job_data(cfgs[keys[0]])
+    keys = [f"{s}/{split}" for split in cuts for s in SCHEDULES]
+    cfgs = {k: load_config(None, overrides(a, k.split("/")[0], cuts[k.split("/")[1]], Path(profile), a.slowdown))
+            for k in keys}
+    c0 = cfgs[keys[0]]
+    data = job_data(c0)
     adapters = {k: build_adapter(cfgs[k], data, job_model(cfgs[k])) for k in keys}  # the emulation's sleeps
     runners = {k: build_runtime(cfgs[k], adapter=adapters[k], data=data) for k in keys}
-    out = {f"{s}/{split}": {"times": [], "busy": [], "peak": [], "losses": []} for s, split in keys}
-    c0 = cfgs[keys[0]]
-    for step in range(a.warmup + a.steps):
-        x, y = data.batch(step, c0.train.batch_size, c0.train.seed)
-        for key in keys[step % len(keys):] + keys[:step % len(keys)]:
-            if adapters[key] is not None:  # the emulation's sleeps (none under --memory)
-                adapters[key].step = step
-            rec = out[f"{key[0]}/{key[1]}"]
-            dist.barrier()
-            t0 = time.perf_counter()
-            res = runners[key].step(x, y, lr_at(step, cfgs[key]))
-            dist.barrier()
-            rec["losses"].append(res.loss)
-            if step >= a.warmup:
-                rec["times"].append(time.perf_counter() - t0)
-                rec["busy"].append(res.record.busy_s)
-                rec["peak"].append(res.record.peak_act_bytes)
-    return out
+
+    def emulate(key: str, step: int) -> None:
+        if adapters[key] is not None:  # the emulation's sleeps (none under --memory)
+            adapters[key].step = step
+
+    res = harness.interleave(runners, a.warmup + a.steps, a.warmup,
+                             lambda step: data.batch(step, c0.train.batch_size, c0.train.seed),
+                             lambda key, step: lr_at(step, cfgs[key]), emulate)
+    return {k: {"times": r["times"], "losses": r["losses"], "busy": [x.busy_s for x in r["records"]],
+                "peak": [x.peak_act_bytes for x in r["records"]]} for k, r in res.items()}
 
 
 def rank_speeds(a: argparse.Namespace, profile, schedule: str, cut: list, busy: list[float]) -> list[float]:
     """Each rank's speed as its busy time (compute and the emulation's sleep) under `schedule` says: the work
     the profile gives its stages over that time (1.0 = the profile's speed)."""
-    from gearshift.train.build import job_schedule, slice_act_bytes
-    from gearshift.train.config import load_config
-
     sch = job_schedule(load_config(None, overrides(a, schedule, cut, None, a.slowdown)), slice_act_bytes(profile, cut))
     scale = a.batch // (D * a.micro) / profile.microbatch_size
     work = [sch.num_microbatches * scale * sum(lp.work_s for lp in profile.layers[lo:hi])
@@ -131,11 +108,6 @@ def predictions(a: argparse.Namespace, profile, schedule: str, cut: list, busy: 
     it while *another* schedule ran (`monitor`: that schedule and its busy time per rank; a core each, the
     sleep inside the speed), which is how a running job prices a schedule it has not run; and, for
     comparison, predicted_step_s_from_busy with the speeds this schedule's own busy time gives."""
-    from gearshift.cluster.state import local_pipeline_state, local_state
-    from gearshift.planner.predict import predict
-    from gearshift.train.build import job_schedule, slice_act_bytes
-    from gearshift.train.config import load_config
-
     cfg = load_config(None, overrides(a, schedule, cut, None, a.slowdown))
     sch = job_schedule(cfg, slice_act_bytes(profile, cut))  # the orders the runtime built from the same profile
     mb = a.batch // (D * a.micro)
@@ -160,11 +132,8 @@ def predictions(a: argparse.Namespace, profile, schedule: str, cut: list, busy: 
 
 def schedule_rows(a: argparse.Namespace, work: Path) -> tuple[list[dict], dict, dict]:
     """The emulated comparison: rows (median over repeats), the cuts, and each repeat's tokens/s ratios."""
-    from gloo_spawn import spawn
-
-    profile = robust_profile(a, 2 if a.quick else 4)
     path = work / "profile.json"
-    profile.save(path)
+    profile = robust_profile(a, 2 if a.quick else 4, path)
     cuts = splits(profile)
     tokens = a.batch * a.context
     repeats: list[dict] = []
@@ -189,10 +158,8 @@ def schedule_rows(a: argparse.Namespace, work: Path) -> tuple[list[dict], dict, 
             ref = MONITOR_FROM[s]  # the speeds a job running `ref` would have measured
             row.update(predictions(a, profile, s, cut, busy, (ref, busy_of[f"{ref}/{split}"])))
             rows.append(row)
-    ratios = {}
-    for split in cuts:
-        for s in SCHEDULES[1:]:
-            ratios[f"{s}/1f1b {split}"] = [_median(r, f"1f1b/{split}") / _median(r, f"{s}/{split}") for r in repeats]
+    ratios = {f"{s}/1f1b {split}": [_median(r, f"1f1b/{split}") / _median(r, f"{s}/{split}") for r in repeats]
+              for split in cuts for s in SCHEDULES[1:]}
     return rows, cuts, {"tokens_per_s_ratio_per_repeat": ratios,
                         "load_1min_per_repeat": [r["load_1min"] for r in repeats],
                         "profile_work_ms": [round(1e3 * lp.work_s, 3) for lp in profile.layers]}
@@ -202,11 +169,8 @@ def memory_rows(a: argparse.Namespace, work: Path, cuts: dict | None) -> tuple[l
     """Per-rank peak activation bytes of every schedule on both splits (`cuts`: the schedule comparison's,
     else from the profile), measured over 3 steps without emulation (bytes do not depend on time), beside
     the simulator's prediction: the memory goal alone. Also returns the profile and the cuts."""
-    from gloo_spawn import spawn
-
-    profile = robust_profile(a, 2 if a.quick else 4)
     path = work / "profile_memory.json"
-    profile.save(path)
+    profile = robust_profile(a, 2 if a.quick else 4, path)
     cuts = cuts or splits(profile)
     m = argparse.Namespace(**{**vars(a), "warmup": 1, "steps": 2, "slowdown": 1.0})
     res = spawn(_worker, WORLD, m, cuts, str(path), timeout_s=1800)
@@ -226,11 +190,6 @@ def order_comparison(profile, cuts: dict, slowdown: float) -> list[dict]:
     """The simulator's step time and peaks of multidir under the byte-balanced orders (what the job runs)
     against an order and its reverse (the orders before slice bytes were weighed), priced as predictions()
     prices the emulated comparison and without emulation: does the choice of orders cost throughput?"""
-    from gearshift.cluster.state import local_pipeline_state
-    from gearshift.planner.predict import predict
-    from gearshift.schedules import make_schedule
-    from gearshift.train.build import slice_act_bytes
-
     mb = profile.microbatch_size
     rows = []
     for split, cut in cuts.items():
@@ -255,42 +214,11 @@ def _median(repeat: dict, name: str) -> float:
 def torch_pipeline(cfg, name: str, bounds: list, group):
     """This rank's two stages of a torch.distributed.pipelining schedule with two stages per rank (V or loop
     placement), stepped like bench/pipeline_vs_torch.py's single-stage pipelines (same AdamW, clip, batches)."""
-    import torch
-    import torch.distributed as dist
-    from torch import nn
-    from torch.distributed import pipelining as pp
-    from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
-
-    from gearshift.models.gpt import build_layer, gpt_loss
-    from gearshift.train.build import gpt_config
-    from pipeline_vs_torch import TorchPipeline
-
-    rt = TorchPipeline.__new__(TorchPipeline)
-    rt.rank, rt.group, rt.cfg = dist.get_rank(), group, cfg
-    gcfg, t = gpt_config(cfg), cfg.train
-    S = len(bounds)
-    owner = generate_stage_to_rank_mapping(WORLD, S, style="loop" if name == "Interleaved1F1B" else "v")
-    mine = [s for s in range(S) if owner[s] == rt.rank]
-    mods = [nn.Sequential(*[build_layer(gcfg, i, seed=t.seed) for i in range(*bounds[s])]) for s in mine]
-    stages = [pp.PipelineStage(m, s, S, torch.device("cpu"), group=group) for m, s in zip(mods, mine)]
-    cls = {"DualPipeV": pp.ScheduleDualPipeV, "ZBVZeroBubble": pp.ScheduleZBVZeroBubble,
-           "Interleaved1F1B": pp.ScheduleInterleaved1F1B}[name]
-    rt.schedule = cls(stages, n_microbatches=cfg.parallel.microbatches * D, loss_fn=gpt_loss)
-    rt.first, rt.last = 0 in mine, S - 1 in mine
-    rt.params = [p for m in mods for p in m.parameters()]
-    decay, other = [p for p in rt.params if p.dim() >= 2], [p for p in rt.params if p.dim() < 2]
-    rt.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
-                                      {"params": other, "weight_decay": 0.0}], lr=t.lr, betas=(t.beta1, t.beta2))
-    return rt
+    owner = generate_stage_to_rank_mapping(WORLD, len(bounds), style="loop" if name == "Interleaved1F1B" else "v")
+    return TorchPipeline(cfg, group, getattr(pp, f"Schedule{name}"), bounds, owner, cfg.parallel.microbatches * D)
 
 
 def _torch_worker(rank: int, world: int, a: argparse.Namespace, slices: list, stages8: list, profile: str) -> dict:
-    import torch.distributed as dist
-
-    from gearshift.train.build import build_runtime, lr_at
-    from gearshift.train.config import load_config
-    from gearshift.train.datasets import job_data
-
     cfg = {s: load_config(None, overrides(a, s, slices, Path(profile), 1.0))
            for s in ("multidir_async", "multidir_flush")}
     c0 = cfg["multidir_async"]
@@ -298,31 +226,17 @@ def _torch_worker(rank: int, world: int, a: argparse.Namespace, slices: list, st
     group = dist.new_group(list(range(world)))  # torch's messages never share a channel with ours
     runners: dict = {s: build_runtime(cfg[s]) for s in cfg}
     runners.update({t: torch_pipeline(c0, t, stages8, group) for t in TORCH})
-    keys = list(runners)
-    times: dict[str, list[float]] = {k: [] for k in keys}
-    losses: dict[str, list[float]] = {k: [] for k in keys}
-    for step in range(a.warmup + a.steps):
-        x, y = data.batch(step, c0.train.batch_size, c0.train.seed)
-        for key in keys[step % len(keys):] + keys[:step % len(keys)]:
-            dist.barrier()
-            t0 = time.perf_counter()
-            res = runners[key].step(x, y, lr_at(step, c0))
-            dist.barrier()
-            losses[key].append(res if isinstance(res, float) else res.loss)
-            if step >= a.warmup:
-                times[key].append(time.perf_counter() - t0)
-    return {"times": times, "losses": losses}
+    res = harness.interleave(runners, a.warmup + a.steps, a.warmup,
+                             lambda step: data.batch(step, c0.train.batch_size, c0.train.seed),
+                             lambda key, step: lr_at(step, c0))
+    return {k: {name: r[k] for name, r in res.items()} for k in ("times", "losses")}
 
 
 def torch_rows(a: argparse.Namespace, work: Path) -> tuple[list[dict], dict]:
     """Our multidir (4 equal-time slices, 2 directions) beside torch's two-stages-per-rank schedules (8
     equal-time stages), same model, batch, micro-batch size and optimizer; no emulation."""
-    from gearshift.train.build import equal_time_slices
-    from gloo_spawn import spawn
-
-    profile = robust_profile(a, 2 if a.quick else 3)
     path = work / "profile_torch.json"
-    profile.save(path)
+    profile = robust_profile(a, 2 if a.quick else 3, path)
     slices = [list(b) for b in equal_time_slices(profile, WORLD)]
     stages8 = [list(b) for b in equal_time_slices(profile, 2 * WORLD)]
     load = os.getloadavg()[0]
@@ -333,8 +247,7 @@ def torch_rows(a: argparse.Namespace, work: Path) -> tuple[list[dict], dict]:
              "measured_step_s": med[k], "final_loss": res["losses"][k][-1],
              "system": "gearshift" if k.startswith("multidir") else "torch",
              "cut": slices if k.startswith("multidir") else stages8} for k in res["times"]]
-    ratios = {f"multidir_async/{t}": med[t] / med["multidir_async"] for t in TORCH}
-    ratios |= {f"multidir_flush/{t}": med[t] / med["multidir_flush"] for t in TORCH}
+    ratios = {f"{m}/{t}": med[t] / med[m] for m in ("multidir_async", "multidir_flush") for t in TORCH}
     paired = {t: statistics.median(tt / g for g, tt in zip(res["times"]["multidir_async"], res["times"][t]))
               for t in TORCH}
     return rows, {"ratios_tokens_per_s": ratios, "ratios_paired_median_async": paired, "load_1min": load}
@@ -345,23 +258,18 @@ def loss_run(a: argparse.Namespace, work: Path) -> dict:
     """The default job (300 steps) with schedule = multidir under flush and under async: final losses."""
     out = {}
     for update in ("flush", "async"):
-        d = work / f"loss_{update}"
-        cmd = [str(ROOT / ".venv/bin/gearshift"), "train", "--parallel.schedule=multidir",
-               f"--parallel.update={update}", f"--output.dir={d}", "--output.progress=false", "--output.trace=false"]
-        if a.quick:
-            cmd.append("--train.steps=30")
-        t0 = time.perf_counter()
-        subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
-        out[update] = read_loss(d) | {"wall_s": time.perf_counter() - t0}
+        run = harness.run_job(f"loss_{update}", ["--parallel.schedule=multidir", f"--parallel.update={update}",
+                                                 "--output.progress=false", "--output.trace=false",
+                                                 *(["--train.steps=30"] if a.quick else [])], work)
+        out[update] = read_loss(run) | {"wall_s": run.wall_s}
     return out | loss_ratios(out)
 
 
-def read_loss(run_dir: Path) -> dict:
-    """Final train loss (mean of the last 10 steps) and the last validation loss of a run directory."""
-    lines = [json.loads(s) for s in (run_dir / "metrics.jsonl").read_text().splitlines() if s.strip()]
-    steps = [d for d in lines if "tokens_per_s" in d]
-    return {"steps": len(steps), "train_loss_last10": statistics.fmean(d["loss"] for d in steps[-10:]),
-            "val_loss": next(d["val_loss"] for d in reversed(steps) if "val_loss" in d)}
+def read_loss(run: harness.Run) -> dict:
+    """Final train loss (mean of the last 10 steps) and the last validation loss of a run."""
+    steps = run.steps
+    return {"steps": len(steps), **harness.final_losses([d["loss"] for d in steps],
+                                                        [d["val_loss"] for d in steps if "val_loss" in d])}
 
 
 def loss_ratios(out: dict) -> dict:
@@ -392,59 +300,43 @@ def goals(rows: list[dict]) -> dict:
                           ("profile alone", "predicted_step_s")):
             out[f"step prediction error {r['schedule']} ({r['split']}), {what}"] = (
                 abs(r[key] - r["measured_step_s"]) / r["measured_step_s"], "-")
-    met = {}
-    for k, (v, g) in out.items():
-        met[k] = None if g == "-" else (v <= float(g.split()[1]) if g.startswith("<=") else v >= float(g.split()[1]))
-    return {k: {"value": v, "goal": g, "met": met[k]} for k, (v, g) in out.items()}
+    return {k: {"value": v, "goal": g, "met": harness.meets(v, g)} for k, (v, g) in out.items()}
 
 
 def show(res: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    def mib(xs: list) -> str:
+        return " ".join(f"{b / 2**20:.1f}" for b in xs)
 
-    t = Table(title=f"multidir D = {D} vs 1F1B / GPipe, {WORLD} gloo workers, emulate.slowdown = {res['slowdown']:g} "
-                    "on every rank (duty cycle)")
-    for col in ("split", "schedule", "tokens/s", "step s", "predicted s (monitor)", "predicted s (profile)",
-                "peak act MiB per rank", "predicted"):
-        t.add_column(col, justify="left" if col in ("split", "schedule") else "right")
-    for r in res["rows"]:
-        mib = " ".join(f"{b / 2**20:.1f}" for b in r.get("peak_act_bytes", []))
-        pred = " ".join(f"{b / 2**20:.1f}" for b in r.get("predicted_peak_act_bytes", []))
-        t.add_row(r["split"], r["schedule"] + ("" if r["emulated"] else " (no emulation)"), f"{r['tokens_per_s']:,.0f}",
-                  f"{r['measured_step_s']:.3f}",
-                  f"{r['predicted_step_s_monitor']:.3f}" if "predicted_step_s_monitor" in r else "",
-                  f"{r['predicted_step_s']:.3f}" if "predicted_step_s" in r else "",
-                  mib, pred)
-    g = Table(title="goals")
-    for col in ("goal", "value", "target", "met"):
-        g.add_column(col)
-    for k, v in res["goals"].items():
-        g.add_row(k, f"{v['value']:.3f}", v["goal"], {True: "[green]yes", False: "[red]no", None: ""}[v["met"]])
-    c = Console()
-    c.print(t)
-    c.print(g)
+    c = harness.make_console()
+    harness.table(f"multidir D = {D} vs 1F1B / GPipe, {WORLD} gloo workers, emulate.slowdown = {res['slowdown']:g} "
+                  "on every rank (duty cycle)", ("split", "schedule", "tokens/s", "step s", "predicted s (monitor)",
+                                                 "predicted s (profile)", "peak act MiB per rank", "predicted"),
+                  [(r["split"], r["schedule"] + ("" if r["emulated"] else " (no emulation)"),
+                    f"{r['tokens_per_s']:,.0f}", f"{r['measured_step_s']:.3f}",
+                    f"{r['predicted_step_s_monitor']:.3f}" if "predicted_step_s_monitor" in r else "",
+                    f"{r['predicted_step_s']:.3f}" if "predicted_step_s" in r else "",
+                    mib(r.get("peak_act_bytes", [])), mib(r.get("predicted_peak_act_bytes", [])))
+                   for r in res.get("rows", [])], left=2, console=c)
+    harness.goals_table({k: (v["value"], v["goal"], v["met"]) for k, v in res.get("goals", {}).items()}, console=c)
     if "torch" in res:
         c.print("torch.distributed.pipelining (no emulation), tokens/s ratios ours/theirs:",
                 {k: round(v, 3) for k, v in res["torch"]["ratios_tokens_per_s"].items()})
     if "memory" in res:
-        m = Table(title="activation peaks per rank (MiB), measured / predicted, no emulation")
-        for col in ("split", "schedule", "measured", "predicted", "max/min", "worst error"):
-            m.add_column(col)
-        for r in res["memory"]:
-            m.add_row(r["split"], r["schedule"], " ".join(f"{b / 2**20:.1f}" for b in r["peak_act_bytes"]),
-                      " ".join(f"{b / 2**20:.1f}" for b in r["predicted_peak_act_bytes"]),
-                      f"{r['peak_max_over_min']:.2f}", f"{r['predicted_error_worst_rank']:.1%}")
-        c.print(m)
+        harness.table("activation peaks per rank (MiB), measured / predicted, no emulation",
+                      ("split", "schedule", "measured", "predicted", "max/min", "worst error"),
+                      [(r["split"], r["schedule"], mib(r["peak_act_bytes"]), mib(r["predicted_peak_act_bytes"]),
+                        f"{r['peak_max_over_min']:.2f}", f"{r['predicted_error_worst_rank']:.1%}")
+                       for r in res["memory"]], left=6, console=c)
     for r in res.get("orders_simulated", []):
         c.print(f"simulated {r['split']} {r['update']} orders {r['orders']} {r['direction_1']}: step "
                 f"{r['predicted_step_s_emulated']:.3f} s emulated, {r['predicted_step_s_plain']:.3f} s plain; "
-                "peaks MiB " + " ".join(f"{b / 2**20:.1f}" for b in r["predicted_peak_act_bytes"]))
+                "peaks MiB " + mib(r["predicted_peak_act_bytes"]))
     if "loss" in res:
         c.print("loss after the default job:", {k: round(v, 4) for k, v in res["loss"].items() if "over" in k})
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = harness.parser(__doc__, "multidir", layers=6, width=128, heads=4, context=128, batch=32, max_bytes=1_000_000)
     p.add_argument("--steps", type=int, default=8, help="timed steps per schedule and repeat")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     p.add_argument("--repeats", type=int, default=3, help="jobs (each runs every schedule interleaved)")
@@ -452,13 +344,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--slowdown", type=float, default=4.0, help="emulate.slowdown on every rank (>= 4: duty cycle)")
     p.add_argument("--basis", choices=("wall", "cpu"), default="wall",
                    help="emulate.basis: stretch an op's wall time, or its thread's CPU time")
-    p.add_argument("--layers", type=int, default=6, help="transformer blocks (plus embedding and head)")
-    p.add_argument("--width", type=int, default=128)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--context", type=int, default=128)
-    p.add_argument("--batch", type=int, default=32)
     p.add_argument("--micro", type=int, default=8, help="micro-batches per direction (1F1B, GPipe: twice as many)")
-    p.add_argument("--max-bytes", dest="max_bytes", type=int, default=1_000_000)
     p.add_argument("--torch", action="store_true", help="also torch's DualPipeV, ZBVZeroBubble, Interleaved1F1B")
     p.add_argument("--torch-layers", dest="torch_layers", type=int, default=14,
                    help="blocks of the model for the torch comparison (8 equal-time stages for torch)")
@@ -468,16 +354,13 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--loss", action="store_true", help="also the loss of the default job under async and flush")
     p.add_argument("--loss-from", dest="loss_from", default="",
                    help="read the loss goal from two finished runs DIR_FLUSH,DIR_ASYNC instead of training")
-    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "multidir.json"))
     a = p.parse_args(argv)
     if a.quick:
         a.warmup, a.steps, a.repeats = 1, 3, 1
-    work = Path(tempfile.mkdtemp(prefix="gearshift-multidir-"))
-    t0, load0 = time.perf_counter(), os.getloadavg()[0]
-    out_path = Path(a.out)
+    work = harness.workdir("multidir")
+    t0, out_path = time.perf_counter(), Path(a.out)
     res: dict = json.loads(out_path.read_text()) if out_path.is_file() else {}
     res.update(benchmark="multidir", workers=WORLD, directions=D, slowdown=a.slowdown, basis=a.basis,
-               machine_cores=os.cpu_count(),
                model={"layers": a.layers, "width": a.width, "heads": a.heads, "context": a.context, "batch": a.batch,
                       "microbatches_per_direction": a.micro, "microbatch_size": a.batch // (D * a.micro)})
     if a.schedules:
@@ -493,7 +376,7 @@ def main(argv: list[str] | None = None) -> dict:
         res["torch"] = {"rows": trows, **tinfo, "model_layers": a.torch_layers}
     if a.loss_from:
         f, s = a.loss_from.split(",")
-        out = {"flush": read_loss(Path(f)), "async": read_loss(Path(s))}
+        out = {"flush": read_loss(harness.read_run(f)), "async": read_loss(harness.read_run(s))}
         res["loss"] = {k: v for k, v in (out | loss_ratios(out)).items() if "over" in k} | {"runs": out}
     elif a.loss:
         res["loss"] = loss_run(a, work)
@@ -504,9 +387,8 @@ def main(argv: list[str] | None = None) -> dict:
             res["goals"]["async/flush val loss after 300 steps"] = {"value": v, "goal": "<= 1.02",
                                                                      "met": abs(v - 1) <= 0.02}
     res["wall_s"] = time.perf_counter() - t0
-    res["loadavg_1min"] = [load0, os.getloadavg()[0]]
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(res, indent=1) + "\n")
+    harness.write_results("multidir", res, out_path, emulation=f"emulate.slowdown {a.slowdown:g} on every rank, "
+                          f"basis {a.basis}, in the schedule comparison (--torch and --memory run without)")
     show(res)
     print(f"wrote {out_path} in {res['wall_s']:.0f} s")
     return res

@@ -13,33 +13,33 @@ from the definition rather than from the runtime:
 
 Each is compared with flush's loss; with --run-dir, a finished `gearshift train` run's train losses are put
 beside the ideal ones step by step (the runtime should follow its ideal within float noise early on).
-Single process, one thread; no timing.
-
-Usage: .venv/bin/python bench/multidir_staleness.py [--steps 300] [--modes flush,async,stale,predict]
-       [--orders bytes|reverse] [--cut "[[0,2],...]"] [--lr-scale 1.0] [--stale-first K] [--run-dir DIR_ASYNC]
-       [--label NAME] [section.key=value overrides ...]"""
+Single process, one thread; no timing."""
 
 from __future__ import annotations
 
 import argparse
 import copy
 import json
-import math
 import statistics
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+import torch
+from torch import nn
+
+import harness
+from gearshift.profile.model_profile import ModelProfile
+from gearshift.schedules import Op
+from gearshift.train.build import equal_time_slices, job_model, job_schedule, lr_at, slice_act_bytes
+from gearshift.train.config import load_config
+from gearshift.train.datasets import job_data
+from gearshift.train.profiling import profile_job
 
 
 def window_versions(sch) -> dict[tuple[int, int], int]:
     """(stage, micro-batch j) -> 0 if batch b's forward of j on `stage` runs on w_{b-1}, 1 if on w_b: whether
     its rank's steady window installs the stage's new weights (RECV_PAR, or STEP on the optimizer holder)
     before that forward (window ids M..2M-1 are this batch's micro-batches 0..M-1)."""
-    from gearshift.schedules import Op
-
     M, out = sch.num_microbatches, {}
     for acts in sch.actions:
         new: set[int] = set()
@@ -65,12 +65,6 @@ def drained_before(cfg, batch: int) -> bool:
 
 def train(cfg, cut: list[tuple[int, int]], mode: str, offsets: dict, lr_scale: float, log_every: int = 25) -> dict:
     """Train cfg.train.steps steps under `mode`; returns per-step train loss and validation losses."""
-    import torch
-    from torch import nn
-
-    from gearshift.train.build import job_model, lr_at
-    from gearshift.train.datasets import job_data
-
     torch.manual_seed(0)
     torch.set_num_threads(1)
     t, p = cfg.train, cfg.parallel
@@ -132,8 +126,6 @@ def train(cfg, cut: list[tuple[int, int]], mode: str, offsets: dict, lr_scale: f
 
 def extrapolate(last, earlier):
     """A copy of `last` with parameters 2 last - earlier (linear extrapolation of the weights one update on)."""
-    import torch
-
     out = copy.deepcopy(last)
     with torch.no_grad():
         for q, a, z in zip(out.parameters(), last.parameters(), earlier.parameters()):
@@ -143,8 +135,6 @@ def extrapolate(last, earlier):
 
 def evaluate(cfg, data, loss_fn, slices) -> float:
     """The loop's validation loss: the mean over train.eval_batches validation batches, at the newest weights."""
-    import torch
-
     t, out = cfg.train, []
     with torch.no_grad():
         for i in range(t.eval_batches):
@@ -155,19 +145,7 @@ def evaluate(cfg, data, loss_fn, slices) -> float:
     return sum(out) / len(out)
 
 
-def summary(res: dict) -> dict:
-    """Train loss (mean of the last 10 steps) and the last validation loss, as bench/multidir.py reads a run."""
-    last = max(res["val"]) if res["val"] else None
-    return {"train_loss_last10": statistics.fmean(res["losses"][-10:]),
-            "val_loss": res["val"][last] if last is not None else math.nan}
-
-
 def main(argv: list[str] | None = None) -> dict:
-    from gearshift.profile.model_profile import ModelProfile
-    from gearshift.train.build import equal_time_slices, job_schedule, slice_act_bytes
-    from gearshift.train.config import load_config
-    from gearshift.train.profiling import profile_job
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--modes", default="flush,async,stale")
@@ -180,7 +158,7 @@ def main(argv: list[str] | None = None) -> dict:
                     help="async: instead of the list's versions, the first K micro-batches of each direction on "
                          "w_{b-1} (all slices), the rest on w_b: what fewer stale forwards would cost")
     ap.add_argument("--run-dir", dest="run_dir", default="", help="a finished async run to put beside the ideal")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "multidir_staleness.json"),
+    ap.add_argument("--out", default=str(harness.RESULTS / "multidir_staleness.json"),
                     help="results file: each run is kept under its --label beside the others")
     ap.add_argument("--label", default="", help="its name in the results file (default: lr and stale count)")
     ap.add_argument("overrides", nargs="*", help="config overrides, --section.key=value without the dashes")
@@ -201,7 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
                  "stale_first": a.stale_first, "steps": a.steps, "overrides": a.overrides, "runs": {}}
     for mode in a.modes.split(","):
         r = train(cfg, cut, mode, offsets, a.lr_scale if mode != "flush" else 1.0)
-        res["runs"][mode] = r | summary(r)
+        res["runs"][mode] = r | harness.final_losses(r["losses"], [r["val"][k] for k in sorted(r["val"])])
     flush = res["runs"].get("flush")
     for mode, r in res["runs"].items():
         line = f"{mode}: train {r['train_loss_last10']:.3f}, val {r['val_loss']:.3f}"
@@ -211,20 +189,16 @@ def main(argv: list[str] | None = None) -> dict:
             line += f" (x{r['val_over_flush']:.3f} val, x{r['train_over_flush']:.3f} train against flush)"
         print(line)
     if a.run_dir:
-        rows = [json.loads(s) for s in (Path(a.run_dir) / "metrics.jsonl").read_text().splitlines() if s.strip()]
-        real = [d["loss"] for d in rows if "tokens_per_s" in d]
-        res["run_dir_losses"] = real
+        res["run_dir_losses"] = real = [d["loss"] for d in harness.read_run(a.run_dir).steps]
         ideal = res["runs"].get("async", {}).get("losses", [])
         for b in [s for s in (0, 1, 2, 3, 5, 10, 20, 50, 100, 200, 299) if s < min(len(real), len(ideal))]:
             print(f"  step {b}: run {real[b]:.4f}, ideal async {ideal[b]:.4f}")
     out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     label = a.label or f"lr {cfg.train.lr:g}, {stale} of {len(offsets)} forwards stale"
     book = json.loads(out.read_text()) if out.is_file() else {}
     book = book if "experiments" in book else {"experiments": {}}  # one file, one entry per experiment
-    book["experiments"][label] = res
-    out.write_text(json.dumps(book, indent=1) + "\n")
-    print(f"wrote {out} ({label!r})")
+    book["experiments"][label] = res | {"machine": harness.machine()}  # each experiment ran on its own
+    print(f"wrote {harness.write_results('multidir_staleness', book, out, stamp=False)} ({label!r})")
     return res
 
 

@@ -7,26 +7,27 @@ ranks do not contend for the 2 cores). Three scenarios:
   change     idle, then contended from step `--change` (parallel.schedule = auto, adapt.every = `--every`).
 
 In idle and contended one job each measures every (m, K) candidate, interleaved: it starts on auto's pick, then
-adapt.force_schedule cycles through the candidates (`--rounds` rounds, `--segment` steps each, the first step of
-each segment left out), and each switch re-probes the links and logs every candidate's predicted step time.
-Fixed 1F1B with m = 8 is one of the candidates.
-
-Usage (root): .venv/bin/python bench/schedule_choice.py [--quick] [--keep DIR]"""
+a forced schedule (gearshift.train.forcing) cycles through the candidates (`--rounds` rounds, `--segment` steps
+each, the first step of each segment left out), and each switch re-probes the links and logs every candidate's
+predicted step time. Fixed 1F1B with m = 8 is one of the candidates. Needs root (the testbed)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import random
-import shutil
 import statistics
-import sys
-import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+from rich.console import Console
+
+import harness
+from gearshift.cluster.testbed import Testbed, TestbedConfig, is_root
+from gearshift.schedules import make_schedule
+from gearshift.train.config import load_config
+from gearshift.train.forcing import Forcing
+from gearshift.train.profiling import profile_sizes
 
 HOSTS = 4
 BASELINE = (8, 1)  # fixed 1F1B, 8 micro-batches
@@ -34,13 +35,10 @@ BASELINE = (8, 1)  # fixed 1F1B, 8 micro-batches
 
 def job_args(a: argparse.Namespace, profiles: Path) -> list[str]:
     """Overrides shared by every job of the benchmark."""
-    return [f"--model.layers={a.layers}", f"--model.width={a.width}", f"--model.heads={a.heads}",
-            f"--model.context={a.context}", f"--train.batch_size={a.batch}", f"--cluster.workers={HOSTS}",
-            f"--parallel.stages={HOSTS}", "--cluster.ranks_per_node=1", "--cluster.testbed=true",
-            f"--cluster.bandwidth={a.bandwidth}", "--parallel.schedule=auto", "--train.eval_every=0",
-            "--train.checkpoint_every=0", "--output.trace=false", "--output.progress=false",
-            "--train.warmup_steps=5", f"--data.max_bytes={a.max_bytes}", f"--adapt.profiles={profiles}",
-            "--emulate.slowdown=[" + ",".join([str(a.slowdown)] * HOSTS) + "]"]
+    return [*harness.job_overrides(a), f"--cluster.workers={HOSTS}", f"--parallel.stages={HOSTS}",
+            "--cluster.ranks_per_node=1", "--cluster.testbed=true", f"--cluster.bandwidth={a.bandwidth}",
+            "--parallel.schedule=auto", *harness.QUIET, "--train.warmup_steps=5", f"--adapt.profiles={profiles}",
+            harness.slowdown([a.slowdown] * HOSTS)]
 
 
 def contention(a: argparse.Namespace, step: int) -> list[str]:
@@ -50,29 +48,8 @@ def contention(a: argparse.Namespace, step: int) -> list[str]:
     return ["--cluster.traffic=" + json.dumps(ev, separators=(",", ":"))]
 
 
-def run_job(name: str, args: list[str], work: Path, tb) -> list[dict]:
-    """One job on the testbed (launched from this process, which owns the testbed); its metrics.jsonl."""
-    from gearshift.train.config import load_config
-    from gearshift.train.launch import launch
-    from gearshift.train.metrics import read_metrics
-
-    out = work / name
-    shutil.rmtree(out, ignore_errors=True)
-    cfg = load_config(None, [*args, f"--output.dir={out}"])
-    t0 = time.perf_counter()
-    rc = launch(cfg, testbed=tb, quiet=False)
-    if rc != 0:
-        raise SystemExit(f"schedule_choice: job {name} failed (exit {rc})")
-    rows = read_metrics(out / "metrics.jsonl")
-    print(f"  {name:<10} {sum(1 for r in rows if 'event' not in r)} steps in {time.perf_counter() - t0:5.1f} s",
-          flush=True)
-    return rows
-
-
-def candidates(a: argparse.Namespace, cfg) -> list[tuple[int, int]]:
+def candidates(a: argparse.Namespace) -> list[tuple[int, int]]:
     """Every (m, K) auto prices (the same list its records hold)."""
-    from gearshift.schedules import make_schedule
-
     out, S = [], HOSTS
     for m in [m for m in range(1, a.batch + 1) if a.batch % m == 0]:
         seen = set()
@@ -96,12 +73,12 @@ def grid(name: str, a: argparse.Namespace, base: list[str], cands: list[tuple[in
         rng.shuffle(o)
         order += o if r % 2 == 0 else o[::-1]
     seg = a.segment
-    force = [[(i + 1) * seg, m, k] for i, (m, k) in enumerate(order)]
+    force = Forcing(schedules={(i + 1) * seg: (m, k) for i, (m, k) in enumerate(order)})
     steps = (len(order) + 1) * seg
-    rows = run_job(name, [*base, *extra, f"--train.steps={steps}", "--adapt.every=0", "--adapt.link_change=0",
-                          "--adapt.force_schedule=" + json.dumps(force, separators=(",", ":"))], work, tb)
-    steps_rec = {r["step"]: r for r in rows if "event" not in r}
-    decisions = [r for r in rows if r.get("event") == "schedule"]
+    run = harness.run_job(name, [*base, *extra, f"--train.steps={steps}", "--adapt.every=0", "--adapt.link_change=0"],
+                          work, tb, forcing=force)
+    steps_rec = {r["step"]: r for r in run.steps}
+    decisions = run.events("schedule")
     start = decisions[0]
     per: dict[tuple[int, int], dict] = {c: {"times": [], "rounds": [], "predicted": []} for c in cands}
     segments = [(0, tuple(start["chosen"]))] + [(d["step"], tuple(d["chosen"])) for d in decisions[1:]]
@@ -167,9 +144,10 @@ def change(a: argparse.Namespace, base: list[str], work: Path, tb) -> dict:
     """Auto on idle links, contended from step a.change on."""
     E, C = a.every, a.change
     steps = C + a.after * E
-    rows = run_job("change", [*base, *contention(a, C), f"--train.steps={steps}", f"--adapt.every={E}"], work, tb)
-    st = {r["step"]: r for r in rows if "event" not in r}
-    decs = [r for r in rows if r.get("event") == "schedule"]
+    run = harness.run_job("change", [*base, *contention(a, C), f"--train.steps={steps}", f"--adapt.every={E}"], work,
+                          tb)
+    st = {r["step"]: r for r in run.steps}
+    decs = run.events("schedule")
     before_key = tuple(next(d for d in reversed(decs) if d["step"] < C)["chosen"])
     after = [d for d in decs if d["step"] >= C]  # a decision at step C is priced after the traffic started
     # Picked again: the first pricing that saw the links move (it may keep the schedule it had, if that is
@@ -193,38 +171,25 @@ def change(a: argparse.Namespace, base: list[str], work: Path, tb) -> dict:
             "tokens": a.batch * a.context}
 
 
-def table(res: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
+def table(res: dict, goals: dict) -> None:
     c = Console(width=150)
     for sc in ("idle", "contended"):
-        t = Table(title=f"{sc}: every candidate, measured interleaved (duty-cycle emulation x{res['slowdown']})")
-        for col in ("m", "K", "tokens/s", "measured s/step", "predicted s/step", "error", "A/A spread", "auto"):
-            t.add_column(col, justify="right")
-        for r in sorted((r for r in res["rows"] if r["scenario"] == sc), key=lambda r: -r["tokens_per_s"]):
-            t.add_row(str(r["m"]), str(r["k"]), f"{r['tokens_per_s']:,.0f}", f"{r['measured_step_s']:.3f}",
-                      f"{r['predicted_step_s']:.3f}",
-                      f"{(r['predicted_step_s'] - r['measured_step_s']) / r['measured_step_s']:+.1%}",
-                      "-" if r["aa_spread"] is None else f"{r['aa_spread']:.1%}", "*" if r["auto"] else "")
-        c.print(t)
-    g = Table(title="goals")
-    for col in ("goal", "value", "met"):
-        g.add_column(col)
-    for k, (v, goal, met) in res["goals"].items():
-        g.add_row(f"{k} ({goal})", v if isinstance(v, str) else f"{v:.3f}", "[green]yes" if met else "[red]no")
-    c.print(g)
+        harness.table(f"{sc}: every candidate, measured interleaved (duty-cycle emulation x{res['slowdown']})",
+                      ("m", "K", "tokens/s", "measured s/step", "predicted s/step", "error", "A/A spread", "auto"),
+                      [(r["m"], r["k"], f"{r['tokens_per_s']:,.0f}", f"{r['measured_step_s']:.3f}",
+                        f"{r['predicted_step_s']:.3f}",
+                        f"{(r['predicted_step_s'] - r['measured_step_s']) / r['measured_step_s']:+.1%}",
+                        "-" if r["aa_spread"] is None else f"{r['aa_spread']:.1%}", "*" if r["auto"] else "")
+                       for r in sorted((r for r in res["rows"] if r["scenario"] == sc),
+                                       key=lambda r: -r["tokens_per_s"])], console=c)
+    harness.goals_table(goals, console=c)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = harness.parser(__doc__, "schedule_choice", layers=2, width=64, heads=4, context=256, batch=8,
+                       max_bytes=1_000_000)
     p.add_argument("--quick", action="store_true", help="two rounds of 3-step segments, a shorter change job "
                                                          "(about 10 minutes on the 2-core machine)")
-    p.add_argument("--layers", type=int, default=2, help="GPT blocks (+ embedding + head: one layer per stage)")
-    p.add_argument("--width", type=int, default=64)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--context", type=int, default=256)
-    p.add_argument("--batch", type=int, default=8)
     p.add_argument("--slowdown", type=float, default=4.0, help="duty-cycle emulation factor on every rank")
     p.add_argument("--bandwidth", default="200mbit")
     p.add_argument("--flows", type=int, default=4, help="bulk TCP flows each way per pipeline link (contended)")
@@ -235,28 +200,21 @@ def main() -> None:
     p.add_argument("--change", type=int, default=35,
                    help="the step the change job's links become contended (mid-period)")
     p.add_argument("--after", type=int, default=4, help="periods the change job runs after the change")
-    p.add_argument("--max-bytes", type=int, default=1_000_000)
     p.add_argument("--scenarios", default="idle,contended,change")
     p.add_argument("--keep", default="", help="keep run directories here (default: a temp dir)")
-    p.add_argument("--out", default=str(ROOT / "bench/results/schedule_choice.json"))
     a = p.parse_args()
     if a.quick:
         a.rounds, a.segment, a.change, a.after = 2, 3, 25, 3
 
-    from gearshift.cluster.testbed import Testbed, TestbedConfig, is_root
-    from gearshift.train.config import load_config
-    from gearshift.train.profiling import profile_sizes
-
     if not is_root():
         raise SystemExit("schedule_choice: needs root (the namespace testbed)")
-    work = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="gearshift-schedule-"))
-    work.mkdir(parents=True, exist_ok=True)
+    work = harness.workdir("schedule", a.keep)
     t0 = time.perf_counter()
     base = job_args(a, work / "profiles")
     cfg = load_config(None, [x for x in base if not x.startswith("--cluster.testbed")])
     sizes = [a.batch // m for m in range(1, a.batch + 1) if a.batch % m == 0]
     profile_sizes(cfg, sizes, str(work / "profiles"), passes=3)  # every job reads these: one set of numbers
-    cands = candidates(a, cfg)
+    cands = candidates(a)
     print(f"{len(cands)} candidates; profiles in {work / 'profiles'}", flush=True)
     scen = a.scenarios.split(",")
     rows, grids, chg = [], {}, None
@@ -272,13 +230,12 @@ def main() -> None:
     goals: dict = {}
     per = {sc: goals_of(rows, sc) for sc in grids}
     for sc, g in per.items():
-        goals[f"{sc}: auto / best measured"] = (g["auto_over_best"], ">= 0.95", g["auto_over_best"] >= 0.95)
-        goals[f"{sc}: simulator median |error|"] = (g["median_abs_error"], "<= 0.15", g["median_abs_error"] <= 0.15)
+        goals[f"{sc}: auto / best measured"] = (g["auto_over_best"], ">= 0.95")
+        goals[f"{sc}: simulator median |error|"] = (g["median_abs_error"], "<= 0.15")
         goals[f"{sc}: best measured in simulator's top 3"] = (str(g["best_in_sim_top3"]), "true",
                                                               g["best_in_sim_top3"])
     if "contended" in per:
-        g = per["contended"]
-        goals["contended: auto / 1F1B m=8"] = (g["auto_over_1f1b_m8"], ">= 1.2", g["auto_over_1f1b_m8"] >= 1.2)
+        goals["contended: auto / 1F1B m=8"] = (per["contended"]["auto_over_1f1b_m8"], ">= 1.2")
     if chg is not None:
         chg["after_tokens_per_s"] = chg["tokens"] / chg["after"]["step_s"] if chg["after"]["step_s"] else None
         chg["before_tokens_per_s"] = chg["tokens"] / chg["before"]["step_s"]
@@ -294,9 +251,10 @@ def main() -> None:
                                                          chg["repick_within_two_periods"])
         if "contended" in per and chg["after_tokens_per_s"]:
             r = chg["after_tokens_per_s"] / per["contended"]["best_tokens_per_s"]
-            goals["change: after / best contended"] = (r, ">= 0.95", r >= 0.95)
-    res = {"benchmark": "schedule_choice", "quick": a.quick, "date": time.strftime("%Y-%m-%d"),
-           "machine": "2-core shared VM", "hosts": HOSTS, "bandwidth": a.bandwidth, "slowdown": a.slowdown,
+            goals["change: after / best contended"] = (r, ">= 0.95")
+    goals = {k: (v[0], v[1], v[2] if len(v) > 2 else harness.meets(*v)) for k, v in goals.items()}
+    res = {"benchmark": "schedule_choice", "quick": a.quick, "hosts": HOSTS, "bandwidth": a.bandwidth,
+           "slowdown": a.slowdown,
            "emulation": f"duty cycle: every rank sleeps {a.slowdown - 1:g}x its measured compute after each op",
            "model": {"name": "gpt", "layers": a.layers, "width": a.width, "heads": a.heads, "context": a.context,
                      "batch": a.batch, "activation_bytes_per_sample": a.width * a.context * 4},
@@ -306,13 +264,10 @@ def main() -> None:
            "goals": {k: {"value": v, "goal": g, "met": m} for k, (v, g, m) in goals.items()},
            "links": {sc: grids[sc]["links"][:2] for sc in grids},
            "wall_s": round(time.perf_counter() - t0, 1)}
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1) + "\n")
-    table({**res, "goals": goals})
+    out = harness.write_results("schedule_choice", res, a.out, emulation=res["emulation"] + f"; testbed: {HOSTS} "
+                                f"hosts in network namespaces, {a.bandwidth} per host")
+    table(res, goals)
     print(f"wrote {out} in {res['wall_s']:.0f} s (runs in {work})")
-    if not a.keep:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ import pytest
 
 from gearshift.cli.main import main
 from gearshift.tomlfile import loads
-from gearshift.train.config import JobConfig
+from gearshift.train.config import JobConfig, load_config
+from gearshift.train.config.fields import section_keys
 
 
 def _help(capsys, verb: str) -> str:
@@ -47,17 +48,25 @@ def test_train_help_lists_every_key_with_default_and_doc(capsys):
     for sec in dataclasses.fields(JobConfig):
         section = hints[sec.name]()
         assert comments[sec.name] == " ".join(section.__doc__.split())
-        assert set(listed[sec.name]) == {f.name for f in dataclasses.fields(section)}
-        for f in dataclasses.fields(section):
-            assert listed[sec.name][f.name] == getattr(section, f.name), f"{sec.name}.{f.name}: wrong default"
-            assert comments[f"{sec.name}.{f.name}"].startswith(f.metadata["doc"]), f"{sec.name}.{f.name}: doc"
+        keys = section_keys(type(section))  # the section's own keys and those of the settings it embeds
+        assert list(listed[sec.name]) == list(keys)
+        for name, (home, f, _) in keys.items():
+            default = getattr(getattr(section, home) if home else section, name)
+            assert listed[sec.name][name] == default, f"{sec.name}.{name}: wrong default"
+            assert comments[f"{sec.name}.{name}"] == " ".join(f.metadata["doc"].split()), f"{sec.name}.{name}: doc"
 
 
-def test_help_shows_what_the_default_job_sets_instead(capsys):
-    """`gearshift train` without CONFIG runs the embedded default job (6 blocks, the dataclass says 4)."""
-    comments = _comments(_help(capsys, "train"))
-    assert comments["model.layers"].endswith("(default job: 6)")
-    assert "default job" not in comments["model.width"]
+def test_the_listing_is_the_job_that_runs_without_a_config(capsys):
+    """One set of defaults: every key of the job `gearshift train` runs with no CONFIG has the listed value (the
+    GPT's 6 blocks among them), and the embedded settings' keys (the GPT's, the sync's) are listed too."""
+    text = _help(capsys, "train")
+    listed = loads(text[text.index("\n[model]"):])
+    job = load_config(None)
+    for sec, table in job.to_dict().items():
+        assert {k: listed[sec][k] for k in table} == table, sec
+    comments = _comments(text)
+    assert job.model.gpt.layers == 6 and "model.layers" in comments and "parallel.bucket_mb" in comments
+    assert "emulate.router_skew" in comments and "adapt.force" not in comments and "moe.always_switch" not in comments
 
 
 @pytest.mark.parametrize("verb", ["simulate", "profile", "plan"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -28,10 +29,10 @@ def test_parse_full_config():
         "scenario": [{"step": 150, "rank": 1, "slowdown": 3.0}, "100:2:4.0",
                      {"step": 10, "rank": 0, "link_bandwidth": 5e5}],
     }, world_size=4)
-    assert cfg.slowdown == [1.0, 2.0, 1.0, 1.5]
-    assert [e.step for e in cfg.scenario] == [10, 100, 150]
-    assert cfg.scenario[1] == ScenarioEvent(100, 2, 4.0)
-    assert EmulationConfig.from_dict({}, 3).slowdown == [1.0, 1.0, 1.0]
+    assert cfg.slowdowns(4) == [1.0, 2.0, 1.0, 1.5]
+    assert [e.step for e in cfg.events()] == [10, 100, 150]
+    assert cfg.events()[1] == ScenarioEvent(100, 2, 4.0)
+    assert EmulationConfig.from_dict({}, 3).slowdowns(3) == [1.0, 1.0, 1.0]
 
 
 @pytest.mark.parametrize("d, msg", [
@@ -40,7 +41,8 @@ def test_parse_full_config():
     ({"slowdown": [1.0, 0.0, 1.0, 1.0]}, r"emulate.slowdown\[1\]: expected a number > 0"),
     ({"slowdown": [1.0, "x", 1.0, 1.0]}, r"emulate.slowdown\[1\]"),
     ({"speed": 1}, r"emulate.speed: unknown field"),
-    ({"link_bandwidth": -1}, r"emulate.link_bandwidth: expected a number > 0"),
+    ({"link_bandwidth": -1}, r"emulate.link_bandwidth: must be >= 0 \(0 = uncapped\), got -1"),
+    ({"link_bandwidth": [1e6, 0, 1e6, 1e6]}, r"emulate.link_bandwidth\[1\]: expected a number > 0"),
     ({"link_bandwidth": [1e6, 1e6]}, r"link_bandwidth: expected one cap per rank \(4 workers\), got 2"),
     ({"link_latency_s": -0.1}, r"emulate.link_latency_s: expected a number >= 0"),
     ({"scenario": "150:1:3"}, r"emulate.scenario: expected a list"),
@@ -51,6 +53,8 @@ def test_parse_full_config():
     ({"scenario": [{"step": 1, "rank": 0}]}, r"scenario\[0\]: needs slowdown"),
     ({"scenario": [{"step": 1, "rank": 0, "slowdown": 2, "x": 1}]}, r"scenario\[0\].x: unknown field"),
     ({"scenario": [5]}, r"scenario\[0\]: expected a table"),
+    ({"router_skew": -0.5}, r"emulate.router_skew: must be a number >= 0 \(got -0.5\)"),
+    ({"router_drift": -1}, r"emulate.router_drift: must be an integer >= 0 \(got -1\)"),
 ])
 def test_validation_errors_name_the_field(d, msg):
     with pytest.raises(ConfigError, match=msg):
@@ -112,3 +116,14 @@ def test_real_sleep_is_short_and_real():
     slept = em.after_compute(0.02, step=0)
     assert slept == pytest.approx(0.02)
     assert time.perf_counter() - t0 >= 0.019
+
+
+def test_the_skewed_router_s_bias_ranks_the_experts_and_drifts():
+    cfg = EmulationConfig(router_skew=2.0, router_drift=3)
+    em = Emulator(cfg, 0)
+    assert em.active and not Emulator(EmulationConfig(), 0).active  # a skew needs the per-step hook
+    first = em.router_bias(2, 4).tolist()
+    assert first[0] == 0.0 and first == sorted(first, reverse=True)  # expert 0 the hottest, then 1, 2, 3
+    assert first[3] == pytest.approx(-2.0 * math.log(4))
+    assert em.router_bias(3, 4).tolist() == [first[3], *first[:3]]  # after 3 steps expert 1 is the hottest
+    assert Emulator(EmulationConfig(router_skew=1.0), 0).router_bias(99, 4).argmax() == 0  # no drift: fixed

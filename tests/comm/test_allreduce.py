@@ -14,7 +14,7 @@ from gearshift.comm import CommGroups, GradientSync, all_reduce, sender
 from gearshift.comm.allreduce import resolve
 from gearshift.comm.steps import chunk_bounds
 from gearshift.errors import ConfigError
-from gloo_spawn import spawn
+from gearshift.testing import spawn
 
 ALGOS = ["ring", "hierarchical", "hierarchical_rs"]
 DTYPES = [torch.float32, torch.float64, torch.int32, torch.bfloat16]

@@ -14,7 +14,7 @@ from gearshift.comm import CommGroups, all_reduce
 from gearshift.comm.allreduce import resolve
 from gearshift.comm.calibrate import BYTES_OVER_STEP, MIB, cores_busy, describe, measure_link_costs, slope
 from gearshift.comm.programs import build
-from gloo_spawn import spawn
+from gearshift.testing import spawn
 
 
 def _worker(rank: int, world: int) -> tuple:

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from gearshift.cluster.topology import Topology
 from gearshift.comm import CommGroups, GradientSync, all_reduce
 from gearshift.comm.calibrate import measure_link_costs
-from gloo_spawn import spawn
+from gearshift.testing import spawn
 
 PARTITIONS = [
     [[0, 2], [1, 3]],  # one rank per node in each part (replicas of a 2-stage pipeline)

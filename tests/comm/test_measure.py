@@ -45,7 +45,7 @@ def _timing_worker(rank: int, world: int) -> list[dict]:
 
 @pytest.mark.multiprocess
 def test_again_times_an_algorithm_as_a_second_series_of_its_own() -> None:
-    from gloo_spawn import spawn
+    from gearshift.testing import spawn
 
     for rows in spawn(_timing_worker, 2):
         gloo, ring = rows

@@ -19,7 +19,7 @@ from gearshift.comm.programs import build
 from gearshift.comm.shm import MIN_CAPACITY, align, next_region, staging_plan
 from gearshift.comm.steps import Step
 from gearshift.comm.stream import run_segments
-from gloo_spawn import spawn
+from gearshift.testing import spawn
 
 
 @given(st.integers(0, 1000), st.integers(0, 1000), st.integers(1, 2000), st.integers(1, 3000))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gloo_spawn import spawn
+from gearshift.testing import spawn
 
 
 def _two_reduce_steps(rank: int, world: int) -> tuple[int, list[float]]:

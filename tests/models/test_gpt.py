@@ -17,7 +17,7 @@ SMALL = GPTConfig(vocab_size=256, context=16, layers=2, width=32, heads=4)
 def test_defaults_and_layers():
     cfg = GPTConfig()
     assert (cfg.vocab_size, cfg.context, cfg.layers, cfg.width, cfg.heads, cfg.dropout, cfg.bias) == \
-        (256, 128, 4, 128, 4, 0.0, True)
+        (256, 128, 6, 128, 4, 0.0, True)
     m = build_gpt(SMALL)
     assert isinstance(m, LayeredModel)
     assert [type(layer) for layer in m.layers] == [Embedding, Block, Block, Head]

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gearshift.cluster.emulate import EmulationConfig, Emulator
 from gearshift.errors import ConfigError
 from gearshift.models.moe import MoEConfig, MoEFeedForward, moe_modules, moe_spec
 
@@ -113,10 +114,12 @@ def test_every_expert_gets_a_gradient_even_without_tokens():
     assert ff.experts["3"].fc.weight.grad.abs().sum() == 0 and ff.experts["0"].fc.weight.grad.abs().sum() > 0
 
 
-def test_the_router_skew_holds_however_large_the_logits_grow():
+def test_the_emulated_router_skew_holds_however_large_the_logits_grow():
     torch.manual_seed(0)
-    m = MoEFeedForward(_cfg(width=32, experts=8, router_skew=2.0, router_drift=5))
-    m.at_step(0)
+    m = MoEFeedForward(_cfg(width=32, experts=8))
+    emulator = Emulator(EmulationConfig(router_skew=2.0, router_drift=5), 0)
+    assert Emulator(EmulationConfig(), 0).router_bias(0, 8) is None  # no skew: nothing added
+    m.set_router_bias(emulator.router_bias(0, 8))
     x = torch.randn(2000, 32)
     shares = []
     for scale in (1.0, 30.0):  # a router whose logits grew 30-fold while training
@@ -127,7 +130,29 @@ def test_the_router_skew_holds_however_large_the_logits_grow():
         shares.append(m.routed.float() / m.routed.sum())
     assert shares[0][0] > 0.4 and shares[1][0] > 0.4  # expert 0, the hottest, in nearly every token's top 2
     torch.testing.assert_close(shares[1], shares[0], atol=0.03, rtol=0)
-    m.at_step(5)  # the hot set has moved by one expert
+    m.set_router_bias(emulator.router_bias(5, 8))  # the hot set has moved by one expert
     m.reset_stats()
     m(x)
     assert int(m.routed.argmax()) == 1
+    m.set_router_bias(None)  # back to the router's own choice: no expert near 40%
+    m.reset_stats()
+    m(x)
+    assert float(m.routed.max() / m.routed.sum()) < 0.4
+
+
+def test_the_adapter_sets_the_emulated_skew_on_every_moe_layer_before_each_step():
+    """The training loop knows nothing of the skew: Adapter.begin_step asks the emulation for this step's bias."""
+    from types import SimpleNamespace
+
+    from gearshift.runtime.adapt import Adapter
+
+    model = moe_spec(_cfg(layers=2, moe_every=1)).model(0)
+    rt = SimpleNamespace(layers=dict(enumerate(model.layers)))
+    emulator = Emulator(EmulationConfig(router_skew=1.5, router_drift=2), 0)
+    adapter = SimpleNamespace(step=0, emulator=emulator)
+    Adapter.begin_step(adapter, rt, 3)
+    assert adapter.step == 3
+    for m in moe_modules(model):
+        torch.testing.assert_close(m.router_bias, emulator.router_bias(3, 4))
+    Adapter.begin_step(SimpleNamespace(step=0, emulator=Emulator(EmulationConfig(), 0)), rt, 4)
+    assert all(torch.equal(m.router_bias, emulator.router_bias(3, 4)) for m in moe_modules(model))  # no skew: untouched

@@ -12,10 +12,10 @@ import torch
 from placement import on_device_only
 
 from gearshift.schedules import make_schedule
+from gearshift.testing import spawn
 from gearshift.train.build import build_runtime, job_model, lr_at
 from gearshift.train.config import load_config
 from gearshift.train.datasets import job_data
-from gloo_spawn import spawn
 
 pytestmark = pytest.mark.multiprocess
 

@@ -11,11 +11,11 @@ import torch
 from gearshift.models.moe import moe_modules
 from gearshift.planner.expert_map import ExpertMap
 from gearshift.runtime.experts import ExpertShards
+from gearshift.testing import spawn
 from gearshift.train.build import build_runtime, job_model, lr_at, moe_config
 from gearshift.train.checkpoint import Checkpointer
 from gearshift.train.config import load_config
 from gearshift.train.datasets import job_data
-from gloo_spawn import spawn
 
 pytestmark = pytest.mark.multiprocess
 

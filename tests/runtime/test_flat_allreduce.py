@@ -13,7 +13,7 @@ from torch import nn
 from gearshift.optim import OptimConfig, adamw, clip_coef
 from gearshift.runtime.pipeline import PipelineRuntime, _flat_allreduce
 from gearshift.schedules import make_schedule
-from gloo_spawn import spawn
+from gearshift.testing import spawn
 
 pytestmark = pytest.mark.multiprocess
 

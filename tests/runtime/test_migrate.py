@@ -11,10 +11,10 @@ from placement import on_device_only
 
 from gearshift.runtime.migrate import migrate
 from gearshift.runtime.probe import probe_links, probe_speed
+from gearshift.testing import spawn
 from gearshift.train.build import build_runtime, lr_at
 from gearshift.train.config import load_config
 from gearshift.train.data import ByteCorpus
-from gloo_spawn import spawn
 
 pytestmark = pytest.mark.multiprocess
 
@@ -37,7 +37,7 @@ def _run(rank: int, world: int, moves: dict) -> tuple[list[float], dict, list]:
     losses, moved = [], []
     with on_device_only(rt.device):  # a tensor made or sent off the model's device fails the step
         for step in range(STEPS):
-            x, y = corpus.batch(step, cfg.train.batch_size, cfg.model.context, cfg.train.seed)
+            x, y = corpus.batch(step, cfg.train.batch_size, cfg.model.gpt.context, cfg.train.seed)
             losses.append(rt.step(x, y, lr_at(step, cfg)).loss)
             if step + 1 in moves:
                 rep = migrate(rt, moves[step + 1])

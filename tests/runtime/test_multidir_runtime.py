@@ -16,10 +16,10 @@ import torch.distributed as dist
 
 from gearshift.models.gpt import build_gpt, gpt_loss
 from gearshift.schedules import Op, make_schedule
+from gearshift.testing import spawn
 from gearshift.train.build import build_runtime, gpt_config, lr_at
 from gearshift.train.config import load_config
 from gearshift.train.data import ByteCorpus
-from gloo_spawn import spawn
 
 pytestmark = pytest.mark.multiprocess
 
@@ -37,7 +37,7 @@ def _cfg(schedule: str, update: str = "flush"):
 
 def _batches(cfg, steps: range):
     corpus = ByteCorpus(None, cfg.data.val_fraction, cfg.data.max_bytes)
-    return [corpus.batch(s, cfg.train.batch_size, cfg.model.context, cfg.train.seed) for s in steps]
+    return [corpus.batch(s, cfg.train.batch_size, cfg.model.gpt.context, cfg.train.seed) for s in steps]
 
 
 def _train(rt, cfg, steps: range) -> list[float]:

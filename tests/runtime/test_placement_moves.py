@@ -18,11 +18,12 @@ from gearshift.models.moe import moe_modules
 from gearshift.planner.expert_map import ExpertMap
 from gearshift.planner.placement import greedy
 from gearshift.runtime.placement import move_experts
+from gearshift.testing import spawn
 from gearshift.train.build import build_runtime, lr_at
 from gearshift.train.checkpoint import checkpoint_path
 from gearshift.train.datasets import job_data
+from gearshift.train.forcing import Forcing
 from gearshift.train.loop import train
-from gloo_spawn import spawn
 
 pytestmark = pytest.mark.multiprocess
 
@@ -30,8 +31,9 @@ EIGHT = ("--model.experts=8",)
 # after step 0: every rank 3 experts, expert 0 on three ranks, 3 and 5 on two; after step 1: greedy with a replica
 # slot per rank on the loads seen
 FIRST = ((0, 1, 2), (3,), (1,), (0, 2), (2,), (1, 3), (0,), (3,))
-LOOP = ("--moe.every=1", "--moe.window=3", "--moe.replicas=1", "--moe.always_switch=true", "--train.steps=5",
-        "--train.eval_every=0", "--output.trace=false", "--output.progress=false", "--train.checkpoint_every=0")
+LOOP = ("--moe.every=1", "--moe.window=3", "--moe.replicas=1", "--train.steps=5", "--train.eval_every=0",
+        "--output.trace=false", "--output.progress=false", "--train.checkpoint_every=0")
+MOVE = Forcing(move_experts=True)  # a placement decision after every step, moved whatever the switch rule says
 STOP = ("--train.stop_after=3",)  # the loop run stops after STEPS = 3 of its 5 steps, with a checkpoint
 
 
@@ -62,14 +64,14 @@ def _run(rank: int, world: int, out_dir: str) -> dict:
                "holders": {i: p.holders for i, p in rt.experts.placements.items()}}
     # the training loop: 2 stages x 2 replicas, expert-parallel width 2, top-1 with a capacity; a placement
     # decision after every step, moved whatever the switch rule says; stopped after 3 of 5 steps
-    summary = train(_cfg(2, 2, 1, 1.25, "1f1b", world, out_dir, LOOP + STOP))
+    summary = train(_cfg(2, 2, 1, 1.25, "1f1b", world, out_dir, LOOP + STOP), forcing=MOVE)
     # resumed (in a copy of the run) to the end, and the same 5 steps without a stop
     resumed, full = Path(out_dir).with_name("resumed"), Path(out_dir).with_name("full")
     if rank == 0:
         shutil.copytree(out_dir, resumed)
     dist.barrier()
-    train(_cfg(2, 2, 1, 1.25, "1f1b", world, str(resumed), LOOP), resume=True)
-    train(_cfg(2, 2, 1, 1.25, "1f1b", world, str(full), LOOP))
+    train(_cfg(2, 2, 1, 1.25, "1f1b", world, str(resumed), LOOP), resume=True, forcing=MOVE)
+    train(_cfg(2, 2, 1, 1.25, "1f1b", world, str(full), LOOP), forcing=MOVE)
     return {"runtime": runtime, "summary": summary}
 
 

@@ -53,7 +53,7 @@ def test_forced_switches_are_priced_and_logged() -> None:
     sw, ad = _switcher(forced={0: (2, 1), 5: (8, 8)})
     rec = sw._decide(_state(25e6), BOUNDS, 0, "forced", sw.forced[0])
     sw._adopt(rec, ad, 0)
-    assert rec["chosen"] == [2, 1] and rec["switch"] and "forced by adapt.force_schedule" in rec["reason"]
+    assert rec["chosen"] == [2, 1] and rec["switch"] and rec["reason"].startswith("forced (the choice would be m=")
     assert rec["predicted_s"] == next(c["predicted_s"] for c in rec["candidates"] if (c["m"], c["k"]) == (2, 1))
     sw.times = [0.5, 0.5, 0.6]
     rec = sw._decide(_state(25e6), BOUNDS, 5, "forced", sw.forced[5])

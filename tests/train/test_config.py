@@ -1,4 +1,5 @@
-"""Job config: the example jobs load; every key is range-checked with one line naming it."""
+"""Job config: the example jobs load (without building their models) and build; every key is range-checked with
+one line naming it, by its own section's check or by the checks across sections."""
 
 from __future__ import annotations
 
@@ -8,15 +9,40 @@ from pathlib import Path
 
 import pytest
 
+from gearshift.cluster.emulate import EmulationConfig
+from gearshift.comm.settings import SyncSettings
 from gearshift.errors import ConfigError, UsageError
-from gearshift.train.config import JobConfig, check_override_spelling, load_config
+from gearshift.models.config import GPTConfig, MoEConfig
+from gearshift.train.config import (
+    AdaptConfig,
+    ClusterConfig,
+    DataConfig,
+    JobConfig,
+    ModelConfig,
+    MoEPlacementConfig,
+    OutputConfig,
+    ParallelConfig,
+    TrainConfig,
+    check_override_spelling,
+    load_config,
+)
+from gearshift.train.model import job_model
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.toml"))
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_example_jobs_load(path):
+    """Validation never builds a model: the Hugging Face example loads without transformers."""
     load_config(str(path))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_example_jobs_build_their_model(path):
+    if path.name == "hf_gpt2.toml":
+        pytest.importorskip("transformers")
+    cfg = load_config(str(path))
+    assert job_model(cfg).num_layers >= cfg.parallel.stages
 
 
 def test_the_example_job_has_every_section_and_a_comment_per_key():
@@ -42,8 +68,6 @@ def test_example_job_is_a_two_stage_pipeline_on_two_workers():
     ("--cluster.bandwidth=fast", "cluster.bandwidth: expected a rate like 200mbit or 1gbit, got 'fast'"),
     ("--output.trace_step=300", "output.trace_step: must be -1 (the last step) or in 0..299"),
     ("--output.trace_step=-2", "output.trace_step: must be -1"),
-    ("--adapt.force=[[-1,[[0,2],[2,4],[4,6],[6,8]]]]", "adapt.force[0]: expected [step, [[start, end], ...]] with "
-                                                      "step >= 0"),
 ])
 def test_keys_without_a_check_before_now_have_one(override, message):
     with pytest.raises(ConfigError) as e:
@@ -52,8 +76,7 @@ def test_keys_without_a_check_before_now_have_one(override, message):
 
 
 def test_values_that_are_allowed_still_load():
-    cfg = load_config(None, ["--cluster.bandwidth=200mbit", "--output.trace_step=0", "--train.seed=7",
-                             "--adapt.force=[[5,[[0,2],[2,4],[4,6],[6,8]]]]"])
+    cfg = load_config(None, ["--cluster.bandwidth=200mbit", "--output.trace_step=0", "--train.seed=7"])
     assert (cfg.cluster.bandwidth, cfg.output.trace_step, cfg.train.seed) == ("200mbit", 0, 7)
 
 
@@ -70,3 +93,78 @@ def test_an_override_with_a_space_for_equals_is_named(argv, message):
 
 def test_options_and_well_formed_overrides_pass_the_spelling_check():
     check_override_spelling(["job.toml", "--train.steps=5", "--resume", "--out", "runs/x.json", "--stages", "2"])
+
+
+def _model(name: str, **shape) -> ModelConfig:
+    m = ModelConfig(name=name)
+    for k, v in shape.items():
+        setattr(m.gpt, k, v)
+    return m
+
+
+@pytest.mark.parametrize("section,message", [
+    (_model("gpt", heads=3), "model.width: must be divisible by model.heads (128 % 3 != 0)"),
+    (_model("moe_gpt", top_k=3), "model.top_k: 1 or 2 (got 3)"),
+    (_model("gtp"), "model.name: unknown model 'gtp' (allowed: gpt, moe_gpt or 'package.module:function')"),
+    (DataConfig(val_fraction=1.0), "data.val_fraction: must be in (0, 1), got 1.0"),
+    (DataConfig(name="csv"), "data.name: unknown data 'csv' (allowed: bytes, text or 'package.module:function')"),
+    (ClusterConfig(workers=0), "cluster.workers: must be in 1..64, got 0"),
+    (ClusterConfig(workers=4, ranks_per_node=3), "cluster.ranks_per_node: must divide cluster.workers (4), got 3"),
+    (ParallelConfig(schedule="zigzag"), "parallel.schedule: 'zigzag' (allowed: gpipe, 1f1b, kfkb, multidir, auto)"),
+    (ParallelConfig(sync=SyncSettings(bucket_mb=0.0)), "parallel.bucket_mb: must be > 0, got 0.0"),
+    (ParallelConfig(strategy="best"), "parallel.strategy: 'best' (allowed: fixed, auto)"),
+    (TrainConfig(lr=3e-4, min_lr=1e-3), "train.min_lr: must be in [0, train.lr], got 0.001"),
+    (OutputConfig(existing="keep"), "output.existing: 'keep' (allowed: move, refuse)"),
+    (AdaptConfig(alpha=0.0), "adapt.alpha: must be in (0, 1], got 0.0"),
+    (MoEPlacementConfig(window=-1), "moe.window: must be >= 0, got -1"),
+])
+def test_each_section_checks_its_own_keys(section, message):
+    """A section's check needs no other section; the defaults pass it."""
+    type(section)().check()
+    with pytest.raises(ConfigError) as e:
+        section.check()
+    assert str(e.value) == message
+
+
+def test_the_emulation_section_checks_against_the_workers():
+    EmulationConfig().check(4)
+    with pytest.raises(ConfigError, match=r"^emulate.slowdown: expected one factor per rank \(4 workers\), got 2$"):
+        EmulationConfig(slowdown=[1.0, 2.0]).check(4)
+    with pytest.raises(ConfigError, match=r"^emulate.slowdown: expected one factor per rank \(4 workers\), got 2$"):
+        load_config(None, ["--emulate.slowdown=[1, 2]"])
+
+
+def test_the_model_section_embeds_the_models_own_config():
+    """[model]'s GPT keys are GPTConfig's (defaults and checks), moe_gpt's are MoEConfig's: no copy of either."""
+    cfg = load_config(None, ["--model.name=moe_gpt", "--model.experts=4", "--model.layers=2"])
+    assert isinstance(cfg.model.shape(), MoEConfig) and cfg.model.shape().experts == 4
+    assert cfg.model.table() == {**{k: getattr(GPTConfig(layers=2), k) for k in ("layers", "width", "heads",
+                                                                                    "context", "dropout")},
+                                 "moe_every": 2, "experts": 4, "top_k": 2, "capacity_factor": 0.0, "aux_loss": 0.01}
+    assert set(load_config(None).model.table()) == {"layers", "width", "heads", "context", "dropout"}
+    with pytest.raises(ConfigError, match=r"^model.layers: must be a positive integer \(got 0\)$"):
+        load_config(None, ["--model.layers=0"])
+
+
+def test_cross_section_checks_stay_in_validate():
+    with pytest.raises(ConfigError, match=r"^parallel.stages: must divide cluster.workers \(4 workers, 3 stages\)$"):
+        load_config(None, ["--parallel.stages=3"])
+    with pytest.raises(ConfigError, match=r"^data.seq_len: at most model.context \(128\), got 129$"):
+        load_config(None, ["--data.seq_len=129"])
+    with pytest.raises(ConfigError, match=r"^output.trace_step: must be -1 \(the last step\) or in 0..9 "):
+        load_config(None, ["--train.steps=10", "--output.trace_step=10"])
+
+
+def test_replicas_directions_and_the_parts_of_the_batch():
+    """A replicated pipeline splits the batch over its replicas; multidir over its directions (one replica)."""
+    rep = load_config(None, ["--parallel.stages=2"])
+    assert (rep.replicas, rep.directions, rep.batch_parts) == (2, 1, 2)
+    md = load_config(None, ["--parallel.schedule=multidir"])
+    assert (md.replicas, md.directions, md.batch_parts) == (1, 2, 2)
+    assert load_config(None, ["--parallel.directions=3"]).batch_parts == 1  # directions are multidir's alone
+
+
+def test_validation_never_imports_a_model_given_by_import_path():
+    cfg = load_config(None, ["--model.name=no_such_module_x:build", "--data.seq_len=16"])
+    with pytest.raises(ConfigError, match=r"^model.name: cannot import 'no_such_module_x'"):
+        job_model(cfg)  # the pre-check where the model is built (the launcher's and every worker's)

@@ -1,5 +1,5 @@
-"""Custom models and data under `gearshift train`: the MLP example (a map-style Dataset) launched from Python
-and from the CLI, resumed exactly; the Hugging Face GPT-2 example as a 4-stage pipeline, profiled and planned;
+"""Custom models and data under `gearshift train`: the MLP example (a map-style Dataset) launched with its functions
+and by naming them, resumed exactly; the Hugging Face GPT-2 example as a 4-stage pipeline, profiled and planned;
 models and data that do not import, build or fit as one line and exit 2 before any worker starts."""
 
 from __future__ import annotations
@@ -14,12 +14,14 @@ from pathlib import Path
 import pytest
 
 from gearshift.cli.main import main as cli_main
+from gearshift.errors import ConfigError
+from gearshift.train.forcing import Forcing
 
 ROOT = Path(__file__).resolve().parents[2]
 QUIET = ["--output.trace=false", "--output.progress=false"]
 MLP = ["--cluster.workers=2", "--parallel.stages=2", "--parallel.microbatches=2", "--train.batch_size=8",
        "--train.warmup_steps=2", "--train.eval_every=3", "--train.eval_batches=2", *QUIET]
-MIGRATE = ["--adapt.force=[[4,[[0,2],[2,8]]]]"]  # layers 2-3 move to the other stage before step 4
+MIGRATE = Forcing(partitions={4: [(0, 2), (2, 8)]})  # layers 2-3 move to the other stage before step 4
 HF = ["examples/hf_gpt2.toml", "--model.context=16", "--data.seq_len=16", "--model.width=32", "--model.layers=2",
       "--model.heads=2", "--data.max_bytes=100000", "--train.batch_size=8", "--parallel.microbatches=4", *QUIET]
 
@@ -36,29 +38,43 @@ def _records(out: Path) -> list[dict]:
 
 
 @pytest.mark.multiprocess
-def test_mlp_example_launched_from_python_equals_the_cli_and_resumes_exactly(tmp_path):
+def test_mlp_example_launched_with_functions_equals_naming_them_and_resumes_exactly(tmp_path, capfd):
     """launch(cfg, model=build, data=data) runs the same job as model.name / data.name naming them; a run
     stopped after 3 steps and resumed gives the straight run's losses exactly (a shuffled Dataset), through a
-    live migration of the custom model's layers."""
+    live migration of the custom model's layers (forced: launch(..., forcing=...))."""
     from examples.mlp import build, data
 
     import gearshift
 
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    cfg = gearshift.load_config(None, [*MLP, *MIGRATE, "--train.steps=6", f"--output.dir={straight}"])
-    assert gearshift.launch(cfg, model=build, data=data, quiet=True, env={"PYTHONPATH": str(ROOT)}) == 0
-    cli = ["train", "--model.name=examples.mlp:build", "--data.name=examples.mlp:data", *MLP, *MIGRATE,
-           "--train.steps=6", f"--output.dir={resumed}"]
-    r = _gs(*cli, "--train.stop_after=3")
-    assert r.returncode == 0, r.stderr
-    r = _gs(*cli, "--resume")
-    assert r.returncode == 0, r.stderr
+    env = {"PYTHONPATH": str(ROOT)}
+    cfg = gearshift.load_config(None, [*MLP, "--train.steps=6", f"--output.dir={straight}"])
+    assert gearshift.launch(cfg, model=build, data=data, quiet=True, env=env, forcing=MIGRATE) == 0
+    named = ["--model.name=examples.mlp:build", "--data.name=examples.mlp:data", *MLP, "--train.steps=6",
+             f"--output.dir={resumed}"]
+    stopped = gearshift.load_config(None, [*named, "--train.stop_after=3"])
+    assert gearshift.launch(stopped, quiet=True, env=env, forcing=MIGRATE) == 0
+    capfd.readouterr()
+    assert gearshift.launch(gearshift.load_config(None, named), resume=True, quiet=True, env=env,
+                            forcing=MIGRATE) == 0
+    out = capfd.readouterr().out  # rank 0's summary
     a, b = _records(straight), _records(resumed)
     assert [x["loss"] for x in a] == [x["loss"] for x in b] and len(a) == 6
     assert [x.get("val_loss") for x in a] == [x.get("val_loss") for x in b] and "val_loss" in a[2]
     assert a[0]["partition"] == [[0, 4], [4, 8]]  # 8 layers (the example's default depth 6 + 2)
     assert a[4]["partition"] == b[4]["partition"] == [[0, 2], [2, 8]]  # migrated
-    assert "validation loss" in r.stdout and "unigram entropy" not in r.stdout  # the data has no such figure
+    assert "validation loss" in out and "unigram entropy" not in out  # the data has no such figure
+
+
+def test_a_forced_partition_that_does_not_fit_the_model_is_one_line_before_any_worker_starts(tmp_path):
+    import gearshift
+
+    cfg = gearshift.load_config(None, ["--model.name=examples.mlp:build", "--data.name=examples.mlp:data", *MLP,
+                                       f"--output.dir={tmp_path / 'run'}"])
+    with pytest.raises(ConfigError, match=r"^Forcing.partitions\[4\]: ranges must end at 8 \(the number of layers\), "
+                                          r"got 6$"):
+        gearshift.launch(cfg, forcing=Forcing(partitions={4: [(0, 2), (2, 6)]}))
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.multiprocess
@@ -80,13 +96,14 @@ def test_hf_gpt2_example_trains_as_a_4_stage_pipeline_and_profiles_and_plans(tmp
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--model.name=no_such_pkg.models:build"], "model.name: cannot import 'no_such_pkg.models'"),
+    (["--model.name=no_such_pkg.models:build", "--data.seq_len=16"], "model.name: cannot import 'no_such_pkg.models'"),
     (["--model.name=examples.mlp:build", "--data.name=examples.mlp:data", "--data.inputs=31"],
      "model: layer 0 (Linear) fails on its input of shape (2, 31) (torch.float32)"),
 ])
 def test_bad_models_and_data_are_one_line_before_any_worker_starts(tmp_path, args, message):
-    """Found while validating the config (an import path) or by the launcher's check (the model run on the
-    data's sample); the other messages are tested in-process (test_model_spec, test_layout, test_datasets)."""
+    """Found by the launcher's check, which imports the model and runs it on the data's sample (validating the
+    config never builds a model); the other messages are tested in-process (test_model_spec, test_layout,
+    test_datasets)."""
     out = tmp_path / "run"
     r = _gs("train", *args, *MLP, f"--output.dir={out}")
     assert r.returncode == 2, r.stderr

@@ -10,9 +10,9 @@ from torch import nn
 
 from gearshift.errors import ConfigError
 from gearshift.models import ModelSpec
-from gearshift.train.build import check_job, job_model
 from gearshift.train.config import load_config
 from gearshift.train.layout import layer_inputs, resolve_partition
+from gearshift.train.model import check_job, job_model
 
 MLP = ["--model.name=examples.mlp:build", "--model.depth=2", "--model.width=16", "--data.name=examples.mlp:data",
        "--data.samples=64", "--cluster.workers=2", "--parallel.stages=2", "--train.batch_size=8",
@@ -71,15 +71,21 @@ class _Sum(nn.Module):
 
 
 def test_partitions_do_not_cut_what_the_model_keeps_together():
+    """A model given by import path is checked against the job where it is built (job_model: what the launcher's
+    pre-check and every worker run), never by config validation."""
     kept = [*CUSTOM, "--model.name=custom_parts:spec", "--data.inputs=8", "--model.keep_together=[[1, 3]]"]
     cfg = load_config(None, kept)
     assert job_model(cfg).no_cut() == [2]
     assert resolve_partition(cfg, job_model(cfg)) == [(0, 1), (1, 4)]  # uniform would cut at 2
-    with pytest.raises(ConfigError, match=r"^parallel.partition: cuts between layers 1 and 2, which the model keeps "
-                                          r"together"):
-        load_config(None, [*kept, "--parallel.partition=[[0, 2], [2, 4]]"])
-    with pytest.raises(ConfigError, match=r"^parallel.stages: 4 stages need 3 cuts, but the model's keep_together "
-                                          r"leaves 2 places to cut"):
-        load_config(None, [*kept, "--cluster.workers=4", "--parallel.stages=4"])
-    with pytest.raises(ConfigError, match=r"^parallel.stages: more stages \(8\) than layers \(4 in custom_parts:"):
-        load_config(None, [*kept, "--cluster.workers=8", "--parallel.stages=8"])
+    for args, message in [(["--parallel.partition=[[0, 2], [2, 4]]"],
+                           r"^parallel.partition: cuts between layers 1 and 2, which the model keeps together"),
+                          (["--cluster.workers=4", "--parallel.stages=4"],
+                           r"^parallel.stages: 4 stages need 3 cuts, but the model's keep_together leaves 2 places "
+                           r"to cut"),
+                          (["--cluster.workers=8", "--parallel.stages=8"],
+                           r"^parallel.stages: more stages \(8\) than layers \(4 in custom_parts:")]:
+        bad = load_config(None, [*kept, *args])  # validation does not build the model
+        with pytest.raises(ConfigError, match=message):
+            job_model(bad)
+        with pytest.raises(ConfigError, match=message):
+            check_job(bad)

@@ -11,17 +11,18 @@ from gearshift.train.config import load_config
 
 
 def test_defaults_leave_the_choice_to_the_comm_layer() -> None:
-    p = load_config(None, []).parallel
-    assert (p.node_matrix, p.shm, p.send_thread) == ("auto", True, "auto")
-    assert parse_matrix(p.node_matrix) is None
+    s = load_config(None, []).parallel.sync
+    assert (s.node_matrix, s.shm, s.send_thread) == ("auto", True, "auto")
+    assert parse_matrix(s.node_matrix) is None and (s.matrix, s.threaded) == (None, None)
 
 
 @pytest.mark.parametrize("text,shape", [("2x4", (2, 4)), ("1 x 7", (1, 7)), ("3X1", (3, 1))])
 def test_a_pinned_matrix_parses(text: str, shape: tuple[int, int]) -> None:
     cfg = load_config(None, [f'--parallel.node_matrix="{text}"', "--parallel.send_thread=false",
                              "--parallel.shm=false"])
-    assert parse_matrix(cfg.parallel.node_matrix) == shape
-    assert cfg.parallel.send_thread is False and cfg.parallel.shm is False
+    s = cfg.parallel.sync
+    assert parse_matrix(s.node_matrix) == shape == s.matrix
+    assert s.send_thread is False and s.threaded is False and s.shm is False
 
 
 @pytest.mark.parametrize("override,message", [
@@ -42,4 +43,4 @@ def test_the_keys_reach_the_sync_policy() -> None:
     cfg = load_config(None, ['--parallel.node_matrix="2x1"', "--parallel.shm=false", "--parallel.send_thread=true",
                              "--parallel.stages=1", "--parallel.microbatches=1"])
     s = grad_sync(cfg).settings
-    assert (s.node_matrix, s.shm, s.send_thread) == ((2, 1), False, True)
+    assert (s.matrix, s.shm, s.threaded) == ((2, 1), False, True)

@@ -1,5 +1,5 @@
-"""[moe] placement keys and the skewed router's keys: bad values, a model that is not moe_gpt, replicas that do not
-fill or do not fit a rank's memory are each one line naming the field."""
+"""[moe] placement keys and the emulated skewed router's keys ([emulate]): bad values, a model that is not moe_gpt,
+replicas that do not fill or do not fit a rank's memory are each one line naming the field."""
 
 from __future__ import annotations
 
@@ -21,8 +21,10 @@ MOE = ["--model.name=moe_gpt", "--parallel.stages=1", "--parallel.experts=4", "-
     (["--moe.every=5", "--moe.replicas=2", "--model.width=2048", "--model.heads=8", "--model.layers=8"],
      "moe.replicas: 2 + 2 experts per rank need"),
     (["--moe.every=5", "--moe.forecast=median"], "moe.forecast: 'median' (allowed: trend, mean)"),
-    (["--model.router_skew=-1"], "model.router_skew: must be a number >= 0 (got -1.0)"),
-    (["--model.router_drift=1.5"], "model.router_drift: expected an integer, got 1.5"),
+    (["--emulate.router_skew=-1"], "emulate.router_skew: must be a number >= 0 (got -1.0)"),
+    (["--emulate.router_drift=1.5"], "emulate.router_drift: expected an integer, got 1.5"),
+    (["--emulate.router_drift=-2"], "emulate.router_drift: must be an integer >= 0 (got -2)"),
+    (["--model.router_skew=1"], "model.router_skew: unknown key"),
 ])
 def test_bad_placement_keys_are_one_line(args, message):
     with pytest.raises(UserError) as e:
@@ -33,6 +35,6 @@ def test_bad_placement_keys_are_one_line(args, message):
 def test_good_placement_keys():
     cfg = load_config(None, MOE + ["--moe.every=5", "--moe.replicas=2", "--moe.window=10",
                                    "--moe.forecast=mean",
-                                   "--model.router_skew=1.2", "--model.router_drift=20"])
+                                   "--emulate.router_skew=1.2", "--emulate.router_drift=20"])
     assert (cfg.moe.every, cfg.moe.replicas, cfg.moe.window, cfg.moe.forecast) == (5, 2, 10, "mean")
-    assert cfg.model.table()["router_skew"] == 1.2
+    assert (cfg.emulate.router_skew, cfg.emulate.router_drift) == (1.2, 20) and "router_skew" not in cfg.model.table()

@@ -5,12 +5,13 @@ what ran."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from gearshift.cli.main import main
+from gearshift.train.config import load_config
+from gearshift.train.forcing import Forcing
+from gearshift.train.launch import launch
 
 pytestmark = pytest.mark.multiprocess
 
@@ -19,20 +20,19 @@ TINY = ["--model.layers=2", "--model.width=32", "--model.heads=2", "--model.cont
         "--output.trace=false"]
 
 
-def test_auto_start_forced_switch_and_period(tmp_path, capsys) -> None:
+def test_auto_start_forced_switch_and_period(tmp_path, capfd) -> None:
     job = [*TINY, f"--adapt.profiles={tmp_path / 'profiles'}"]
     assert main(["schedule", *job, "--json"]) == 0  # the candidates' memory (exact: bytes, not timings)
-    cands = json.loads(capsys.readouterr().out)["candidates"]
+    cands = json.loads(capfd.readouterr().out)["candidates"]
     peaks = sorted({max(c["peak_memory"]) for c in cands})
     limit = peaks[len(peaks) // 2]
     allowed = {(c["m"], c["k"]) for c in cands if max(c["peak_memory"]) <= limit}
     forced = min(allowed, key=lambda mk: (-mk[0], mk[1]))  # the most micro-batches that fit
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "gearshift.cli.main", "train", *job, "--parallel.schedule=auto", "--train.steps=5",
-           "--adapt.every=4", f"--cluster.memory_gb={limit / 1e9!r}", f"--adapt.force_schedule=[[2, {forced[0]}, "
-           f"{forced[1]}]]", f"--output.dir={out}", "--output.progress=true"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
+    cfg = load_config(None, [*job, "--parallel.schedule=auto", "--train.steps=5", "--adapt.every=4",
+                             f"--cluster.memory_gb={limit / 1e9!r}", f"--output.dir={out}", "--output.progress=true"])
+    assert launch(cfg, quiet=True, forcing=Forcing(schedules={2: forced})) == 0
+    stdout = capfd.readouterr().out  # rank 0's progress and summary
     rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
     start, switch, period = [x for x in rows if x.get("event") == "schedule"]
     steps = [x for x in rows if x.get("event") is None]
@@ -49,4 +49,4 @@ def test_auto_start_forced_switch_and_period(tmp_path, capsys) -> None:
     assert (period["step"], period["trigger"], period["current"]) == (4, "period", list(forced))
     assert period["measured_step_s"] > 0 and period["predicted_when_chosen_s"] == switch["predicted_s"]
     runs = f"auto schedule (m={start['chosen'][0]} K={start['chosen'][1]} from step 0; m={forced[0]} K={forced[1]}"
-    assert runs in " ".join(r.stdout.replace("│", " ").split()), r.stdout  # the summary table, unwrapped
+    assert runs in " ".join(stdout.replace("│", " ").split()), stdout  # the summary table, unwrapped

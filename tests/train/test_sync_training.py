@@ -12,10 +12,10 @@ import os
 import pytest
 import torch
 
+from gearshift.testing import spawn
 from gearshift.train.build import build_runtime, grad_sync, lr_at
 from gearshift.train.config import load_config
 from gearshift.train.data import ByteCorpus
-from gloo_spawn import spawn
 
 TINY = ["--model.layers=2", "--model.width=32", "--model.heads=2", "--model.context=16", "--train.batch_size=8",
         "--data.max_bytes=100000", "--parallel.microbatches=2", "--cluster.workers=4", "--cluster.ranks_per_node=2"]

@@ -12,15 +12,14 @@ import textwrap
 import typing
 from typing import Any
 
-from gearshift import tomlfile
-from gearshift.train.config import JobConfig, default_config_text
+from gearshift.train.config import JobConfig
+from gearshift.train.config.fields import section_keys
 
 OVERRIDES = """\
 A job is a TOML file with the sections below (copy examples/job.toml to start one). Any key can be
 overridden on the command line as --section.key=value, the value read as TOML (a bare word as a string):
   --train.steps=50  --emulate.slowdown=[1,2,4,4]  --output.dir=runs/x
-Each key is shown with its default; "(default job: X)" is what the embedded default job, which runs when
-no CONFIG is given, sets instead."""
+Each key is shown with its default; with no CONFIG, `gearshift train` runs every key at its default."""
 
 SHARED = """\
 The job config of `gearshift train` applies here too: CONFIG (a job TOML file) and --section.key=value
@@ -44,10 +43,6 @@ def toml_value(v: Any) -> str:
     raise TypeError(f"no TOML form for {v!r}")
 
 
-def _default(f: dataclasses.Field) -> Any:
-    return f.default_factory() if f.default is dataclasses.MISSING else f.default
-
-
 def _commented(left: str, doc: str, width: int, col: int) -> list[str]:
     """`left` padded to `col`, then `doc` as a TOML comment wrapped to `width` (continuations aligned)."""
     body = textwrap.wrap(doc, max(width - col - 2, 30), break_on_hyphens=False)
@@ -57,23 +52,19 @@ def _commented(left: str, doc: str, width: int, col: int) -> list[str]:
 
 
 def config_reference(width: int | None = None, col: int = 26) -> str:
-    """Every section and key of JobConfig as TOML: `key = default  # doc`, and where the embedded default
-    job (`gearshift train` without CONFIG) sets another value, that value."""
+    """Every section and key of JobConfig as TOML: `key = default  # doc` (a section's keys include those of
+    the settings it embeds: train.config.fields)."""
     width = width or min(max(shutil.get_terminal_size().columns, 80), 120)
-    default_job = tomlfile.loads(default_config_text())
     sections = typing.get_type_hints(JobConfig)
     lines: list[str] = []
     for sec in dataclasses.fields(JobConfig):
         cls = sections[sec.name]
         summary = " ".join(inspect.getdoc(cls).split())
         lines += ["", *_commented(f"[{sec.name}]", summary, width, col)]
-        for f in dataclasses.fields(cls):
-            value = _default(f)
-            doc = f.metadata["doc"]
-            job_value = default_job.get(sec.name, {}).get(f.name, value)
-            if job_value != value:
-                doc += f" (default job: {toml_value(job_value)})"
-            lines += _commented(f"  {f.name} = {toml_value(value)}", doc, width, col)
+        defaults = cls()
+        for name, (home, f, _) in section_keys(cls).items():
+            value = getattr(getattr(defaults, home) if home else defaults, name)
+            lines += _commented(f"  {name} = {toml_value(value)}", f.metadata["doc"], width, col)
     return "\n".join(lines)
 
 

@@ -68,7 +68,7 @@ def _synth(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from gearshift.planner.placement import expert_state_bytes
+    from gearshift.planner.placement import MOVED, expert_bytes
     from gearshift.planner.replay import replay
     from gearshift.train.moe_trace import read_trace
 
@@ -77,8 +77,8 @@ def _replay(args: argparse.Namespace) -> int:
         from gearshift.paths import check_output_file
 
         check_output_file(args.plot, "--plot")
-    results = replay(loads, args.devices, args.every, args.replicas, args.expert_bytes or expert_state_bytes(128),
-                     args.window, forecast=args.forecast)
+    moved = args.expert_bytes or expert_bytes(128, copies=MOVED)  # a width-128 expert with its AdamW state
+    results = replay(loads, args.devices, args.every, args.replicas, moved, args.window, forecast=args.forecast)
     if args.plot:
         from gearshift.report.placement_plots import plot_replay
 

@@ -25,7 +25,7 @@ BASELINE_METHODS = ("uniform", "params", "equal_speed")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of `gearshift plan`."""
-    p.add_argument("config", nargs="?", help="job config TOML (default: the embedded default job)")
+    p.add_argument("config", nargs="?", help="job config TOML (default: every key at its default)")
     p.add_argument("--spec", help="cluster spec TOML (also --cluster.spec=PATH)")
     p.add_argument("--profile", help="ModelProfile JSON written by `gearshift profile` (default: profile now)")
     p.add_argument("--stages", type=positive_int, default=None, help="pipeline stages (default: every device)")
@@ -93,7 +93,7 @@ def print_plan(profile: ModelProfile, state: ClusterState, num_stages: int | Non
 def _local_state(cfg) -> ClusterState:
     """The local workers as a cluster, each slowed by its emulated factor (what `gearshift train` would run)."""
     state = local_state(cfg.cluster.workers).resized(cfg.parallel.stages)
-    slow = cfg.emulate.slowdown or [1.0] * cfg.cluster.workers
+    slow = cfg.emulate.slowdowns(cfg.cluster.workers)
     state.speeds = [state.speeds[s] / slow[s] for s in range(cfg.parallel.stages)]
     return state
 
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         stages = args.stages or state.world_size
     else:
         state, stages = _local_state(cfg), args.stages or cfg.parallel.stages
-        kinds = [f"local x{f:g}" for f in (cfg.emulate.slowdown or [1.0] * cfg.cluster.workers)]
+        kinds = [f"local x{f:g}" for f in cfg.emulate.slowdowns(cfg.cluster.workers)]
     print_plan(profile, state, stages, microbatches, kinds=kinds, in_flight=_in_flight(cfg, stages, microbatches))
     return 0
 

@@ -62,7 +62,7 @@ def run_moe(args: argparse.Namespace, cfg: JobConfig) -> int:
     if args.json:
         print(json.dumps({"pool": [s.to_dict() for s in pool], "auto": best(pool).name}, indent=1))
         return 0
-    tokens = cfg.train.batch_size * cfg.model.context
+    tokens = cfg.train.batch_size * cfg.model.gpt.context
     where = f"spec {cfg.cluster.spec}" if cfg.cluster.spec else f"{cfg.cluster.workers} local workers (measured)"
     routing = f"routing of {args.trace}" if args.trace else "uniform routing"
     title = f"MoE strategies on {where}, batch {cfg.train.batch_size}, {cfg.parallel.microbatches} micro-batches, " \

@@ -20,7 +20,7 @@ from gearshift.train.config import load_config
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", nargs="?", help="job config TOML (default: the embedded default job)")
+    p.add_argument("config", nargs="?", help="job config TOML (default: every key at its default)")
     p.add_argument("--bandwidth", help="price every pipeline link at this rate, e.g. 100mbit (default: the "
                                        "cluster spec's, the testbed's cluster.bandwidth, or unlimited)")
     p.add_argument("--latency", help="and this latency per message, e.g. 5ms or 0.005 (default: the spec's, or 0)")
@@ -42,7 +42,7 @@ def link_state(cfg, stages: int, bandwidth: str | None, latency: str | None) -> 
     shared by the job's workers as the simulator replays them; links from the spec, the testbed's rate or
     unlimited, then the --bandwidth / --latency what-if."""
     c = cfg.cluster
-    slow = cfg.emulate.slowdown or None
+    slow = cfg.emulate.slowdowns(c.workers)
     if c.spec:
         state = ClusterState.from_spec(load_spec(c.spec)).resized(c.workers).pipeline(stages)
         if slow and any(f != 1.0 for f in slow):
@@ -63,13 +63,13 @@ def link_state(cfg, stages: int, bandwidth: str | None, latency: str | None) -> 
 
 def run(args: argparse.Namespace) -> int:
     from gearshift.train.adaptation import memory_limit
-    from gearshift.train.build import job_model
     from gearshift.train.layout import resolve_partition
+    from gearshift.train.model import job_model
     from gearshift.train.profiling import profile_sizes
 
     cfg = load_config(args.config, args.overrides)
     S = cfg.parallel.stages
-    batch = cfg.train.batch_size // cfg.replicas
+    batch = cfg.train.batch_size // cfg.batch_parts
     ms = None
     if args.m:
         try:

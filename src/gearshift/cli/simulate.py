@@ -22,7 +22,7 @@ from gearshift.train.profiling import microbatch_size, profile_job
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", nargs="?", help="job config TOML (default: the embedded default job)")
+    p.add_argument("config", nargs="?", help="job config TOML (default: every key at its default)")
     p.add_argument("--profile", help="ModelProfile JSON (default: profile now)")
     p.add_argument("--trace", help="write the predicted timeline as a Perfetto trace here")
     add_config_help(p, full=False)
@@ -30,14 +30,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gearshift.report.trace import sim_trace, write_trace
-    from gearshift.train.build import equal_time_slices, job_model, job_schedule, slice_act_bytes
+    from gearshift.train.build import equal_time_slices, job_schedule, slice_act_bytes
     from gearshift.train.layout import resolve_partition
+    from gearshift.train.model import job_model
 
     cfg = load_config(args.config, args.overrides)
     if args.trace:
         check_output_file(args.trace, "--trace")
     spec = job_model(cfg)  # its layers, whichever model it is (the GPT's are model.layers + embedding + head)
-    layers_are = "= model.layers + embedding + head" if cfg.model.name == "gpt" else f"in {cfg.model.name}"
+    info = cfg.model.layer_info()  # what a built-in's layers are, for the message
+    layers_are = info[1] if info is not None else f"in {cfg.model.name}"
     prof = read_profile(args.profile, "--profile", spec.num_layers, UserError, layers_are) if args.profile \
         else profile_job(cfg)
     p = cfg.parallel
@@ -47,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         bounds = resolve_partition(cfg, spec)
     schedule = job_schedule(cfg, slice_act_bytes(prof, bounds))  # multidir: orders balance the slices' bytes
     # this host's cores as measured with the job's workers computing at once (what processor sharing divides)
-    state = local_pipeline_state(cfg.cluster.workers, p.stages, cfg.emulate.slowdown,
+    state = local_pipeline_state(cfg.cluster.workers, p.stages, cfg.emulate.slowdowns(cfg.cluster.workers),
                                  cores=effective_cores(cfg.cluster.workers))
     res = predict(prof, bounds, schedule, state, microbatch_size(cfg))
     cores = state.cores[0] * cfg.cluster.workers / p.stages

@@ -10,7 +10,7 @@ from gearshift.train.env import load_job, reports_config_errors, under_torchrun
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", nargs="?", help="job config TOML (default: the embedded default job)")
+    p.add_argument("config", nargs="?", help="job config TOML (default: every key at its default)")
     p.add_argument("--resume", action="store_true", help="resume from the latest checkpoint in output.dir")
     add_config_help(p, full=True)
 
@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
             raise
         return 2
     if under_torchrun():
-        from gearshift.train.worker import run_worker  # torchrun started this process: be one worker
+        from gearshift.train.run import run_worker  # torchrun started this process: be one worker
 
         run_worker(cfg, args.resume)
         return 0

@@ -1,5 +1,7 @@
 """Emulated heterogeneity: slow a rank's compute by sleeping (f - 1) x measured time, and cap its link
-bandwidth by delaying transfers; both can change at given steps. The only reader of emulation settings.
+bandwidth by delaying transfers; both can change at given steps. A skewed router (a MoE model's few hot experts,
+drifting) is emulated here too. EmulationConfig is the job config's [emulate] section; this module is the only
+reader of its settings.
 
 The compute an op is stretched from is its wall time (basis "wall"), or, on CPU devices, the CPU time the op's
 thread spent (basis "cpu"): the op then lasts f x that CPU time whatever else shares the cores. Ranks that share a
@@ -8,13 +10,15 @@ time, so under "wall" an op's emulated time follows how many ranks compute at on
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 from gearshift.errors import ConfigError
+from gearshift.keys import key
 
-KEYS = {"slowdown", "link_bandwidth", "link_latency_s", "scenario", "basis"}
 BASES = ("wall", "cpu")
 EVENT_KEYS = {"step", "rank", "slowdown", "link_bandwidth"}
 
@@ -31,14 +35,20 @@ class ScenarioEvent:
 
 @dataclass
 class EmulationConfig:
-    """Per-rank slowdown factors (1.0 = as fast as the host), link caps (bytes/s, one for all or one per
-    sending rank), link latency and a scenario of changes over time."""
+    """Emulated heterogeneity on one machine (read by gearshift.cluster.emulate alone)."""
 
-    slowdown: list[float]
-    link_bandwidth: float | list[float] | None = None
-    link_latency_s: float = 0.0
-    scenario: list[ScenarioEvent] = field(default_factory=list)
-    basis: str = "wall"
+    slowdown: list[float] = key([], "compute slowdown factor per rank, e.g. [1, 2, 4, 4]; [] = none")
+    link_bandwidth: float | list[float] = key(0.0, "cap in bytes/s on pipeline transfers into each rank "
+                                                   "(one for all or one per rank); 0 = uncapped")
+    link_latency_s: float = key(0.0, "added latency in seconds per pipeline transfer")
+    scenario: list[Any] = key([], 'changes over time, e.g. ["150:1:3.0"]: at step 150 rank 1 becomes 3x slower')
+    basis: str = key("wall", "what a slowdown stretches: wall (an op's measured time) | cpu (its thread's CPU time, "
+                             "on CPU devices: independent of other ranks computing on the same cores at once)")
+    router_skew: float = key(0.0, "moe_gpt: a skewed router: add -skew * log(1 + rank) times each token's logit "
+                                  "spread to the router's logits, so a few experts stay hot (placement benchmarks); "
+                                  "0 = off")
+    router_drift: int = key(0, "moe_gpt: with router_skew, the hot set moves by one expert every this many steps; "
+                               "0 = fixed")
 
     @classmethod
     def none(cls, world_size: int) -> EmulationConfig:
@@ -47,35 +57,55 @@ class EmulationConfig:
 
     @classmethod
     def from_dict(cls, d: dict, world_size: int, where: str = "emulate") -> EmulationConfig:
-        """Parse and validate an `[emulate]` table; errors name the field."""
+        """An `[emulate]` table, checked for `world_size` ranks; errors name the field."""
+        names = {f.name for f in dataclasses.fields(cls)}
         for k in d:
-            if k not in KEYS:
-                raise ConfigError(f"{where}.{k}: unknown field (allowed: {', '.join(sorted(KEYS))})")
-        slow = d.get("slowdown", [1.0] * world_size)
-        if not isinstance(slow, list) or len(slow) != world_size:
+            if k not in names:
+                raise ConfigError(f"{where}.{k}: unknown field (allowed: {', '.join(sorted(names))})")
+        cfg = cls(**d)
+        cfg.check(world_size, where)
+        return cfg
+
+    def check(self, world_size: int, where: str = "emulate") -> None:
+        """Raise a ConfigError naming the first field that does not fit `world_size` ranks or is out of range."""
+        slow = self.slowdown
+        if not isinstance(slow, list) or (slow and len(slow) != world_size):
             got = len(slow) if isinstance(slow, list) else repr(slow)
-            raise ConfigError(f"{where}.slowdown: expected one factor per rank ({world_size} workers), "
-                              f"got {got}")
-        slow = [_positive(x, f"{where}.slowdown[{r}]") for r, x in enumerate(slow)]
-        bw = d.get("link_bandwidth")
+            raise ConfigError(f"{where}.slowdown: expected one factor per rank ({world_size} workers), got {got}")
+        for r, x in enumerate(slow):
+            _positive(x, f"{where}.slowdown[{r}]")
+        bw = self.link_bandwidth
         if isinstance(bw, list):
             if len(bw) != world_size:
-                raise ConfigError(f"{where}.link_bandwidth: expected one cap per rank "
-                                  f"({world_size} workers), got {len(bw)}")
-            bw = [_positive(x, f"{where}.link_bandwidth[{r}]") for r, x in enumerate(bw)]
-        elif bw is not None:
-            bw = _positive(bw, f"{where}.link_bandwidth")
-        lat = d.get("link_latency_s", 0.0)
+                raise ConfigError(f"{where}.link_bandwidth: expected one cap per rank ({world_size} workers), "
+                                  f"got {len(bw)}")
+            for r, x in enumerate(bw):
+                _positive(x, f"{where}.link_bandwidth[{r}]")
+        elif isinstance(bw, bool) or not isinstance(bw, (int, float)) or bw < 0:
+            raise ConfigError(f"{where}.link_bandwidth: must be >= 0 (0 = uncapped), got {bw!r}")
+        lat = self.link_latency_s
         if isinstance(lat, bool) or not isinstance(lat, (int, float)) or lat < 0:
             raise ConfigError(f"{where}.link_latency_s: expected a number >= 0, got {lat!r}")
-        events = d.get("scenario", [])
-        if not isinstance(events, list):
-            raise ConfigError(f"{where}.scenario: expected a list of events, got {events!r}")
-        scen = [parse_event(e, world_size, f"{where}.scenario[{i}]") for i, e in enumerate(events)]
-        basis = d.get("basis", "wall")
-        if basis not in BASES:
-            raise ConfigError(f"{where}.basis: {basis!r} (allowed: {', '.join(BASES)})")
-        return cls(slow, bw, float(lat), sorted(scen, key=lambda e: e.step), basis)
+        if not isinstance(self.scenario, list):
+            raise ConfigError(f"{where}.scenario: expected a list of events, got {self.scenario!r}")
+        for i, e in enumerate(self.scenario):
+            parse_event(e, world_size, f"{where}.scenario[{i}]")
+        if self.basis not in BASES:
+            raise ConfigError(f"{where}.basis: {self.basis!r} (allowed: {', '.join(BASES)})")
+        skew = self.router_skew
+        if isinstance(skew, bool) or not isinstance(skew, (int, float)) or skew < 0:
+            raise ConfigError(f"{where}.router_skew: must be a number >= 0 (got {skew!r})")
+        drift = self.router_drift
+        if isinstance(drift, bool) or not isinstance(drift, int) or drift < 0:
+            raise ConfigError(f"{where}.router_drift: must be an integer >= 0 (got {drift!r})")
+
+    def slowdowns(self, world_size: int) -> list[float]:
+        """Each rank's compute slowdown factor at the start (1.0 = as fast as the host)."""
+        return [float(x) for x in self.slowdown] if self.slowdown else [1.0] * world_size
+
+    def events(self) -> list[ScenarioEvent]:
+        """The scenario's events, by step (checked against the world size by `check`)."""
+        return sorted((parse_event(e) for e in self.scenario), key=lambda e: e.step)
 
 
 def _positive(x: object, where: str) -> float:
@@ -84,8 +114,12 @@ def _positive(x: object, where: str) -> float:
     return float(x)
 
 
-def parse_event(e: dict | str, world_size: int, where: str = "emulate.scenario") -> ScenarioEvent:
-    """An event from a table {step = 150, rank = 1, slowdown = 3.0} or a string "150:1:3.0"."""
+def parse_event(e: dict | str | ScenarioEvent, world_size: int | None = None,
+                where: str = "emulate.scenario") -> ScenarioEvent:
+    """An event from a table {step = 150, rank = 1, slowdown = 3.0} or a string "150:1:3.0" (an event as it is);
+    its rank in 0..world_size - 1 when a world size is given."""
+    if isinstance(e, ScenarioEvent):
+        return e
     if isinstance(e, str):
         parts = e.split(":")
         try:
@@ -103,7 +137,7 @@ def parse_event(e: dict | str, world_size: int, where: str = "emulate.scenario")
     step, rank = e.get("step"), e.get("rank")
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ConfigError(f"{where}.step: expected an integer >= 0, got {step!r}")
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < (world_size or rank + 1):
         raise ConfigError(f"{where}.rank: expected an integer in 0..{world_size - 1}, got {rank!r}")
     if "slowdown" not in e and "link_bandwidth" not in e:
         raise ConfigError(f"{where}: needs slowdown and/or link_bandwidth")
@@ -113,17 +147,18 @@ def parse_event(e: dict | str, world_size: int, where: str = "emulate.scenario")
 
 
 class Emulator:
-    """One rank's view of the emulation: how much to sleep after compute and around transfers."""
+    """One rank's view of the emulation: how much to sleep after compute and around transfers, and the bias of an
+    emulated skewed router."""
 
     def __init__(self, cfg: EmulationConfig, rank: int, sleep: Callable[[float], None] = time.sleep):
-        if not 0 <= rank < len(cfg.slowdown):
+        if rank < 0 or (cfg.slowdown and rank >= len(cfg.slowdown)):
             raise ConfigError(f"emulate: rank {rank} out of range for {len(cfg.slowdown)} workers")
         self.cfg, self.rank, self._sleep = cfg, rank, sleep
-        self._events = [e for e in cfg.scenario if e.rank == rank]
+        self._events = [e for e in cfg.events() if e.rank == rank]
 
     def slowdown_at(self, step: int) -> float:
         """This rank's slowdown factor at `step` (the latest scenario event at or before it wins)."""
-        f = self.cfg.slowdown[self.rank]
+        f = float(self.cfg.slowdown[self.rank]) if self.cfg.slowdown else 1.0
         for e in self._events:
             if e.step <= step and e.slowdown is not None:
                 f = e.slowdown
@@ -132,7 +167,7 @@ class Emulator:
     def bandwidth_at(self, step: int) -> float | None:
         """This rank's outgoing link cap (bytes/s) at `step`; None = uncapped."""
         bw = self.cfg.link_bandwidth
-        b = bw[self.rank] if isinstance(bw, list) else bw
+        b = float(bw[self.rank]) if isinstance(bw, list) else float(bw) if bw else None
         for e in self._events:
             if e.step <= step and e.link_bandwidth is not None:
                 b = e.link_bandwidth
@@ -163,8 +198,28 @@ class Emulator:
             self._sleep(extra)
         return extra
 
+    def router_bias(self, step: int, experts: int):
+        """The skewed router's logit bias at training step `step` (a float32 tensor of `experts` values, in units of a
+        token's logit spread; None without router_skew): -router_skew * log(1 + r) for the expert at popularity rank
+        r, expert (step // router_drift) mod E the hottest (the hot set moves by one expert every router_drift
+        steps). The runtime adds it to each MoE layer's router (runtime.adapt.Adapter.begin_step)."""
+        if not self.cfg.router_skew:
+            return None
+        import torch  # only where a skew is emulated: this module and the config that embeds it stay torch-free
+
+        drift = self.cfg.router_drift
+        shift = step // drift if drift else 0
+        ranks = (torch.arange(experts) - shift) % experts
+        return -float(self.cfg.router_skew) * torch.log1p(ranks.float())
+
+    @property
+    def skews_router(self) -> bool:
+        """Whether a skewed router is emulated (router_bias is then set before every step)."""
+        return self.cfg.router_skew > 0
+
     @property
     def active(self) -> bool:
-        """Whether this rank is ever slowed or delayed (lets the runtime skip the hooks)."""
-        return (self.cfg.slowdown[self.rank] != 1.0 or self.cfg.link_bandwidth is not None
-                or self.cfg.link_latency_s > 0 or bool(self._events))
+        """Whether this rank is ever slowed or delayed, or routes through a skewed router (lets the runtime skip
+        the hooks)."""
+        return (self.slowdown_at(0) != 1.0 or self.bandwidth_at(0) is not None or self.cfg.link_latency_s > 0
+                or bool(self._events) or self.skews_router)

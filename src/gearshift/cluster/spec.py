@@ -10,6 +10,7 @@ from gearshift.errors import SpecError
 from gearshift.tomlfile import read_toml
 
 GB = 1e9
+LOCAL_MEMORY = 8 * GB  # bytes per local worker that planning allows when no cluster spec says (memory checks)
 
 
 @dataclass(frozen=True)

@@ -13,22 +13,10 @@ from torch import nn
 from gearshift.cluster.topology import Topology, check_matrix
 from gearshift.comm.buckets import GradientSync
 from gearshift.comm.groups import CommGroups
+from gearshift.comm.settings import SyncSettings
 from gearshift.sim.collectives import LinkCosts
 
 SyncFn = Callable[[], None]
-
-
-@dataclass
-class SyncSettings:
-    """What the job config says about gradient sync (parallel.allreduce, bucket_mb, tune_allreduce,
-    node_matrix, shm, send_thread)."""
-
-    algorithm: str = "auto"
-    bucket_bytes: int = 25 << 20
-    tune: bool = True
-    node_matrix: tuple[int, int] | None = None  # pinned leaders' R x C; None: the cost model's pick
-    shm: bool = True
-    send_thread: bool | None = None  # None: where the machine has cores to spare
 
 
 def gather(obj: object) -> list:
@@ -61,7 +49,7 @@ class ReplicaSync:
     @property
     def needed(self) -> bool:
         """False where the runtime's own flat gloo all-reduce over the replica group is the policy."""
-        stages, algo = self.stages, self.settings.algorithm
+        stages, algo = self.stages, self.settings.allreduce
         if self.device != "cpu":
             return self.workers > stages  # every replicated job: the start-up line says what runs
         return self.workers > 1 and not (stages > 1 and (algo == "gloo" or self.workers == stages))
@@ -75,14 +63,14 @@ class ReplicaSync:
         topo = Topology.from_env(gather=gather)
         if stages > 1:
             replica_groups = [list(range(p, workers, stages)) for p in range(stages)]  # one per pipeline position
-            self.groups = CommGroups.partition(topo, replica_groups, shm=s.shm, send_thread=s.send_thread)
+            self.groups = CommGroups.partition(topo, replica_groups, shm=s.shm, send_thread=s.threaded)
         self.topology = self.groups.topology if self.groups is not None else topo
-        if s.node_matrix is not None:  # the same answer on every rank, before any message moves
-            check_matrix(s.node_matrix, self.topology.num_nodes, "parallel.node_matrix")
-        if s.algorithm == "auto" and self.topology.num_nodes > 1:  # price the links the job has
+        if s.matrix is not None:  # the same answer on every rank, before any message moves
+            check_matrix(s.matrix, self.topology.num_nodes, "parallel.node_matrix")
+        if s.allreduce == "auto" and self.topology.num_nodes > 1:  # price the links the job has
             from gearshift.comm.calibrate import measure_link_costs
 
-            self.groups = self.groups or CommGroups.build(topo, shm=s.shm, send_thread=s.send_thread)
+            self.groups = self.groups or CommGroups.build(topo, shm=s.shm, send_thread=s.threaded)
             self.costs = measure_link_costs(self.groups)
         return True
 
@@ -90,13 +78,13 @@ class ReplicaSync:
         if self.device != "cpu":
             return self._backend_sync(params, group)
         first = self._setup()
-        algorithm = self.settings.algorithm
+        algorithm = self.settings.allreduce
         if self.stages > 1 and algorithm == "auto" and self.topology.num_nodes == 1:
             algorithm = "gloo"  # replicas on one node: gloo's all-reduce on the replica group
         s = self.settings
         sync = GradientSync(params, algorithm, s.bucket_bytes, self.topology, self.groups, self.costs,
-                            tune=s.tune and self.costs is not None, tuned=self.tuned, node_matrix=s.node_matrix,
-                            shm=s.shm, send_thread=s.send_thread)
+                            tune=s.tune_allreduce and self.costs is not None, tuned=self.tuned, node_matrix=s.matrix,
+                            shm=s.shm, send_thread=s.threaded)
         self.groups = self.groups or sync.groups  # built by GradientSync (collective): reuse after a re-plan
         if first and self.costs is not None and self.announce is not None:
             self.announce(self.describe(sync))
@@ -111,7 +99,7 @@ class ReplicaSync:
             self.topology = sync.topology
             if self.announce is not None:
                 scope = f"each stage's {self.workers // self.stages}" if self.stages > 1 else f"the {self.workers}"
-                asked = "" if s.algorithm == "gloo" else f"parallel.allreduce = {s.algorithm}: "
+                asked = "" if s.allreduce == "gloo" else f"parallel.allreduce = {s.allreduce}: "
                 self.announce(f"all-reduce: {self.device} tensors: {dist.get_backend(group).upper()} all_reduce over "
                               f"{scope} replicas in {s.bucket_bytes / 2**20:.1f} MiB buckets ({asked}the hierarchical "
                               "forms, their transports and auto's link pricing run on CPU tensors only)")
@@ -121,7 +109,7 @@ class ReplicaSync:
         """The start-up line of auto's choice: per bucket size, the algorithm, matrix and measured times."""
         from gearshift.comm.calibrate import describe
 
-        chosen = ", ".join(sorted({_bucket_choice(b, self.tuned, self.topology, self.costs, self.settings.node_matrix)
+        chosen = ", ".join(sorted({_bucket_choice(b, self.tuned, self.topology, self.costs, self.settings.matrix)
                                    for b in sync.buckets}))
         scope = f"{self.topology.num_nodes} nodes"
         if self.stages > 1:

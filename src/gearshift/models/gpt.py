@@ -4,48 +4,15 @@ estimates per layer type for the profiler."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gearshift.errors import ConfigError
+from gearshift.models.config import GPTConfig
 from gearshift.models.layered import LayeredModel, seeded
 from gearshift.models.spec import ModelSpec, register_model
-
-
-@dataclass
-class GPTConfig:
-    """Model shape; `width` must be divisible by `heads`. Field errors name "model.<field>"."""
-
-    vocab_size: int = 256
-    context: int = 128
-    layers: int = 4
-    width: int = 128
-    heads: int = 4
-    dropout: float = 0.0
-    bias: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "context", "layers", "width", "heads"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise ConfigError(f"model.{name}: must be a positive integer (got {v!r})")
-        if self.width % self.heads != 0:
-            raise ConfigError(f"model.width: must be divisible by model.heads "
-                              f"({self.width} % {self.heads} != 0)")
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) \
-                or not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"model.dropout: must be a number in [0, 1) (got {self.dropout!r})")
-        if not isinstance(self.bias, bool):
-            raise ConfigError(f"model.bias: must be true or false (got {self.bias!r})")
-
-    @property
-    def num_layers(self) -> int:
-        """Layers of the LayeredModel: embedding + blocks + head."""
-        return self.layers + 2
 
 
 class Embedding(nn.Module):

@@ -15,20 +15,18 @@ router through AuxGrad, scaled by model.aux_loss and the runtime's loss scale (1
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
 
 import torch
 from torch import Tensor, nn
 
-from gearshift.errors import ConfigError
+from gearshift.models.config import MoEConfig
 from gearshift.models.gpt import (
     MLP,
     Block,
     CausalSelfAttention,
     Embedding,
-    GPTConfig,
     Head,
     attention_block_flops,
     gpt_loss,
@@ -36,62 +34,6 @@ from gearshift.models.gpt import (
     linear_params,
 )
 from gearshift.models.spec import ModelSpec, register_model
-
-
-@dataclass
-class MoEConfig(GPTConfig):
-    """The GPT's shape plus the experts: a MoE feed-forward in blocks moe_every-1, 2*moe_every-1, ... (every
-    moe_every-th block), each with `experts` experts of the dense MLP's shape."""
-
-    moe_every: int = 2
-    experts: int = 8
-    top_k: int = 2
-    capacity_factor: float = 0.0
-    aux_loss: float = 0.01
-    router_skew: float = 0.0
-    router_drift: int = 0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if isinstance(self.router_skew, bool) or not isinstance(self.router_skew, (int, float)) or \
-                self.router_skew < 0:
-            raise ConfigError(f"model.router_skew: must be a number >= 0 (got {self.router_skew!r})")
-        if isinstance(self.router_drift, bool) or not isinstance(self.router_drift, int) or self.router_drift < 0:
-            raise ConfigError(f"model.router_drift: must be an integer >= 0 (got {self.router_drift!r})")
-        for name in ("moe_every", "experts"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"model.{name}: must be a positive integer (got {v!r})")
-        if self.moe_every > self.layers:
-            raise ConfigError(f"model.moe_every: at most model.layers ({self.layers}) so that some block has "
-                              f"experts, got {self.moe_every}")
-        if self.top_k not in (1, 2):
-            raise ConfigError(f"model.top_k: 1 or 2 (got {self.top_k!r})")
-        if self.top_k > self.experts:
-            raise ConfigError(f"model.top_k: at most model.experts ({self.experts}), got {self.top_k}")
-        for name in ("capacity_factor", "aux_loss"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-                raise ConfigError(f"model.{name}: must be a number >= 0 (got {v!r})")
-
-    def is_moe(self, block: int) -> bool:
-        """Whether block `block` (0-based) has experts."""
-        return (block + 1) % self.moe_every == 0
-
-    def layer_kinds(self) -> list[str]:
-        """The LayeredModel's layers: "embedding", then per block "block" or "attention", "moe", then "head"."""
-        kinds = ["embedding"]
-        for b in range(self.layers):
-            kinds += ["attention", "moe"] if self.is_moe(b) else ["block"]
-        return kinds + ["head"]
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.layer_kinds())
-
-    def moe_layers(self) -> list[int]:
-        """Global indices of the MoE layers."""
-        return [i for i, k in enumerate(self.layer_kinds()) if k == "moe"]
 
 
 class Dispatch(Protocol):
@@ -142,8 +84,7 @@ class MoEFeedForward(nn.Module):
         self.num_experts, self.top_k = cfg.experts, cfg.top_k
         self.capacity_factor, self.aux_weight = float(cfg.capacity_factor), float(cfg.aux_loss)
         self.router = nn.Linear(cfg.width, cfg.experts, bias=False)
-        self.skew, self.drift = float(cfg.router_skew), cfg.router_drift
-        self.register_buffer("router_bias", self._skew_at(0), persistent=False)
+        self.register_buffer("router_bias", None, persistent=False)  # an emulated skew's, per expert (set_router_bias)
         self.experts = nn.ModuleDict({str(e): MLP(cfg) for e in range(cfg.experts)})
         self.dispatch: Dispatch = LocalDispatch()
         self.loss_scale = 1.0  # the runtime's scale of each micro-batch's loss (1 / micro-batches)
@@ -155,18 +96,10 @@ class MoEFeedForward(nn.Module):
             del self.experts[e]
         self.dispatch = dispatch
 
-    def _skew_at(self, step: int) -> Tensor:
-        """The router's logit bias at training step `step`, in units of a token's logit spread (the standard
-        deviation of its logits over the experts): -skew * log(1 + r) for the expert at popularity rank r, expert
-        (step // drift) mod E the hottest (the hot set moves by one expert every `drift` steps)."""
-        shift = step // self.drift if self.drift else 0
-        ranks = (torch.arange(self.num_experts) - shift) % self.num_experts
-        return -self.skew * torch.log1p(ranks.float())
-
-    def at_step(self, step: int) -> None:
-        """Set the skewed router's bias for `step` (model.router_skew; a benchmark's hot, drifting experts)."""
-        if self.skew:
-            self.router_bias = self._skew_at(step)
+    def set_router_bias(self, bias: Tensor | None) -> None:
+        """Add `bias` (one value per expert, in units of each token's logit spread) to the router's logits from the
+        next forward on; None: none. What an emulated skewed router sets (cluster.emulate)."""
+        self.router_bias = None if bias is None else bias.to(self.router.weight.device)
 
     def reset_stats(self) -> None:
         """Zero the counts of routed and dropped assignments and the summed auxiliary loss."""
@@ -185,7 +118,7 @@ class MoEFeedForward(nn.Module):
         h = x.reshape(-1, shape[-1])
         n, E, k = h.shape[0], self.num_experts, self.top_k
         logits = self.router(h)
-        if self.skew:  # in units of each token's logit spread: the skew holds however large the logits grow
+        if self.router_bias is not None:  # in units of each token's logit spread: it holds however large they grow
             logits = logits + self.router_bias * logits.detach().std(dim=-1, keepdim=True)
         probs = logits.softmax(dim=-1)
         top_p, top_e = probs.topk(k, dim=-1)

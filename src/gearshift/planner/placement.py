@@ -136,9 +136,15 @@ def expert_params(width: int, bias: bool = True) -> int:
     return 8 * width * width + (5 * width if bias else 0)
 
 
-def expert_state_bytes(width: int, bias: bool = True) -> int:
-    """Bytes that move with one expert of the MoE GPT: float32 parameters and AdamW's two moments."""
-    return 3 * 4 * expert_params(width, bias)
+HELD, MOVED, PARAMS = 4, 3, 1  # float32 copies of an expert's parameters: what a rank holds while training
+# (parameters, gradients, AdamW's two moments), what travels when it moves between steps (no gradient is held
+# then), and the parameters alone
+
+
+def expert_bytes(width: int, bias: bool = True, copies: int = HELD) -> int:
+    """Bytes of `copies` float32 tensors the size of one expert of the MoE GPT's parameters: HELD (16 bytes per
+    parameter) is what the expert takes of a rank's memory, MOVED (12) what moving it sends."""
+    return copies * 4 * expert_params(width, bias)
 
 
 def fit_row_cost(samples: Sequence[tuple[int, float, float]]) -> float | None:
@@ -221,7 +227,7 @@ def decide_placement(step: int, history: dict[int, np.ndarray], current: dict[in
         reason = f"{k} steps gain {(t1 - t2) * k:.3g} s > the move's {tc:.3g} s"
     else:
         reason = f"{k} steps gain {(t1 - t2) * k:.3g} s <= the move's {tc:.3g} s" + (
-            "; moved anyway (moe.always_switch)" if always else "")
+            "; moved anyway (forced)" if always else "")
     ratio = (before / total if total else float("nan"), after / total if total else float("nan"))
     return PlacementDecision(step, t1, t2, tc, k, switch, moved, len(moved) * groups * expert_bytes, row_cost_s,
                              bandwidth, new if switch else dict(current), ratio, reason)

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from gearshift.cluster.emulate import Emulator
 from gearshift.cluster.state import ClusterState
 from gearshift.errors import PlanError
+from gearshift.models.moe import moe_modules
 from gearshift.planner.replan import decide_replan, first_plan
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.runtime.executor import StepRecord
@@ -42,7 +43,8 @@ def rank0_decides(decide: Callable[[], dict]) -> dict:
 @dataclass
 class Adapter:
     """Per-rank adaptation state. `base` is the cluster as specified (bandwidths, memory); speeds are
-    learned. `forced` maps step -> bounds to apply regardless of the measurements (tests, demos)."""
+    learned. `forced` maps step -> bounds to apply regardless of the measurements (a test's or benchmark's:
+    train.forcing)."""
 
     profile: ModelProfile
     base: ClusterState
@@ -69,6 +71,15 @@ class Adapter:
         self.window: list[float] = []  # this rank's speed samples since the last re-plan
         self._skip = self.skip
         self._estimate: float | None = None
+
+    def begin_step(self, rt: PipelineRuntime, step: int) -> None:
+        """Before `step`: the step the emulation is at, and an emulated skewed router's bias on this rank's MoE
+        layers (the same on every rank)."""
+        self.step = step
+        if self.emulator is not None and self.emulator.skews_router:
+            for layer in rt.layers.values():
+                for m in moe_modules(layer):
+                    m.set_router_bias(self.emulator.router_bias(step, m.num_experts))
 
     def after_compute(self, stage: int, op: Op, seconds: float, cpu_s: float | None = None) -> None:
         """Executor hook: the emulated slowdown (sleep) of this rank at the current step."""
@@ -174,7 +185,7 @@ class Adapter:
         out = decide_replan(self.profile, state, rt.bounds, max(self.every, 1), rt.schedule, self.migration_bandwidth,
                             step + 1, min_gain=self.min_gain).to_dict()
         if forced is not None:
-            out.update(new_bounds=[list(b) for b in forced], apply=True, reason="forced by adapt.force")
+            out.update(new_bounds=[list(b) for b in forced], apply=True, reason="forced")
         # Rank 0's decision is the decision: everyone applies the same bounds.
         box = [out]
         dist.broadcast_object_list(box, src=0)

@@ -21,7 +21,8 @@ from gearshift.schedules import Schedule, make_schedule
 @dataclass
 class ScheduleSwitcher:
     """Per-rank state of the choice; built alike on every rank from the config (its collectives follow from
-    the step number and gathered step times alone). `forced` maps step -> (m, k) to run from that step."""
+    the step number and gathered step times alone). `forced` maps step -> (m, k) to run from that step (a test's
+    or benchmark's: train.forcing)."""
 
     profiles: dict[int, ModelProfile]
     batch: int  # samples per replica per step
@@ -118,7 +119,7 @@ class ScheduleSwitcher:
         rec["step_overhead_s"] = overhead_s
         if forced is not None:
             rec.update(chosen=list(forced), switch=tuple(forced) != self.current, would_choose=rec["chosen"],
-                       reason=f"forced by adapt.force_schedule (the choice would be m={rec['chosen'][0]} "
+                       reason=f"forced (the choice would be m={rec['chosen'][0]} "
                               f"K={rec['chosen'][1]})",
                        predicted_s=next((c["predicted_s"] for c in rec["candidates"]
                                          if (c["m"], c["k"]) == tuple(forced)), None))

@@ -2,7 +2,7 @@
 
 This is what `torchrun --nproc-per-node N -m gearshift.train CONFIG` runs on each process: the job has
 as many workers as torchrun started. The local launcher (`gearshift train`) runs it too, handing over the
-resolved config with `--from-json`."""
+resolved config with `--from-json` (and a test's or benchmark's decisions with `--forcing`: train.forcing)."""
 
 from __future__ import annotations
 
@@ -36,15 +36,22 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     resume = "--resume" in argv
     argv = [a for a in argv if a != "--resume"]
+    forcing = None
+    if "--forcing" in argv:  # the local launcher's, beside --from-json
+        i = argv.index("--forcing")
+        from gearshift.train.forcing import Forcing
+
+        forcing = Forcing.load(argv[i + 1])
+        del argv[i:i + 2]
     try:
         cfg = _config(argv)
     except UserError as e:  # every rank reads the same config: one line per machine, no traceback
         if reports_config_errors():
             print(f"gearshift.train: error: {e}", file=sys.stderr)
         return 2
-    from gearshift.train.worker import run_worker
+    from gearshift.train.run import run_worker
 
-    run_worker(cfg, resume)
+    run_worker(cfg, resume, forcing)
     return 0
 
 

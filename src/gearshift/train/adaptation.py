@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from gearshift.cluster.emulate import EmulationConfig, Emulator
+from gearshift.cluster.emulate import Emulator
 from gearshift.cluster.spec import load_spec
 from gearshift.cluster.state import ClusterState, local_state
 from gearshift.models.spec import ModelSpec
@@ -21,58 +21,53 @@ from gearshift.train.build import job_schedule, layer_factory
 from gearshift.train.config import JobConfig
 from gearshift.train.datasets import JobData
 from gearshift.train.env import job_device
+from gearshift.train.forcing import Forcing
 from gearshift.train.profiling import microbatch_size, profile_job, profile_sizes
-
-
-def _emulation(cfg: JobConfig, world: int) -> EmulationConfig:
-    return EmulationConfig.from_dict(cfg.emulate.as_emulation_dict(world), world)
 
 
 def _replans(cfg: JobConfig) -> bool:
     return cfg.parallel.partition == "adaptive" and cfg.adapt.every > 0
 
 
-def switches(cfg: JobConfig) -> bool:
+def switches(cfg: JobConfig, forcing: Forcing | None = None) -> bool:
     """Whether the job's schedule is chosen while it runs (parallel.schedule = auto) or switched by force."""
-    return cfg.parallel.schedule == "auto" or bool(cfg.adapt.force_schedule)
+    return cfg.parallel.schedule == "auto" or bool(forcing and forcing.schedules)
 
 
-def adapts(cfg: JobConfig, world: int) -> bool:
+def adapts(cfg: JobConfig, world: int, forcing: Forcing | None = None) -> bool:
     """Whether the job needs the adaptation loop: some rank is emulated, or the partition is adaptive (planned
     at the start, re-planned every adapt.every steps), or re-partitions are forced, or the schedule switches."""
-    emu = _emulation(cfg, world)
-    return (any(Emulator(emu, r).active for r in range(world)) or cfg.parallel.partition == "adaptive"
-            or bool(cfg.adapt.force) or switches(cfg))
+    return (any(Emulator(cfg.emulate, r).active for r in range(world)) or cfg.parallel.partition == "adaptive"
+            or bool(forcing and forcing.partitions) or switches(cfg, forcing))
 
 
-def build_adapter(cfg: JobConfig, data: JobData, spec: ModelSpec) -> Adapter | None:
+def build_adapter(cfg: JobConfig, data: JobData, spec: ModelSpec, forcing: Forcing | None = None) -> Adapter | None:
     """The adaptation loop, or None; the same answer on every rank (it gates the profile's broadcast)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    if not adapts(cfg, world):
+    if not adapts(cfg, world, forcing):
         return None
     device = job_device(cfg)
     # rank 0 profiles on its device (speed 1.0 by definition); everyone plans from the same numbers
-    box = [_profiles(cfg, data, spec, device) if rank == 0 else None]
+    box = [_profiles(cfg, data, spec, device, switches(cfg, forcing)) if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
     profile, profiles = box[0]
     base = ClusterState.from_spec(load_spec(cfg.cluster.spec)) if cfg.cluster.spec else local_state(world)
-    emulator = Emulator(_emulation(cfg, world), rank)
-    forced = {int(step): [tuple(b) for b in bounds] for step, bounds in cfg.adapt.force}
+    emulator = Emulator(cfg.emulate, rank)
     ad = Adapter(profile, base, cfg.adapt.every if _replans(cfg) else 0, cfg.adapt.alpha,
-                 emulator if emulator.active else None, forced, profiles=profiles)
+                 emulator if emulator.active else None, dict(forcing.partitions) if forcing else {}, profiles=profiles)
     ad.mb_size, ad.device = microbatch_size(cfg), device
     return ad
 
 
-def _profiles(cfg: JobConfig, data: JobData, spec: ModelSpec,
-              device: torch.device) -> tuple[ModelProfile, dict[int, ModelProfile]]:
+def _profiles(cfg: JobConfig, data: JobData, spec: ModelSpec, device: torch.device,
+              switching: bool) -> tuple[ModelProfile, dict[int, ModelProfile]]:
     """The profile at the job's micro-batch size (adapt.profile, or measured) and, when the schedule switches,
     one at every micro-batch size a split of the replica's batch gives (from adapt.profiles where there)."""
     mb = microbatch_size(cfg)
     profile = ModelProfile.load(cfg.adapt.profile) if cfg.adapt.profile else None
     profiles = {}
-    if switches(cfg):
-        batch = cfg.train.batch_size // cfg.replicas
+    if switching:
+        batch = cfg.train.batch_size // cfg.batch_parts
         profiles = profile_sizes(cfg, [batch // m for m in splits(batch)], cfg.adapt.profiles, data=data, spec=spec,
                                  device=device)
         if profile is not None:
@@ -95,17 +90,17 @@ def memory_limit(cfg: JobConfig) -> list[float] | None:
     return [min(per[r] for r in range(p, world, S)) for p in range(S)]
 
 
-def build_switcher(cfg: JobConfig, adapter: Adapter | None) -> ScheduleSwitcher | None:
+def build_switcher(cfg: JobConfig, adapter: Adapter | None, forcing: Forcing | None = None) -> ScheduleSwitcher | None:
     """The schedule chooser (the same on every rank), or None when the schedule is fixed."""
-    if adapter is None or not switches(cfg):
+    if adapter is None or not switches(cfg, forcing):
         return None
     a, auto = cfg.adapt, cfg.parallel.schedule == "auto"
-    batch = cfg.train.batch_size // cfg.replicas
+    batch = cfg.train.batch_size // cfg.batch_parts
     # links are probed with the largest message a candidate sends: a whole replica batch's activation
     adapter.probe_bytes = batch * max(lp.activation_bytes for lp in adapter.profile.layers[:-1])
-    return ScheduleSwitcher(adapter.profiles, cfg.train.batch_size // cfg.replicas, cfg.parallel.stages,
-                            memory_limit(cfg), a.every if auto else 0, a.link_change if auto else 0.0,
-                            a.schedule_margin, {int(s): (int(m), int(k)) for s, m, k in a.force_schedule})
+    return ScheduleSwitcher(adapter.profiles, batch, cfg.parallel.stages, memory_limit(cfg), a.every if auto else 0,
+                            a.link_change if auto else 0.0, a.schedule_margin,
+                            dict(forcing.schedules) if forcing else {})
 
 
 def start_schedule(cfg: JobConfig, adapter: Adapter, switcher: ScheduleSwitcher, bounds: list[tuple[int, int]],
@@ -126,12 +121,13 @@ def measure_start(cfg: JobConfig, adapter: Adapter, spec: ModelSpec, data: JobDa
     adapter.start_measured = True
 
 
-def plan_start(cfg: JobConfig, adapter: Adapter, spec: ModelSpec, data: JobData) -> dict:
+def plan_start(cfg: JobConfig, adapter: Adapter, spec: ModelSpec, data: JobData, switching: bool = False) -> dict:
     """The adaptive job's first partition, the DP's plan at step 0 (collective; its record is the "plan" event
     of metrics.jsonl). With cluster.spec (and a fixed schedule), from the spec's speeds and links; else from a
     short measurement on every rank first: its speed (the profile's work of its uniform share against the timed
-    compute of it) and its pipeline links, both ways."""
-    measured = not cfg.cluster.spec or switches(cfg)
+    compute of it) and its pipeline links, both ways. `switching`: the schedule switches (it is chosen under the
+    links as measured)."""
+    measured = not cfg.cluster.spec or switching
     if measured and not adapter.start_measured:
         measure_start(cfg, adapter, spec, data)
     return adapter.plan_start(job_schedule(cfg), measured)

@@ -11,12 +11,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gearshift.cluster.topology import parse_matrix
-from gearshift.comm.policy import ReplicaSync, SyncSettings
-from gearshift.imports import is_import_path
-from gearshift.models.gpt import GPTConfig
-from gearshift.models.moe import MoEConfig
-from gearshift.models.spec import ModelSpec, resolve_model
+from gearshift.comm.policy import ReplicaSync
+from gearshift.models.config import GPTConfig, MoEConfig
+from gearshift.models.spec import ModelSpec
 from gearshift.optim import OptimConfig
 from gearshift.planner.expert_map import ExpertMap
 from gearshift.profile.model_profile import ModelProfile
@@ -26,38 +23,34 @@ from gearshift.runtime.multidir import MultiDirRuntime
 from gearshift.runtime.pipeline import PipelineRuntime
 from gearshift.schedules import Schedule, make_schedule
 from gearshift.train.config import JobConfig
-from gearshift.train.datasets import JobData, job_data
+from gearshift.train.datasets import JobData
 from gearshift.train.env import job_device
-from gearshift.train.layout import LayerMeta, act_meta_fn, layer_inputs, resolve_partition
-
-SAMPLE_BATCH = 2  # samples run through the layers to find activation shapes (2: the batch dimension shows)
+from gearshift.train.layout import act_meta_fn, resolve_partition
+from gearshift.train.model import check_job, job_model
 
 
 def gpt_config(cfg: JobConfig) -> GPTConfig:
     """The GPT's shape from [model] (model.name = "gpt")."""
-    return GPTConfig(vocab_size=256, **cfg.model.table())
+    return cfg.model.shape()
 
 
 def grad_sync(cfg: JobConfig, device: torch.device | None = None) -> ReplicaSync | None:
     """The job's gradient-sync policy for gradients on `device` (default: the job's; None: the runtime's own
     flat all-reduce over each replica group)."""
     p = cfg.parallel
-    settings = SyncSettings(p.allreduce, int(p.bucket_mb * (1 << 20)), p.tune_allreduce,
-                            parse_matrix(p.node_matrix, "parallel.node_matrix"), p.shm,
-                            None if p.send_thread == "auto" else p.send_thread)
 
     def announce(line: str) -> None:
         if dist.get_rank() == 0:
             print(line, flush=True)
 
     device = job_device(cfg) if device is None else device
-    sync = ReplicaSync(settings, p.stages, cfg.cluster.workers, announce, device.type)
+    sync = ReplicaSync(p.sync, p.stages, cfg.cluster.workers, announce, device.type)
     return sync if sync.needed else None
 
 
 def moe_config(cfg: JobConfig) -> MoEConfig | None:
     """The MoE GPT's shape from [model] (model.name = "moe_gpt"), else None."""
-    return MoEConfig(vocab_size=256, **cfg.model.table()) if cfg.model.name == "moe_gpt" else None
+    return cfg.model.shape() if cfg.model.name == "moe_gpt" else None
 
 
 def expert_shards(cfg: JobConfig, placements: dict[int, ExpertMap] | None = None) -> ExpertShards | None:
@@ -67,11 +60,6 @@ def expert_shards(cfg: JobConfig, placements: dict[int, ExpertMap] | None = None
     if mc is None:
         return None
     return ExpertShards(cfg.parallel.stages, cfg.parallel.experts, mc.experts, mc.moe_layers(), placements)
-
-
-def job_model(cfg: JobConfig) -> ModelSpec:
-    """The job's model, layer by layer (the GPT, or the function model.name names)."""
-    return resolve_model(cfg.model.name, cfg.model.table(), cfg.train.seed)
 
 
 def job_schedule(cfg: JobConfig, slice_bytes: list[float] | None = None) -> Schedule:
@@ -89,21 +77,6 @@ def slice_act_bytes(profile: ModelProfile, bounds: list[tuple[int, int]]) -> lis
     """Activation bytes one micro-batch saves for backward on each slice, from the profile (what the simulator
     prices a stage's memory by; multidir's direction orders balance them)."""
     return [float(sum(lp.peak_activation_bytes for lp in profile.layers[a:b])) for a, b in bounds]
-
-
-def brings_own(cfg: JobConfig) -> bool:
-    """Whether the job's model or data is the user's (by import path): only those can fail to fit."""
-    return is_import_path(cfg.model.name) or is_import_path(cfg.data.name)
-
-
-def check_job(cfg: JobConfig, spec: ModelSpec | None = None, data: JobData | None = None) -> list[LayerMeta]:
-    """Import the model and the data and run the layers and the loss on a sample batch (on the meta device
-    where they can): every one-line error a worker would hit at start, here first. Returns the shape and
-    dtype of each layer's input."""
-    spec = spec or job_model(cfg)
-    data = data or job_data(cfg)
-    x, y = data.sample(SAMPLE_BATCH, cfg.train.seed)
-    return layer_inputs(spec, x, y, cfg.train.seed)
 
 
 def layer_factory(cfg: JobConfig, spec: ModelSpec, data: JobData | None = None) -> tuple[Callable[[int], nn.Module],

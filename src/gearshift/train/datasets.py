@@ -126,7 +126,8 @@ def job_data(cfg: JobConfig) -> JobData:
     d = cfg.data
     if d.name in ("bytes", "text"):
         corpus = ByteCorpus(d.path or None, d.val_fraction, d.max_bytes)
-        return JobData(CorpusBatches(corpus, d.seq_len or cfg.model.context), True, d.seq_len or cfg.model.context)
+        seq_len = d.seq_len or cfg.model.gpt.context
+        return JobData(CorpusBatches(corpus, seq_len), True, seq_len)
     fn = import_object(d.name, "data.name")
     with seeded(cfg.train.seed, -2):
         result = call_user(fn, d.name, "data.name", d.table())

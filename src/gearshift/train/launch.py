@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gearshift.imports import is_import_path, path_of
-from gearshift.train.build import brings_own, check_job
 from gearshift.train.config import JobConfig, validate
 from gearshift.train.env import job_device_choice
+from gearshift.train.forcing import Forcing
+from gearshift.train.model import brings_own, check_job, job_model
 from gearshift.train.rundir import prepare_run_dir
 
 
@@ -114,6 +115,7 @@ def launch(
     quiet: bool = False,
     model: Callable | None = None,
     data: Callable | None = None,
+    forcing: Forcing | None = None,
 ) -> int:
     """Run the job on `cfg.cluster.workers` local processes; returns 0, 1 when a worker failed, 2 on bad
     input found by a worker, 128 + signal number when stopped by SIGTERM / SIGINT (after a checkpoint).
@@ -121,13 +123,16 @@ def launch(
     a UserError.
 
     `model` and `data` are functions to use as model.name and data.name would name them (see use_functions).
-    `env` adds variables to every worker. With a `testbed` (gearshift.cluster.testbed.Testbed, up), each
+    `forcing`: decisions a test or benchmark imposes (train.forcing; not config keys). `env` adds variables to
+    every worker. With a `testbed` (gearshift.cluster.testbed.Testbed, up), each
     node's ranks run inside that node's network namespace and talk over its shaped link."""
     cfg = use_functions(cfg, model, data)
     # a device not here: one line
     job_device_choice(cfg, local_world=cfg.cluster.ranks_per_node or cfg.cluster.workers)
     if brings_own(cfg):  # the built-ins always fit
         check_job(cfg)
+    if forcing:
+        forcing.check(cfg, job_model(cfg))
     note = prepare_run_dir(cfg, resume)
     if note and not quiet:
         print(note, flush=True)
@@ -137,6 +142,9 @@ def launch(
     cfg_path = run_dir / "config.json"
     cfg_path.write_text(json.dumps(cfg.to_dict(), indent=1))
     cmd = [sys.executable, "-m", "gearshift.train", "--from-json", str(cfg_path)] + (["--resume"] if resume else [])
+    if forcing:
+        forcing.save(run_dir / "forcing.json")
+        cmd += ["--forcing", str(run_dir / "forcing.json")]
     with traffic(cfg, testbed, quiet):
         return run_ranks(cmd, n, cfg.cluster.ranks_per_node or n, run_dir, testbed, env, quiet,
                          cfg.cluster.stop_grace_s)

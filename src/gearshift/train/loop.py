@@ -11,7 +11,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from gearshift.models.moe import moe_modules
 from gearshift.runtime.reschedule import describe as describe_schedule
 from gearshift.train.adaptation import build_adapter, build_switcher, plan_start, start_schedule
 from gearshift.train.build import build_runtime, expert_shards, job_model, lr_at, moe_config
@@ -19,6 +18,7 @@ from gearshift.train.checkpoint import Checkpointer
 from gearshift.train.config import JobConfig
 from gearshift.train.datasets import JobData, job_data
 from gearshift.train.evaluation import Evaluator
+from gearshift.train.forcing import Forcing
 from gearshift.train.layout import resolve_partition
 from gearshift.train.metrics import MetricsLog, read_metrics, step_record
 from gearshift.train.moe_trace import FILENAME, MoETrace
@@ -30,8 +30,9 @@ from gearshift.train.strategy import resolve_auto
 from gearshift.train.tracing import Tracer
 
 
-def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None) -> dict:
-    """Run the job; returns the summary (on every rank)."""
+def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None,
+          forcing: Forcing | None = None) -> dict:
+    """Run the job; returns the summary (on every rank). `forcing`: a test's or benchmark's decisions."""
     rank = dist.get_rank()
     cfg, strategy = resolve_auto(cfg)  # parallel.strategy = "auto": the pool's best (collective)
     t, out = cfg.train, Path(cfg.output.dir)
@@ -43,14 +44,16 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
     dist.barrier()
     torch.manual_seed(t.seed + rank)
     data, spec = job_data(cfg), job_model(cfg)
-    adapter = build_adapter(cfg, data, spec)
-    switcher = build_switcher(cfg, adapter)
+    if forcing:
+        forcing.check(cfg, spec)
+    adapter = build_adapter(cfg, data, spec, forcing)
+    switcher = build_switcher(cfg, adapter, forcing)
     ckpt = Checkpointer(cfg)
     bounds, plan = None, None
     if resume and cfg.parallel.partition == "adaptive":  # continue from the partition that was learned
         bounds = [tuple(b) for b in ckpt.resumed().get("bounds", [])] or None
     if bounds is None and cfg.parallel.partition == "adaptive":  # the DP's plan, before any layer is built
-        plan = plan_start(cfg, adapter, spec, data)
+        plan = plan_start(cfg, adapter, spec, data, switcher is not None)
         bounds = [tuple(b) for b in plan["bounds"]]
     choice = None
     if switcher:  # the schedule for the partition it starts with, under the links as measured now
@@ -66,7 +69,8 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
     bar = Progress(t.steps, start, enabled=rank == 0 and cfg.output.progress)
     trace = MoETrace(out / FILENAME, rt.experts.moe_layers, rt.experts.experts, start if resume else None) \
         if rank == 0 and cfg.output.moe_trace and rt.experts is not None else None
-    placer = Placer(cfg, rt) if cfg.moe.every and rt.experts is not None else None
+    moves = bool(forcing and forcing.move_experts)
+    placer = Placer(cfg, rt, always=moves) if cfg.moe.every and rt.experts is not None else None
     if placer and resume:
         placer.load_state(ckpt.resumed().get("placer"))
     placements: list[dict] = []
@@ -85,7 +89,7 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
         print("gearshift: the data has no validation split: no validation loss (train.eval_every ignored)",
               flush=True)
     tokens = t.batch_size * data.tokens_per_sample
-    per_replica = t.batch_size // cfg.replicas
+    per_part = t.batch_size // cfg.batch_parts
     history: list[dict] = []
     wall0 = time.perf_counter()
     stopped = False
@@ -93,13 +97,10 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None)
         x, y = data.batch(step, t.batch_size, t.seed)
         lr = lr_at(step, cfg)
         if adapter:
-            adapter.step = step
-        for layer in rt.layers.values():  # model.router_skew: the router's bias of this step
-            for m in moe_modules(layer):
-                m.at_step(step)
+            adapter.begin_step(rt, step)
         res = rt.step(x, y, lr)
         if adapter:
-            adapter.observe(rt, res.record, per_replica // rt.schedule.num_microbatches)
+            adapter.observe(rt, res.record, per_part // rt.schedule.num_microbatches)
         speed = adapter.monitor.speed(rank) if adapter else None
         rec, stopped = step_record(step, res.loss, res.grad_norm, lr, res.record.busy_s, res.record.step_s,
                                    rt.bounds, tokens, speed, stop is not None and stop.requested,

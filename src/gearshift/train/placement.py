@@ -12,7 +12,7 @@ import numpy as np
 import torch.distributed as dist
 
 from gearshift.planner.expert_map import ExpertMap
-from gearshift.planner.placement import decide_placement, device_loads, expert_state_bytes, fit_row_cost
+from gearshift.planner.placement import MOVED, decide_placement, device_loads, expert_bytes, fit_row_cost
 from gearshift.runtime.pipeline import PipelineRuntime, StepResult
 from gearshift.runtime.placement import move_experts, probe_bandwidth
 from gearshift.train.build import moe_config
@@ -20,17 +20,19 @@ from gearshift.train.config import JobConfig
 
 
 class Placer:
-    """One rank's side of expert placement (built on every rank when moe.every > 0)."""
+    """One rank's side of expert placement (built on every rank when moe.every > 0). `always`: move at every decision
+    whatever the switch rule says (a test's or benchmark's Forcing.move_experts; the rule's t1, t2 and tc are still
+    logged)."""
 
     skip = 1  # steps after the start and after a move left out of the cost fit (allocations, warm-up)
 
-    def __init__(self, cfg: JobConfig, rt: PipelineRuntime):
+    def __init__(self, cfg: JobConfig, rt: PipelineRuntime, always: bool = False):
         m, mc = cfg.moe, moe_config(cfg)
-        self.every, self.window, self.replicas, self.always = m.every, m.window or m.every, m.replicas, m.always_switch
+        self.every, self.window, self.replicas, self.always = m.every, m.window or m.every, m.replicas, always
         self.forecast = m.forecast
         self.shards = rt.experts
         self.groups = self.shards.replicas // self.shards.width
-        self.expert_bytes = expert_state_bytes(mc.width, mc.bias)
+        self.expert_bytes = expert_bytes(mc.width, mc.bias, MOVED)
         self.loads: dict[int, list[list[int]]] = {}  # step -> per MoE layer, per expert (the whole job's)
         self.samples: list[tuple[int, float, float]] = []  # (step, this rank's compute s, step s)
         self.row_cost: float | None = None

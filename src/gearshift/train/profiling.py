@@ -19,7 +19,7 @@ from gearshift.train.env import job_device
 
 
 def microbatch_size(cfg: JobConfig) -> int:
-    return cfg.train.batch_size // cfg.replicas // cfg.parallel.microbatches
+    return cfg.train.batch_size // cfg.batch_parts // cfg.parallel.microbatches
 
 
 def profile_job(cfg: JobConfig, repeats: int = 5, warmup: int = 2, data: JobData | None = None,
@@ -28,8 +28,8 @@ def profile_job(cfg: JobConfig, repeats: int = 5, warmup: int = 2, data: JobData
     """Per-layer times and bytes of the job's model for one of its micro-batches (or one of `size` samples),
     on one thread, layer by layer (each built, measured and dropped), on `device` (default: the job's,
     cluster.device); the model's keep_together becomes the profile's no_cut."""
-    from gearshift.train.build import brings_own, check_job, job_model
     from gearshift.train.datasets import job_data
+    from gearshift.train.model import brings_own, check_job, job_model
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -50,8 +50,8 @@ def profile_sizes(cfg: JobConfig, sizes: list[int], cache: str = "", passes: int
     """The job's model profiled at each micro-batch size on `device` (default: the job's), once: read from the
     `cache` directory when a profile of this model on that kind of device at that size is there, else measured
     (per layer, the fastest of `passes` passes: a shared machine only ever adds time) and written there."""
-    from gearshift.train.build import job_model
     from gearshift.train.datasets import job_data
+    from gearshift.train.model import job_model
 
     spec, data = spec or job_model(cfg), data or job_data(cfg)
     device = job_device(cfg) if device is None else device
@@ -66,16 +66,21 @@ def profile_sizes(cfg: JobConfig, sizes: list[int], cache: str = "", passes: int
         for size in todo:
             runs[size].append(profile_job(cfg, repeats, warmup, data, spec, size, device))
     for size in todo:
-        rs = runs[size]
-        layers = [replace(lps[0], forward_s=min(lp.forward_s for lp in lps),
-                          backward_s=min(lp.backward_s for lp in lps)) for lps in zip(*(r.layers for r in rs))]
-        out[size] = replace(rs[0], layers=layers, meta={**rs[0].meta, "passes": passes})
+        out[size] = fastest_layers(runs[size])
         if paths[size] is not None:
             paths[size].parent.mkdir(parents=True, exist_ok=True)
             tmp = paths[size].with_suffix(".tmp")
             out[size].save(tmp)
             tmp.replace(paths[size])
     return out
+
+
+def fastest_layers(runs: list[ModelProfile]) -> ModelProfile:
+    """One profile from several passes of the same model: each layer's fastest forward and backward (a shared
+    machine only ever adds time); meta["passes"] says how many."""
+    layers = [replace(lps[0], forward_s=min(lp.forward_s for lp in lps), backward_s=min(lp.backward_s for lp in lps))
+              for lps in zip(*(r.layers for r in runs))]
+    return replace(runs[0], layers=layers, meta={**runs[0].meta, "passes": len(runs)})
 
 
 def model_key(cfg: JobConfig, device: torch.device | None = None) -> str:

@@ -12,15 +12,14 @@ import time
 
 import torch
 
-from gearshift.cluster.spec import ClusterSpec, load_spec
+from gearshift.cluster.spec import LOCAL_MEMORY, ClusterSpec, load_spec
 from gearshift.cluster.state import ClusterState
 from gearshift.errors import PlanError
+from gearshift.planner.placement import PARAMS, expert_bytes
 from gearshift.planner.strategy import CommCosts, MoEShape, Strategy, best, candidates, strategy_pool
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.sim.collectives import LinkCosts
 from gearshift.train.config import JobConfig, validate
-
-LOCAL_MEMORY = 8e9  # bytes per local worker the memory check allows (planning only)
 
 
 def moe_shape(cfg: JobConfig) -> MoEShape:
@@ -28,9 +27,8 @@ def moe_shape(cfg: JobConfig) -> MoEShape:
     from gearshift.train.build import moe_config
 
     mc = moe_config(cfg)
-    w = mc.width
-    expert = (8 * w * w + (5 * w if mc.bias else 0)) * 4  # fc w -> 4w and proj 4w -> w, float32
-    return MoEShape(tuple(mc.moe_layers()), mc.experts, mc.top_k, w, float(expert), float(mc.capacity_factor))
+    expert = float(expert_bytes(mc.width, mc.bias, PARAMS))  # float32 parameters of one expert
+    return MoEShape(tuple(mc.moe_layers()), mc.experts, mc.top_k, mc.width, expert, float(mc.capacity_factor))
 
 
 def microbatch_sizes(cfg: JobConfig) -> list[int]:
@@ -46,8 +44,8 @@ def microbatch_sizes(cfg: JobConfig) -> list[int]:
 def job_profiles(cfg: JobConfig, repeats: int = 3) -> dict[int, ModelProfile]:
     """The model profiled (one process, one thread) at each micro-batch size a strategy would run."""
     from gearshift.profile.profiler import profile_spec
-    from gearshift.train.build import job_model
     from gearshift.train.datasets import job_data
+    from gearshift.train.model import job_model
 
     spec, data = job_model(cfg), job_data(cfg)
     threads = torch.get_num_threads()
@@ -83,7 +81,7 @@ def _cluster(cfg: JobConfig, comm: CommCosts | None = None) -> tuple[ClusterStat
     if cfg.cluster.spec:
         return ClusterState.from_spec(load_spec(cfg.cluster.spec)), None, None
     n = cfg.cluster.workers
-    slow = cfg.emulate.slowdown or [1.0] * n
+    slow = cfg.emulate.slowdowns(n)
     state = ClusterState.from_spec(ClusterSpec.uniform(n, memory_bytes=LOCAL_MEMORY))
     state.speeds = [1.0 / f for f in slow]
     if comm is not None:

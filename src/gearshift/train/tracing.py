@@ -47,11 +47,12 @@ class Tracer:
     def _predicted(self, rt: PipelineRuntime):
         """The simulator's replay of this step's action lists: from the adapter's profile and measured speeds
         (which already include sharing of the cores) or, without one, a fresh profile on shared cores."""
-        mb = self.cfg.train.batch_size // self.cfg.replicas // rt.schedule.num_microbatches
+        mb = self.cfg.train.batch_size // self.cfg.batch_parts // rt.schedule.num_microbatches
         if self.adapter is not None:
             state = self.adapter.base.resized(rt.pipe_ranks)
             state.speeds = [self.adapter.monitor.speed(r) or state.speeds[r] for r in range(rt.pipe_ranks)]
             return predict(self.adapter.profile, list(rt.bounds), rt.schedule, state, mb)
         profile = profile_job(self.cfg, repeats=3, warmup=1, data=self.data, spec=self.spec, size=mb)
-        state = local_pipeline_state(dist.get_world_size(), rt.pipe_ranks, self.cfg.emulate.slowdown)
+        state = local_pipeline_state(dist.get_world_size(), rt.pipe_ranks,
+                                     self.cfg.emulate.slowdowns(dist.get_world_size()))
         return predict(profile, list(rt.bounds), rt.schedule, state, mb)

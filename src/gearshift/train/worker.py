@@ -1,5 +1,5 @@
-"""One worker process: join the process group (env://, as under torchrun), run the job, and on any
-error leave the traceback where the launcher can show it."""
+"""One worker process: join the process group (env://, as under torchrun), run a body as one rank (the job:
+train.run), and on any error leave the traceback where the launcher can show it."""
 
 from __future__ import annotations
 
@@ -50,21 +50,6 @@ def init_distributed(cfg: JobConfig) -> None:
         said = f"training on CUDA with NCCL ({n} rank{'s' if n > 1 else ''}, rank 0 on {chosen.device})" \
             if chosen.device.type == "cuda" else ""
         print(f"gearshift: {'; '.join(s for s in (said, chosen.note) if s)}", flush=True)
-
-
-def run_worker(cfg: JobConfig, resume: bool) -> None:
-    """Run the job in this process; report a failure to the launcher and re-raise it. SIGTERM or SIGINT
-    stops the job after the current step, with a checkpoint."""
-
-    def job() -> None:
-        from gearshift.train.loop import train
-        from gearshift.train.stop import StopRequest
-
-        stop = StopRequest()
-        init_distributed(cfg)
-        train(cfg, resume=resume, stop=stop)
-        dist.barrier()
-    run_as_worker(job)
 
 
 def run_as_worker(body: Callable[[], None]) -> None:

@@ -1,5 +1,5 @@
-"""Start N local gloo workers (spawned processes, one thread each) and collect what each returns: for tests
-and benchmarks that need a real process group on one machine (not part of the shipped package)."""
+"""Run a function on N local gloo ranks (spawned processes on 127.0.0.1, one thread each) and collect what each
+returns: for the tests and benchmarks that need a real process group on one machine."""
 
 from __future__ import annotations
 

@@ -1,0 +1,29 @@
+"""A JobConfig from the defaults (the sections' dataclasses: the job `gearshift train` runs without a config
+file), a TOML file and `--section.key=value` overrides, validated; and back from `to_dict()`."""
+
+from __future__ import annotations
+
+from gearshift.errors import ConfigError
+from gearshift.tomlfile import read_toml
+from gearshift.train.config.job import JobConfig, validate
+from gearshift.train.config.tables import apply, parse_override
+
+
+def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> JobConfig:
+    """Defaults <- the job file at `path` (none: the defaults are the job) <- `--section.key=value` overrides."""
+    cfg = JobConfig()
+    if path is not None:
+        apply(cfg, read_toml(path, "config", ConfigError), str(path))
+    nested: dict[str, dict] = {}
+    for arg in overrides:
+        sec, name, value = parse_override(arg)
+        nested.setdefault(sec, {})[name] = value
+    apply(cfg, nested, "override")
+    return validate(cfg)
+
+
+def config_from_dict(d: dict) -> JobConfig:
+    """Rebuild a JobConfig from `to_dict()` output (how the launcher hands it to workers)."""
+    cfg = JobConfig()
+    apply(cfg, d, "config")
+    return cfg
