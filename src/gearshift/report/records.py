@@ -60,7 +60,7 @@ class StepMetrics:
 
 def step_metrics(step: int, loss: float, grad_norm: float, lr: float, bounds: list, tokens: int,
                  ranks: dict[str, list[float]]) -> StepMetrics:
-    """The step's record from every rank's numbers (`ranks`: field -> values by rank, as train.metrics.StepStats
+    """The step's record from every rank's numbers (`ranks`: field -> values by rank, as train.step_stats.StepStats
     reduces them: busy_s, step_s, speed, has_speed, peak_act_bytes). `tokens`: the job's tokens per step."""
     busy, step_s = ranks["busy_s"], ranks["step_s"]
     wall = max(step_s)

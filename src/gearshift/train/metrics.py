@@ -1,5 +1,5 @@
-"""metrics.jsonl: one JSON object per step (and per evaluation / re-planning event), appended by rank 0; the
-records are gearshift.report.records'."""
+"""metrics.jsonl: one JSON object per step (and per evaluation / re-planning event), appended by rank 0: each a
+record of gearshift.report.records, written as its to_dict()."""
 
 from __future__ import annotations
 
