@@ -22,7 +22,8 @@ def test_job_flags_make_the_overrides_the_config_reads(tmp_path):
     assert p.description == "A benchmark." and a.out == str(harness.RESULTS / "demo.json")
     cfg = load_config(None, [*harness.job_overrides(a), *harness.QUIET, harness.slowdown([1, 2.5]),
                              "--cluster.workers=2", "--parallel.stages=2", harness.partition([(0, 3), (3, 7)])])
-    assert (cfg.model.layers, cfg.model.width, cfg.parallel.microbatches, cfg.data.max_bytes) == (5, 32, 2, 7000)
+    gpt = cfg.model.gpt
+    assert (gpt.layers, gpt.width, cfg.parallel.microbatches, cfg.data.max_bytes) == (5, 32, 2, 7000)
     assert cfg.emulate.slowdown == [1.0, 2.5] and cfg.parallel.partition == [[0, 3], [3, 7]]
     assert (cfg.train.eval_every, cfg.train.checkpoint_every, cfg.output.trace) == (0, 0, False)
     assert harness.job_overrides(a, "width") == ["--model.width=32"]

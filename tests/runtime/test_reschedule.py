@@ -35,29 +35,32 @@ def _switcher(**kw) -> tuple[ScheduleSwitcher, SimpleNamespace]:
 
 def test_start_then_a_cue_without_a_moved_link_is_skipped_and_a_moved_one_reprices() -> None:
     sw, ad = _switcher()
-    rec = sw._decide(_state(25e6), BOUNDS, 0, "start")
-    sw._adopt(rec, ad, 0)
+    ev = sw._decide(_state(25e6), BOUNDS, 0, "start")
+    sw._adopt(ev, ad, 0)
+    rec = ev.to_dict()  # the metrics.jsonl line
     assert rec["current"] is None and rec["switch"] and sw.current == tuple(rec["chosen"])
     assert ad.sizes == [8 // sw.current[0]] and sw.runs == [{"m": sw.current[0], "k": sw.current[1], "from_step": 0}]
     assert describe(rec).startswith("schedule: auto picked m=")
-    assert sw._decide(_state(24e6), BOUNDS, 7, "step time moved") == {"skip": True}
-    rec = sw._decide(_state(2e6, latency=0.02), BOUNDS, 7, "step time moved")
+    assert sw._decide(_state(24e6), BOUNDS, 7, "step time moved") is None  # no link moved: skipped
+    rec = sw._decide(_state(2e6, latency=0.02), BOUNDS, 7, "step time moved").to_dict()
     assert rec["links_moved"] and rec["links_moved"][0].startswith("0->1 bandwidth 200 Mbit/s -> 16 Mbit/s")
     assert rec["trigger"] == "step time moved" and rec["current"] == list(sw.current)
     assert rec["switch"] == (rec["chosen"] != list(sw.current))
-    period = sw._decide(_state(25e6), BOUNDS, 10, "period")
+    period = sw._decide(_state(25e6), BOUNDS, 10, "period").to_dict()
     assert not period["switch"] and period["links_moved"] == []
 
 
 def test_forced_switches_are_priced_and_logged() -> None:
     sw, ad = _switcher(forced={0: (2, 1), 5: (8, 8)})
-    rec = sw._decide(_state(25e6), BOUNDS, 0, "forced", sw.forced[0])
-    sw._adopt(rec, ad, 0)
+    ev = sw._decide(_state(25e6), BOUNDS, 0, "forced", sw.forced[0])
+    sw._adopt(ev, ad, 0)
+    rec = ev.to_dict()
     assert rec["chosen"] == [2, 1] and rec["switch"] and rec["reason"].startswith("forced (the choice would be m=")
     assert rec["predicted_s"] == next(c["predicted_s"] for c in rec["candidates"] if (c["m"], c["k"]) == (2, 1))
     sw.times = [0.5, 0.5, 0.6]
-    rec = sw._decide(_state(25e6), BOUNDS, 5, "forced", sw.forced[5])
-    sw._adopt(rec, ad, 5)
+    ev = sw._decide(_state(25e6), BOUNDS, 5, "forced", sw.forced[5])
+    sw._adopt(ev, ad, 5)
+    rec = ev.to_dict()
     assert rec["chosen"] == [8, 8] and rec["current"] == [2, 1] and rec["measured_step_s"] == 0.5
     assert ad.sizes == [4, 1] and [r["from_step"] for r in sw.runs] == [0, 5] and sw.times == []
 

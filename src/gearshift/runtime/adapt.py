@@ -1,12 +1,12 @@
 """Adaptation loop on every rank: plan the starting partition, feed the monitor with measured compute,
 emulate heterogeneity, and every `adapt.every` steps re-plan from the measurements and migrate layers when
-it pays. Every decision is returned as a dict (logged to metrics.jsonl by rank 0) with its inputs,
-prediction and reason."""
+it pays. Every decision is returned as its metrics.jsonl record (gearshift.report.records, logged by rank 0)
+with its inputs, prediction and reason."""
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -14,30 +14,17 @@ import torch.distributed as dist
 
 from gearshift.cluster.emulate import Emulator
 from gearshift.cluster.state import ClusterState
-from gearshift.errors import PlanError
 from gearshift.models.moe import moe_modules
-from gearshift.planner.replan import decide_replan, first_plan
+from gearshift.planner.replan import FirstPlan, ReplanDecision, decide_replan, first_plan
 from gearshift.profile.model_profile import ModelProfile
+from gearshift.report.records import Migration, ReplanEvent
+from gearshift.runtime.agree import rank0_decides
 from gearshift.runtime.executor import StepRecord
 from gearshift.runtime.migrate import migrate
 from gearshift.runtime.monitor import Ewma, Monitor, merge
 from gearshift.runtime.pipeline import PipelineRuntime
 from gearshift.runtime.probe import probe_latency, probe_links
 from gearshift.schedules import Op, Schedule
-
-
-def rank0_decides(decide: Callable[[], dict]) -> dict:
-    """Rank 0's decide(), on every rank (collective); a PlanError there is raised on every rank."""
-    box: list = [None]
-    if dist.get_rank() == 0:
-        try:
-            box[0] = decide()
-        except PlanError as e:
-            box[0] = {"error": str(e)}
-    dist.broadcast_object_list(box, src=0)
-    if "error" in box[0]:
-        raise PlanError(box[0]["error"])
-    return box[0]
 
 
 @dataclass
@@ -166,14 +153,14 @@ class Adapter:
             self.profile = self.profiles[size]
         self._skip = self.skip
 
-    def plan_start(self, schedule: Schedule, measured: bool) -> dict:
+    def plan_start(self, schedule: Schedule, measured: bool) -> FirstPlan:
         """The partition to start from (collective): the DP over the pipeline as specified, or as measured
         before training (`measured`: speeds seeded, links probed). Rank 0 decides; every rank gets its record."""
         stages, world = schedule.num_stages, dist.get_world_size()
         state = self.pipeline_state(stages, 0) if measured else self.base.resized(world).pipeline(stages)
-        return rank0_decides(lambda: first_plan(self.profile, state, schedule).to_dict())
+        return rank0_decides(lambda: first_plan(self.profile, state, schedule))
 
-    def maybe_replan(self, rt: PipelineRuntime, step: int) -> dict | None:
+    def maybe_replan(self, rt: PipelineRuntime, step: int) -> ReplanEvent | None:
         """After `step` completed: re-plan if due (or forced) and migrate if it pays. Collective."""
         due = self.every and (step + 1) % self.every == 0
         forced = self.forced.get(step + 1)
@@ -182,24 +169,27 @@ class Adapter:
         self.settle_speed()
         self.measure_links(rt.pipe_ranks, rt.pipe_rank, rt.replica)
         state = self.pipeline_state(rt.pipe_ranks, step + 1)
-        out = decide_replan(self.profile, state, rt.bounds, max(self.every, 1), rt.schedule, self.migration_bandwidth,
-                            step + 1, min_gain=self.min_gain).to_dict()
-        if forced is not None:
-            out.update(new_bounds=[list(b) for b in forced], apply=True, reason="forced")
         # Rank 0's decision is the decision: everyone applies the same bounds.
-        box = [out]
-        dist.broadcast_object_list(box, src=0)
-        out = box[0]
-        if out["apply"] and [list(b) for b in rt.bounds] != out["new_bounds"]:
-            rep = migrate(rt, [tuple(b) for b in out["new_bounds"]])
+        out = ReplanEvent(rank0_decides(lambda: self._decide(rt, state, step, forced)))
+        new = [tuple(b) for b in out.decision.new_bounds]
+        if out.decision.apply and [tuple(b) for b in rt.bounds] != new:
+            rep = migrate(rt, new)
             t = [rep.seconds, float(rep.bytes_moved)]
             times: list = [None] * dist.get_world_size()
             dist.all_gather_object(times, t)
             secs = max(x[0] for x in times)
             moved = sum(x[1] for x in times)
-            out["migration"] = {"layers": rep.moved_layers, "bytes": moved, "seconds": secs}
+            out.migration = Migration(rep.moved_layers, moved, secs)
             if moved > 0 and secs > 0:
                 self.migration_bandwidth = moved / secs
             self._skip = self.skip
-        out["event"] = "replan"
         return out
+
+    def _decide(self, rt: PipelineRuntime, state: ClusterState, step: int,
+                forced: list[tuple[int, int]] | None) -> ReplanDecision:
+        """Rank 0: the re-plan after `step` under `state`, or the `forced` bounds."""
+        d = decide_replan(self.profile, state, rt.bounds, max(self.every, 1), rt.schedule, self.migration_bandwidth,
+                          step + 1, min_gain=self.min_gain)
+        if forced is not None:
+            d = dataclasses.replace(d, new_bounds=[tuple(b) for b in forced], apply=True, reason="forced")
+        return d

@@ -13,7 +13,9 @@ from gearshift.cluster.state import ClusterState
 from gearshift.planner.replan import measured_inputs
 from gearshift.planner.schedule_choice import decide, label, links_moved, price
 from gearshift.profile.model_profile import ModelProfile
-from gearshift.runtime.adapt import Adapter, rank0_decides
+from gearshift.report.records import ScheduleEvent
+from gearshift.runtime.adapt import Adapter
+from gearshift.runtime.agree import rank0_decides
 from gearshift.runtime.pipeline import PipelineRuntime
 from gearshift.schedules import Schedule, make_schedule
 
@@ -47,7 +49,7 @@ class ScheduleSwitcher:
         return make_schedule("kfkb", self.stages, m, k=k)
 
     # ---- decisions (collective) ---------------------------------------------------------------
-    def start(self, adapter: Adapter, bounds: list[tuple[int, int]], step: int = 0) -> dict:
+    def start(self, adapter: Adapter, bounds: list[tuple[int, int]], step: int = 0) -> ScheduleEvent:
         """The first choice, at `step` (0, or where a resumed run continues), under the links measured before
         training (adapter.measure_links first)."""
         state = adapter.pipeline_state(self.stages, step)
@@ -59,7 +61,7 @@ class ScheduleSwitcher:
         return rec
 
     def after_step(self, adapter: Adapter, rt: PipelineRuntime, step: int, step_s: float,
-                   probed: bool = False) -> dict | None:
+                   probed: bool = False) -> ScheduleEvent | None:
         """After `step` (all ranks; `step_s` the gathered step time): re-price if due, forced or cued, and
         switch `rt` from the next step on when the decision says so. `probed`: the links were probed after
         this step already (a re-plan did). Returns the decision's record, or None."""
@@ -81,11 +83,11 @@ class ScheduleSwitcher:
         rec = rank0_decides(lambda: self._decide(state, rt.bounds, nxt, trigger, forced,
                                                  adapter.merged.step_overhead() or 0.0,
                                                  adapter.size_states(rt.pipe_ranks, nxt, list(self.profiles))))
-        if rec.get("skip"):  # cued, but no link moved: keep watching from here
+        if rec is None:  # cued, but no link moved: keep watching from here
             self.times, self._skip = [], 0
             return None
-        if rec["switch"]:
-            rt.set_schedule(self.schedule(tuple(rec["chosen"])))
+        if rec.switch:
+            rt.set_schedule(self.schedule(rec.chosen))
         self._adopt(rec, adapter, nxt)
         return rec
 
@@ -99,10 +101,10 @@ class ScheduleSwitcher:
 
     def _decide(self, state: ClusterState, bounds: list[tuple[int, int]], step: int, trigger: str,
                 forced: tuple[int, int] | None = None, overhead_s: float = 0.0,
-                by_size: dict[int, ClusterState] | None = None) -> dict:
+                by_size: dict[int, ClusterState] | None = None) -> ScheduleEvent | None:
         """Rank 0: the decision record (metrics.jsonl "schedule" event) under `state` (`by_size`: the speeds
         measured at each micro-batch size), each candidate's step time with the measured `overhead_s` after its
-        pipeline drains."""
+        pipeline drains; None when the step time moved but no link did."""
         S = self.stages
         now = measured_inputs(state, S)
         moved = []
@@ -112,34 +114,25 @@ class ScheduleSwitcher:
             act = [prof.layers[b - 1].activation_bytes * mb for _, b in bounds[:-1]]
             moved = links_moved(self.priced, now, act, self.change or float("inf"))
         if trigger == "step time moved" and not moved:
-            return {"skip": True}
+            return None
         cands = price(self.profiles, bounds, state, self.batch, self.memory, step_overhead_s=overhead_s,
                       states=by_size)
-        rec = decide(cands, state, step, self.current, self.margin, self.memory).to_dict()
-        rec["step_overhead_s"] = overhead_s
-        if forced is not None:
-            rec.update(chosen=list(forced), switch=tuple(forced) != self.current, would_choose=rec["chosen"],
-                       reason=f"forced (the choice would be m={rec['chosen'][0]} "
-                              f"K={rec['chosen'][1]})",
-                       predicted_s=next((c["predicted_s"] for c in rec["candidates"]
-                                         if (c["m"], c["k"]) == tuple(forced)), None))
-        rec["trigger"] = trigger
-        rec["links_moved"] = moved
+        rec = ScheduleEvent(decide(cands, state, step, self.current, self.margin, self.memory), trigger, overhead_s,
+                            tuple(forced) if forced is not None else None, moved)
         if by_size:
-            rec["speeds_by_size"] = {str(n): [round(x, 4) for x in st.speeds] for n, st in sorted(by_size.items())}
-        if self.times:
-            rec["measured_step_s"] = statistics.median(self.times)  # the running choice, since it was made
-            rec["measured_steps"] = len(self.times)
-            rec["predicted_when_chosen_s"] = self.predicted_s
+            rec.speeds_by_size = {str(n): [round(x, 4) for x in st.speeds] for n, st in sorted(by_size.items())}
+        if self.times:  # the running choice, since it was made
+            rec.measured_step_s, rec.measured_steps = statistics.median(self.times), len(self.times)
+            rec.predicted_when_chosen_s = self.predicted_s
         return rec
 
-    def _adopt(self, rec: dict, adapter: Adapter, step: int) -> None:
+    def _adopt(self, rec: ScheduleEvent, adapter: Adapter, step: int) -> None:
         """Take the decision on this rank: the running (m, K), what it was priced with, a fresh window."""
-        key = tuple(rec["chosen"])
+        key = rec.chosen
         if key != self.current:
             self.runs.append({"m": key[0], "k": key[1], "from_step": step})
             adapter.use_microbatch(self.batch // key[0])
-        self.current, self.priced, self.predicted_s = key, rec["measured"], rec["predicted_s"]
+        self.current, self.priced, self.predicted_s = key, rec.choice.measured, rec.predicted_s
         self.times, self._skip = [], 1
 
 

@@ -12,9 +12,12 @@ from gearshift.cluster.spec import load_spec
 from gearshift.cluster.state import ClusterState, local_state
 from gearshift.models.spec import ModelSpec
 from gearshift.planner.baselines import uniform_bounds
+from gearshift.planner.replan import FirstPlan
 from gearshift.planner.schedule_choice import splits
 from gearshift.profile.model_profile import ModelProfile
+from gearshift.report.records import ScheduleEvent
 from gearshift.runtime.adapt import Adapter
+from gearshift.runtime.agree import rank0_decides
 from gearshift.runtime.probe import probe_speed
 from gearshift.runtime.reschedule import ScheduleSwitcher
 from gearshift.train.build import job_schedule, layer_factory
@@ -48,9 +51,7 @@ def build_adapter(cfg: JobConfig, data: JobData, spec: ModelSpec, forcing: Forci
         return None
     device = job_device(cfg)
     # rank 0 profiles on its device (speed 1.0 by definition); everyone plans from the same numbers
-    box = [_profiles(cfg, data, spec, device, switches(cfg, forcing)) if rank == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    profile, profiles = box[0]
+    profile, profiles = rank0_decides(lambda: _profiles(cfg, data, spec, device, switches(cfg, forcing)))
     base = ClusterState.from_spec(load_spec(cfg.cluster.spec)) if cfg.cluster.spec else local_state(world)
     emulator = Emulator(cfg.emulate, rank)
     ad = Adapter(profile, base, cfg.adapt.every if _replans(cfg) else 0, cfg.adapt.alpha,
@@ -104,7 +105,7 @@ def build_switcher(cfg: JobConfig, adapter: Adapter | None, forcing: Forcing | N
 
 
 def start_schedule(cfg: JobConfig, adapter: Adapter, switcher: ScheduleSwitcher, bounds: list[tuple[int, int]],
-                   spec: ModelSpec, data: JobData, step: int = 0) -> dict:
+                   spec: ModelSpec, data: JobData, step: int = 0) -> ScheduleEvent:
     """The first schedule choice (collective; its record is the first "schedule" event of metrics.jsonl),
     under this rank's speed and its pipeline's links as measured now (unless plan_start just measured them)."""
     if not adapter.start_measured:
@@ -121,7 +122,8 @@ def measure_start(cfg: JobConfig, adapter: Adapter, spec: ModelSpec, data: JobDa
     adapter.start_measured = True
 
 
-def plan_start(cfg: JobConfig, adapter: Adapter, spec: ModelSpec, data: JobData, switching: bool = False) -> dict:
+def plan_start(cfg: JobConfig, adapter: Adapter, spec: ModelSpec, data: JobData,
+               switching: bool = False) -> FirstPlan:
     """The adaptive job's first partition, the DP's plan at step 0 (collective; its record is the "plan" event
     of metrics.jsonl). With cluster.spec (and a fixed schedule), from the spec's speeds and links; else from a
     short measurement on every rank first: its speed (the profile's work of its uniform share against the timed

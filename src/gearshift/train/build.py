@@ -18,6 +18,7 @@ from gearshift.optim import OptimConfig
 from gearshift.planner.expert_map import ExpertMap
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.runtime.adapt import Adapter
+from gearshift.runtime.agree import rank0_decides
 from gearshift.runtime.experts import ExpertShards
 from gearshift.runtime.multidir import MultiDirRuntime
 from gearshift.runtime.pipeline import PipelineRuntime
@@ -125,9 +126,7 @@ def multidir_profile(cfg: JobConfig, adapter: Adapter | None = None) -> ModelPro
         return adapter.profile
     if cfg.adapt.profile:
         return ModelProfile.load(cfg.adapt.profile)
-    box = [profile_job(cfg, repeats=3, warmup=1) if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+    return rank0_decides(lambda: profile_job(cfg, repeats=3, warmup=1))
 
 
 def multidir_slices(cfg: JobConfig, spec: ModelSpec, profile: ModelProfile) -> list[tuple[int, int]]:

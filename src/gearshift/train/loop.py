@@ -4,6 +4,7 @@ metrics, progress and files."""
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from pathlib import Path
@@ -11,6 +12,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from gearshift.report.records import PlacementEvent, StepMetrics
+from gearshift.runtime.agree import AnyRank
 from gearshift.runtime.reschedule import describe as describe_schedule
 from gearshift.train.adaptation import build_adapter, build_switcher, plan_start, start_schedule
 from gearshift.train.build import build_runtime, expert_shards, job_model, lr_at, moe_config
@@ -20,11 +23,12 @@ from gearshift.train.datasets import JobData, job_data
 from gearshift.train.evaluation import Evaluator
 from gearshift.train.forcing import Forcing
 from gearshift.train.layout import resolve_partition
-from gearshift.train.metrics import MetricsLog, read_metrics, step_record
+from gearshift.train.metrics import MetricsLog, read_metrics
 from gearshift.train.moe_trace import FILENAME, MoETrace
 from gearshift.train.placement import Placer
 from gearshift.train.progress import Progress, print_summary
 from gearshift.train.rundir import prepare_run_dir, write_config
+from gearshift.train.step_stats import StepStats
 from gearshift.train.stop import StopRequest
 from gearshift.train.strategy import resolve_auto
 from gearshift.train.tracing import Tracer
@@ -54,7 +58,7 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None,
         bounds = [tuple(b) for b in ckpt.resumed().get("bounds", [])] or None
     if bounds is None and cfg.parallel.partition == "adaptive":  # the DP's plan, before any layer is built
         plan = plan_start(cfg, adapter, spec, data, switcher is not None)
-        bounds = [tuple(b) for b in plan["bounds"]]
+        bounds = [tuple(b) for b in plan.bounds]
     choice = None
     if switcher:  # the schedule for the partition it starts with, under the links as measured now
         bounds = bounds or resolve_partition(cfg, spec)
@@ -73,16 +77,16 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None,
     placer = Placer(cfg, rt, always=moves) if cfg.moe.every and rt.experts is not None else None
     if placer and resume:
         placer.load_state(ckpt.resumed().get("placer"))
-    placements: list[dict] = []
+    placements: list[PlacementEvent] = []
     if strategy and log:
         log.write(strategy)
-        bar.note(f"strategy auto: {strategy['chosen']} (the fastest predicted of {len(strategy['pool'])})")
+        bar.note(f"strategy auto: {strategy.chosen} (the fastest predicted of {len(strategy.pool)})")
     if plan and log:
         log.write(plan)
-        bar.note(_describe(plan))
+        bar.note(_describe(plan.to_dict()))
     if choice and log:
         log.write(choice)
-        bar.note(describe_schedule(choice))
+        bar.note(describe_schedule(choice.to_dict()))
     end = min(t.steps, start + t.stop_after) if t.stop_after else t.steps
     evaluate, tracer = Evaluator(cfg, data), Tracer(cfg, adapter, data, spec, end)
     if rank == 0 and t.eval_every and not data.has_val:
@@ -90,7 +94,8 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None,
               flush=True)
     tokens = t.batch_size * data.tokens_per_sample
     per_part = t.batch_size // cfg.batch_parts
-    history: list[dict] = []
+    history: list[StepMetrics] = []
+    stats, any_stop = StepStats(rt.device), AnyRank(rt.device)  # the step's collectives, made once
     wall0 = time.perf_counter()
     stopped = False
     for step in range(start, end):
@@ -102,17 +107,16 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None,
         if adapter:
             adapter.observe(rt, res.record, per_part // rt.schedule.num_microbatches)
         speed = adapter.monitor.speed(rank) if adapter else None
-        rec, stopped = step_record(step, res.loss, res.grad_norm, lr, res.record.busy_s, res.record.step_s,
-                                   rt.bounds, tokens, speed, stop is not None and stop.requested,
-                                   res.record.peak_act_bytes)
+        rec = stats(step, res.loss, res.grad_norm, lr, res.record, rt.bounds, tokens, speed)
+        stopped = any_stop(stop is not None and stop.requested)  # every rank stops after the same step
         if res.moe is not None:
-            rec.update(res.moe.record())
+            rec = dataclasses.replace(rec, **res.moe.record())
             if trace:
                 trace.add(step, res.moe.routed)
         if placer:
-            placer.observe(step, rt, res, rec["step_time_s"])
+            placer.observe(step, rt, res, rec.step_time_s)
         if evaluate.due(step):
-            rec["val_loss"] = evaluate(rt)
+            rec.val_loss = evaluate(rt)
         tracer.maybe(step, rt, res.record)
         history.append(rec)
         if log:
@@ -122,18 +126,18 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None,
         spec.release()  # a migration may have made a model given whole again to take layers from
         if decision and log:
             log.write(decision)
-            bar.note(_describe(decision))
+            bar.note(_describe(decision.to_dict()))
         if switcher:
-            choice = switcher.after_step(adapter, rt, step, rec["step_time_s"], probed=decision is not None)
+            choice = switcher.after_step(adapter, rt, step, rec.step_time_s, probed=decision is not None)
             if choice and log:
                 log.write(choice)
-                bar.note(describe_schedule(choice))
+                bar.note(describe_schedule(choice.to_dict()))
         placed = placer.maybe_place(rt, step) if placer else None
         if placed:
             placements.append(placed)
             if log:
                 log.write(placed)
-                bar.note(_describe(placed))
+                bar.note(_describe(placed.to_dict()))
         if ckpt.due(step + 1, end) or stopped:
             path = ckpt.save(rt, step + 1, placer.state() if placer else None)
         if stopped:
@@ -146,7 +150,7 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None,
         summary["schedule_runs"] = switcher.runs
     if placer:
         summary["placement_decisions"] = len(placements)
-        summary["placement_switches"] = sum(1 for d in placements if d["switch"])
+        summary["placement_switches"] = sum(1 for d in placements if d.decision.switch)
     if rank == 0:
         if log:
             log.close()
@@ -161,25 +165,25 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None,
             summary["report"] = str(write_report(out))
         print_summary(cfg, summary)
         if stopped:
-            print(f"gearshift: stopped after step {history[-1]['step'] + 1} ({stop.signal_name}); checkpoint "
+            print(f"gearshift: stopped after step {history[-1].step + 1} ({stop.signal_name}); checkpoint "
                   f"{path}; --resume continues", flush=True)
     summary["stopped"] = stopped
     return summary
 
 
-def _summary(cfg: JobConfig, history: list[dict], start: int, wall_s: float, data: JobData) -> dict:
+def _summary(cfg: JobConfig, history: list[StepMetrics], start: int, wall_s: float, data: JobData) -> dict:
     def median(key: str, skip: int = 0) -> float:
-        xs = [h[key] for h in history[skip:]] or [h[key] for h in history]
+        xs = [getattr(h, key) for h in history[skip:]] or [getattr(h, key) for h in history]
         return statistics.median(xs) if xs else float("nan")
 
     return {
         "steps": cfg.train.steps, "start_step": start, "wall_s": wall_s,
-        "first_loss": history[0]["loss"] if history else float("nan"),
-        "final_loss": history[-1]["loss"] if history else float("nan"),
-        "val_loss": next((h["val_loss"] for h in reversed(history) if "val_loss" in h), None),
+        "first_loss": history[0].loss if history else float("nan"),
+        "final_loss": history[-1].loss if history else float("nan"),
+        "val_loss": next((h.val_loss for h in reversed(history) if h.val_loss is not None), None),
         "unigram_entropy": data.unigram_entropy(),
         "tokens_per_s": median("tokens_per_s", skip=1), "bubble_fraction": median("bubble_fraction"),
-        "peak_act_bytes": [max(col) for col in zip(*(h["peak_act_bytes"] for h in history))] if history else [],
+        "peak_act_bytes": [max(col) for col in zip(*(h.peak_act_bytes for h in history))] if history else [],
     }
 
 

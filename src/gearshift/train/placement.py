@@ -13,6 +13,8 @@ import torch.distributed as dist
 
 from gearshift.planner.expert_map import ExpertMap
 from gearshift.planner.placement import MOVED, decide_placement, device_loads, expert_bytes, fit_row_cost
+from gearshift.report.records import ExpertMove, PlacementEvent
+from gearshift.runtime.agree import rank0_decides
 from gearshift.runtime.pipeline import PipelineRuntime, StepResult
 from gearshift.runtime.placement import move_experts, probe_bandwidth
 from gearshift.train.build import moe_config
@@ -78,7 +80,7 @@ class Placer:
     def _current(self) -> dict[int, ExpertMap]:
         return dict(self.shards.placements)
 
-    def maybe_place(self, rt: PipelineRuntime, step: int) -> dict | None:
+    def maybe_place(self, rt: PipelineRuntime, step: int) -> PlacementEvent | None:
         """After `step`: decide (rank 0) and switch (every rank) if due. Collective."""
         if not self.every or (step + 1) % self.every:
             return None
@@ -86,20 +88,17 @@ class Placer:
             self.bandwidth = probe_bandwidth(self.shards, self.expert_bytes)
         gathered: list = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, self.samples)
-        box: list = [None]
-        if dist.get_rank() == 0:
-            box[0] = self._decide(rt, step, gathered)
-        dist.broadcast_object_list(box, src=0)
-        out = box[0]
-        self.row_cost = out["row_cost_s"] if out["row_cost_s"] > 0 else self.row_cost
-        if out["switch"]:
-            new = {int(i): ExpertMap.from_devices(d, self.shards.experts) for i, d in out["placements"].items()}
+        out = rank0_decides(lambda: self._decide(rt, step, gathered))
+        d = out.decision
+        self.row_cost = d.row_cost_s if d.row_cost_s > 0 else self.row_cost
+        if d.switch:
+            new = dict(d.placements)
             rep = move_experts(rt, new)
             rows: list = [None] * dist.get_world_size()
             dist.all_gather_object(rows, (rep.bytes_received, rep.transfer_s, rep.seconds))
             most = max(rows, key=lambda r: r[0])
             secs = max(r[2] for r in rows)
-            out["move"] = {"bytes": sum(r[0] for r in rows), "seconds": secs, "transfer_s": max(r[1] for r in rows)}
+            out.move = ExpertMove(sum(r[0] for r in rows), secs, max(r[1] for r in rows))
             if most[0] > 0 and most[1] > 0:
                 self.bandwidth = most[0] / most[1]
             self.fixed_s = max(0.0, secs - max(r[1] for r in rows))
@@ -107,8 +106,8 @@ class Placer:
         self.samples = []
         return out
 
-    def _decide(self, rt: PipelineRuntime, step: int, gathered: list) -> dict:
-        """Rank 0: the decision as a dict (pure planning on the gathered measurements)."""
+    def _decide(self, rt: PipelineRuntime, step: int, gathered: list) -> PlacementEvent:
+        """Rank 0: the decision (pure planning on the gathered measurements)."""
         sh = self.shards
         stage_rank = rt.schedule.placement
         fit = []
@@ -124,6 +123,4 @@ class Placer:
         d = decide_placement(step + 1, history, self._current(), self.replicas, self.every,
                              statistics.median(step_times), row_cost, self.expert_bytes, self.bandwidth, self.fixed_s,
                              self.groups, self.always, self.forecast)
-        out = d.to_dict()
-        out["row_cost_fitted"] = cost is not None
-        return out
+        return PlacementEvent(d, cost is not None)

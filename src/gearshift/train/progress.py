@@ -6,6 +6,7 @@ import rich.progress as rp
 from rich.console import Console
 from rich.table import Table
 
+from gearshift.report.records import StepMetrics
 from gearshift.train.config import JobConfig
 
 
@@ -22,12 +23,12 @@ class Progress:
             self.task = self.bar.add_task("train", total=total, completed=start, info="")
             self.bar.start()
 
-    def update(self, step: int, rec: dict) -> None:
+    def update(self, step: int, rec: StepMetrics) -> None:
         if self.bar is None:
             return
-        info = f"loss {rec['loss']:.3f}  {rec['tokens_per_s']:,.0f} tok/s  bubble {rec['bubble_fraction']:.0%}"
-        if "val_loss" in rec:
-            info += f"  val {rec['val_loss']:.3f}"
+        info = f"loss {rec.loss:.3f}  {rec.tokens_per_s:,.0f} tok/s  bubble {rec.bubble_fraction:.0%}"
+        if rec.val_loss is not None:
+            info += f"  val {rec.val_loss:.3f}"
         self.bar.update(self.task, completed=step + 1, info=info)
 
     def note(self, text: str) -> None:

@@ -1,6 +1,6 @@
 """Graceful stop: SIGTERM (what schedulers send) or SIGINT asks the job to stop at the next step boundary
-with a checkpoint; a second signal stops it at once. Every rank learns of a request from the per-step
-gather, so all ranks stop after the same step."""
+with a checkpoint; a second signal stops it at once. Every rank learns of a request from the stop agreement
+every rank enters after each step (runtime.agree.AnyRank), so all ranks stop after the same step."""
 
 from __future__ import annotations
 

@@ -18,6 +18,7 @@ from gearshift.errors import PlanError
 from gearshift.planner.placement import PARAMS, expert_bytes
 from gearshift.planner.strategy import CommCosts, MoEShape, Strategy, best, candidates, strategy_pool
 from gearshift.profile.model_profile import ModelProfile
+from gearshift.report.records import StrategyEvent
 from gearshift.sim.collectives import LinkCosts
 from gearshift.train.config import JobConfig, validate
 
@@ -119,31 +120,19 @@ def with_strategy(cfg: JobConfig, s: Strategy) -> JobConfig:
     return validate(cfg)
 
 
-def resolve_auto(cfg: JobConfig) -> tuple[JobConfig, dict | None]:
+def resolve_auto(cfg: JobConfig) -> tuple[JobConfig, StrategyEvent | None]:
     """parallel.strategy = "auto" inside the workers (collective): every rank measures the exchanges together,
     rank 0 profiles and prices the pool and broadcasts it; returns the job set to the best strategy and the
     "strategy" event for metrics.jsonl (the whole pool). Other jobs come back unchanged, with None."""
-    import torch.distributed as dist
-
     from gearshift.comm.exchange_costs import measure_exchange_costs
+    from gearshift.runtime.agree import rank0_decides
 
     if cfg.parallel.strategy != "auto":
         return cfg, None
     comm = spec_comm_costs(cfg) if cfg.cluster.spec else measure_exchange_costs()
-    box: list = [None]
-    if dist.get_rank() == 0:
-        try:
-            pool = job_pool(cfg, job_profiles(cfg), comm, optimizer_seconds_per_byte())
-            box[0] = [s.to_dict() for s in pool]
-        except PlanError as e:
-            box[0] = str(e)
-    dist.broadcast_object_list(box, src=0)
-    if isinstance(box[0], str):
-        raise PlanError(box[0])
-    pool = [Strategy.from_dict(d) for d in box[0]]
+    pool = rank0_decides(lambda: job_pool(cfg, job_profiles(cfg), comm, optimizer_seconds_per_byte()))
     chosen = best(pool)
-    event = {"event": "strategy", "chosen": chosen.name, "pool": [s.to_dict() for s in pool]}
-    return with_strategy(cfg, chosen), event
+    return with_strategy(cfg, chosen), StrategyEvent(chosen.name, pool)
 
 
 def _measure_rank(out: str) -> None:
