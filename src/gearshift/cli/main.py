@@ -18,6 +18,7 @@ COMMANDS = {
     "schedule": ("schedule", "the schedule candidates auto prices for a job (m, K, memory, step time), and its pick"),
     "allreduce": ("allreduce", "all-reduce algorithm per message size: predicted for a spec, or measured"),
     "moe": ("moe", "expert placement: replay policies on a routing trace, or write a synthetic one"),
+    "trace": ("trace", "co-tenant traces for emulate.trace: write a synthetic one, or show one"),
     "testbed": ("testbed", "emulated multi-host network (Linux namespaces + tc)"),
     "report": ("report", "write RUN_DIR/report.html: loss, throughput, partition, bubbles, decisions, config"),
 }

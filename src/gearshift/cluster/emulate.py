@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gearshift.cluster.trace import TraceRow, read_trace
 from gearshift.errors import ConfigError
 from gearshift.keys import key
 
@@ -42,6 +43,9 @@ class EmulationConfig:
                                                    "(one for all or one per rank); 0 = uncapped")
     link_latency_s: float = key(0.0, "added latency in seconds per pipeline transfer")
     scenario: list[Any] = key([], 'changes over time, e.g. ["150:1:3.0"]: at step 150 rank 1 becomes 3x slower')
+    trace: str = key("", "co-tenant trace file (JSON or CSV rows {step, rank, slowdown} / {step, link: [src, dst], "
+                         "bandwidth}; `gearshift trace synth` writes one), applied after emulate.scenario at step "
+                         'boundaries; "" = none')
     basis: str = key("wall", "what a slowdown stretches: wall (an op's measured time) | cpu (its thread's CPU time, "
                              "on CPU devices: independent of other ranks computing on the same cores at once)")
     router_skew: float = key(0.0, "moe_gpt: a skewed router: add -skew * log(1 + rank) times each token's logit "
@@ -90,6 +94,10 @@ class EmulationConfig:
             raise ConfigError(f"{where}.scenario: expected a list of events, got {self.scenario!r}")
         for i, e in enumerate(self.scenario):
             parse_event(e, world_size, f"{where}.scenario[{i}]")
+        if not isinstance(self.trace, str):
+            raise ConfigError(f"{where}.trace: expected a file path, got {self.trace!r}")
+        if self.trace:
+            read_trace(self.trace, world_size, f"{where}.trace")
         if self.basis not in BASES:
             raise ConfigError(f"{where}.basis: {self.basis!r} (allowed: {', '.join(BASES)})")
         skew = self.router_skew
@@ -104,8 +112,27 @@ class EmulationConfig:
         return [float(x) for x in self.slowdown] if self.slowdown else [1.0] * world_size
 
     def events(self) -> list[ScenarioEvent]:
-        """The scenario's events, by step (checked against the world size by `check`)."""
-        return sorted((parse_event(e) for e in self.scenario), key=lambda e: e.step)
+        """The scenario's events, then the trace's rank rows, by step (checked against the world size by
+        `check`)."""
+        rows = [ScenarioEvent(r.step, r.rank, r.slowdown) for r in self.trace_rows() if r.rank is not None]
+        return sorted([parse_event(e) for e in self.scenario] + rows, key=lambda e: e.step)
+
+    def trace_rows(self) -> list[TraceRow]:
+        """The trace file's rows ([] without emulate.trace)."""
+        return read_trace(self.trace) if self.trace else []
+
+    def changes(self) -> dict[int, list[dict]]:
+        """Every change of the emulated environment, by step (scenario events and trace rows, as dicts): what the
+        job marks in metrics.jsonl."""
+        out: dict[int, list[dict]] = {}
+        for e in self.scenario:
+            e = parse_event(e)
+            d = {"rank": e.rank, "slowdown": e.slowdown, "link_bandwidth": e.link_bandwidth}
+            out.setdefault(e.step, []).append({k: v for k, v in d.items() if v is not None})
+        for r in self.trace_rows():
+            d = r.to_dict()
+            out.setdefault(d.pop("step"), []).append(d)
+        return out
 
 
 def _positive(x: object, where: str) -> float:
@@ -155,6 +182,7 @@ class Emulator:
             raise ConfigError(f"emulate: rank {rank} out of range for {len(cfg.slowdown)} workers")
         self.cfg, self.rank, self._sleep = cfg, rank, sleep
         self._events = [e for e in cfg.events() if e.rank == rank]
+        self._links = [r for r in cfg.trace_rows() if r.link is not None and r.link[1] == rank]  # into this rank
 
     def slowdown_at(self, step: int) -> float:
         """This rank's slowdown factor at `step` (the latest scenario event at or before it wins)."""
@@ -164,13 +192,17 @@ class Emulator:
                 f = e.slowdown
         return f
 
-    def bandwidth_at(self, step: int) -> float | None:
-        """This rank's outgoing link cap (bytes/s) at `step`; None = uncapped."""
+    def bandwidth_at(self, step: int, peer: int | None = None) -> float | None:
+        """The cap (bytes/s) at `step` on transfers into this rank (from `peer`: a trace's link rows src -> this
+        rank, the latest at or before `step`, win over the rank's cap); None = uncapped."""
         bw = self.cfg.link_bandwidth
         b = float(bw[self.rank]) if isinstance(bw, list) else float(bw) if bw else None
         for e in self._events:
             if e.step <= step and e.link_bandwidth is not None:
                 b = e.link_bandwidth
+        for r in self._links:
+            if r.step <= step and r.link[0] == peer:
+                b = r.bandwidth
         return b
 
     def after_compute(self, measured_s: float, step: int, cpu_s: float | None = None) -> float:
@@ -187,10 +219,10 @@ class Emulator:
             self._sleep(extra)
         return extra
 
-    def transfer_delay(self, num_bytes: float, measured_s: float, step: int) -> float:
-        """Sleep so a transfer of `num_bytes` that took `measured_s` appears to run at the capped bandwidth,
-        plus the link latency; returns the seconds slept."""
-        bw = self.bandwidth_at(step)
+    def transfer_delay(self, num_bytes: float, measured_s: float, step: int, peer: int | None = None) -> float:
+        """Sleep so a transfer of `num_bytes` (from `peer`) that took `measured_s` appears to run at the capped
+        bandwidth, plus the link latency; returns the seconds slept."""
+        bw = self.bandwidth_at(step, peer)
         extra = self.cfg.link_latency_s
         if bw is not None:
             extra += max(0.0, num_bytes / bw - measured_s)
@@ -222,4 +254,4 @@ class Emulator:
         """Whether this rank is ever slowed or delayed, or routes through a skewed router (lets the runtime skip
         the hooks)."""
         return (self.slowdown_at(0) != 1.0 or self.bandwidth_at(0) is not None or self.cfg.link_latency_s > 0
-                or bool(self._events) or self.skews_router)
+                or bool(self._events) or bool(self._links) or self.skews_router)

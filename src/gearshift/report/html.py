@@ -72,7 +72,8 @@ def summary(records: list[dict]) -> dict:
         "median tokens/s": statistics.median(r["tokens_per_s"] for r in timed) if timed else None,
         "median step time (s)": statistics.median(r["step_time_s"] for r in timed) if timed else None,
         "median bubble fraction": statistics.median(r["bubble_fraction"] for r in timed) if timed else None,
-        "decisions": len(decisions),
+        "decisions": sum(1 for r in decisions if r.get("event") != "environment"),
+        "environment changes": sum(1 for r in decisions if r.get("event") == "environment"),
         "re-plans applied": sum(1 for r in decisions if r.get("event") == "replan" and r.get("apply")),
     }
 
@@ -130,7 +131,8 @@ def _img(png: bytes, alt: str) -> str:
 
 def render(records: list[dict], config: dict | None, title: str) -> str:
     """The page as HTML text."""
-    figures = [("Loss, throughput and bubbles over steps (decisions marked)", run_figure(records)),
+    figures = [("Loss, throughput and bubbles over steps (decisions, environment changes marked)",
+                run_figure(records)),
                ("Partition over time", partition_figure(records)),
                ("Per-rank busy and bubble time", busy_figure(records))]
     sections = [f"<h1>{html.escape(title)}</h1>", "<h2>Summary</h2>",

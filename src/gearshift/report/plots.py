@@ -27,9 +27,14 @@ def decision_records(records: list[dict]) -> list[dict]:
 def _mark_decisions(axes, records: list[dict], legend_ax=None) -> None:
     """A vertical line at each decision's step: red where a re-plan applied, dashed grey for the rest;
     their legend on `legend_ax`."""
-    applied = shown = False
+    applied = shown = env = False
     for r in decision_records(records):
         if "step" not in r:
+            continue
+        if r.get("event") == "environment":  # a cause, not a decision: drawn apart
+            for ax in axes:
+                ax.axvline(r["step"], color="darkorange", alpha=0.7, ls=":", lw=1.5)
+            env = True
             continue
         is_applied = r.get("event") == "replan" and bool(r.get("apply"))
         style = {"color": "red", "alpha": 0.4} if is_applied else {"color": "grey", "alpha": 0.5, "ls": "--"}
@@ -43,7 +48,9 @@ def _mark_decisions(axes, records: list[dict], legend_ax=None) -> None:
         legend_ax.plot([], [], color="red", alpha=0.4, label="re-plan applied")
     if shown:
         legend_ax.plot([], [], color="grey", alpha=0.5, ls="--", label="other decision")
-    if applied or shown:
+    if env:
+        legend_ax.plot([], [], color="darkorange", alpha=0.7, ls=":", label="environment change")
+    if applied or shown or env:
         legend_ax.legend()
 
 

@@ -1,8 +1,9 @@
 """The records of metrics.jsonl, as the training job writes them: one per step (`StepMetrics`) and one per
 decision (a line with "event"): "strategy" (`StrategyEvent`), "plan" (planner.replan.FirstPlan, the planner's
-own record), "replan" (`ReplanEvent`), "schedule" (`ScheduleEvent`), "placement" (`PlacementEvent`). Each
-`to_dict()` is the line's JSON object; readers (this package's plots and page, the benches) read the lines as
-plain dicts. Pure data: no torch."""
+own record), "replan" (`ReplanEvent`), "schedule" (`ScheduleEvent`), "placement" (`PlacementEvent`),
+"environment" (`EnvironmentEvent`: an emulated change of the cluster), "decision" (`DecisionEvent`: the
+controller's). Each `to_dict()` is the line's JSON object; readers (this package's plots and page, the benches)
+read the lines as plain dicts. Pure data: no torch."""
 
 from __future__ import annotations
 
@@ -183,3 +184,16 @@ class PlacementEvent:
         if self.move is not None:
             d["move"] = asdict(self.move)
         return d
+
+
+@dataclass
+class EnvironmentEvent:
+    """The emulated environment changed before `step` (emulate.scenario or emulate.trace): each change as a dict
+    {rank, slowdown} / {rank, link_bandwidth} / {link: [src, dst], bandwidth}. Not a decision: drawn as its cause."""
+
+    step: int
+    changes: list[dict]
+
+    def to_dict(self) -> dict:
+        return {"event": "environment", "step": self.step, "changes": self.changes,
+                "reason": "emulated change of the environment"}

@@ -76,7 +76,7 @@ class Adapter:
     def after_recv(self, peer: int, nbytes: int, waited_s: float) -> None:
         """Executor hook: an emulated link cap or latency on this rank's incoming pipeline transfers."""
         if self.emulator is not None:
-            self.emulator.transfer_delay(nbytes, waited_s, self.step)
+            self.emulator.transfer_delay(nbytes, waited_s, self.step, peer)
 
     def observe(self, rt: PipelineRuntime, rec: StepRecord, mb_size: int) -> None:
         """Feed this rank's measured compute against the profiled work of its stages."""

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from gearshift.report.records import PlacementEvent, StepMetrics
+from gearshift.report.records import EnvironmentEvent, PlacementEvent, StepMetrics
 from gearshift.runtime.agree import AnyRank
 from gearshift.runtime.reschedule import describe as describe_schedule
 from gearshift.train.adaptation import build_adapter, build_switcher, plan_start, start_schedule
@@ -98,7 +98,10 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None,
     stats, any_stop = StepStats(rt.device), AnyRank(rt.device)  # the step's collectives, made once
     wall0 = time.perf_counter()
     stopped = False
+    changes = cfg.emulate.changes() if log else {}
     for step in range(start, end):
+        if step in changes:  # the cause of what the next records show
+            log.write(EnvironmentEvent(step, changes[step]))
         x, y = data.batch(step, t.batch_size, t.seed)
         lr = lr_at(step, cfg)
         if adapter:
