@@ -1,7 +1,7 @@
 """Synthetic co-tenant traces (`gearshift trace synth`): seeded generators of the rows cluster.trace reads.
 `cotenant`: other jobs arrive on each device (and, with a link bandwidth, on each pipeline link) as a Poisson
 process, each taking a share for an exponentially distributed time; `burst`: short, deep slowdowns; `diurnal`:
-slow waves, one phase per rank. A row is written only where a rank's (or link's) value changes."""
+slow waves, a seeded phase per rank. A row is written only where a rank's (or link's) value changes."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ def synth(kind: str, ranks: int, steps: int, seed: int = 0, depth: float = 6.0, 
     elif kind == "burst":
         level = [_bursts(rng, steps, depth, mean_gap) for _ in range(ranks)]
     else:
-        period = max(steps / 2, 8)
-        level = [[_quantize(1 + (depth - 1) * (1 + math.sin(2 * math.pi * s / period + 2 * math.pi * r / ranks)) / 2)
+        period, phase = max(steps / 2, 8), rng.uniform(0, 2 * math.pi, ranks)  # a seeded phase per rank
+        level = [[_quantize(1 + (depth - 1) * (1 + math.sin(2 * math.pi * s / period + float(phase[r]))) / 2)
                   for s in range(steps)] for r in range(ranks)]
     rows = _rows(level, lambda r, v, s: TraceRow(s, r, v))
     if kind == "cotenant" and link_bandwidth > 0 and ranks > 1:
