@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
+from gearshift.planner.joint import JointDecision
 from gearshift.planner.placement import PlacementDecision
 from gearshift.planner.replan import ReplanDecision
 from gearshift.planner.schedule_choice import INF, ScheduleChoice
@@ -197,3 +198,19 @@ class EnvironmentEvent:
     def to_dict(self) -> dict:
         return {"event": "environment", "step": self.step, "changes": self.changes,
                 "reason": "emulated change of the environment"}
+
+
+@dataclass
+class DecisionEvent:
+    """The controller's one decision at a decision point (runtime.controller): the options priced together
+    (partition and schedule), the chosen one, why, and the move made (`migration`, `switch_s`)."""
+
+    decision: JointDecision
+    migration: Migration | None = None
+    switch_s: float | None = None
+
+    def to_dict(self) -> dict:
+        d = self.decision.to_dict()
+        d["migration"] = asdict(self.migration) if self.migration else None
+        d["switch_s"] = self.switch_s
+        return d

@@ -19,6 +19,7 @@ from gearshift.planner.replan import FirstPlan, ReplanDecision, decide_replan, f
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.report.records import Migration, ReplanEvent
 from gearshift.runtime.agree import rank0_decides
+from gearshift.runtime.detect import Detector
 from gearshift.runtime.executor import StepRecord
 from gearshift.runtime.migrate import migrate
 from gearshift.runtime.monitor import Ewma, Monitor, merge
@@ -51,6 +52,7 @@ class Adapter:
     probe_bytes: int = 0  # the smallest link probe (a longer message times the bandwidth better)
     link_reset: float = 3.0  # a link sample this many times off its estimate is a changed link: taken as it is
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # where this rank's probes run
+    detector: Detector | None = None  # this rank's speed watched for a change (adapt.detect; runtime.controller)
 
     def __post_init__(self) -> None:
         self.monitor = Monitor(dist.get_world_size(), self.alpha, self.link_reset)
@@ -58,6 +60,7 @@ class Adapter:
         self.window: list[float] = []  # this rank's speed samples since the last re-plan
         self._skip = self.skip
         self._estimate: float | None = None
+        self.detected = False  # this rank's speed changed since the last decision (the detector said so)
 
     def begin_step(self, rt: PipelineRuntime, step: int) -> None:
         """Before `step`: the step the emulation is at, and an emulated skewed router's bias on this rank's MoE
@@ -94,7 +97,9 @@ class Adapter:
             return
         self.monitor.record_compute(dist.get_rank(), profiled, measured, mb_size)
         self.window.append(profiled / measured)
-
+        if self.detector is not None and self.detector.update(profiled / measured):
+            # a change: the next decision uses the speed measured since, not a blend with the old level
+            self.detected, self.window, self._estimate = True, [profiled / measured], None
     def settle_speed(self) -> None:
         """Set this rank's speed from the period's samples and start a new period: their median (robust to the
         bursts of a shared machine), blended with the previous periods' estimate unless it changed by more than
@@ -173,17 +178,21 @@ class Adapter:
         out = ReplanEvent(rank0_decides(lambda: self._decide(rt, state, step, forced)))
         new = [tuple(b) for b in out.decision.new_bounds]
         if out.decision.apply and [tuple(b) for b in rt.bounds] != new:
-            rep = migrate(rt, new)
-            t = [rep.seconds, float(rep.bytes_moved)]
-            times: list = [None] * dist.get_world_size()
-            dist.all_gather_object(times, t)
-            secs = max(x[0] for x in times)
-            moved = sum(x[1] for x in times)
-            out.migration = Migration(rep.moved_layers, moved, secs)
-            if moved > 0 and secs > 0:
-                self.migration_bandwidth = moved / secs
-            self._skip = self.skip
+            out.migration = self.apply_bounds(rt, new)
         return out
+
+    def apply_bounds(self, rt: PipelineRuntime, new: list[tuple[int, int]]) -> Migration:
+        """Migrate `rt` to `new` (collective, every rank with the same bounds); the measured cost refines the
+        migration bandwidth the next decision prices a move with."""
+        rep = migrate(rt, new)
+        times: list = [None] * dist.get_world_size()
+        dist.all_gather_object(times, [rep.seconds, float(rep.bytes_moved)])
+        secs = max(x[0] for x in times)
+        moved = sum(x[1] for x in times)
+        if moved > 0 and secs > 0:
+            self.migration_bandwidth = moved / secs
+        self._skip = self.skip
+        return Migration(rep.moved_layers, moved, secs)
 
     def _decide(self, rt: PipelineRuntime, state: ClusterState, step: int,
                 forced: list[tuple[int, int]] | None) -> ReplanDecision:

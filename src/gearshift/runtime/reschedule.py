@@ -128,11 +128,16 @@ class ScheduleSwitcher:
 
     def _adopt(self, rec: ScheduleEvent, adapter: Adapter, step: int) -> None:
         """Take the decision on this rank: the running (m, K), what it was priced with, a fresh window."""
-        key = rec.chosen
+        self.take(rec.chosen, rec.choice.measured, rec.predicted_s, adapter, step)
+
+    def take(self, key: tuple[int, int], priced: dict, predicted_s: float | None, adapter: Adapter,
+             step: int) -> None:
+        """(m, K) = `key` runs from `step` on (priced under the links `priced`, predicted `predicted_s`)."""
+        key = tuple(key)
         if key != self.current:
             self.runs.append({"m": key[0], "k": key[1], "from_step": step})
             adapter.use_microbatch(self.batch // key[0])
-        self.current, self.priced, self.predicted_s = key, rec.choice.measured, rec.predicted_s
+        self.current, self.priced, self.predicted_s = key, priced, predicted_s
         self.times, self._skip = [], 1
 
 

@@ -18,6 +18,7 @@ from gearshift.profile.model_profile import ModelProfile
 from gearshift.report.records import ScheduleEvent
 from gearshift.runtime.adapt import Adapter
 from gearshift.runtime.agree import rank0_decides
+from gearshift.runtime.controller import Controller
 from gearshift.runtime.probe import probe_speed
 from gearshift.runtime.reschedule import ScheduleSwitcher
 from gearshift.train.build import job_schedule, layer_factory
@@ -102,6 +103,17 @@ def build_switcher(cfg: JobConfig, adapter: Adapter | None, forcing: Forcing | N
     return ScheduleSwitcher(adapter.profiles, batch, cfg.parallel.stages, memory_limit(cfg), a.every if auto else 0,
                             a.link_change if auto else 0.0, a.schedule_margin,
                             dict(forcing.schedules) if forcing else {})
+
+
+def build_controller(cfg: JobConfig, adapter: Adapter | None, switcher: ScheduleSwitcher | None) -> Controller | None:
+    """The one controller (adapt.controller = joint), or None (the re-planner and the switcher decide apart). It
+    takes over their periods: the adapter's and the switcher's own are turned off."""
+    a = cfg.adapt
+    if a.controller != "joint" or adapter is None or switcher is None:
+        return None
+    adapter.every, switcher.every, switcher.change = 0, 0, 0.0
+    return Controller(adapter, switcher, a.every, a.horizon or a.every or 10, a.detect,
+                      cfg.parallel.partition == "adaptive", adapter.min_gain)
 
 
 def start_schedule(cfg: JobConfig, adapter: Adapter, switcher: ScheduleSwitcher, bounds: list[tuple[int, int]],

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from gearshift.report.records import EnvironmentEvent, PlacementEvent, StepMetrics
 from gearshift.runtime.agree import AnyRank
 from gearshift.runtime.reschedule import describe as describe_schedule
-from gearshift.train.adaptation import build_adapter, build_switcher, plan_start, start_schedule
+from gearshift.train.adaptation import build_adapter, build_controller, build_switcher, plan_start, start_schedule
 from gearshift.train.build import build_runtime, expert_shards, job_model, lr_at, moe_config
 from gearshift.train.checkpoint import Checkpointer
 from gearshift.train.config import JobConfig
@@ -52,6 +52,7 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None,
         forcing.check(cfg, spec)
     adapter = build_adapter(cfg, data, spec, forcing)
     switcher = build_switcher(cfg, adapter, forcing)
+    controller = build_controller(cfg, adapter, switcher)
     ckpt = Checkpointer(cfg)
     bounds, plan = None, None
     if resume and cfg.parallel.partition == "adaptive":  # continue from the partition that was learned
@@ -125,12 +126,18 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None,
         if log:
             log.write(rec)
         bar.update(step, rec)
-        decision = adapter.maybe_replan(rt, step) if adapter else None
+        if controller:  # one decision over partition and schedule
+            decision = controller.after_step(rt, step, rec.step_time_s)
+            if decision and log:
+                log.write(decision)
+                bar.note(_describe(decision.to_dict()))
+        else:
+            decision = adapter.maybe_replan(rt, step) if adapter else None
         spec.release()  # a migration may have made a model given whole again to take layers from
-        if decision and log:
+        if decision and log and not controller:
             log.write(decision)
             bar.note(_describe(decision.to_dict()))
-        if switcher:
+        if switcher and not controller:
             choice = switcher.after_step(adapter, rt, step, rec.step_time_s, probed=decision is not None)
             if choice and log:
                 log.write(choice)
@@ -199,5 +206,9 @@ def _describe(d: dict) -> str:
         return (f"expert placement at step {d['step']}: {verdict} (predicted {d['t1']:.3f} -> {d['t2']:.3f} s/step, "
                 f"move {d['tc']:.3f} s; {d['reason']})")
     verdict = "applied" if d["apply"] else "kept"
+    if d["event"] == "decision":
+        c = d["chosen"]
+        return (f"decision at step {d['step']} ({d['trigger']}): {verdict} {c['bounds']} m={c['key'][0]} "
+                f"K={c['key'][1]}; {d['reason']}")
     return (f"re-plan at step {d['step']}: {verdict} {d['new_bounds'] if d['apply'] else d['old_bounds']} "
             f"(predicted {d['old_iteration_s']:.3f} -> {d['new_iteration_s']:.3f} s/step; {d['reason']})")

@@ -82,6 +82,9 @@ def validate(cfg: JobConfig) -> JobConfig:
         check_layers(cfg, *info)
     if p.schedule == "multidir":
         _check_multidir(cfg)
+    check(cfg.adapt.controller != "joint" or p.schedule == "auto",
+          f"adapt.controller: joint prices the schedule with the partition, so it needs parallel.schedule = auto, "
+          f"got {p.schedule!r}")
     per_part = t.batch_size // max(cfg.batch_parts, 1)
     check(t.batch_size % cfg.batch_parts == 0 and per_part % p.microbatches == 0,
           f"train.batch_size: must split evenly over {cfg.batch_parts} "

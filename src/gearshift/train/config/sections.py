@@ -200,6 +200,14 @@ class AdaptConfig:
                                        "faster by this fraction")
     profiles: str = key("", "directory of per-micro-batch-size profiles (read if there, written when measured); "
                             '"" = profile at start')
+    controller: str = key("separate", "who decides while training: separate (the re-planner and the schedule "
+                                      "chooser, each on its own) | joint (one controller prices partition and "
+                                      "schedule together, needs parallel.schedule = auto)")
+    detect: float = key(0.0, "adapt.controller = joint: a rank's speed or the step time this many times off its "
+                             "smoothed estimate is a change, decided on at the next step boundary (e.g. 1.5); "
+                             "0 = off (decide every adapt.every steps only)")
+    horizon: int = key(0, "adapt.controller = joint: steps a move's predicted gain is counted over against its "
+                          "measured cost; 0 = adapt.every (10 when that is 0)")
 
     def check(self) -> None:
         """Each key's range, and that adapt.profile is a profile (its layers are checked against the model)."""
@@ -211,6 +219,10 @@ class AdaptConfig:
         check(0 <= self.schedule_margin < 1, f"adapt.schedule_margin: must be in [0, 1), got {self.schedule_margin}")
         if self.profiles:
             check_dir(self.profiles, "adapt.profiles", ConfigError)
+        check(self.controller in ("separate", "joint"),
+              f"adapt.controller: {self.controller!r} (allowed: separate, joint)")
+        check(self.detect == 0 or self.detect > 1, f"adapt.detect: must be > 1 (a ratio) or 0 (off), got {self.detect}")
+        check(self.horizon >= 0, f"adapt.horizon: must be >= 0 (0 = adapt.every), got {self.horizon}")
 
 
 @dataclass

@@ -1,0 +1,166 @@
+"""One decision over partition and schedule together (runtime.controller): each candidate partition (the one
+running, and the DP's plan for each micro-batch split) is priced with every (m, K) in the simulator under the
+state as measured, and the best pair is taken only when its predicted gain over a horizon beats the measured cost
+of getting there: t_now * h > t_new * h + (migration + switch), the seed-004 rule applied to layer moves and
+schedule switches alike. Pure Python."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+from gearshift.cluster.state import ClusterState
+from gearshift.errors import PlanError
+from gearshift.planner.partition import OPTIMIZER_FACTOR
+from gearshift.planner.plan import plan_partition
+from gearshift.planner.replan import measured_inputs, moved_layers
+from gearshift.planner.schedule_choice import INF, Candidate, price, splits
+from gearshift.profile.model_profile import ModelProfile
+from gearshift.schedules import make_schedule, peak_in_flight
+
+
+@dataclass
+class Option:
+    """A partition with its best (m, K): the predicted step time and what moving to it costs."""
+
+    bounds: list[tuple[int, int]]
+    key: tuple[int, int]
+    predicted_s: float
+    migration_s: float = 0.0
+    switch_s: float = 0.0
+    moved_layers: list[int] = field(default_factory=list)
+
+    @property
+    def cost_s(self) -> float:
+        return self.migration_s + self.switch_s
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["bounds"] = [list(b) for b in self.bounds]
+        d["predicted_s"] = None if self.predicted_s == INF else self.predicted_s
+        return d
+
+
+@dataclass
+class JointDecision:
+    """The controller's decision at `step`: every option priced, the running one, the chosen one, whether to move,
+    the inputs (measured state) and why."""
+
+    step: int
+    trigger: str
+    options: list[Option]
+    current: Option
+    chosen: Option
+    apply: bool
+    reason: str
+    measured: dict
+    horizon: int
+
+    @property
+    def moves_layers(self) -> bool:
+        return self.apply and [tuple(b) for b in self.chosen.bounds] != [tuple(b) for b in self.current.bounds]
+
+    @property
+    def switches(self) -> bool:
+        return self.apply and self.chosen.key != self.current.key
+
+    def to_dict(self) -> dict:
+        return {"event": "decision", "step": self.step, "trigger": self.trigger, "apply": self.apply,
+                "reason": self.reason, "moves_layers": self.moves_layers, "switches_schedule": self.switches,
+                "current": self.current.to_dict(), "chosen": self.chosen.to_dict(), "horizon": self.horizon,
+                "predicted_gain_s": (self.current.predicted_s - self.chosen.predicted_s) * self.horizon
+                if self.current.predicted_s < INF else None,
+                "measured": self.measured, "options": [o.to_dict() for o in self.options]}
+
+
+def _best(cands: list[Candidate], keys: set[tuple[int, int]] | None) -> Candidate | None:
+    fit = [c for c in cands if c.fits and (keys is None or c.key in keys)]
+    return min(fit, key=lambda c: (c.predicted_s, max(c.peak_memory), c.m, c.k)) if fit else None
+
+
+def decide_joint(profiles: Mapping[int, ModelProfile], state: ClusterState, bounds: Sequence[tuple[int, int]],
+                 current: tuple[int, int], batch: int, step: int, trigger: str, horizon: int,
+                 migration_bandwidth: float, switch_s: float = 0.0, memory: Sequence[float] | None = None,
+                 overhead_s: float = 0.0, states: Mapping[int, ClusterState] | None = None,
+                 partitions: bool = True, schedules: bool = True, min_gain: float = 0.05,
+                 forced_bounds: Sequence[tuple[int, int]] | None = None,
+                 forced_key: tuple[int, int] | None = None) -> JointDecision:
+    """The decision at `step`: options are the running partition and, with `partitions`, the DP's plan for each
+    split of the `batch` (at its micro-batch size's profile and speeds); each is priced with every (m, K) (only the
+    running one without `schedules`) and keeps its fastest fitting. The fastest option is applied iff its step time
+    is `min_gain` below the running one's and (t_now - t_new) * horizon > its migration (the optimizer-state bytes
+    of the layers that change stage over `migration_bandwidth`) + `switch_s` (a schedule switch's measured cost).
+    `forced_bounds`/`forced_key` (a test's or benchmark's) are applied as they are."""
+    if horizon < 1 or migration_bandwidth <= 0:
+        raise PlanError(f"controller: horizon must be >= 1 and migration bandwidth > 0, got {horizon}, "
+                        f"{migration_bandwidth}")
+    bounds = [tuple(b) for b in bounds]
+    S, current = len(bounds), tuple(current)
+    layers = next(iter(profiles.values())).num_layers
+    keys = None if schedules else {current}
+    found: list[list[tuple[int, int]]] = [bounds]
+    if partitions:
+        for m in splits(batch):
+            mb = batch // m
+            if mb not in profiles or (keys is not None and m != current[0]):
+                continue
+            st = (states or {}).get(mb, state)
+            fl = peak_in_flight(make_schedule("kfkb", S, m, k=1))
+            try:
+                plan = plan_partition(profiles[mb], st, S, m, fl)
+            except PlanError:
+                continue
+            if [tuple(b) for b in plan.bounds] not in found:
+                found.append([tuple(b) for b in plan.bounds])
+    if forced_bounds is not None and [tuple(b) for b in forced_bounds] not in found:
+        found.append([tuple(b) for b in forced_bounds])
+    prof = next(iter(profiles.values()))
+    options: list[Option] = []
+    cur_opt: Option | None = None
+    for b in found:
+        ms = None if schedules else [current[0]]
+        cands = price(profiles, b, state, batch, memory, ms, step_overhead_s=overhead_s, states=states)
+        moved = moved_layers(bounds, b, layers)
+        mig = OPTIMIZER_FACTOR * sum(prof.layers[k].param_bytes for k in moved) / migration_bandwidth
+        if b == bounds:
+            now = next((c for c in cands if c.key == current), None)
+            cur_opt = Option(b, current, now.predicted_s if now and now.fits else INF)
+        best = _best(cands, keys if forced_key is None else {tuple(forced_key)})
+        if best is not None:
+            options.append(Option(b, best.key, best.predicted_s, mig, switch_s if best.key != current else 0.0,
+                                  moved))
+    if not options:
+        return JointDecision(step, trigger, [], cur_opt, cur_opt, False, "kept: no option fits",
+                             measured_inputs(state, S), horizon)
+    forced = forced_bounds is not None or forced_key is not None
+    fastest = min(options, key=lambda o: (o.predicted_s, o.cost_s))
+    if forced:  # the forced part as it is; the rest (a forced (m, K)'s partition) as priced
+        want = [tuple(b) for b in forced_bounds] if forced_bounds is not None else fastest.bounds
+        chosen = next((o for o in options if o.bounds == want), cur_opt)
+        what = "partition" if forced_bounds is not None else f"m={forced_key[0]} K={forced_key[1]}"
+        return JointDecision(step, trigger, options, cur_opt, chosen, True,
+                             f"forced {what}; {'the partition priced best for it' if forced_bounds is None else ''}"
+                             .rstrip("; "), measured_inputs(state, S), horizon)
+    t0 = cur_opt.predicted_s
+
+    def net(o: Option) -> float:  # the move's predicted gain over the horizon, less its cost
+        return (t0 - o.predicted_s) * horizon - o.cost_s
+
+    paying = [o for o in options if t0 < INF and (o.bounds != bounds or o.key != current) and net(o) > 0
+              and (t0 - o.predicted_s) / t0 >= min_gain]
+    best = max(paying, key=net) if paying else fastest
+    t1 = best.predicted_s
+    if t0 == INF and best is not cur_opt:
+        apply, reason = True, "the running plan no longer fits in memory"
+    elif paying:
+        apply, reason = True, (f"t1*k > t2*k + tc: {t0:.4g}*{horizon} > {t1:.4g}*{horizon} + {best.cost_s:.4g} s "
+                               f"({len(best.moved_layers)} layers moved, m={best.key[0]} K={best.key[1]})")
+    elif best.bounds == bounds and best.key == current:
+        apply, reason = False, f"the running plan is the best predicted ({t1:.4g} s/step)"
+    elif (t0 - t1) / t0 < min_gain:
+        apply, reason = False, f"predicted gain {(t0 - t1) / t0:.1%} < {min_gain:.0%} (within measurement noise)"
+    else:
+        apply, reason = False, (f"gain {(t0 - t1) * horizon:.4g} s over {horizon} steps <= move cost "
+                                f"{best.cost_s:.4g} s")
+    return JointDecision(step, trigger, options, cur_opt, best if apply else cur_opt, apply, reason,
+                         measured_inputs(state, S), horizon)

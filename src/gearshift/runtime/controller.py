@@ -1,0 +1,87 @@
+"""The one controller (adapt.controller = joint): at a decision point (every adapt.every steps, a detected change
+of a rank's speed or of the step time, or a forced step) it settles the speeds measured since, probes the links,
+and rank 0 prices partition and schedule together (planner.joint); every rank then applies the same move at the
+same step boundary: layers migrate (Adapter.apply_bounds), the schedule switches (PipelineRuntime.set_schedule).
+A detected change is agreed by every rank (AnyRank) before anyone decides, so all enter the same collectives."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from gearshift.planner.joint import decide_joint
+from gearshift.report.records import DecisionEvent
+from gearshift.runtime.adapt import Adapter
+from gearshift.runtime.agree import AnyRank, rank0_decides
+from gearshift.runtime.detect import Detector
+from gearshift.runtime.pipeline import PipelineRuntime
+from gearshift.runtime.reschedule import ScheduleSwitcher
+
+
+@dataclass
+class Controller:
+    """Built alike on every rank from the config. `every`: the period (0 = none); `horizon`: the steps a move's
+    gain is counted over; `detect`: the change detector's ratio (0 = off); `partitions`: whether the partition
+    may move (parallel.partition = adaptive)."""
+
+    adapter: Adapter
+    switcher: ScheduleSwitcher
+    every: int
+    horizon: int
+    detect: float
+    partitions: bool
+    min_gain: float = 0.05
+
+    def __post_init__(self) -> None:
+        self.steps = Detector(self.detect) if self.detect else None  # the job's step time (the same on every rank)
+        self._agree = AnyRank(self.adapter.device) if self.detect else None
+        if self.detect:
+            self.adapter.detector = Detector(self.detect)
+        self.switch_s = 0.0  # a schedule switch's cost, as last measured
+        self._skip = 1  # step times not watched (the first one, and the first after a move)
+
+    def after_step(self, rt: PipelineRuntime, step: int, step_s: float) -> DecisionEvent | None:
+        """After `step` (every rank; `step_s` the gathered step time): decide if due, detected or forced, and apply
+        the move from the next step on. Returns the decision's record, or None."""
+        nxt, ad = step + 1, self.adapter
+        changed = False
+        if self._agree is not None:  # collective every step: a change one rank saw is every rank's
+            mine, ad.detected = ad.detected, False
+            if self._skip:
+                self._skip -= 1
+            elif self.steps.update(step_s):
+                mine = True
+            changed = self._agree(mine)
+        fb, fk = ad.forced.get(nxt), self.switcher.forced.get(nxt)
+        due = bool(self.every) and nxt % self.every == 0
+        if not (due or changed or fb is not None or fk is not None):
+            return None
+        trigger = ", ".join(t for t, on in (("change detected", changed), ("period", due),
+                                            ("forced", fb is not None or fk is not None)) if on)
+        ad.settle_speed()
+        ad.measure_links(rt.pipe_ranks, rt.pipe_rank, rt.replica)
+        S, sw = rt.pipe_ranks, self.switcher
+        state = ad.pipeline_state(S, nxt)
+        d = rank0_decides(lambda: decide_joint(
+            sw.profiles, state, rt.bounds, sw.current, sw.batch, nxt, trigger, self.horizon, ad.migration_bandwidth,
+            self.switch_s, sw.memory, ad.merged.step_overhead() or 0.0, ad.size_states(S, nxt, list(sw.profiles)),
+            self.partitions, True, self.min_gain, fb, fk))
+        rec = DecisionEvent(d)
+        if d.moves_layers:
+            rec.migration = ad.apply_bounds(rt, [tuple(b) for b in d.chosen.bounds])
+        if d.switches:
+            t0 = time.perf_counter()
+            rt.set_schedule(sw.schedule(d.chosen.key))
+            times: list = [None] * dist.get_world_size()
+            dist.all_gather_object(times, time.perf_counter() - t0)
+            self.switch_s = rec.switch_s = max(times)
+        if d.apply:
+            sw.take(d.chosen.key, d.measured, d.chosen.predicted_s, ad, nxt)
+            if self.steps is not None:
+                self.steps.reset()
+            if ad.detector is not None:
+                ad.detector.reset()
+            self._skip = 1
+        return rec

@@ -1,0 +1,93 @@
+"""adapt.controller = joint end to end: an emulated change (a co-tenant trace) is detected at the step boundary after
+it shows, every rank takes the one decision that moves layers and switches the schedule together, the environment
+and the decision are in metrics.jsonl, and the losses equal single-process training."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from gearshift.train.build import job_model, lr_at
+from gearshift.train.config import load_config
+from gearshift.train.datasets import job_data
+from gearshift.train.forcing import Forcing
+from gearshift.train.launch import launch
+
+pytestmark = pytest.mark.multiprocess
+
+STEPS = 5
+JOB = [
+    "--model.layers=4",
+    "--model.width=32",
+    "--model.heads=2",
+    "--model.context=16",
+    "--train.batch_size=4",
+    "--parallel.microbatches=2",
+    "--data.max_bytes=100000",
+    "--cluster.workers=2",
+    "--parallel.stages=2",
+    "--train.eval_every=0",
+    "--output.trace=false",
+    "--train.warmup_steps=1",
+    "--train.lr=1e-3",
+    "--train.grad_clip=0.5",
+    f"--train.steps={STEPS}",
+    "--parallel.schedule=auto",
+    "--parallel.partition=adaptive",
+    "--adapt.controller=joint",
+    "--adapt.detect=1.5",
+    "--adapt.every=0",
+    "--emulate.slowdown=[1, 4]",
+]
+
+
+def _reference(cfg) -> list[float]:
+    """Plain single-process training of the same model on the same batches."""
+    torch.manual_seed(0)
+    model, t = job_model(cfg).model(cfg.train.seed), cfg.train
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    other = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": t.weight_decay}, {"params": other, "weight_decay": 0.0}],
+        lr=t.lr,
+        betas=(t.beta1, t.beta2),
+    )
+    data, losses = job_data(cfg), []
+    for step in range(STEPS):
+        x, y = data.batch(step, t.batch_size, t.seed)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, cfg)
+        opt.zero_grad()
+        loss = model.loss(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def test_a_detected_change_moves_layers_and_switches_schedule_in_one_exact_decision(tmp_path) -> None:
+    trace = tmp_path / "trace.json"  # at step 2 rank 0 gets a co-tenant (16x), rank 1's leaves
+    trace.write_text(json.dumps([{"step": 2, "rank": 0, "slowdown": 16.0}, {"step": 2, "rank": 1, "slowdown": 1.0}]))
+    out = tmp_path / "run"
+    cfg = load_config(None, [*JOB, f"--emulate.trace={trace}", f"--output.dir={out}"])
+    # the schedule the decision after the change runs is forced (a switch whatever the tiny model's pricing says);
+    # the partition is the controller's, priced for it under the speeds measured after the change
+    assert launch(cfg, quiet=True, forcing=Forcing(schedules={0: (1, 1), 3: (2, 1)})) == 0
+    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    env = [r for r in rows if r.get("event") == "environment"]
+    assert [(r["step"], len(r["changes"])) for r in env] == [(2, 2)]
+    first = next(r for r in rows if r.get("event") == "plan")["bounds"]
+    d = next(r for r in rows if r.get("event") == "decision" and r["step"] == 3)
+    assert "change detected" in d["trigger"] and d["moves_layers"] and d["switches_schedule"], d
+    assert d["chosen"]["key"] == [2, 1] and d["migration"]["layers"]
+    a0, b0 = first[0]
+    assert d["chosen"]["bounds"][0][1] - d["chosen"]["bounds"][0][0] < b0 - a0  # layers left the slowed rank
+    assert d["measured"]["speeds"][0] < d["measured"]["speeds"][1]  # speeds measured after the change
+    steps = [r for r in rows if r.get("event") is None]
+    assert steps[3]["partition"] == d["chosen"]["bounds"]
+    torch.testing.assert_close(
+        torch.tensor([r["loss"] for r in steps]), torch.tensor(_reference(cfg)), rtol=1e-5, atol=1e-6
+    )
