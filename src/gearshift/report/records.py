@@ -208,9 +208,10 @@ class DecisionEvent:
     decision: JointDecision
     migration: Migration | None = None
     switch_s: float | None = None
+    decision_s: float | None = None  # the whole decision point's wall time on rank 0 (probes, pricing, the move)
 
     def to_dict(self) -> dict:
         d = self.decision.to_dict()
         d["migration"] = asdict(self.migration) if self.migration else None
-        d["switch_s"] = self.switch_s
+        d["switch_s"], d["decision_s"] = self.switch_s, self.decision_s
         return d

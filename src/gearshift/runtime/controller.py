@@ -58,6 +58,7 @@ class Controller:
         due = bool(self.every) and nxt % self.every == 0
         if not (due or changed or fb is not None or fk is not None):
             return None
+        t0 = time.perf_counter()
         trigger = ", ".join(t for t, on in (("change detected", changed), ("period", due),
                                             ("forced", fb is not None or fk is not None)) if on)
         ad.settle_speed()
@@ -84,4 +85,5 @@ class Controller:
             if ad.detector is not None:
                 ad.detector.reset()
             self._skip = 1
+        rec.decision_s = time.perf_counter() - t0  # this rank's: probes, gathers, pricing and the move
         return rec

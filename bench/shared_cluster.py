@@ -1,0 +1,150 @@
+"""Shared cluster: 4 ranks under seeded co-tenant traces (every rank at least --base x slower by duty cycle, the
+trace's factors on top). Systems: gearshift (adaptive partition, auto schedule, the joint controller with change
+detection), best_static (every contiguous partition at the default schedule, then the (m, K) grid on the three best,
+each measured under every phase of the trace; the least total time over the trace), uniform_1f1b, and oracle (each
+phase's best measured configuration, switched at no cost). Writes bench/results/shared_cluster.json.
+
+Static configurations are measured per phase in jobs that hold the phase's environment (a one-row-per-rank trace)
+and cycle through the candidates with forced re-partitions or schedule switches every --segment steps (the first
+step of each segment left out). gearshift's time is its step times plus its decision points' wall time (probes,
+pricing and moves). The torch.distributed.pipelining system is not run here (see docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+import time
+from pathlib import Path
+
+import harness
+from gearshift.cluster.trace import TraceRow, changes_at, read_trace, write_trace
+from gearshift.cluster.trace_synth import synth
+from gearshift.planner.schedule_choice import splits
+from gearshift.train.config import load_config
+from gearshift.train.forcing import Forcing
+
+WORLD = 4
+TRACES = {"cotenant": ("cotenant", 0.0), "burst": ("burst", 0.0), "link": ("cotenant", 2e7)}
+
+
+def make_trace(kind: str, link_bw: float, steps: int, seed: int, base: float, path: Path) -> list[TraceRow]:
+    """A synthesized trace with every rank's slowdown times `base` (the duty-cycle floor), written to `path`."""
+    rows = [TraceRow(r.step, r.rank, r.slowdown * base) if r.rank is not None else r
+            for r in synth(kind, WORLD, steps, seed, link_bandwidth=link_bw, mean_gap=steps / 3, mean_stay=steps / 4)]
+    write_trace(rows, path)
+    return read_trace(path, WORLD)
+
+
+def phases(rows: list[TraceRow], steps: int) -> list[tuple[int, int, tuple]]:
+    """(start, end, state) of each phase: the steps between changes and every rank's and link's value there."""
+    state: dict = {("r", r): 1.0 for r in range(WORLD)}
+    out, by = [], changes_at(rows)
+    starts = sorted(s for s in by if s < steps)
+    for i, s in enumerate(starts):
+        for r in by[s]:
+            state[("r", r.rank) if r.link is None else ("l", r.link)] = r.slowdown if r.link is None else r.bandwidth
+        out.append((s, starts[i + 1] if i + 1 < len(starts) else steps, tuple(sorted(state.items()))))
+    return out
+
+
+def state_trace(state: tuple, path: Path) -> str:
+    """A trace file holding `state` from step 0 (a phase's environment, constant)."""
+    write_trace([TraceRow(0, k[1], v) if k[0] == "r" else TraceRow(0, link=k[1], bandwidth=v) for k, v in state],
+                path)
+    return f"--emulate.trace={path}"
+
+
+def partitions(units: int, stages: int) -> list[list[tuple[int, int]]]:
+    """Every contiguous partition of `units` layer units over `stages` stages."""
+    return [[(a, b) for a, b in zip((0, *cuts), (*cuts, units))]
+            for cuts in itertools.combinations(range(1, units), stages - 1)]
+
+
+def cycle_times(run: harness.Run, n: int, seg: int) -> list[float]:
+    """The median step time of each of `n` segments of `seg` steps (the first step of each left out)."""
+    t = {r["step"]: r["step_time_s"] for r in run.steps}
+    return [statistics.median(t[s] for s in range(i * seg + 1, (i + 1) * seg) if s in t) for i in range(n)]
+
+
+def main() -> None:
+    p = harness.parser(__doc__, "shared_cluster", layers=6, width=64, context=64, batch=16, micro=4,
+                       max_bytes=2_000_000)
+    p.add_argument("--steps", type=int, default=150, help="steps of each trace")
+    p.add_argument("--base", type=float, default=4.0, help="duty-cycle slowdown floor on every rank (>= 4)")
+    p.add_argument("--segment", type=int, default=4, help="steps per static candidate in the measuring jobs")
+    p.add_argument("--traces", default="cotenant,burst,link", help="which traces (cotenant, burst, link)")
+    p.add_argument("--top", type=int, default=3, help="best partitions the (m, K) grid is measured on")
+    p.add_argument("--every", type=int, default=10, help="gearshift's adapt.every")
+    p.add_argument("--detect", type=float, default=1.5, help="gearshift's adapt.detect")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--keep", default="", help="keep run directories here (default: a temp dir)")
+    a = p.parse_args()
+    work, t_start, seg = harness.workdir("shared_cluster", a.keep), time.perf_counter(), a.segment
+    base = [*harness.job_overrides(a), f"--cluster.workers={WORLD}", f"--parallel.stages={WORLD}", *harness.QUIET,
+            "--train.warmup_steps=5", f"--adapt.profiles={work / 'profiles'}", f"--adapt.profile={work / 'p.json'}"]
+    harness.robust_profile(load_config(None, [o for o in base if "adapt.profile" not in o]), 3, work / "p.json")
+    tokens = a.batch * a.context
+    units = a.layers + 2
+    parts = partitions(units, WORLD)
+    grid = [(m, k) for m in splits(a.batch) if m >= WORLD for k in range(1, m + 1) if m % k == 0]
+    default = (a.micro, 1)
+    rows, report = [], {}
+    for name in a.traces.split(","):
+        kind, link_bw = TRACES[name]
+        trace = make_trace(kind, link_bw, a.steps, a.seed, a.base, work / f"{name}.json")
+        ph = phases(trace, a.steps)
+        times: dict[tuple, list[float]] = {}  # (bounds, (m, k)) -> step time per phase
+        for i, (*_, state) in enumerate(ph):
+            env = state_trace(state, work / f"{name}.p{i}.json")
+            force = Forcing(partitions={j * seg: b for j, b in enumerate(parts) if j})
+            run = harness.run_job(f"{name}.p{i}", [*base, env, harness.partition(parts[0]),
+                                                   f"--train.steps={len(parts) * seg}"], work, forcing=force)
+            for b, t in zip(parts, cycle_times(run, len(parts), seg)):
+                times.setdefault((tuple(b), default), []).append(t)
+        total = {c: sum(t * (e - s) for t, (s, e, _) in zip(ts, ph)) for c, ts in times.items()}
+        for b, _ in sorted(total, key=total.get)[:a.top]:  # the (m, K) grid on the best partitions
+            for i, (*_, state) in enumerate(ph):
+                env = state_trace(state, work / f"{name}.p{i}.json")
+                force = Forcing(schedules={j * seg: mk for j, mk in enumerate(grid)})
+                run = harness.run_job(f"{name}.g{i}", [*base, env, harness.partition(b), "--parallel.schedule=kfkb",
+                                                       f"--train.steps={len(grid) * seg}"], work, forcing=force)
+                for mk, t in zip(grid, cycle_times(run, len(grid), seg)):
+                    times.setdefault((b, mk), []).append(t)
+        total = {c: sum(t * (e - s) for t, (s, e, _) in zip(ts, ph)) for c, ts in times.items()}
+        best = min(total, key=total.get)
+        oracle_s = sum(min(ts[i] for ts in times.values()) * (e - s) for i, (s, e, _) in enumerate(ph))
+        uni = tuple(min(parts, key=lambda b: max(y - x for x, y in b) - min(y - x for x, y in b)))
+        live = harness.run_job(f"{name}.gearshift", [*base, f"--emulate.trace={work / f'{name}.json'}",
+                                                     f"--train.steps={a.steps}", "--parallel.partition=adaptive",
+                                                     "--parallel.schedule=auto", "--adapt.controller=joint",
+                                                     f"--adapt.every={a.every}", f"--adapt.detect={a.detect}"], work)
+        decisions = live.events("decision")
+        live_s = sum(r["step_time_s"] for r in live.steps) + sum(d.get("decision_s") or 0 for d in decisions)
+        applied = sorted(d["step"] for d in decisions if d["apply"])
+        react = [next((d - c for d in applied if d >= c), None) for c in sorted(changes_at(trace)) if c > 0]
+        react = [x for x in react if x is not None]
+        tps = {"gearshift": tokens * a.steps / live_s, "best_static": tokens * a.steps / total[best],
+               "uniform_1f1b": tokens * a.steps / total[(uni, default)], "oracle": tokens * a.steps / oracle_s}
+        for system, v in tps.items():
+            rows.append({"trace": name, "system": system, "tokens_per_s": v,
+                         "reaction_steps": statistics.median(react) if system == "gearshift" and react else None,
+                         "moves": len(applied) if system == "gearshift" else 0})
+        report[name] = {"phases": len(ph), "best_static": [list(best[0]), list(best[1])],
+                        "headroom_oracle_over_best_static": tps["oracle"] / tps["best_static"],
+                        "gearshift_over_oracle": tps["gearshift"] / tps["oracle"],
+                        "gearshift_over_best_static": tps["gearshift"] / tps["best_static"]}
+        print(f"{name}: oracle / best_static headroom {report[name]['headroom_oracle_over_best_static']:.3f}x; "
+              f"gearshift {report[name]['gearshift_over_oracle']:.3f}x oracle, "
+              f"{report[name]['gearshift_over_best_static']:.3f}x best_static; reaction "
+              f"{rows[-4]['reaction_steps']} steps, {len(applied)} moves", flush=True)
+    out = harness.write_results("shared_cluster", {
+        "rows": rows, "summary": report, "traces": a.traces, "steps": a.steps, "base_slowdown": a.base,
+        "segment": seg, "model": {"layers": a.layers, "width": a.width, "context": a.context, "batch": a.batch},
+        "wall_s": time.perf_counter() - t_start}, a.out, emulation=f"duty cycle x{a.base:g} on every rank + trace")
+    print(f"wrote {out}")
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
