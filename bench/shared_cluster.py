@@ -4,10 +4,10 @@ detection), best_static (every contiguous partition at the default schedule, the
 each measured under every phase of the trace; the least total time over the trace), uniform_1f1b, and oracle (each
 phase's best measured configuration, switched at no cost). Writes bench/results/shared_cluster.json.
 
-Static configurations are measured per phase in jobs that hold the phase's environment (a one-row-per-rank trace)
-and cycle through the candidates with forced re-partitions or schedule switches every --segment steps (the first
-step of each segment left out). gearshift's time is its step times plus its decision points' wall time (probes,
-pricing and moves). The torch.distributed.pipelining system is not run here (see docs/benchmarks.md)."""
+Static configurations are measured in two jobs per trace (the partitions, then the grid), phase by phase (each
+phase's environment held by trace rows), each candidate for --segment steps by forced re-partitions and schedule
+switches (the first step of each segment left out). gearshift's time is its step times plus its decision points'
+wall time (probes, pricing and moves). The torch.distributed.pipelining system is not run here (see docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -48,23 +48,32 @@ def phases(rows: list[TraceRow], steps: int) -> list[tuple[int, int, tuple]]:
     return out
 
 
-def state_trace(state: tuple, path: Path) -> str:
-    """A trace file holding `state` from step 0 (a phase's environment, constant)."""
-    write_trace([TraceRow(0, k[1], v) if k[0] == "r" else TraceRow(0, link=k[1], bandwidth=v) for k, v in state],
-                path)
-    return f"--emulate.trace={path}"
+def sweep(name: str, configs: list[tuple], ph: list[tuple], seg: int, base: list[str], work: Path) -> dict:
+    """One job measuring every (bounds, (m, k)) of `configs` under every phase of `ph`: phase by phase (its state
+    held by a trace row per rank and link), each config for `seg` steps (forced re-partitions and switches); the
+    median step time of each segment, the first step left out. Returns (bounds, (m, k)) -> time per phase."""
+    n, rows, parts, scheds = len(configs), [], {}, {}
+    for i, (*_, state) in enumerate(ph):
+        rows += [TraceRow(i * n * seg, k[1], v) if k[0] == "r" else TraceRow(i * n * seg, link=k[1], bandwidth=v)
+                 for k, v in state]
+        for j, (b, mk) in enumerate(configs):
+            g = (i * n + j) * seg
+            if g and configs[j - 1][0] != b:  # configs[-1] before a phase's first
+                parts[g] = list(b)
+            scheds[g] = mk
+    write_trace(rows, work / f"{name}.json")
+    run = harness.run_job(name, [*base, f"--emulate.trace={work / f'{name}.json'}", harness.partition(configs[0][0]),
+                                 "--parallel.schedule=kfkb", f"--train.steps={len(ph) * n * seg}"], work,
+                          forcing=Forcing(partitions=parts, schedules=scheds))
+    t = {r["step"]: r["step_time_s"] for r in run.steps}
+    return {c: [statistics.median(t[s] for s in range(((i * n + j) * seg) + 1, (i * n + j + 1) * seg))
+                for i in range(len(ph))] for j, c in enumerate(configs)}
 
 
 def partitions(units: int, stages: int) -> list[list[tuple[int, int]]]:
     """Every contiguous partition of `units` layer units over `stages` stages."""
     return [[(a, b) for a, b in zip((0, *cuts), (*cuts, units))]
             for cuts in itertools.combinations(range(1, units), stages - 1)]
-
-
-def cycle_times(run: harness.Run, n: int, seg: int) -> list[float]:
-    """The median step time of each of `n` segments of `seg` steps (the first step of each left out)."""
-    t = {r["step"]: r["step_time_s"] for r in run.steps}
-    return [statistics.median(t[s] for s in range(i * seg + 1, (i + 1) * seg) if s in t) for i in range(n)]
 
 
 def main() -> None:
@@ -94,23 +103,11 @@ def main() -> None:
         kind, link_bw = TRACES[name]
         trace = make_trace(kind, link_bw, a.steps, a.seed, a.base, work / f"{name}.json")
         ph = phases(trace, a.steps)
-        times: dict[tuple, list[float]] = {}  # (bounds, (m, k)) -> step time per phase
-        for i, (*_, state) in enumerate(ph):
-            env = state_trace(state, work / f"{name}.p{i}.json")
-            force = Forcing(partitions={j * seg: b for j, b in enumerate(parts) if j})
-            run = harness.run_job(f"{name}.p{i}", [*base, env, harness.partition(parts[0]),
-                                                   f"--train.steps={len(parts) * seg}"], work, forcing=force)
-            for b, t in zip(parts, cycle_times(run, len(parts), seg)):
-                times.setdefault((tuple(b), default), []).append(t)
+        times = sweep(f"{name}.partitions", [(tuple(b), default) for b in parts], ph, seg, base, work)
         total = {c: sum(t * (e - s) for t, (s, e, _) in zip(ts, ph)) for c, ts in times.items()}
-        for b, _ in sorted(total, key=total.get)[:a.top]:  # the (m, K) grid on the best partitions
-            for i, (*_, state) in enumerate(ph):
-                env = state_trace(state, work / f"{name}.p{i}.json")
-                force = Forcing(schedules={j * seg: mk for j, mk in enumerate(grid)})
-                run = harness.run_job(f"{name}.g{i}", [*base, env, harness.partition(b), "--parallel.schedule=kfkb",
-                                                       f"--train.steps={len(grid) * seg}"], work, forcing=force)
-                for mk, t in zip(grid, cycle_times(run, len(grid), seg)):
-                    times.setdefault((b, mk), []).append(t)
+        top = [b for b, _ in sorted(total, key=total.get)[:a.top]]  # the (m, K) grid on the best partitions
+        times.update(sweep(f"{name}.grid", [(b, mk) for b in top for mk in grid if mk != default], ph, seg, base,
+                           work))
         total = {c: sum(t * (e - s) for t, (s, e, _) in zip(ts, ph)) for c, ts in times.items()}
         best = min(total, key=total.get)
         oracle_s = sum(min(ts[i] for ts in times.values()) * (e - s) for i, (s, e, _) in enumerate(ph))
