@@ -7,7 +7,8 @@ phase's best measured configuration, switched at no cost). Writes bench/results/
 Static configurations are measured in two jobs per trace (the partitions, then the grid), phase by phase (each
 phase's environment held by trace rows), each candidate for --segment steps by forced re-partitions and schedule
 switches (the first step of each segment left out). gearshift's time is its step times plus its decision points'
-wall time (probes, pricing and moves). The torch.distributed.pipelining system is not run here (see docs/benchmarks.md)."""
+wall time (probes, pricing and moves). The torch.distributed.pipelining system is not run here (see
+docs/benchmarks.md)."""
 
 from __future__ import annotations
 
