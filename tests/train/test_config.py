@@ -68,6 +68,11 @@ def test_example_job_is_a_two_stage_pipeline_on_two_workers():
     ("--cluster.bandwidth=fast", "cluster.bandwidth: expected a rate like 200mbit or 1gbit, got 'fast'"),
     ("--output.trace_step=300", "output.trace_step: must be -1 (the last step) or in 0..299"),
     ("--output.trace_step=-2", "output.trace_step: must be -1"),
+    ("--adapt.controller=joint", "adapt.controller: joint prices the schedule with the partition, so it needs "
+                                 "parallel.schedule = auto, got '1f1b'"),
+    ("--adapt.detect=0.5", "adapt.detect: must be > 1 (a ratio) or 0 (off), got 0.5"),
+    ("--adapt.controller=both", "adapt.controller: 'both' (allowed: separate, joint)"),
+    ("--emulate.trace=/nonexistent/t.json", "emulate.trace: no such file '/nonexistent/t.json'"),
 ])
 def test_keys_without_a_check_before_now_have_one(override, message):
     with pytest.raises(ConfigError) as e:
