@@ -86,7 +86,7 @@ def main() -> None:
     p.add_argument("--traces", default="cotenant,burst,link", help="which traces (cotenant, burst, link)")
     p.add_argument("--top", type=int, default=3, help="best partitions the (m, K) grid is measured on")
     p.add_argument("--every", type=int, default=10, help="gearshift's adapt.every")
-    p.add_argument("--detect", type=float, default=1.5, help="gearshift's adapt.detect")
+    p.add_argument("--detect", type=float, default=2.0, help="gearshift's adapt.detect")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep", default="", help="keep run directories here (default: a temp dir)")
     a = p.parse_args()

@@ -80,10 +80,10 @@ class Controller:
             self.switch_s = rec.switch_s = max(times)
         if d.apply:
             sw.take(d.chosen.key, d.measured, d.chosen.predicted_s, ad, nxt)
-            if self.steps is not None:
-                self.steps.reset()
-            if ad.detector is not None:
+            if ad.detector is not None:  # a new micro-batch size runs at its own speed: a new baseline
                 ad.detector.reset()
+        if self.steps is not None:  # the step time is watched from the level the decision leaves
+            self.steps.reset()
             self._skip = 1
         rec.decision_s = time.perf_counter() - t0  # this rank's: probes, gathers, pricing and the move
         return rec
