@@ -50,11 +50,12 @@ def phases(rows: list[TraceRow], steps: int) -> list[tuple[int, int, tuple]]:
 
 
 def sweep(name: str, configs: list[tuple], ph: list[tuple], seg: int, base: list[str], work: Path) -> dict:
-    """One job measuring every (bounds, (m, k)) of `configs` under every phase of `ph`: phase by phase (its state
-    held by a trace row per rank and link), each config for `seg` steps (forced re-partitions and switches); the
-    median step time of each segment, the first step left out. Returns (bounds, (m, k)) -> time per phase."""
+    """One job measuring every (bounds, (m, k)) of `configs` under every distinct state of the phases `ph`: state by
+    state (held by a trace row per rank and link), each config for `seg` steps (forced re-partitions and switches);
+    the median step time of each segment, the first step left out. Returns (bounds, (m, k)) -> time per phase."""
+    states = list(dict.fromkeys(st for *_, st in ph))
     n, rows, parts, scheds = len(configs), [], {}, {}
-    for i, (*_, state) in enumerate(ph):
+    for i, state in enumerate(states):
         rows += [TraceRow(i * n * seg, k[1], v) if k[0] == "r" else TraceRow(i * n * seg, link=k[1], bandwidth=v)
                  for k, v in state]
         for j, (b, mk) in enumerate(configs):
@@ -64,11 +65,12 @@ def sweep(name: str, configs: list[tuple], ph: list[tuple], seg: int, base: list
             scheds[g] = mk
     write_trace(rows, work / f"{name}.json")
     run = harness.run_job(name, [*base, f"--emulate.trace={work / f'{name}.json'}", harness.partition(configs[0][0]),
-                                 "--parallel.schedule=kfkb", f"--train.steps={len(ph) * n * seg}"], work,
+                                 "--parallel.schedule=kfkb", f"--train.steps={len(states) * n * seg}"], work,
                           forcing=Forcing(partitions=parts, schedules=scheds))
     t = {r["step"]: r["step_time_s"] for r in run.steps}
-    return {c: [statistics.median(t[s] for s in range(((i * n + j) * seg) + 1, (i * n + j + 1) * seg))
-                for i in range(len(ph))] for j, c in enumerate(configs)}
+    at = {st: i for i, st in enumerate(states)}
+    return {c: [statistics.median(t[s] for s in range(((at[st] * n + j) * seg) + 1, (at[st] * n + j + 1) * seg))
+                for *_, st in ph] for j, c in enumerate(configs)}
 
 
 def partitions(units: int, stages: int) -> list[list[tuple[int, int]]]:
