@@ -126,8 +126,8 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None,
         if log:
             log.write(rec)
         bar.update(step, rec)
-        if controller:  # one decision over partition and schedule
-            decision = controller.after_step(rt, step, rec.step_time_s)
+        if controller:  # one decision over partition and schedule (none after the last step: nothing runs it)
+            decision = controller.after_step(rt, step, rec.step_time_s) if step + 1 < end else None
             if decision and log:
                 log.write(decision)
                 bar.note(_describe(decision.to_dict()))
