@@ -122,8 +122,9 @@ def main() -> None:
         decisions = live.events("decision")
         live_s = sum(r["step_time_s"] for r in live.steps) + sum(d.get("decision_s") or 0 for d in decisions)
         applied = sorted(d["step"] for d in decisions if d["apply"])
-        react = [next((d - c for d in applied if d >= c), None) for c in sorted(changes_at(trace)) if c > 0]
-        react = [x for x in react if x is not None]
+        at = sorted(d["step"] for d in decisions)  # a change's reaction: its first decision point (moved or kept)
+        react = [x for x in (next((d - c for d in at if d > c), None) for c in changes_at(trace) if c > 0)
+                 if x is not None]
         tps = {"gearshift": tokens * a.steps / live_s, "best_static": tokens * a.steps / total[best],
                "uniform_1f1b": tokens * a.steps / total[(uni, default)], "oracle": tokens * a.steps / oracle_s}
         for system, v in tps.items():
