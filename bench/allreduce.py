@@ -38,7 +38,6 @@ TESTBED_RATE = "200mbit"
 AGAIN = ("hierarchical",)  # timed twice per repetition: an A/A test of the measurement's repeatability
 
 
-# ---------------------------------------------------------------- worker (one rank)
 def worker(job: dict) -> None:
     """Time every algorithm at every size; rank 0 writes the timings and the calibration."""
     torch.set_num_threads(1)
@@ -96,7 +95,6 @@ def _timeline(size: int, groups, costs, rows: list[dict]) -> dict | None:
             "leader_rate_vs_gloo": leader_rate / gloo_rate if gloo_rate else None}
 
 
-# ---------------------------------------------------------------- driver
 def run_setting(setting: str, sizes: list[int], tb=None, trace: int | None = None) -> dict:
     """This script's worker on every rank of `setting` (in the testbed's namespaces with `tb`): rank 0's JSON."""
     counts, out = SETTINGS[setting], tempfile.NamedTemporaryFile(suffix=".json", delete=False).name
@@ -115,14 +113,6 @@ def run_setting(setting: str, sizes: list[int], tb=None, trace: int | None = Non
         return json.loads(Path(out).read_text())
     finally:
         os.unlink(out)
-
-
-def link_summary(setting: str, hosts: dict) -> str:
-    """What the testbed's host links carried during a setting (drops would mean retransmits in the timings)."""
-    total = traffic_totals(hosts)
-    return (f"{setting}: host links carried {total['bytes'] / 1e9:.2f} GB in {total['packets']} packets, both ways; "
-            f"held at the cap {total['throttled']} times; dropped {total['dropped']}"
-            + ("" if not total["dropped"] else " (retransmits in these timings)"))
 
 
 def scale_predictions() -> list[dict]:
@@ -215,8 +205,7 @@ def main() -> int:
     ap.add_argument("--sizes-list", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--trace", type=int, default=0, metavar="BYTES",
                     help="also trace one hierarchical all-reduce of BYTES (results/allreduce_trace.json)")
-    ap.add_argument("--name", default="allreduce",
-                    help="results/NAME.json and NAME.png (e.g. allreduce_16cores for another machine's run)")
+    ap.add_argument("--name", default="allreduce", help="results/NAME.json and .png (e.g. allreduce_16cores)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)  # one rank of a setting: its job, JSON
     args = ap.parse_args()
     if args.worker:
@@ -233,7 +222,9 @@ def main() -> int:
                     continue
                 data = run_setting(setting, sizes, tb, args.trace)
                 links[setting] = testbed_status(tb.config.prefix)["namespaces"]
-                print(link_summary(setting, links[setting]))
+                total = traffic_totals(links[setting])  # drops would mean retransmits in the timings
+                print(f"{setting}: host links carried {total['bytes'] / 1e9:.2f} GB in {total['packets']} packets, "
+                      f"both ways; held at the cap {total['throttled']} times; dropped {total['dropped']}")
         else:
             data = run_setting(setting, sizes, trace=args.trace)
         costs, costs_again = LinkCosts(**data["costs"]), LinkCosts(**data["costs_again"])  # gloo: costs.gloo_alpha

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 from pathlib import Path
 
 import torch
@@ -53,13 +52,12 @@ def main() -> int:
               "nothing measured, nothing written")
         return 0
     one = ["--cluster.workers=1", "--parallel.stages=1"]
-    with tempfile.TemporaryDirectory() as tmp:
-        t = Path(tmp)
-        cpu = _train(a, t, "cpu", *one, "--cluster.device=cpu")
-        cuda = _train(a, t, "cuda", *one, "--cluster.device=cuda")
-        two = _train(a, t, "two", "--cluster.workers=2", "--parallel.stages=2", "--cluster.device=cuda")
-        two_cpu = _train(a, t, "two-cpu", "--cluster.workers=2", "--parallel.stages=2", "--cluster.device=cpu")
-        profiles = {d: _profile(a, t, d) for d in ("cpu", "cuda")}
+    t = harness.workdir("gpu")
+    cpu = _train(a, t, "cpu", *one, "--cluster.device=cpu")
+    cuda = _train(a, t, "cuda", *one, "--cluster.device=cuda")
+    two = _train(a, t, "two", "--cluster.workers=2", "--parallel.stages=2", "--cluster.device=cuda")
+    two_cpu = _train(a, t, "two-cpu", "--cluster.workers=2", "--parallel.stages=2", "--cluster.device=cpu")
+    profiles = {d: _profile(a, t, d) for d in ("cpu", "cuda")}
     both = cpu["ran"] and cuda["ran"]
     diffs = [abs(x - y) / abs(y) for x, y in zip(cuda["losses"][:LOSS_STEPS], cpu["losses"][:LOSS_STEPS])] \
         if both else []

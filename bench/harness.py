@@ -66,9 +66,8 @@ def parser(doc: str, name: str = "", quick: dict | None = None, **flags: Any) ->
     p = _Parser(description=doc.split("\n\n")[0])
     for flag, default in flags.items():
         text = JOB_FLAGS[flag][1] if flag in JOB_FLAGS else OPTIONS[flag]
-        extra = {"choices": ("wall", "cpu")} if flag == "basis" else {}
         p.add_argument("--" + flag.replace("_", "-"), dest=flag, type=type(default), default=default, help=text,
-                       **extra)
+                       **({"choices": ("wall", "cpu")} if flag == "basis" else {}))
     if quick is not None:
         p.quick = quick
         p.add_argument("--quick", action="store_true", help="a smoke run, noisier: "

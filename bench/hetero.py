@@ -86,18 +86,6 @@ def plot(path: Path, static: harness.Run, dynamic: harness.Run, res: dict) -> No
     fig.savefig(path, dpi=120)
 
 
-def table(res: dict, ratios: dict) -> None:
-    """Rich tables of the rows and ratios."""
-    dyn = res["dynamic"]
-    rows = [(r["run"], r["tokens_per_s"], r["partition"]) for r in res["rows"]] + [
-        ("dynamic before", dyn["before_tokens_per_s"], dyn["partition_before"]),
-        ("dynamic after", dyn["after_tokens_per_s"], dyn["partition_after"]),
-        ("oracle after", dyn["oracle_after_tokens_per_s"], dyn["oracle_after_partition"])]
-    harness.table("Heterogeneous cluster (speeds 1.0 / 0.6 / 0.3 / 0.3), 4 workers", ("run", "tokens/s", "partition"),
-                  [(n, f"{t:,.0f}", p) for n, t, p in rows], left=3)
-    harness.goals_table(ratios, "Ratios (goal)")
-
-
 def main() -> None:
     p = harness.parser(__doc__, "hetero", {}, layers=14, width=64, context=64, batch=32, micro=8,
                        max_bytes=2_000_000, nice=0, keep="")
@@ -107,8 +95,7 @@ def main() -> None:
     p.add_argument("--dyn-factor", type=float, default=3.0, help="how many times slower it becomes")
     a = p.parse_args()
 
-    E, K = a.every, a.segment
-    rounds = 2 if a.quick else 3
+    E, K, rounds = a.every, a.segment, 2 if a.quick else 3
     settle = 3 * E  # adaptive: measured once three periods have passed (two re-plans applied and checked)
     adapt_steps = settle + (2 * E if a.quick else 3 * E)
     change = 4 * E  # dynamic: the slowdown hits after four periods
@@ -119,12 +106,9 @@ def main() -> None:
             "--train.warmup_steps=5", f"--adapt.profile={work / 'profile.json'}"]  # every job: the same profile
     cfg = load_config(None, base[:-1])
     profile = harness.robust_profile(cfg, 3 if a.quick else 5, work / "profile.json")  # shared by every run
-    slow_after = list(SLOWDOWN)
-    slow_after[a.dyn_rank] *= a.dyn_factor
-    oracle = planned_bounds(profile, SLOWDOWN, a.micro)
-    oracle_after = planned_bounds(profile, slow_after, a.micro)
-    params = planned_bounds(profile, SLOWDOWN, a.micro, "params")  # balanced parameter bytes (speed-blind)
-    uniform = planned_bounds(profile, SLOWDOWN, a.micro, "uniform")
+    slow_after = [f * a.dyn_factor if r == a.dyn_rank else f for r, f in enumerate(SLOWDOWN)]
+    oracle, oracle_after, params, uniform = (planned_bounds(profile, slow, a.micro, how) for slow, how in (
+        (SLOWDOWN, "adaptive"), (slow_after, "adaptive"), (SLOWDOWN, "params"), (SLOWDOWN, "uniform")))  # params: bytes
     scenario = f'--emulate.scenario=["{change}:{a.dyn_rank}:{slow_after[a.dyn_rank]:g}"]'
     adaptive = ["--parallel.partition=adaptive", f"--adapt.every={E}"]
 
@@ -171,15 +155,15 @@ def main() -> None:
         "steps_to_within_10pct": reach, "rolling_window": WINDOW, "replans": replan_summary(dyn.events("replan")),
     }
     u, o, two = tps["uniform"], tps["oracle"], 2 * E
-    ratios = {"adaptive / uniform": (tps["adaptive"] / u, ">= 1.5"),
-              "adaptive / oracle": (tps["adaptive"] / o, ">= 0.9"),
-              "adaptive / params": (tps["adaptive"] / tps["params"], "-"),
-              "learned / uniform (interleaved)": (tps["adaptive (learned partition)"] / u, ">= 1.5"),
-              "learned / oracle (interleaved)": (tps["adaptive (learned partition)"] / o, ">= 0.9"),
-              "dynamic after / oracle after": (d_after / o_after, ">= 0.9"),
-              "learned after / oracle after (interleaved)": (after["adaptive after (learned)"] / o_after, ">= 0.9"),
-              f"steps to within 10% (<= {two})": (reach, f"<= {two}")}
-    ratios = harness.goals(ratios)
+    ratios = harness.goals({
+        "adaptive / uniform": (tps["adaptive"] / u, ">= 1.5"),
+        "adaptive / oracle": (tps["adaptive"] / o, ">= 0.9"),
+        "adaptive / params": (tps["adaptive"] / tps["params"], "-"),
+        "learned / uniform (interleaved)": (tps["adaptive (learned partition)"] / u, ">= 1.5"),
+        "learned / oracle (interleaved)": (tps["adaptive (learned partition)"] / o, ">= 0.9"),
+        "dynamic after / oracle after": (d_after / o_after, ">= 0.9"),
+        "learned after / oracle after (interleaved)": (after["adaptive after (learned)"] / o_after, ">= 0.9"),
+        f"steps to within 10% (<= {two})": (reach, f"<= {two}")})
     res = {
         "benchmark": "hetero", "quick": a.quick, "workers": WORLD, "slowdown": SLOWDOWN,
         "relative_speeds": [round(1 / f, 3) for f in SLOWDOWN],
@@ -193,7 +177,12 @@ def main() -> None:
     out = harness.write_results("hetero", res, a.out, emulation=f"emulate.slowdown {SLOWDOWN} (duty cycle); the "
                                 f"dynamic run: emulate.scenario, rank {a.dyn_rank} x{a.dyn_factor:g} at step {change}")
     plot(out.with_suffix(".png"), live, dyn, res)
-    table(res, ratios)
+    shown = [(r["run"], r["tokens_per_s"], r["partition"]) for r in rows] + [
+        ("dynamic before", dynamic["before_tokens_per_s"], dynamic["partition_before"]),
+        ("dynamic after", d_after, learned_after), ("oracle after", o_after, oracle_after)]
+    harness.table("Heterogeneous cluster (speeds 1.0 / 0.6 / 0.3 / 0.3), 4 workers", ("run", "tokens/s", "partition"),
+                  [(n, f"{t:,.0f}", p) for n, t, p in shown], left=3)
+    harness.goals_table(ratios, "Ratios (goal)")
 
 
 if __name__ == "__main__":

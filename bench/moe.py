@@ -37,7 +37,6 @@ def step_time(name: str, args: list[str], work: Path) -> float:
     return harness.run_job(name, args, work).median("step_time_s", SKIP)
 
 
-# ---- the peer: DeepSpeed's MoE layer on the same model -----------------------------------------------------
 def _deepspeed_worker(rank: int, world: int, overrides: list[str], width: int, steps: int) -> dict:
     """The MoE GPT with deepspeed.moe.layer.MoE layers (same expert MLPs, top-2, no token dropped, expert width
     `width`), trained by DeepSpeed's engine on the job's batches (micro-batches as gradient accumulation)."""
@@ -104,7 +103,6 @@ def deepspeed_step(overrides: list[str], width: int, steps: int) -> dict:
     return next((r for r in res if not r["ok"]), res[0])
 
 
-# ---- the benchmark ----------------------------------------------------------------------------------------
 def main() -> None:
     ap = harness.parser(__doc__, "moe", {"repeats": 1, "steps": 8}, layers=4, width=64, heads=4, context=32,
                         experts=8, batch=32, micro=4, max_bytes=2_000_000, repeats=3, steps=14, slowdown=4.0)
@@ -121,11 +119,9 @@ def main() -> None:
     auto = best(pool)
     print(f"pool priced in {time.perf_counter() - t0:.0f} s (load {harness.LOAD_AT_START:.1f}); auto picks "
           f"{auto.name}", flush=True)
-    tokens = a.batch * a.context
+    tokens, work, peer_error, loads = a.batch * a.context, harness.workdir("moe"), None, []
     measured: dict[str, list[float]] = {s.name: [] for s in pool}
     peer: dict[str, list[float]] = {}
-    peer_error, loads = None, []
-    work = harness.workdir("moe")
     for r in range(a.repeats):
         for s in harness.rotated(pool, r):
             loads.append(os.getloadavg()[0])

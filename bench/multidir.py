@@ -73,14 +73,10 @@ def _worker(rank: int, world: int, a: argparse.Namespace, cuts: dict, profile: s
     data = job_data(c0)
     adapters = {k: build_adapter(cfgs[k], data, job_model(cfgs[k])) for k in keys}  # the emulation's sleeps
     runners = {k: build_runtime(cfgs[k], adapter=adapters[k], data=data) for k in keys}
-
-    def emulate(key: str, step: int) -> None:
-        if adapters[key] is not None:  # the emulation's sleeps (none under --memory)
-            adapters[key].step = step
-
     res = harness.interleave(runners, a.warmup + a.steps, a.warmup,
                              lambda step: data.batch(step, c0.train.batch_size, c0.train.seed),
-                             lambda key, step: lr_at(step, cfgs[key]), emulate)
+                             lambda key, step: lr_at(step, cfgs[key]),  # the adapter: the emulation's sleeps, if any
+                             lambda key, step: adapters[key] and setattr(adapters[key], "step", step))
     return {k: {"times": r["times"], "losses": r["losses"], "busy": [x.busy_s for x in r["records"]],
                 "peak": [x.peak_act_bytes for x in r["records"]]} for k, r in res.items()}
 
@@ -191,13 +187,6 @@ def order_comparison(profile, cuts: dict, slowdown: float) -> list[dict]:
     return rows
 
 
-# ---- torch.distributed.pipelining beside ours (no emulation) ----------------------------------------------
-def torch_pipeline(cfg, name: str, bounds: list, group):
-    """This rank's two stages of a torch.distributed.pipelining schedule (V or loop placement)."""
-    owner = generate_stage_to_rank_mapping(WORLD, len(bounds), style="loop" if name == "Interleaved1F1B" else "v")
-    return TorchPipeline(cfg, group, getattr(pp, f"Schedule{name}"), bounds, owner, cfg.parallel.microbatches * D)
-
-
 def _torch_worker(rank: int, world: int, a: argparse.Namespace, slices: list, stages8: list, profile: str) -> dict:
     cfg = {s: load_config(None, overrides(a, s, slices, Path(profile), 1.0))
            for s in ("multidir_async", "multidir_flush")}
@@ -205,7 +194,9 @@ def _torch_worker(rank: int, world: int, a: argparse.Namespace, slices: list, st
     data = job_data(c0)
     group = dist.new_group(list(range(world)))  # torch's messages never share a channel with ours
     runners: dict = {s: build_runtime(cfg[s]) for s in cfg}
-    runners.update({t: torch_pipeline(c0, t, stages8, group) for t in TORCH})
+    runners.update({t: TorchPipeline(c0, group, getattr(pp, f"Schedule{t}"), stages8, generate_stage_to_rank_mapping(
+        WORLD, len(stages8), style="loop" if t == "Interleaved1F1B" else "v"), c0.parallel.microbatches * D)
+        for t in TORCH})  # this rank's two stages of each torch schedule (V or loop placement)
     res = harness.interleave(runners, a.warmup + a.steps, a.warmup,
                              lambda step: data.batch(step, c0.train.batch_size, c0.train.seed),
                              lambda key, step: lr_at(step, c0))
@@ -231,7 +222,6 @@ def torch_rows(a: argparse.Namespace, work: Path) -> tuple[list[dict], dict]:
     return rows, {"ratios_tokens_per_s": ratios, "ratios_paired_median_async": paired, "load_1min": load}
 
 
-# ---- the loss goal ---------------------------------------------------------------------------------------------
 def loss_run(a: argparse.Namespace, work: Path) -> dict:
     """The default job (300 steps) with schedule = multidir under flush and under async: final losses."""
     out = {}
@@ -325,8 +315,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--loss-from", default="", help="the loss goal from two finished runs DIR_FLUSH,DIR_ASYNC")
     a = p.parse_args(argv)
     work = harness.workdir("multidir")
-    out_path = Path(a.out)
-    res = harness.read_results(out_path)
+    res = harness.read_results(a.out)
     res.update(benchmark="multidir", workers=WORLD, directions=D, slowdown=a.slowdown, basis=a.basis,
                model={"layers": a.layers, "width": a.width, "heads": a.heads, "context": a.context, "batch": a.batch,
                       "microbatches_per_direction": a.micro, "microbatch_size": a.batch // (D * a.micro)})
@@ -341,8 +330,7 @@ def main(argv: list[str] | None = None) -> dict:
         trows, tinfo = torch_rows(argparse.Namespace(**{**vars(a), "layers": a.torch_layers}), work)
         res["torch"] = {"rows": trows, **tinfo, "model_layers": a.torch_layers}
     if a.loss_from:
-        f, s = a.loss_from.split(",")
-        out = {"flush": read_loss(harness.read_run(f)), "async": read_loss(harness.read_run(s))}
+        out = {k: read_loss(harness.read_run(d)) for k, d in zip(("flush", "async"), a.loss_from.split(","))}
         res["loss"] = {k: v for k, v in (out | loss_ratios(out)).items() if "over" in k} | {"runs": out}
     elif a.loss:
         res["loss"] = loss_run(a, work)
@@ -350,10 +338,9 @@ def main(argv: list[str] | None = None) -> dict:
         res["goals"] = goals(res["rows"])
         if "loss" in res:
             v = res["loss"]["val_loss_async_over_flush"]
-            res["goals"]["async/flush val loss after 300 steps"] = {"value": v, "goal": "<= 1.02",
-                                                                     "met": abs(v - 1) <= 0.02}
+            res["goals"] |= harness.goals({"async/flush val loss after 300 steps": (v, "<= 1.02", abs(v - 1) <= 0.02)})
     res["wall_s"] = harness.elapsed()
-    harness.write_results("multidir", res, out_path, emulation=f"emulate.slowdown {a.slowdown:g} on every rank, "
+    harness.write_results("multidir", res, a.out, emulation=f"emulate.slowdown {a.slowdown:g} on every rank, "
                           f"basis {a.basis}, in the schedule comparison (--torch and --memory run without)")
     show(res)
     return res

@@ -8,7 +8,6 @@ import copy
 import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -38,12 +37,6 @@ def window_versions(sch) -> dict[tuple[int, int], int]:
     return out
 
 
-def drained_before(cfg, batch: int) -> bool:
-    """Whether the loop drained the async stream before `batch`: at the start, after a checkpoint or an evaluation."""
-    t = cfg.train
-    return batch == 0 or any(every and batch % every == 0 for every in (t.checkpoint_every, t.eval_every))
-
-
 def train(cfg, cut: list[tuple[int, int]], mode: str, offsets: dict, lr_scale: float, log_every: int = 25) -> dict:
     """Train cfg.train.steps steps under `mode`; returns per-step train loss and validation losses."""
     torch.manual_seed(0)
@@ -61,7 +54,7 @@ def train(cfg, cut: list[tuple[int, int]], mode: str, offsets: dict, lr_scale: f
     for b in range(t.steps):
         x, y = data.batch(b, t.batch_size, t.seed)
         xs, ys = x.chunk(D * M), y.chunk(D * M)
-        fresh = drained_before(cfg, b)
+        fresh = b == 0 or any(e and b % e == 0 for e in (t.checkpoint_every, t.eval_every))  # the loop drained
         groups: dict[tuple[int, ...], list[int]] = {}  # the versions (0: w_{b-1}, 1: w_b) per slice -> micro-batches
         for g in range(D):
             for j in range(M):
@@ -168,12 +161,10 @@ def main(argv: list[str] | None = None) -> dict:
         ideal = res["runs"].get("async", {}).get("losses", [])
         for b in [s for s in (0, 1, 2, 3, 5, 10, 20, 50, 100, 200, 299) if s < min(len(real), len(ideal))]:
             print(f"  step {b}: run {real[b]:.4f}, ideal async {ideal[b]:.4f}")
-    out = Path(a.out)
     label = a.label or f"lr {cfg.train.lr:g}, {stale} of {len(offsets)} forwards stale"
-    book = harness.read_results(out)
-    book = book if "experiments" in book else {"experiments": {}}  # one file, one entry per experiment
+    book = {"experiments": harness.read_results(a.out).get("experiments", {})}  # one entry per experiment
     book["experiments"][label] = res | {"machine": harness.machine()}  # each experiment ran on its own
-    harness.write_results("multidir_staleness", book, out, stamp=False)
+    harness.write_results("multidir_staleness", book, a.out, stamp=False)
     return res
 
 

@@ -26,13 +26,6 @@ SYSTEMS = ("gearshift", "torch")
 WORLD = 4
 
 
-def _overrides(a: argparse.Namespace, schedule: str) -> list[str]:
-    """Config overrides shared by both systems (the torch side reads the same JobConfig)."""
-    return [*harness.job_overrides(a), f"--cluster.workers={WORLD}", f"--parallel.stages={WORLD}",
-            f"--parallel.schedule={schedule}", "--parallel.partition=uniform", f"--train.steps={a.warmup + a.steps}",
-            "--train.warmup_steps=2"]
-
-
 class TorchPipeline:
     """This rank's stages of a torch.distributed.pipelining schedule `cls` (stage s: layers bounds[s] on rank
     owner[s]), with our optimizer step."""
@@ -69,7 +62,9 @@ class TorchPipeline:
 
 def _worker(rank: int, world: int, a: argparse.Namespace) -> dict:
     """Build all four pipelines on this rank, then step them in rotating order; rank 0's timings count."""
-    cfgs = {s: load_config(None, _overrides(a, s)) for s in SCHEDULES}
+    job = [*harness.job_overrides(a), f"--cluster.workers={WORLD}", f"--parallel.stages={WORLD}",
+           "--parallel.partition=uniform", f"--train.steps={a.warmup + a.steps}", "--train.warmup_steps=2"]
+    cfgs = {s: load_config(None, [*job, f"--parallel.schedule={s}"]) for s in SCHEDULES}  # torch reads them too
     cfg0 = cfgs["gpipe"]
     corpus = ByteCorpus(None, cfg0.data.val_fraction, cfg0.data.max_bytes)
     torch_group = dist.new_group(list(range(world)))  # torch's transfers never share a channel with ours
@@ -129,9 +124,8 @@ def _print(summary: dict) -> None:
                     f"{1e3 * r['step_time_min_s']:.1f}", f"{r['cpu_s_per_step']:.3f}", f"{r['final_loss']:.4f}")
                    for r in summary["rows"]], left=2, console=console)
     for s, v in summary["ratios"].items():
-        console.print(f"Gearshift/torch {s}: [bold]{v:.3f}x[/bold] tokens/s "
-                      f"(paired per-step median {summary['ratios_paired_median'][s]:.3f}x, "
-                      f"best step {summary['ratios_best_step'][s]:.3f}x, "
+        console.print(f"Gearshift/torch {s}: [bold]{v:.3f}x[/bold] tokens/s (paired per-step median "
+                      f"{summary['ratios_paired_median'][s]:.3f}x, best step {summary['ratios_best_step'][s]:.3f}x, "
                       f"CPU-time {summary['cpu_ratios_torch_over_gearshift'][s]:.3f}x, "
                       f"max loss diff {summary['config']['max_loss_diff_gearshift_vs_torch'][s]:.1e})")
     m = summary["machine"]

@@ -21,14 +21,6 @@ HOSTS = 4
 BASELINE = (8, 1)  # fixed 1F1B, 8 micro-batches
 
 
-def job_args(a: argparse.Namespace, profiles: Path) -> list[str]:
-    """Overrides shared by every job of the benchmark."""
-    return [*harness.job_overrides(a), f"--cluster.workers={HOSTS}", f"--parallel.stages={HOSTS}",
-            "--cluster.ranks_per_node=1", "--cluster.testbed=true", f"--cluster.bandwidth={a.bandwidth}",
-            "--parallel.schedule=auto", *harness.QUIET, "--train.warmup_steps=5", f"--adapt.profiles={profiles}",
-            harness.slowdown([a.slowdown] * HOSTS)]
-
-
 def contention(a: argparse.Namespace, step: int) -> list[str]:
     """cluster.traffic: `flows` bulk flows each way over every pipeline link, from `step` on."""
     ev = [f"{step}:flows:{h}:{h + 1}:{a.flows}" for h in range(HOSTS - 1)] + [
@@ -83,11 +75,9 @@ def grid(name: str, a: argparse.Namespace, base: list[str], cands: list[tuple[in
 def summarize(scenario: str, g: dict) -> list[dict]:
     """One row per candidate: median measured step time and prediction, and whether auto picked it (what the
     job's pricings, each under the links probed then, chose most often)."""
-    pick = g["modal"]
-    rows = []
+    pick, rows = g["modal"], []
     for (m, k), d in g["per"].items():
-        meas = statistics.median(d["times"])
-        pred = statistics.median(d["predicted"])
+        meas, pred = statistics.median(d["times"]), statistics.median(d["predicted"])
         spread = (max(d["rounds"]) - min(d["rounds"])) / statistics.mean(d["rounds"]) if len(d["rounds"]) > 1 else None
         rows.append({"scenario": scenario, "m": m, "k": k, "tokens_per_s": g["tokens"] / meas,
                      "measured_step_s": meas, "predicted_step_s": pred, "auto": (m, k) == pick,
@@ -128,8 +118,7 @@ def change(a: argparse.Namespace, base: list[str], work: Path, tb) -> dict:
     E, C, steps = a.every, a.change, a.change + a.after * a.every
     run = harness.run_job("change", [*base, *contention(a, C), f"--train.steps={steps}", f"--adapt.every={E}"],
                           work, tb)
-    st = {r["step"]: r for r in run.steps}
-    decs = run.events("schedule")
+    st, decs = {r["step"]: r for r in run.steps}, run.events("schedule")
     before_key = tuple(next(d for d in reversed(decs) if d["step"] < C)["chosen"])
     after = [d for d in decs if d["step"] >= C]  # a decision at step C is priced after the traffic started
     # Picked again: the first pricing that saw the links move (it may keep the schedule it had, if that is
@@ -153,20 +142,6 @@ def change(a: argparse.Namespace, base: list[str], work: Path, tb) -> dict:
             "tokens": a.batch * a.context}
 
 
-def table(res: dict) -> None:
-    c = harness.make_console()
-    for sc in ("idle", "contended"):
-        harness.table(f"{sc}: every candidate, measured interleaved (duty-cycle emulation x{res['slowdown']})",
-                      ("m", "K", "tokens/s", "measured s/step", "predicted s/step", "error", "A/A spread", "auto"),
-                      [(r["m"], r["k"], f"{r['tokens_per_s']:,.0f}", f"{r['measured_step_s']:.3f}",
-                        f"{r['predicted_step_s']:.3f}",
-                        f"{(r['predicted_step_s'] - r['measured_step_s']) / r['measured_step_s']:+.1%}",
-                        "-" if r["aa_spread"] is None else f"{r['aa_spread']:.1%}", "*" if r["auto"] else "")
-                       for r in sorted((r for r in res["rows"] if r["scenario"] == sc),
-                                       key=lambda r: -r["tokens_per_s"])], console=c)
-    harness.goals_table(res["goals"], console=c)
-
-
 def main() -> None:
     p = harness.parser(__doc__, "schedule_choice", {"rounds": 2, "segment": 3, "change": 25, "after": 3}, layers=2,
                        width=64, heads=4, context=256, batch=8, max_bytes=1_000_000, slowdown=4.0, keep="")
@@ -183,7 +158,10 @@ def main() -> None:
     if not is_root():
         raise SystemExit("schedule_choice: needs root (the namespace testbed)")
     work = harness.workdir("schedule", a.keep)
-    base = job_args(a, work / "profiles")
+    base = [*harness.job_overrides(a), f"--cluster.workers={HOSTS}", f"--parallel.stages={HOSTS}", *harness.QUIET,
+            "--cluster.ranks_per_node=1", "--cluster.testbed=true", f"--cluster.bandwidth={a.bandwidth}",
+            "--parallel.schedule=auto", "--train.warmup_steps=5", harness.slowdown([a.slowdown] * HOSTS),
+            f"--adapt.profiles={work / 'profiles'}"]  # every job's
     cfg = load_config(None, [x for x in base if not x.startswith("--cluster.testbed")])
     sizes = [a.batch // m for m in range(1, a.batch + 1) if a.batch % m == 0]
     profile_sizes(cfg, sizes, str(work / "profiles"), passes=3)  # every job reads these: one set of numbers
@@ -225,21 +203,28 @@ def main() -> None:
         if "contended" in per and chg["after_tokens_per_s"]:
             r = chg["after_tokens_per_s"] / per["contended"]["best_tokens_per_s"]
             goals["change: after / best contended"] = (r, ">= 0.95")
-    goals = harness.goals(goals)
     res = {"benchmark": "schedule_choice", "quick": a.quick, "hosts": HOSTS, "bandwidth": a.bandwidth,
-           "slowdown": a.slowdown,
+           "slowdown": a.slowdown, "goals": harness.goals(goals),
            "emulation": f"duty cycle: every rank sleeps {a.slowdown - 1:g}x its measured compute after each op",
            "model": {"name": "gpt", "layers": a.layers, "width": a.width, "heads": a.heads, "context": a.context,
                      "batch": a.batch, "activation_bytes_per_sample": a.width * a.context * 4},
            "contention": f"{a.flows} bulk TCP flows each way over every pipeline link",
            "segment": a.segment, "rounds": a.rounds, "candidates": [list(c) for c in cands],
-           "rows": rows, "per_scenario": per, "change": chg,
-           "goals": goals,
-           "links": {sc: grids[sc]["links"][:2] for sc in grids},
+           "rows": rows, "per_scenario": per, "change": chg, "links": {sc: grids[sc]["links"][:2] for sc in grids},
            "wall_s": round(harness.elapsed(), 1)}
     harness.write_results("schedule_choice", res, a.out, emulation=res["emulation"] + f"; testbed: {HOSTS} "
-                                f"hosts in network namespaces, {a.bandwidth} per host")
-    table(res)
+                          f"hosts in network namespaces, {a.bandwidth} per host")
+    c = harness.make_console()
+    for sc in ("idle", "contended"):
+        harness.table(f"{sc}: every candidate, measured interleaved (duty-cycle emulation x{res['slowdown']})",
+                      ("m", "K", "tokens/s", "measured s/step", "predicted s/step", "error", "A/A spread", "auto"),
+                      [(r["m"], r["k"], f"{r['tokens_per_s']:,.0f}", f"{r['measured_step_s']:.3f}",
+                        f"{r['predicted_step_s']:.3f}",
+                        f"{(r['predicted_step_s'] - r['measured_step_s']) / r['measured_step_s']:+.1%}",
+                        "-" if r["aa_spread"] is None else f"{r['aa_spread']:.1%}", "*" if r["auto"] else "")
+                       for r in sorted((r for r in res["rows"] if r["scenario"] == sc),
+                                       key=lambda r: -r["tokens_per_s"])], console=c)
+    harness.goals_table(res["goals"], console=c)
 
 
 if __name__ == "__main__":
