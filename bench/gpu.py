@@ -1,17 +1,12 @@
-"""The same job on CUDA and on the CPU, in one run: `gearshift train --cluster.workers=1 --parallel.stages=1` with
-cluster.device = cpu and = cuda (losses of the first steps side by side, tokens/s, their ratio), `gearshift
-profile` on both devices, and a 2-stage pipeline on the GPU(s) (both stages on one GPU when the machine has
-one, if NCCL allows two ranks on one device: if not, the error it gave). Writes bench/results/gpu.json.
-Without CUDA it says so and writes nothing.
-
-The CPU side runs as every worker does, on one thread (train.worker sets torch.set_num_threads(1))."""
+"""The same job on CUDA and on the CPU in one run: one rank on each (losses side by side, tokens/s and their
+ratio), `gearshift profile` on both, and 2 stages on the GPU(s) (or the NCCL error). Writes bench/results/gpu.json;
+without CUDA it says so and writes nothing. The CPU side runs on one thread, as every worker does."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
-import tempfile
 from pathlib import Path
 
 import torch
@@ -50,25 +45,19 @@ def _profile(a: argparse.Namespace, out: Path, device: str) -> dict:
 
 
 def main() -> int:
-    p = harness.parser(__doc__, layers=6, width=128, context=128, batch=32, micro=8)
-    p.add_argument("--steps", type=int, default=20, help="training steps per run (tokens/s: the median after the "
-                                                         "first)")
-    p.add_argument("--quick", action="store_true", help="a tiny model for 4 steps (checks the script, not speed)")
-    a = p.parse_args()
-    if a.quick:
-        a.steps, a.layers, a.width, a.context, a.batch, a.micro = 4, 2, 32, 16, 8, 2
+    a = harness.parser(__doc__, "gpu", dict(steps=4, layers=2, width=32, context=16, batch=8, micro=2), layers=6,
+                       width=128, context=128, batch=32, micro=8, steps=20).parse_args()
     if not torch.cuda.is_available():
         print(f"bench/gpu.py: no CUDA device here (torch {torch.__version__}, torch.cuda.is_available() is False): "
               "nothing measured, nothing written")
         return 0
     one = ["--cluster.workers=1", "--parallel.stages=1"]
-    with tempfile.TemporaryDirectory() as tmp:
-        t = Path(tmp)
-        cpu = _train(a, t, "cpu", *one, "--cluster.device=cpu")
-        cuda = _train(a, t, "cuda", *one, "--cluster.device=cuda")
-        two = _train(a, t, "two", "--cluster.workers=2", "--parallel.stages=2", "--cluster.device=cuda")
-        two_cpu = _train(a, t, "two-cpu", "--cluster.workers=2", "--parallel.stages=2", "--cluster.device=cpu")
-        profiles = {d: _profile(a, t, d) for d in ("cpu", "cuda")}
+    t = harness.workdir("gpu")
+    cpu = _train(a, t, "cpu", *one, "--cluster.device=cpu")
+    cuda = _train(a, t, "cuda", *one, "--cluster.device=cuda")
+    two = _train(a, t, "two", "--cluster.workers=2", "--parallel.stages=2", "--cluster.device=cuda")
+    two_cpu = _train(a, t, "two-cpu", "--cluster.workers=2", "--parallel.stages=2", "--cluster.device=cpu")
+    profiles = {d: _profile(a, t, d) for d in ("cpu", "cuda")}
     both = cpu["ran"] and cuda["ran"]
     diffs = [abs(x - y) / abs(y) for x, y in zip(cuda["losses"][:LOSS_STEPS], cpu["losses"][:LOSS_STEPS])] \
         if both else []
@@ -82,7 +71,7 @@ def main() -> int:
         "two_stages": {"cpu": two_cpu, "cuda": two, "on_one_gpu": torch.cuda.device_count() == 1},
         "profile": profiles,
     }
-    out = harness.write_results("gpu", result)
+    harness.write_results("gpu", result, a.out)
     print(f"{result['gpu']} ({result['gpus']} GPU(s)), torch {torch.__version__}, CUDA {result['cuda']}")
     for name, run in (("1 rank, cpu", cpu), ("1 rank, cuda", cuda), ("2 stages, cpu", two_cpu),
                       ("2 stages, cuda", two)):
@@ -95,7 +84,6 @@ def main() -> int:
     for device, prof in profiles.items():
         print(f"  profile on {device}: " + (f"{prof['device']}, forward {prof['forward_ms']:.2f} ms, backward "
                                             f"{prof['backward_ms']:.2f} ms" if prof["ran"] else prof["error"]))
-    print(f"wrote {out.relative_to(harness.ROOT)}")
     return 0
 
 
