@@ -145,6 +145,8 @@ class TrainConfig:
     checkpoint_every: int = key(25, "checkpoint every this many steps (and at the end); 0 = at the end only")
     stop_after: int = key(0, "end this run after this many steps, with a checkpoint (as a preemption would); "
                               "0 = run to steps")
+    keep_checkpoints: int = key(3, "checkpoints kept in output.dir/checkpoints: the newest this many (older ones are "
+                                   "deleted as each is written); 0 = every one")
 
     def check(self) -> None:
         check(self.batch_size >= 1, f"train.batch_size: must be >= 1, got {self.batch_size}")
@@ -162,6 +164,8 @@ class TrainConfig:
         check(self.checkpoint_every >= 0,
               f"train.checkpoint_every: must be >= 0 (0 = end only), got {self.checkpoint_every}")
         check(self.stop_after >= 0, f"train.stop_after: must be >= 0 (0 = run to train.steps), got {self.stop_after}")
+        check(self.keep_checkpoints >= 0,
+              f"train.keep_checkpoints: must be >= 0 (0 = every one), got {self.keep_checkpoints}")
 
 
 @dataclass
@@ -171,6 +175,8 @@ class OutputConfig:
     dir: str = key("runs/default", "run directory")
     existing: str = key("move", "a fresh run into a directory that holds another run: move (it aside, and say "
                                 "where) or refuse")
+    keep_runs: int = key(5, "output.existing = move: runs kept aside beside output.dir, the newest this many (older "
+                            "ones are deleted, and said so); 0 = every one")
     trace: bool = key(True, "write trace.json (Perfetto): one step's measured timeline beside the simulator's")
     trace_step: int = key(-1, "the step to trace; -1 = the last")
     progress: bool = key(True, "progress bar and summary on the console")
@@ -182,6 +188,7 @@ class OutputConfig:
         check(bool(self.dir), "output.dir: must not be empty")
         check_dir(self.dir, "output.dir", ConfigError)
         check(self.existing in EXISTING, f"output.existing: {self.existing!r} (allowed: {', '.join(EXISTING)})")
+        check(self.keep_runs >= 0, f"output.keep_runs: must be >= 0 (0 = every one), got {self.keep_runs}")
 
 
 @dataclass
