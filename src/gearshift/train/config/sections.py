@@ -95,7 +95,10 @@ class ParallelConfig:
                                 "links, chosen again as they change; microbatches and k are then only where the job "
                                 "starts measuring)")
     microbatches: int = key(8, "micro-batches per step (per replica; multidir: per direction); must divide the "
-                               "replica's batch")
+                               "replica's batch (more replicas: smaller micro-batches; see microbatch_size)")
+    microbatch_size: int = key(0, "samples per micro-batch, kept as the replicas change (microbatches is then the "
+                                  "replica's batch / this; BatchNorm-like layers and MoE expert capacity depend on "
+                                  "it); 0 = parallel.microbatches decides")
     k: int = key(1, "kfkb: forwards (then backwards) per group; 1 = 1F1B, >= microbatches = GPipe")
     partition: Any = key("uniform", "uniform | params | adaptive (the DP's plan from the spec or a measurement at "
                                     "the start, re-planned every adapt.every steps) | [[start, end], ...] per stage")
@@ -116,6 +119,8 @@ class ParallelConfig:
         check(self.stages >= 1, f"parallel.stages: must be >= 1, got {self.stages}")
         check(self.schedule in SCHEDULES, f"parallel.schedule: {self.schedule!r} (allowed: {', '.join(SCHEDULES)})")
         check(self.microbatches >= 1, f"parallel.microbatches: must be >= 1, got {self.microbatches}")
+        check(self.microbatch_size >= 0,
+              f"parallel.microbatch_size: must be >= 0 (0 = parallel.microbatches decides), got {self.microbatch_size}")
         check(self.k >= 1, f"parallel.k: must be >= 1, got {self.k}")
         check(self.update in UPDATES, f"parallel.update: {self.update!r} (allowed: {', '.join(UPDATES)})")
         self.sync.check()
