@@ -9,9 +9,11 @@ from gearshift.train.config.job import JobConfig, validate
 from gearshift.train.config.tables import apply, parse_override
 
 
-def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> JobConfig:
-    """Defaults <- the job file at `path` (none: the defaults are the job) <- `--section.key=value` overrides."""
-    cfg = JobConfig()
+def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = (),
+                base: dict | None = None) -> JobConfig:
+    """Defaults (or `base`, a job's to_dict()) <- the job file at `path` (none: the defaults are the job) <-
+    `--section.key=value` overrides."""
+    cfg = config_from_dict(base) if base is not None else JobConfig()
     if path is not None:
         _apply(cfg, read_toml(path, "config", ConfigError), str(path))
     nested: dict[str, dict] = {}
