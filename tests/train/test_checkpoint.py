@@ -159,7 +159,8 @@ def test_a_finished_run_resumed_is_complete():
 @pytest.mark.multiprocess
 def test_resume_from_the_command_line_skips_a_corrupt_checkpoint_keeps_three_and_says_complete(tmp_path):
     """One worker: 4 steps, a checkpoint each, 3 kept; the newest corrupted; --resume to 5 steps skips it (one
-    line) and continues from step 3; --resume again says the run is complete, exit 0; --resume=PATH picks one."""
+    line) and continues from step 3; --resume again says the run is complete, exit 0; --resume=PATH picks one, and
+    the checkpoints after it go (its continuation replaces them)."""
     out = tmp_path / "run"
     one = ["--cluster.workers=1", "--parallel.stages=1", "--train.checkpoint_every=1"]
     assert _train(out, *one, "--train.steps=4").returncode == 0
@@ -175,7 +176,9 @@ def test_resume_from_the_command_line_skips_a_corrupt_checkpoint_keeps_three_and
     assert "nan" not in r.stdout
     r = _train(out, *one, "--train.steps=5", f"--resume={checkpoint_path(out, 3)}")
     assert r.returncode == 0 and "already complete" not in r.stdout, r.stderr
+    assert "resumed at step 3: deleted the later checkpoints step_0000005.pt, step_0000004.pt" in r.stdout
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 5
+    assert [p.name for p in checkpoints(out)] == ["step_0000005.pt", "step_0000004.pt", "step_0000003.pt"]
 
 
 def test_a_moe_checkpoint_gives_back_its_expert_placement_where_it_fits(tmp_path):

@@ -83,6 +83,19 @@ def prune_checkpoints(out_dir: str | Path, keep: int) -> list[Path]:
     return old
 
 
+def drop_after(out_dir: str | Path, step: int) -> str | None:
+    """A run resumed at `step` rewrites what came after it (metrics.jsonl drops those steps too): delete the
+    checkpoints past it (an abandoned continuation, or corrupt ones skipped), so that --resume and
+    train.keep_checkpoints see this run's own; returns a line saying which, or None."""
+    later = [p for p in checkpoints(out_dir) if int(_NAME.match(p.name).group(1)) > step]
+    for p in later:
+        p.unlink(missing_ok=True)
+    if not later:
+        return None
+    return (f"gearshift: resumed at step {step}: deleted the later checkpoints {', '.join(p.name for p in later)} "
+            "(this run continues from here)")
+
+
 def load_checkpoint(path: Path, fingerprint: dict) -> dict:
     """Read and check a checkpoint; a corrupt one, or one of another job, is a DataError naming what differs.
     Loaded on the CPU (RNG states must be CPU tensors); PipelineRuntime.load_state moves each tensor to its

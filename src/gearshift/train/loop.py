@@ -17,7 +17,7 @@ from gearshift.runtime.agree import AnyRank
 from gearshift.runtime.reschedule import describe as describe_schedule
 from gearshift.train.adaptation import build_adapter, build_switcher, plan_start, start_schedule
 from gearshift.train.build import build_runtime, expert_shards, job_model, lr_at, moe_config
-from gearshift.train.checkpoint import Checkpointer, Resume, completed
+from gearshift.train.checkpoint import Checkpointer, Resume, completed, drop_after
 from gearshift.train.config import JobConfig
 from gearshift.train.datasets import JobData, job_data
 from gearshift.train.evaluation import Evaluator
@@ -75,6 +75,8 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
         experts = expert_shards(cfg, ckpt.expert_placements(mc.experts, cfg.parallel.experts))
     rt = build_runtime(cfg, bounds, adapter, spec, data, switcher.schedule() if switcher else None, experts)
     start = ckpt.restore(rt) if resume else 0
+    if resume and rank == 0 and (note := drop_after(out, start)):
+        print(note, flush=True)
     log = MetricsLog(out / "metrics.jsonl", resume_step=start if resume else None) if rank == 0 else None
     bar = Progress(t.steps, start, enabled=rank == 0 and cfg.output.progress)
     trace = MoETrace(out / FILENAME, rt.experts.moe_layers, rt.experts.experts, start if resume else None) \
