@@ -129,7 +129,9 @@ def test_resume_skips_a_corrupt_or_truncated_newest_checkpoint_and_a_path_picks_
     assert note == ("gearshift: --resume: skipped step_0000020.pt, step_0000015.pt (corrupt or truncated); resuming "
                     "from step_0000010.pt (--resume=PATH picks another)")
     path, ck, note = find_resumable(cfg, str(good[0]))
-    assert path == good[0] and ck["step"] == 5 and note is None
+    assert path == good[0] and ck["step"] == 5
+    assert note.endswith("continuing from step 5; this run replaces the later checkpoints step_0000020.pt, "
+                         "step_0000015.pt, step_0000010.pt")
     with pytest.raises(DataError, match="corrupt or not a Gearshift checkpoint"):
         find_resumable(cfg, str(corrupt))
     with pytest.raises(DataError, match="--resume=.*nope.pt: no such checkpoint file"):
@@ -169,6 +171,7 @@ def test_resume_from_the_command_line_skips_a_corrupt_checkpoint_keeps_three_and
     r = _train(out, *one, "--train.steps=5", "--resume")
     assert r.returncode == 0, r.stderr
     assert "skipped step_0000004.pt (corrupt or truncated); resuming from step_0000003.pt" in r.stdout
+    assert r.stdout.count("step_0000004.pt") == 1  # one line: the skip, not its deletion too
     assert [json.loads(ln)["step"] for ln in (out / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2, 3, 4]
     assert "3 -> 5 " in r.stdout  # the summary: the steps this run ran
     r = _train(out, *one, "--train.steps=5", "--resume")
@@ -176,7 +179,8 @@ def test_resume_from_the_command_line_skips_a_corrupt_checkpoint_keeps_three_and
     assert "nan" not in r.stdout
     r = _train(out, *one, "--train.steps=5", f"--resume={checkpoint_path(out, 3)}")
     assert r.returncode == 0 and "already complete" not in r.stdout, r.stderr
-    assert "resumed at step 3: deleted the later checkpoints step_0000005.pt, step_0000004.pt" in r.stdout
+    assert "continuing from step 3; this run replaces the later checkpoints step_0000005.pt, step_0000004.pt" \
+        in r.stdout
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 5
     assert [p.name for p in checkpoints(out)] == ["step_0000005.pt", "step_0000004.pt", "step_0000003.pt"]
 

@@ -20,6 +20,7 @@ from gearshift.errors import DataError
 from gearshift.planner.expert_map import ExpertMap
 from gearshift.runtime.pipeline import PipelineRuntime
 from gearshift.train.config import JobConfig
+from gearshift.train.env import under_torchrun
 
 FORMAT = 2
 _NAME = re.compile(r"^step_(\d+)\.pt$")
@@ -83,17 +84,19 @@ def prune_checkpoints(out_dir: str | Path, keep: int) -> list[Path]:
     return old
 
 
-def drop_after(out_dir: str | Path, step: int) -> str | None:
+def later_than(out_dir: str | Path, step: int) -> list[Path]:
+    """The checkpoints in `out_dir` past `step`, newest first."""
+    return [p for p in checkpoints(out_dir) if int(_NAME.match(p.name).group(1)) > step]
+
+
+def drop_after(out_dir: str | Path, step: int) -> list[Path]:
     """A run resumed at `step` rewrites what came after it (metrics.jsonl drops those steps too): delete the
     checkpoints past it (an abandoned continuation, or corrupt ones skipped), so that --resume and
-    train.keep_checkpoints see this run's own; returns a line saying which, or None."""
-    later = [p for p in checkpoints(out_dir) if int(_NAME.match(p.name).group(1)) > step]
+    train.keep_checkpoints see this run's own (find_resumable's line names them); returns those deleted."""
+    later = later_than(out_dir, step)
     for p in later:
         p.unlink(missing_ok=True)
-    if not later:
-        return None
-    return (f"gearshift: resumed at step {step}: deleted the later checkpoints {', '.join(p.name for p in later)} "
-            "(this run continues from here)")
+    return later
 
 
 def load_checkpoint(path: Path, fingerprint: dict) -> dict:
@@ -117,13 +120,18 @@ def load_checkpoint(path: Path, fingerprint: dict) -> dict:
 
 def find_resumable(cfg: JobConfig, resume: Resume = True) -> tuple[Path, dict, str | None]:
     """The checkpoint to resume (`resume` a path: that one; else the newest in output.dir that loads), loaded and
-    checked against the job, and a line saying which newer ones were skipped as unreadable (None: none were)."""
+    checked against the job, and a line saying which newer ones in output.dir were skipped as unreadable or will be
+    replaced (drop_after) by the run that continues from it (None: none)."""
     fp = job_fingerprint(cfg)
     if isinstance(resume, str):
         path = Path(resume)
         if not path.is_file():
             raise DataError(f"--resume={resume}: no such checkpoint file")
-        return path, load_checkpoint(path, fp), None
+        ck = load_checkpoint(path, fp)
+        later = later_than(cfg.output.dir, int(ck["step"]))
+        note = None if not later else (f"gearshift: --resume={resume}: continuing from step {ck['step']}; this run "
+                                       f"replaces the later checkpoints {', '.join(p.name for p in later)}")
+        return path, ck, note
     found = checkpoints(cfg.output.dir)
     if not found:
         raise DataError(f"--resume: no checkpoint in {checkpoint_dir(cfg.output.dir)}")
@@ -166,7 +174,7 @@ class Checkpointer:
         """The checkpoint --resume continues from (read once)."""
         if self._resumed is None:
             _, self._resumed, note = find_resumable(self.cfg, self.resume or True)
-            if note and dist.is_initialized() and dist.get_rank() == 0:  # under torchrun: rank 0 says it once
+            if note and under_torchrun() and dist.get_rank() == 0:  # else `gearshift train` said it
                 print(note, flush=True)
         return self._resumed
 

@@ -75,8 +75,8 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
         experts = expert_shards(cfg, ckpt.expert_placements(mc.experts, cfg.parallel.experts))
     rt = build_runtime(cfg, bounds, adapter, spec, data, switcher.schedule() if switcher else None, experts)
     start = ckpt.restore(rt) if resume else 0
-    if resume and rank == 0 and (note := drop_after(out, start)):
-        print(note, flush=True)
+    if resume and rank == 0:  # the checkpoints past the one resumed are this run's to write (said when found)
+        drop_after(out, start)
     log = MetricsLog(out / "metrics.jsonl", resume_step=start if resume else None) if rank == 0 else None
     bar = Progress(t.steps, start, enabled=rank == 0 and cfg.output.progress)
     trace = MoETrace(out / FILENAME, rt.experts.moe_layers, rt.experts.experts, start if resume else None) \
