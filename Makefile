@@ -17,7 +17,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 train: $(STAMP)
-	$(BIN)/gearshift train $(ARGS)
+	$(BIN)/gearshift train $(ARGS); rc=$$?; \
+	echo "gearshift and torchrun are in $(BIN): run '. $(BIN)/activate' in your shell (or call $(BIN)/gearshift)"; \
+	exit $$rc
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests $(PYTEST_ARGS)

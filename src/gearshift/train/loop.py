@@ -17,7 +17,7 @@ from gearshift.runtime.agree import AnyRank
 from gearshift.runtime.reschedule import describe as describe_schedule
 from gearshift.train.adaptation import build_adapter, build_switcher, plan_start, start_schedule
 from gearshift.train.build import build_runtime, expert_shards, job_model, lr_at, moe_config
-from gearshift.train.checkpoint import Checkpointer
+from gearshift.train.checkpoint import Checkpointer, Resume, completed, drop_after
 from gearshift.train.config import JobConfig
 from gearshift.train.datasets import JobData, job_data
 from gearshift.train.evaluation import Evaluator
@@ -34,11 +34,18 @@ from gearshift.train.strategy import resolve_auto
 from gearshift.train.tracing import Tracer
 
 
-def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None,
+def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = None,
           forcing: Forcing | None = None) -> dict:
-    """Run the job; returns the summary (on every rank). `forcing`: a test's or benchmark's decisions."""
+    """Run the job; returns the summary (on every rank). `resume`: True (the newest good checkpoint) or a
+    checkpoint's path. `forcing`: a test's or benchmark's decisions."""
     rank = dist.get_rank()
+    ckpt = Checkpointer(cfg, resume)
+    if resume and (done := completed(cfg, ckpt.resumed())):  # nothing left to run: every rank returns here
+        if rank == 0:
+            print(done, flush=True)
+        return {"complete": True, "start_step": int(ckpt.resumed()["step"]), "stopped": False}
     cfg, strategy = resolve_auto(cfg)  # parallel.strategy = "auto": the pool's best (collective)
+    ckpt.cfg = cfg  # the strategy chosen (the checkpoint read stays: the job's model and data are the same)
     t, out = cfg.train, Path(cfg.output.dir)
     if rank == 0:
         note = prepare_run_dir(cfg, resume)
@@ -52,7 +59,6 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None,
         forcing.check(cfg, spec)
     adapter = build_adapter(cfg, data, spec, forcing)
     switcher = build_switcher(cfg, adapter, forcing)
-    ckpt = Checkpointer(cfg)
     bounds, plan = None, None
     if resume and cfg.parallel.partition == "adaptive":  # continue from the partition that was learned
         bounds = [tuple(b) for b in ckpt.resumed().get("bounds", [])] or None
@@ -69,6 +75,8 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None,
         experts = expert_shards(cfg, ckpt.expert_placements(mc.experts, cfg.parallel.experts))
     rt = build_runtime(cfg, bounds, adapter, spec, data, switcher.schedule() if switcher else None, experts)
     start = ckpt.restore(rt) if resume else 0
+    if resume and rank == 0:  # the checkpoints past the one resumed are this run's to write (said when found)
+        drop_after(out, start)
     log = MetricsLog(out / "metrics.jsonl", resume_step=start if resume else None) if rank == 0 else None
     bar = Progress(t.steps, start, enabled=rank == 0 and cfg.output.progress)
     trace = MoETrace(out / FILENAME, rt.experts.moe_layers, rt.experts.experts, start if resume else None) \
@@ -177,7 +185,7 @@ def _summary(cfg: JobConfig, history: list[StepMetrics], start: int, wall_s: flo
         return statistics.median(xs) if xs else float("nan")
 
     return {
-        "steps": cfg.train.steps, "start_step": start, "wall_s": wall_s,
+        "steps": cfg.train.steps, "start_step": start, "end_step": start + len(history), "wall_s": wall_s,
         "first_loss": history[0].loss if history else float("nan"),
         "final_loss": history[-1].loss if history else float("nan"),
         "val_loss": next((h.val_loss for h in reversed(history) if h.val_loss is not None), None),

@@ -50,6 +50,13 @@ def schedule_runs_text(runs: list[dict], most: int = 6) -> str:
     return "; ".join(parts)
 
 
+def steps_text(s: dict) -> str:
+    """The steps this run ran: from where it started to where it ended, and train.steps when it stopped short."""
+    end = s.get("end_step", s["steps"])
+    short = f" (of {s['steps']}; --resume continues)" if end < s["steps"] else ""
+    return f"{s['start_step']} -> {end}{short} in {s['wall_s']:.1f} s"
+
+
 def print_summary(cfg: JobConfig, s: dict) -> None:
     """The end-of-run table: losses (against the corpus's unigram entropy, where the data has one),
     throughput, bubbles."""
@@ -64,7 +71,7 @@ def print_summary(cfg: JobConfig, s: dict) -> None:
                   f"update {p.update}, {p.microbatches} micro-batches per direction")
     else:
         t.add_row("job", f"{cfg.cluster.workers} workers, {p.stages} stages x {cfg.replicas} replica(s), {what}")
-    t.add_row("steps", f"{s['start_step']} -> {s['steps']} in {s['wall_s']:.1f} s")
+    t.add_row("steps", steps_text(s))
     unit = " nats" if cfg.model.name == "gpt" else ""  # a custom model's loss is whatever its loss_fn gives
     t.add_row("train loss", f"{s['first_loss']:.3f} -> {s['final_loss']:.3f}{unit}")
     if s.get("val_loss") is not None:

@@ -80,9 +80,15 @@ def validate(cfg: JobConfig) -> JobConfig:
     info = cfg.model.layer_info()
     if info is not None:
         check_layers(cfg, *info)
+    per_part = t.batch_size // max(cfg.batch_parts, 1)
+    if p.microbatch_size:  # the size is the job's: the count follows the replicas
+        check(t.batch_size % cfg.batch_parts == 0 and per_part % p.microbatch_size == 0,
+              f"parallel.microbatch_size: must divide the batch of each of the {cfg.batch_parts} "
+              f"{'direction(s)' if p.schedule == 'multidir' else 'replica(s)'} (train.batch_size {t.batch_size} / "
+              f"{cfg.batch_parts} = {per_part}), got {p.microbatch_size}")
+        p.microbatches = per_part // p.microbatch_size
     if p.schedule == "multidir":
         _check_multidir(cfg)
-    per_part = t.batch_size // max(cfg.batch_parts, 1)
     check(t.batch_size % cfg.batch_parts == 0 and per_part % p.microbatches == 0,
           f"train.batch_size: must split evenly over {cfg.batch_parts} "
           f"{'direction(s)' if p.schedule == 'multidir' else 'replica(s)'} x parallel.microbatches "

@@ -95,7 +95,10 @@ class ParallelConfig:
                                 "links, chosen again as they change; microbatches and k are then only where the job "
                                 "starts measuring)")
     microbatches: int = key(8, "micro-batches per step (per replica; multidir: per direction); must divide the "
-                               "replica's batch")
+                               "replica's batch (more replicas: smaller micro-batches; see microbatch_size)")
+    microbatch_size: int = key(0, "samples per micro-batch, kept as the replicas change (microbatches is then the "
+                                  "replica's batch / this; BatchNorm-like layers and MoE expert capacity depend on "
+                                  "it); 0 = parallel.microbatches decides")
     k: int = key(1, "kfkb: forwards (then backwards) per group; 1 = 1F1B, >= microbatches = GPipe")
     partition: Any = key("uniform", "uniform | params | adaptive (the DP's plan from the spec or a measurement at "
                                     "the start, re-planned every adapt.every steps) | [[start, end], ...] per stage")
@@ -116,6 +119,8 @@ class ParallelConfig:
         check(self.stages >= 1, f"parallel.stages: must be >= 1, got {self.stages}")
         check(self.schedule in SCHEDULES, f"parallel.schedule: {self.schedule!r} (allowed: {', '.join(SCHEDULES)})")
         check(self.microbatches >= 1, f"parallel.microbatches: must be >= 1, got {self.microbatches}")
+        check(self.microbatch_size >= 0,
+              f"parallel.microbatch_size: must be >= 0 (0 = parallel.microbatches decides), got {self.microbatch_size}")
         check(self.k >= 1, f"parallel.k: must be >= 1, got {self.k}")
         check(self.update in UPDATES, f"parallel.update: {self.update!r} (allowed: {', '.join(UPDATES)})")
         self.sync.check()
@@ -145,6 +150,8 @@ class TrainConfig:
     checkpoint_every: int = key(25, "checkpoint every this many steps (and at the end); 0 = at the end only")
     stop_after: int = key(0, "end this run after this many steps, with a checkpoint (as a preemption would); "
                               "0 = run to steps")
+    keep_checkpoints: int = key(3, "checkpoints kept in output.dir/checkpoints: the newest this many (older ones are "
+                                   "deleted as each is written); 0 = every one")
 
     def check(self) -> None:
         check(self.batch_size >= 1, f"train.batch_size: must be >= 1, got {self.batch_size}")
@@ -162,6 +169,8 @@ class TrainConfig:
         check(self.checkpoint_every >= 0,
               f"train.checkpoint_every: must be >= 0 (0 = end only), got {self.checkpoint_every}")
         check(self.stop_after >= 0, f"train.stop_after: must be >= 0 (0 = run to train.steps), got {self.stop_after}")
+        check(self.keep_checkpoints >= 0,
+              f"train.keep_checkpoints: must be >= 0 (0 = every one), got {self.keep_checkpoints}")
 
 
 @dataclass
@@ -171,6 +180,8 @@ class OutputConfig:
     dir: str = key("runs/default", "run directory")
     existing: str = key("move", "a fresh run into a directory that holds another run: move (it aside, and say "
                                 "where) or refuse")
+    keep_runs: int = key(5, "output.existing = move: runs kept aside beside output.dir, the newest this many (older "
+                            "ones are deleted, and said so); 0 = every one")
     trace: bool = key(True, "write trace.json (Perfetto): one step's measured timeline beside the simulator's")
     trace_step: int = key(-1, "the step to trace; -1 = the last")
     progress: bool = key(True, "progress bar and summary on the console")
@@ -182,6 +193,7 @@ class OutputConfig:
         check(bool(self.dir), "output.dir: must not be empty")
         check_dir(self.dir, "output.dir", ConfigError)
         check(self.existing in EXISTING, f"output.existing: {self.existing!r} (allowed: {', '.join(EXISTING)})")
+        check(self.keep_runs >= 0, f"output.keep_runs: must be >= 0 (0 = every one), got {self.keep_runs}")
 
 
 @dataclass
