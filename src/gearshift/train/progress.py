@@ -7,7 +7,8 @@ from rich.console import Console
 from rich.table import Table
 
 from gearshift.report.records import StepMetrics
-from gearshift.train.config import JobConfig
+from gearshift.train.config import BUILT_IN_MODELS, JobConfig
+from gearshift.words import plural
 
 
 class Progress:
@@ -50,22 +51,29 @@ def schedule_runs_text(runs: list[dict], most: int = 6) -> str:
     return "; ".join(parts)
 
 
+def job_line(cfg: JobConfig, schedule_runs: list[dict] | None = None) -> str:
+    """The job's shape in words: workers, stages x replicas (or multidir's directions), the schedule and its
+    micro-batches (or what ran from which step, where the schedule switched)."""
+    p = cfg.parallel
+    mbs = plural(p.microbatches, "micro-batch", "micro-batches")
+    workers = plural(cfg.cluster.workers, "worker")
+    if p.schedule == "multidir":
+        return (f"{workers}, multidir: {p.directions} directions over {plural(p.stages, 'stage')}, "
+                f"update {p.update}, {mbs} per direction")
+    if schedule_runs:  # auto or forced switches: what ran from which step
+        what = f"{p.schedule} schedule ({schedule_runs_text(schedule_runs)})"
+    else:
+        what = f"{p.schedule}{'' if p.schedule != 'kfkb' else f' K={p.k}'}, {mbs}"
+    return f"{workers}, {plural(p.stages, 'stage')} x {plural(cfg.replicas, 'replica')}, {what}"
+
+
 def print_summary(cfg: JobConfig, s: dict) -> None:
     """The end-of-run table: losses (against the corpus's unigram entropy, where the data has one),
     throughput, bubbles."""
     t = Table(title="Gearshift run summary", show_header=False)
-    p = cfg.parallel
-    if s.get("schedule_runs"):  # auto or forced switches: what ran from which step
-        what = f"{p.schedule} schedule ({schedule_runs_text(s['schedule_runs'])})"
-    else:
-        what = f"{p.schedule}{'' if p.schedule != 'kfkb' else f' K={p.k}'}, {p.microbatches} micro-batches"
-    if p.schedule == "multidir":
-        t.add_row("job", f"{cfg.cluster.workers} workers, multidir: {p.directions} directions over {p.stages} stages, "
-                  f"update {p.update}, {p.microbatches} micro-batches per direction")
-    else:
-        t.add_row("job", f"{cfg.cluster.workers} workers, {p.stages} stages x {cfg.replicas} replica(s), {what}")
+    t.add_row("job", job_line(cfg, s.get("schedule_runs")))
     t.add_row("steps", f"{s['start_step']} -> {s['steps']} in {s['wall_s']:.1f} s")
-    unit = " nats" if cfg.model.name == "gpt" else ""  # a custom model's loss is whatever its loss_fn gives
+    unit = " nats" if cfg.model.name in BUILT_IN_MODELS else ""  # a custom model's loss is whatever its loss_fn gives
     t.add_row("train loss", f"{s['first_loss']:.3f} -> {s['final_loss']:.3f}{unit}")
     if s.get("val_loss") is not None:
         t.add_row("validation loss", f"{s['val_loss']:.3f}{unit}")
