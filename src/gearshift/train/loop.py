@@ -146,6 +146,7 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None,
     if trace:
         trace.save()
     summary = _summary(cfg, history, start, time.perf_counter() - wall0, data)
+    summary["throughput_unit"] = "tokens" if data.tokens_per_sample > 1 else "samples"
     if switcher:
         summary["schedule_runs"] = switcher.runs
     if placer:
@@ -155,9 +156,13 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None,
         if log:
             log.close()
             from gearshift.report.html import write_report
-            from gearshift.report.plots import plot_run
+            from gearshift.report.plots import emulated_steps, plot_run
+            from gearshift.report.run_info import RunInfo
 
-            plot_run(read_metrics(log.path), out / "metrics.png", summary["unigram_entropy"])
+            info = RunInfo.of_job(cfg.model.name, data.tokens_per_sample, summary["unigram_entropy"])
+            info.write(out)
+            plot_run(read_metrics(log.path), out / "metrics.png", info.unigram_entropy, info.loss_label, info.rate,
+                     emulated_steps(cfg.to_dict()))
             if placer:
                 from gearshift.report.placement_plots import plot_run_placement
 

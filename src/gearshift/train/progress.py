@@ -79,7 +79,7 @@ def print_summary(cfg: JobConfig, s: dict) -> None:
         t.add_row("validation loss", f"{s['val_loss']:.3f}{unit}")
     if s.get("unigram_entropy") is not None:  # only byte corpora (and data that define it) can say
         t.add_row("unigram entropy", f"{s['unigram_entropy']:.3f} nats (a model that ignores context)")
-    t.add_row("throughput", f"{s['tokens_per_s']:,.0f} tokens/s (median)")
+    t.add_row("throughput", f"{s['tokens_per_s']:,.0f} {s.get('throughput_unit', 'tokens')}/s (median)")
     t.add_row("bubble fraction", f"{s['bubble_fraction']:.1%} (median, measured)")
     if "placement_decisions" in s:
         t.add_row("expert placement", f"moved at {s['placement_switches']} of {s['placement_decisions']} decisions "
