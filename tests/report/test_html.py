@@ -121,11 +121,13 @@ def test_run_info_falls_back_to_the_config(tmp_path):
 
 
 def test_numbers_to_three_significant_figures():
-    from gearshift.report.decisions import sig3
+    from gearshift.report.decisions import round_text, sig3
 
     assert [sig3(x) for x in (0.0123456, 1.23456, 12.3456, 123.456, 12345.6, 1e-7, 0.0, 7, True, None)] == \
         ["0.0123", "1.23", "12.3", "123", "12,300", "1e-07", "0", "7", "yes", "-"]
     assert sig3([0.61234567, 2]) == "[0.612, 2]"
+    assert round_text("predicted 0.02712 s/step; gain 0.03846 s over 4 steps (1 layers, 2.033e+05 bytes), v1.2") == \
+        "predicted 0.0271 s/step; gain 0.0385 s over 4 steps (1 layers, 203,000 bytes), v1.2"
 
 
 def test_summary_figures():

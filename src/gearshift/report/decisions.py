@@ -6,6 +6,7 @@ their own, marked. Read from metrics.jsonl's lines (report.records writes them: 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 from gearshift.cluster.emulate import parse_event
@@ -37,6 +38,15 @@ def sig3(x: object) -> str:
     if isinstance(x, dict):
         return ", ".join(f"{k}: {sig3(v)}" for k, v in x.items())
     return str(x)
+
+
+_DECIMAL = re.compile(r"(?<![\w.])\d+\.\d+(?:e[+-]?\d+)?(?![\w.])|(?<![\w.])\d+e[+-]?\d+(?![\w.])")
+
+
+def round_text(text: str) -> str:
+    """`text` with every decimal number in it to 3 significant figures ("0.02712 s" -> "0.0271 s", "2.033e+05"
+    -> "203,000"); integers as they are."""
+    return _DECIMAL.sub(lambda m: sig3(float(m.group())), text)
 
 
 def seconds(x: float | None) -> str:
@@ -135,7 +145,7 @@ def decision_row(r: dict) -> DecisionRow:
     kind = r.get("event")
     name, fn = KINDS.get(kind, (str(kind), None))
     changed, gain, cost, applied = fn(r) if fn else ("-", "-", "-", False)
-    reason = str(r.get("reason", "-"))
+    reason = round_text(str(r.get("reason", "-")))
     if "forced" in reason:
         name += " (forced)"
     inputs = {k: v for k, v in r.items() if k not in SHOWN}
