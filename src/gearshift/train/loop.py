@@ -70,7 +70,8 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None,
     rt = build_runtime(cfg, bounds, adapter, spec, data, switcher.schedule() if switcher else None, experts)
     start = ckpt.restore(rt) if resume else 0
     log = MetricsLog(out / "metrics.jsonl", resume_step=start if resume else None) if rank == 0 else None
-    bar = Progress(t.steps, start, enabled=rank == 0 and cfg.output.progress)
+    bar = Progress(t.steps, start, enabled=rank == 0 and cfg.output.progress,
+                   rate="tok/s" if data.tokens_per_sample > 1 else "samples/s")
     trace = MoETrace(out / FILENAME, rt.experts.moe_layers, rt.experts.experts, start if resume else None) \
         if rank == 0 and cfg.output.moe_trace and rt.experts is not None else None
     moves = bool(forcing and forcing.move_experts)

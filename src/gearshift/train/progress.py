@@ -1,4 +1,5 @@
-"""Rank 0's live view: a rich progress bar with loss and tokens/s, and the final summary table."""
+"""Rank 0's live view: a rich progress bar with loss and tokens/s (samples/s where a sample is one token), and the
+final summary table."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from gearshift.words import plural
 class Progress:
     """A progress bar over training steps; does nothing when disabled (other ranks, tests)."""
 
-    def __init__(self, total: int, start: int, enabled: bool):
-        self.bar = None
+    def __init__(self, total: int, start: int, enabled: bool, rate: str = "tok/s"):
+        self.bar, self.rate = None, rate  # rate: the throughput's unit (tok/s, or samples/s for one per sample)
         if enabled:
             self.bar = rp.Progress(
                 rp.TextColumn("[bold]train"), rp.BarColumn(), rp.MofNCompleteColumn(),
@@ -27,7 +28,7 @@ class Progress:
     def update(self, step: int, rec: StepMetrics) -> None:
         if self.bar is None:
             return
-        info = f"loss {rec.loss:.3f}  {rec.tokens_per_s:,.0f} tok/s  bubble {rec.bubble_fraction:.0%}"
+        info = f"loss {rec.loss:.3f}  {rec.tokens_per_s:,.0f} {self.rate}  bubble {rec.bubble_fraction:.0%}"
         if rec.val_loss is not None:
             info += f"  val {rec.val_loss:.3f}"
         self.bar.update(self.task, completed=step + 1, info=info)
