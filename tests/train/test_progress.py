@@ -36,15 +36,12 @@ def test_the_job_line_counts_in_words() -> None:
 
 
 def test_the_bar_counts_samples_where_a_sample_is_one() -> None:
-    from rich.console import Console
-
     from gearshift.report.records import StepMetrics
     from gearshift.train.progress import Progress
 
     rec = StepMetrics(0, 2.5, 1e-3, 1.0, 640.0, 0.1, [0.1], 0.0, [[0, 2]], [0])
     for rate in ("samples/s", "tok/s"):
         bar = Progress(10, 0, enabled=True, rate=rate)
-        bar.bar.console = Console(record=True, width=120, force_terminal=False)
         bar.update(0, rec)
         assert f"640 {rate}" in bar.bar.tasks[0].fields["info"]
         bar.close()
