@@ -114,6 +114,7 @@ def test_row_cost_fit_and_the_decision():
     slow = decide_placement(10, {3: loads[3][None]}, current, 1, k=1, step_s=2.0, row_cost_s=0.002, expert_bytes=1000,
                             bandwidth=1e3, fixed_s=0.0)
     assert not slow.switch and slow.placements == current and "<=" in slow.reason
+    assert slow.reason.startswith("1 step gain") and d.reason.startswith("10 steps gain")  # counts in words
     forced = decide_placement(10, {3: loads[3][None]}, current, 1, k=1, step_s=2.0, row_cost_s=0.002, expert_bytes=1000,
                               bandwidth=1e3, fixed_s=0.0, always=True)
     assert forced.switch and forced.placements[3] != current[3]

@@ -35,3 +35,26 @@ def test_bad_trace_or_fit_is_one_line():
         replay(np.zeros((4, 8), dtype=np.int64), 2, 1, 0)
     with pytest.raises(PlanError, match=r"^--replicas: extra expert slots per device must be in 0\.\.6"):
         replay(np.ones((4, 1, 8), dtype=np.int64), 4, 1, 7)
+
+
+def test_a_runs_replay_counts_the_moves_its_log_reports():
+    """replay_run (placement.png) counts each switch's own moved copies, as the console does, a switch after
+    the last step included; a decision that keeps the placement moves nothing."""
+    from gearshift.planner.placement import moves
+    from gearshift.planner.replay import replay_run
+
+    loads = drifting_zipf(6, 1, 8, 400, drift_every=3, seed=0)
+    start = ExpertMap.contiguous(8, 4)
+    mid = ExpertMap.from_devices([[7, 6], [5, 4], [3, 2], [1, 0]], 8)
+    end = ExpertMap.from_devices([[0, 1], [2, 3], [4, 5], [6, 7]], 8)
+
+    def event(step, old, new, switch=True):
+        return {"event": "placement", "step": step, "switch": switch, "placements": {"1": new.to_list()},
+                "moved": [[1, e, d] for e, d in moves(old, new)], "bytes": 10}
+
+    log = [event(3, start, mid), event(4, mid, start, switch=False), event(6, mid, end)]
+    ran = replay_run(loads, 4, log, first_step=0)
+    assert ran.moved_experts == sum(len(d["moved"]) for d in log if d["switch"]) == 16
+    assert ran.moved_bytes == 20 and len(ran.maps) == 3
+    assert ran.ratios[2, 0] == pytest.approx(busiest_over_mean(loads[2, 0], start))
+    assert ran.ratios[5, 0] == pytest.approx(busiest_over_mean(loads[5, 0], mid))  # step 6's map ran no step

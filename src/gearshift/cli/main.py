@@ -31,7 +31,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, dict]:
+    from gearshift import __version__
+
     parser = _Parser(prog="gearshift", description="Adaptive parallel training for PyTorch.")
+    parser.add_argument("--version", action="version", version=f"gearshift {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     mods = {}
     verb = next((a for a in argv if not a.startswith("-")), None)

@@ -21,6 +21,7 @@ from gearshift.errors import PlanError
 from gearshift.planner.expert_map import ExpertMap
 from gearshift.planner.forecast import forecast_loads
 from gearshift.schedules.multidir import min_cost_assignment
+from gearshift.words import plural
 
 
 def split(tokens: float, copies: int) -> list[float]:
@@ -224,9 +225,9 @@ def decide_placement(step: int, history: dict[int, np.ndarray], current: dict[in
     if not moved:
         reason = "the placement is already the best found"
     elif rule:
-        reason = f"{k} steps gain {(t1 - t2) * k:.3g} s > the move's {tc:.3g} s"
+        reason = f"{plural(k, 'step')} gain {(t1 - t2) * k:.3g} s > the move's {tc:.3g} s"
     else:
-        reason = f"{k} steps gain {(t1 - t2) * k:.3g} s <= the move's {tc:.3g} s" + (
+        reason = f"{plural(k, 'step')} gain {(t1 - t2) * k:.3g} s <= the move's {tc:.3g} s" + (
             "; moved anyway (forced)" if always else "")
     ratio = (before / total if total else float("nan"), after / total if total else float("nan"))
     return PlacementDecision(step, t1, t2, tc, k, switch, moved, len(moved) * groups * expert_bytes, row_cost_s,

@@ -105,22 +105,23 @@ def _replay_one(policy: str, loads: np.ndarray, devices: int, every: int, replic
 
 def replay_run(loads: np.ndarray, devices: int, decisions: list[dict], first_step: int = 0) -> PolicyReplay:
     """A training run's own placements scored like a policy: loads[step, layer, expert] from step `first_step`,
-    and its "placement" events (metrics.jsonl), each in force from its step on."""
+    and its "placement" events (metrics.jsonl), each in force from its step on; its moved copies are the events'
+    own ("moved": what the console reports), a switch after the last step's included."""
     steps, layers, E = loads.shape
     current = [ExpertMap.contiguous(E, devices) for _ in range(layers)]
     switches = sorted((d["step"], d) for d in decisions if d.get("switch"))
     ratios, dev = np.full((steps, layers), np.nan), np.zeros((steps, layers, devices))
     maps, moved, nbytes = [list(current)], 0, 0
-    for t in range(steps):
-        while switches and switches[0][0] <= first_step + t:
+    for t in range(steps + 1):  # past the last step: the moves of a switch after it count too (as the run's log)
+        while switches and (t == steps or switches[0][0] <= first_step + t):
             d = switches.pop(0)[1]
             new = [ExpertMap.from_devices(devs, E) for _, devs in sorted(d["placements"].items(),
                                                                    key=lambda kv: int(kv[0]))]
-            moved += sum(len(moves(a, b)) for a, b in zip(current, new))
+            moved += len(d["moved"]) if "moved" in d else sum(len(moves(a, b)) for a, b in zip(current, new))
             nbytes += int(d.get("bytes", 0))
             current = new
             maps.append(list(current))
-        for layer in range(layers):
+        for layer in range(layers if t < steps else 0):
             dev[t, layer] = device_loads(loads[t, layer], current[layer])
             ratios[t, layer] = busiest_over_mean(loads[t, layer], current[layer])
     return PolicyReplay("dynamic (as trained)", ratios, dev, nbytes, moved, maps)

@@ -78,7 +78,8 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
     if resume and rank == 0:  # the checkpoints past the one resumed are this run's to write (said when found)
         drop_after(out, start)
     log = MetricsLog(out / "metrics.jsonl", resume_step=start if resume else None) if rank == 0 else None
-    bar = Progress(t.steps, start, enabled=rank == 0 and cfg.output.progress)
+    bar = Progress(t.steps, start, enabled=rank == 0 and cfg.output.progress,
+                   rate="tok/s" if data.tokens_per_sample > 1 else "samples/s")
     trace = MoETrace(out / FILENAME, rt.experts.moe_layers, rt.experts.experts, start if resume else None) \
         if rank == 0 and cfg.output.moe_trace and rt.experts is not None else None
     moves = bool(forcing and forcing.move_experts)
@@ -154,6 +155,7 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
     if trace:
         trace.save()
     summary = _summary(cfg, history, start, time.perf_counter() - wall0, data)
+    summary["throughput_unit"] = "tokens" if data.tokens_per_sample > 1 else "samples"
     if switcher:
         summary["schedule_runs"] = switcher.runs
     if placer:
@@ -163,9 +165,13 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
         if log:
             log.close()
             from gearshift.report.html import write_report
-            from gearshift.report.plots import plot_run
+            from gearshift.report.plots import emulated_steps, plot_run
+            from gearshift.report.run_info import RunInfo
 
-            plot_run(read_metrics(log.path), out / "metrics.png", summary["unigram_entropy"])
+            info = RunInfo.of_job(cfg.model.name, data.tokens_per_sample, summary["unigram_entropy"])
+            info.write(out)
+            plot_run(read_metrics(log.path), out / "metrics.png", info.unigram_entropy, info.loss_label, info.rate,
+                     emulated_steps(cfg.to_dict()))
             if placer:
                 from gearshift.report.placement_plots import plot_run_placement
 
