@@ -1,0 +1,146 @@
+"""How close the simulator's step time is to the measured one over a grid of job shapes: context {32, 64, 128,
+256} x samples per micro-batch {1, 2, 4, 8} x stages {2, 4} x schedule {gpipe, 1f1b, kfkb K=2}, plus multidir
+(flush). Each point: profile the job in this process, calibrate it (profile.calibration: every stage timed
+whole at a few micro-batch sizes, a Theil-Sen line against the profile), predict its step (`gearshift
+simulate`'s path: the local cores as measured with the job's workers, the emulated duty cycle), run it for a
+few steps and compare the median step (first steps left out). The prediction without the calibration is kept
+beside it. `--points N --seed S` runs a seeded sample of the grid (the default job, context 128 with 4
+samples per micro-batch on 4 stages, 1F1B, is always in it); `--emulate F` slows every rank F times (duty
+cycle); `--repeat` measures the first point twice (A/A)."""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import time
+from pathlib import Path
+
+import harness
+from gearshift.cluster.cores import effective_cores
+from gearshift.cluster.state import local_pipeline_state
+from gearshift.planner.predict import predict
+from gearshift.train.build import equal_time_slices, job_schedule, slice_act_bytes
+from gearshift.train.calibration import calibrate_local
+from gearshift.train.config import load_config
+from gearshift.train.layout import resolve_partition
+from gearshift.train.model import job_model
+from gearshift.train.profiling import fastest_layers, microbatch_size, profile_job
+
+CONTEXTS, SAMPLES, STAGES = (32, 64, 128, 256), (1, 2, 4, 8), (2, 4)
+SCHEDULES = ("gpipe", "1f1b", "kfkb")  # kfkb with K = 2
+DEFAULT = (128, 4, 4, "1f1b")
+
+
+def grid() -> list[tuple[int, int, int, str]]:
+    """Every (context, samples per micro-batch, stages, schedule), multidir (flush) at each context and size on 4
+    stages."""
+    pts = [(c, n, s, k) for c in CONTEXTS for n in SAMPLES for s in STAGES for k in SCHEDULES]
+    return pts + [(c, n, 4, "multidir") for c in CONTEXTS for n in SAMPLES]
+
+
+def sample(points: int, seed: int) -> list[tuple[int, int, int, str]]:
+    """The default job first, then a seeded sample of the rest (multidir shares its draw with the others)."""
+    rest = [p for p in grid() if p != DEFAULT]
+    return [DEFAULT] + random.Random(seed).sample(rest, min(points - 1, len(rest)))
+
+
+def job_args(ctx: int, n: int, stages: int, kind: str, emulate: float, steps: int) -> list[str]:
+    """The point's `gearshift train` overrides: m = 2 x stages micro-batches of n samples (multidir: per
+    direction), one replica."""
+    m = 2 * stages
+    batch = n * m * (2 if kind == "multidir" else 1)
+    args = [f"--model.context={ctx}", f"--train.batch_size={batch}", f"--parallel.microbatches={m}",
+            f"--parallel.stages={stages}", f"--cluster.workers={stages}", f"--train.steps={steps}",
+            "--train.warmup_steps=1", *harness.QUIET]
+    args.append(f"--parallel.schedule={kind}")
+    if kind == "kfkb":
+        args.append("--parallel.k=2")
+    if kind == "multidir":
+        args += ["--parallel.directions=2", "--parallel.update=flush"]
+    if emulate != 1.0:
+        args.append(harness.slowdown([emulate] * stages))
+    return args
+
+
+def predictions(args: list[str]) -> dict:
+    """The point's predicted step, with and without the calibration, and the calibration's figures."""
+    cfg = load_config(None, args)
+    spec = job_model(cfg)
+    prof = fastest_layers([profile_job(cfg, repeats=3, warmup=1, spec=spec) for _ in range(2)])
+    p = cfg.parallel
+    bounds = equal_time_slices(prof, p.stages) if p.schedule == "multidir" else resolve_partition(cfg, spec)
+    schedule = job_schedule(cfg, slice_act_bytes(prof, bounds))
+    cores = effective_cores(cfg.cluster.workers)
+    state = local_pipeline_state(cfg.cluster.workers, p.stages, cfg.emulate.slowdowns(cfg.cluster.workers), cores=cores)
+    cal = calibrate_local(cfg, prof, bounds, spec)
+    mb = microbatch_size(cfg)
+    return {"predicted_step_s": predict(prof, bounds, schedule, state, mb, cal).iteration_s,
+            "predicted_uncalibrated_s": predict(prof, bounds, schedule, state, mb).iteration_s,
+            "effective_cores": round(cores, 3), "calibration_s": round(cal.seconds, 3),
+            "per_op_ms": [round(ln.intercept * 1e3, 4) for ln in cal.lines],
+            "slope": [round(ln.slope, 4) for ln in cal.lines],
+            "fit_residual": [round(ln.residual, 4) for ln in cal.lines], "fit_method": cal.lines[0].method}
+
+
+def measure(point: tuple, a, work: Path, name: str) -> dict:
+    ctx, n, stages, kind = point
+    args = job_args(ctx, n, stages, kind, a.emulate, a.steps)
+    load0 = os.getloadavg()[0]
+    pred = predictions(args)
+    run = harness.run_job(name, args, work, nice=0)
+    meas = run.median("step_time_s", lo=a.skip)
+    row = {"context": ctx, "microbatch_samples": n, "stages": stages,
+           "schedule": "kfkb K=2" if kind == "kfkb" else "multidir flush" if kind == "multidir" else kind,
+           "emulated": a.emulate != 1.0, "measured_step_s": meas, **pred,
+           "load_1min": [round(load0, 2), round(os.getloadavg()[0], 2)]}
+    row["error"] = row["predicted_step_s"] / meas - 1
+    row["error_uncalibrated"] = row["predicted_uncalibrated_s"] / meas - 1
+    return row
+
+
+def summary(rows: list[dict], key: str) -> dict:
+    errs = [abs(r[key]) for r in rows]
+    return {"median_abs": statistics.median(errs), "worst_abs": max(errs)} if errs else {}
+
+
+def main() -> None:
+    p = harness.parser(__doc__, "sim_accuracy")
+    p.add_argument("--points", type=int, default=24, help="grid points to run (a seeded sample; the grid has "
+                                                         f"{len(grid())})")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sample")
+    p.add_argument("--emulate", type=float, default=1.0, help="duty-cycle slowdown on every rank (1: none)")
+    p.add_argument("--steps", type=int, default=6, help="steps per job")
+    p.add_argument("--skip", type=int, default=2, help="first steps left out of the measured median")
+    p.add_argument("--repeat", action="store_true", help="measure the first point twice (A/A)")
+    p.add_argument("--keep", default="", help="keep run directories here (default: a temp dir)")
+    a = p.parse_args()
+    work = harness.workdir("sim_accuracy", a.keep)
+    pts = sample(a.points, a.seed)
+    rows, t0 = [], time.perf_counter()
+    for i, pt in enumerate(pts):
+        rows.append(measure(pt, a, work, f"p{i}"))
+        r = rows[-1]
+        print(f"  {pt}: measured {r['measured_step_s']:.4f} predicted {r['predicted_step_s']:.4f} "
+              f"({r['error']:+.1%}; uncalibrated {r['error_uncalibrated']:+.1%}) load {r['load_1min']}", flush=True)
+    aa = None
+    if a.repeat:
+        again = measure(pts[0], a, work, "aa")
+        aa = {"point": list(pts[0]), "measured_step_s": [rows[0]["measured_step_s"], again["measured_step_s"]],
+              "ratio": again["measured_step_s"] / rows[0]["measured_step_s"]}
+    out = {"rows": rows, "sample": {"points": len(pts), "seed": a.seed, "grid": len(grid()), "steps": a.steps,
+                                    "skip": a.skip},
+           "calibrated": summary(rows, "error"), "uncalibrated": summary(rows, "error_uncalibrated"),
+           "default_job_error": rows[0]["error"], "aa": aa, "wall_s": time.perf_counter() - t0}
+    emulation = f"duty-cycle x{a.emulate:g} on every rank" if a.emulate != 1.0 else None
+    path = harness.write_results("sim_accuracy", out, a.out, emulation)
+    cal, unc, dflt = out["calibrated"], out["uncalibrated"], abs(out["default_job_error"])
+    harness.goals_table({"median |pred/meas - 1|": (cal["median_abs"], "<= 0.10", cal["median_abs"] <= 0.10),
+                         "worst |pred/meas - 1|": (cal["worst_abs"], "<= 0.20", cal["worst_abs"] <= 0.20),
+                         "default job": (dflt, "<= 0.10", dflt <= 0.10),
+                         "uncalibrated median": (unc["median_abs"], "-", None)})
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

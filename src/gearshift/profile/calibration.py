@@ -1,0 +1,49 @@
+"""Calibration: what a job's own processes measured at its start, beyond the one-process profile (pure Python:
+the simulator and planners read it). Per pipeline position, a robust line of measured compute against
+profiled compute over every forward and backward it timed at two or more micro-batch sizes: its slope is the
+price of a profiled second, its intercept the fixed cost of one forward or backward action (dispatch,
+autograd, cold caches). Beside it: the fraction of a core a rank blocked in a receive uses, and the one-way
+latency of a small message on each pipeline link."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gearshift.profile.fit import LineFit, theil_sen
+
+
+@dataclass
+class Calibration:
+    """lines[p]: position p's compute fit (seconds measured per profiled second, plus seconds per action).
+    wait_cpu: cores a rank waiting in a receive uses (0..1). latency_s: one-way seconds of a small message per
+    link p -> p+1 (None: not measured). seconds: what the calibration took."""
+
+    lines: list[LineFit]
+    wait_cpu: float = 0.0
+    latency_s: list[float] | None = None
+    seconds: float = 0.0
+    meta: dict = field(default_factory=dict)
+
+    def compute_s(self, position: int, profiled_s: float) -> float:
+        """Predicted seconds of one forward or backward action whose profiled time is `profiled_s` (0: none)."""
+        return self.lines[position](profiled_s) if profiled_s > 0 else 0.0
+
+    @property
+    def per_op_s(self) -> float:
+        """The median position's fixed cost per action (what `gearshift simulate` prints)."""
+        xs = sorted(ln.intercept for ln in self.lines)
+        return xs[len(xs) // 2] if xs else 0.0
+
+    def to_dict(self) -> dict:
+        return {"lines": [ln.to_dict() for ln in self.lines], "wait_cpu": self.wait_cpu,
+                "latency_s": self.latency_s, "seconds": self.seconds, "meta": self.meta}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Calibration:
+        return cls([LineFit.from_dict(x) for x in d["lines"]], d.get("wait_cpu", 0.0), d.get("latency_s"),
+                   d.get("seconds", 0.0), d.get("meta", {}))
+
+    @classmethod
+    def fit(cls, points: list[list[tuple[float, float]]], **kw: object) -> Calibration:
+        """One Theil-Sen line per position from its (profiled_s, measured_s) points."""
+        return cls([theil_sen([x for x, _ in ps], [y for _, y in ps]) for ps in points], **kw)
