@@ -20,6 +20,7 @@ import harness
 from gearshift.cluster.cores import effective_cores
 from gearshift.cluster.state import local_pipeline_state
 from gearshift.planner.predict import predict
+from gearshift.testing import local_link_costs
 from gearshift.train.build import equal_time_slices, job_schedule, slice_act_bytes
 from gearshift.train.calibration import calibrate_local
 from gearshift.train.config import load_config
@@ -73,14 +74,15 @@ def predictions(args: list[str]) -> dict:
     schedule = job_schedule(cfg, slice_act_bytes(prof, bounds))
     cores = effective_cores(cfg.cluster.workers)
     state = local_pipeline_state(cfg.cluster.workers, p.stages, cfg.emulate.slowdowns(cfg.cluster.workers), cores=cores)
-    cal = calibrate_local(cfg, prof, bounds, spec)
+    cal = calibrate_local(cfg, prof, bounds, spec, links=local_link_costs)
     mb = microbatch_size(cfg)
     return {"predicted_step_s": predict(prof, bounds, schedule, state, mb, cal).iteration_s,
             "predicted_uncalibrated_s": predict(prof, bounds, schedule, state, mb).iteration_s,
             "effective_cores": round(cores, 3), "calibration_s": round(cal.seconds, 3),
             "per_op_ms": [round(ln.intercept * 1e3, 4) for ln in cal.lines],
             "slope": [round(ln.slope, 4) for ln in cal.lines],
-            "fit_residual": [round(ln.residual, 4) for ln in cal.lines], "fit_method": cal.lines[0].method}
+            "fit_residual": [round(ln.residual, 4) for ln in cal.lines], "fit_method": cal.lines[0].method,
+            "latency_us": [round(x * 1e6, 1) for x in cal.latency_s or []], "wait_cpu": round(cal.wait_cpu, 3)}
 
 
 def measure(point: tuple, a, work: Path, name: str) -> dict:

@@ -74,3 +74,41 @@ def spawn(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float = 180
     if len(results) < world:
         raise RuntimeError(f"workers did not finish in {timeout_s}s (got {sorted(results)})")
     return [results[r] for r in range(world)]
+
+
+def _probe_pair(rank: int, world: int, nbytes: int) -> dict:
+    import resource
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from gearshift.runtime.probe import probe_latency, probe_links
+
+    lat = probe_latency(world, rank, 0, repeats=15)
+    bw = probe_links(world, rank, 0, nbytes, repeats=5)
+    waits = []
+    t = torch.zeros(1)
+    for _ in range(3):  # rank 1 blocks in a receive while rank 0 sleeps: the CPU its wait takes
+        if rank == 0:
+            time.sleep(0.05)
+            dist.send(t, 1)
+        else:
+            ru, w0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            dist.recv(t, 0)
+            ru2 = resource.getrusage(resource.RUSAGE_SELF)
+            waits.append((ru2.ru_utime + ru2.ru_stime - ru.ru_utime - ru.ru_stime) / (time.perf_counter() - w0))
+    return {"latency": lat, "links": bw, "waits": waits}
+
+
+def local_link_costs(nbytes: int) -> dict:
+    """This machine's loopback between two gloo processes, as a job's probes time it: {"latency_s": half the
+    median small round trip, "bandwidth_Bps": a message of `nbytes`, "wait_cpu": the share of a core a
+    receive blocked for 50 ms takes (median of 3)}; what `gearshift simulate` and bench/sim_accuracy.py price
+    pipeline messages and waiting ranks with where no job measured them."""
+    import statistics
+
+    a, b = spawn(_probe_pair, 2, max(int(nbytes), 4), timeout_s=60)
+    rates = [n / s for d in (a, b) for n, s in d["links"].values() if s > 0]
+    return {"latency_s": a["latency"][(0, 1)], "bandwidth_Bps": statistics.median(rates) if rates else float("inf"),
+            "wait_cpu": min(1.0, statistics.median(b["waits"]))}

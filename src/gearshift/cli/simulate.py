@@ -51,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     # this host's cores as measured with the job's workers computing at once (what processor sharing divides)
     state = local_pipeline_state(cfg.cluster.workers, p.stages, cfg.emulate.slowdowns(cfg.cluster.workers),
                                  cores=effective_cores(cfg.cluster.workers))
-    res = predict(prof, bounds, schedule, state, microbatch_size(cfg))
+    cal = _calibration(cfg, prof, bounds, spec)
+    res = predict(prof, bounds, schedule, state, microbatch_size(cfg), cal)
     cores = state.cores[0] * cfg.cluster.workers / p.stages
     t = Table(title=f"{p.schedule} x {p.stages} stages, {p.microbatches} micro-batches "
               f"({cfg.cluster.workers} workers sharing {available_cores()} cores, measured as {cores:.2f} at once)")
@@ -68,8 +69,18 @@ def run(args: argparse.Namespace) -> int:
             t.add_row("measured", f"{meas:.4f}", f"{tokens / meas:,.0f}", f"{bub:.1%}")
             t.add_row("error", f"{(res.iteration_s - meas) / meas:+.1%}", "", "")
     Console().print(t)
+    print(cal.describe())
     if args.trace:
         pipes = schedule.stages_per_pipe if schedule.num_pipes > 1 else None
         write_trace(Path(args.trace), sim_trace(res, "predicted", pipes))
         print(f"wrote {args.trace}")
     return 0
+
+
+def _calibration(cfg, prof, bounds, spec):
+    """The job's stages timed whole at two micro-batch sizes and fitted (Theil-Sen), and this machine's loopback
+    latency and rate between two processes: what the prediction prices by and what is printed below it."""
+    from gearshift.testing import local_link_costs
+    from gearshift.train.calibration import calibrate_local
+
+    return calibrate_local(cfg, prof, bounds, spec, links=local_link_costs)

@@ -50,17 +50,28 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
         stepped = {a.stage for a in acts if a.op is Op.STEP}
         stages = [s for s in range(len(bounds)) if place[s] == r] if -1 in stepped else sorted(stepped)
         step[r] = sum(lp.step_s for s in stages for lp in profile.layers[slice(*bounds[s])]) / state.speeds[r]
-    latency = state.latency
-    if calibration is not None and calibration.latency_s and state.source != "monitor":
-        latency = [row[:] for row in state.latency]
-        for p, lat in enumerate(calibration.latency_s):
-            for a, b in ((p, p + 1), (p + 1, p)):
-                if b < len(latency) and lat is not None:
-                    latency[a][b] = lat
-    return ScheduleCosts(fwd, bwd, act, state.bandwidth, latency, act_mem, params, state.memory,
+    latency, bandwidth = state.latency, state.bandwidth
+    if calibration is not None and state.source != "monitor":  # a job's monitor has its links as probed
+        latency, bandwidth = _links(latency, calibration.latency_s), _links(bandwidth, calibration.bandwidth_Bps)
+    return ScheduleCosts(fwd, bwd, act, bandwidth, latency, act_mem, params, state.memory,
                          step_s=step, step_barrier_s=0.0, host=state.hosts, cores=state.cores, duty=state.duty,
                          param_bytes=moved, per_op_s=per_op,
                          wait_cpu=calibration.wait_cpu if calibration is not None else 0.0)
+
+
+def _links(matrix: list[list[float]], per_link: list[float | None] | None) -> list[list[float]]:
+    """`matrix` with both ways of each pipeline link p <-> p+1 set from `per_link[p]`, or with one value every
+    pair of ranks (one measured link stands for all: this machine's loopback); unchanged where None."""
+    if not per_link:
+        return matrix
+    out = [row[:] for row in matrix]
+    if len(per_link) == 1 and per_link[0] is not None:
+        return [[x if a == b else per_link[0] for b, x in enumerate(row)] for a, row in enumerate(out)]
+    for p in range(len(out) - 1):
+        x = per_link[min(p, len(per_link) - 1)]
+        if x is not None:
+            out[p][p + 1] = out[p + 1][p] = x
+    return out
 
 
 def predict(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Schedule, state: ClusterState,

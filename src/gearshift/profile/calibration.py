@@ -16,12 +16,14 @@ from gearshift.profile.fit import LineFit, theil_sen
 class Calibration:
     """lines[p]: position p's compute fit (seconds measured per profiled second, plus seconds per action).
     wait_cpu: cores a rank waiting in a receive uses (0..1). latency_s: one-way seconds of a small message per
-    link p -> p+1 (None: not measured). seconds: what the calibration took."""
+    link p -> p+1 and bandwidth_Bps: bytes/s of each (None: not measured; the cluster state's are used).
+    seconds: what the calibration took."""
 
     lines: list[LineFit]
     wait_cpu: float = 0.0
     latency_s: list[float] | None = None
     seconds: float = 0.0
+    bandwidth_Bps: list[float] | None = None
     meta: dict = field(default_factory=dict)
 
     def compute_s(self, position: int, profiled_s: float) -> float:
@@ -36,14 +38,37 @@ class Calibration:
 
     def to_dict(self) -> dict:
         return {"lines": [ln.to_dict() for ln in self.lines], "wait_cpu": self.wait_cpu,
-                "latency_s": self.latency_s, "seconds": self.seconds, "meta": self.meta}
+                "latency_s": self.latency_s, "seconds": self.seconds, "meta": self.meta,
+                "bandwidth_Bps": self.bandwidth_Bps}
 
     @classmethod
     def from_dict(cls, d: dict) -> Calibration:
         return cls([LineFit.from_dict(x) for x in d["lines"]], d.get("wait_cpu", 0.0), d.get("latency_s"),
-                   d.get("seconds", 0.0), d.get("meta", {}))
+                   d.get("seconds", 0.0), d.get("meta", {}), d.get("bandwidth_Bps"))
 
     @classmethod
     def fit(cls, points: list[list[tuple[float, float]]], **kw: object) -> Calibration:
         """One Theil-Sen line per position from its (profiled_s, measured_s) points."""
         return cls([theil_sen([x for x, _ in ps], [y for _, y in ps]) for ps in points], **kw)
+
+    def describe(self) -> str:
+        """What `gearshift simulate` prints: the fit (method, sizes, residual), the per-op cost and slope of each
+        position, the links' latency and rate, the waiting rank's core and the seconds it took."""
+        ln = self.lines
+        sizes = self.meta.get("sizes")
+        links_s = self.meta.get("links_s")
+        head = (f"calibration ({ln[0].method if ln else 'none'}"
+                + (f", micro-batches of {', '.join(map(str, sizes))}" if sizes else "") + f", {self.seconds:.1f} s"
+                + (f"; links {links_s:.1f} s" if links_s else "") + ")")
+        rows = [f"  per-op cost {self.per_op_s * 1e3:.3f} ms per forward or backward (by position: "
+                + ", ".join(f"{x.intercept * 1e3:.3f}" for x in ln) + " ms)",
+                "  slope " + ", ".join(f"{x.slope:.3f}" for x in ln) + " s per profiled s; residual "
+                + ", ".join(f"{x.residual:.1%}" for x in ln)]
+        if self.latency_s:
+            lat = ", ".join("-" if x is None else f"{x * 1e6:.0f}" for x in self.latency_s)
+            rate = ", ".join("-" if x is None else f"{x * 8 / 1e9:.3g}" for x in self.bandwidth_Bps or [])
+            rows.append(f"  message latency {lat} us one way" + (f", {rate} Gbit/s" if rate else ""))
+        else:
+            rows.append("  message latency: not measured (the cluster state's)")
+        rows.append(f"  a waiting rank uses {self.wait_cpu:.2f} of a core")
+        return "\n".join([head, *rows])

@@ -92,7 +92,7 @@ class Monitor:
             if len({round(x, 12) for x, _ in pts}) >= 2:
                 lines[p] = theil_sen([x for x, _ in pts], [y for _, y in pts])
         return Calibration(lines, calibration.wait_cpu, calibration.latency_s, calibration.seconds,
-                           {**calibration.meta, "refined": lines != list(calibration.lines)})
+                           {**calibration.meta, "refined": lines != list(calibration.lines)}, calibration.bandwidth_Bps)
 
     def speed_at(self, rank: int, size: int, running: int) -> float | None:
         """`rank`'s speed at micro-batch size `size` while `running` is the size it runs. Lined (speeds against

@@ -73,8 +73,12 @@ def stage_points(cfg: JobConfig, spec: ModelSpec, data: JobData | None, profile:
 
 def calibrate_local(cfg: JobConfig, profile: ModelProfile, bounds: list[tuple[int, int]], spec: ModelSpec,
                     data: JobData | None = None, profiles: Mapping[int, ModelProfile] | None = None,
-                    device: torch.device | None = None, sizes: list[int] | None = None) -> Calibration:
-    """Every stage timed in this process, one after another (as a job's ranks take turns), and fitted."""
+                    device: torch.device | None = None, sizes: list[int] | None = None,
+                    links: Callable[[int], dict] | None = None) -> Calibration:
+    """Every stage timed in this process, one after another (as a job's ranks take turns), and fitted; with
+    `links(nbytes)` -> {"latency_s", "bandwidth_Bps", "wait_cpu"}, this machine's links and a waiting receive's
+    CPU as measured (gearshift.testing.local_link_costs) with a message of the largest activation a stage
+    sends."""
     from gearshift.train.profiling import microbatch_size
 
     t0 = time.perf_counter()
@@ -82,7 +86,16 @@ def calibrate_local(cfg: JobConfig, profile: ModelProfile, bounds: list[tuple[in
     sizes = sizes or calibration_sizes(mb, batch)
     device = device or torch.device("cpu")
     pts = [stage_points(cfg, spec, data, profile, profiles or {}, b, sizes, device) for b in bounds]
-    return Calibration.fit(pts, seconds=time.perf_counter() - t0, meta={"sizes": sizes, "where": "one process"})
+    timed_s = time.perf_counter() - t0
+    lat = bw = None
+    wait = 0.0
+    if links is not None and len(bounds) > 1:
+        nbytes = max(profile.layers[b - 1].activation_bytes * mb for _, b in bounds[:-1])
+        got = links(int(nbytes))
+        lat, bw, wait = [got["latency_s"]], [got["bandwidth_Bps"]], got["wait_cpu"]
+    return Calibration.fit(pts, latency_s=lat, bandwidth_Bps=bw, wait_cpu=wait, seconds=timed_s,
+                           meta={"sizes": sizes, "where": "one process",
+                                 "links_s": round(time.perf_counter() - t0 - timed_s, 3)})
 
 
 def _cpu_s() -> float:
