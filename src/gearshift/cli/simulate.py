@@ -25,6 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", nargs="?", help="job config TOML (default: every key at its default)")
     p.add_argument("--profile", help="ModelProfile JSON (default: profile now)")
     p.add_argument("--trace", help="write the predicted timeline as a Perfetto trace here")
+    p.add_argument("--links", action="store_true", help="also time this machine's loopback between two processes "
+                   "(message latency and rate, a waiting receive's CPU) and price by it (a few seconds)")
     add_config_help(p, full=False)
 
 
@@ -51,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     # this host's cores as measured with the job's workers computing at once (what processor sharing divides)
     state = local_pipeline_state(cfg.cluster.workers, p.stages, cfg.emulate.slowdowns(cfg.cluster.workers),
                                  cores=effective_cores(cfg.cluster.workers))
-    cal = _calibration(cfg, prof, bounds, spec)
+    cal = _calibration(cfg, prof, bounds, spec, args.links)
     res = predict(prof, bounds, schedule, state, microbatch_size(cfg), cal)
     cores = state.cores[0] * cfg.cluster.workers / p.stages
     t = Table(title=f"{p.schedule} x {p.stages} stages, {p.microbatches} micro-batches "
@@ -77,10 +79,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _calibration(cfg, prof, bounds, spec):
-    """The job's stages timed whole at two micro-batch sizes and fitted (Theil-Sen), and this machine's loopback
-    latency and rate between two processes: what the prediction prices by and what is printed below it."""
+def _calibration(cfg, prof, bounds, spec, links: bool):
+    """The job's stages timed whole at two micro-batch sizes and fitted (Theil-Sen) and, with `links`, this
+    machine's loopback between two processes: what the prediction prices by and what is printed below it."""
     from gearshift.testing import local_link_costs
     from gearshift.train.calibration import calibrate_local
 
-    return calibrate_local(cfg, prof, bounds, spec, links=local_link_costs)
+    return calibrate_local(cfg, prof, bounds, spec, links=local_link_costs if links else None)

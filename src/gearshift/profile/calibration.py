@@ -43,8 +43,9 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, d: dict) -> Calibration:
-        return cls([LineFit.from_dict(x) for x in d["lines"]], d.get("wait_cpu", 0.0), d.get("latency_s"),
-                   d.get("seconds", 0.0), d.get("meta", {}), d.get("bandwidth_Bps"))
+        return cls([LineFit.from_dict(x) for x in d["lines"]], wait_cpu=d.get("wait_cpu", 0.0),
+                   latency_s=d.get("latency_s"), seconds=d.get("seconds", 0.0), meta=d.get("meta", {}),
+                   bandwidth_Bps=d.get("bandwidth_Bps"))
 
     @classmethod
     def fit(cls, points: list[list[tuple[float, float]]], **kw: object) -> Calibration:
@@ -69,6 +70,6 @@ class Calibration:
             rate = ", ".join("-" if x is None else f"{x * 8 / 1e9:.3g}" for x in self.bandwidth_Bps or [])
             rows.append(f"  message latency {lat} us one way" + (f", {rate} Gbit/s" if rate else ""))
         else:
-            rows.append("  message latency: not measured (the cluster state's)")
+            rows.append("  message latency: not measured here (--links measures it): the cluster state's")
         rows.append(f"  a waiting rank uses {self.wait_cpu:.2f} of a core")
         return "\n".join([head, *rows])

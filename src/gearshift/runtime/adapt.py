@@ -103,8 +103,11 @@ class Adapter:
         mine = [(a, b) for s, (a, b) in enumerate(rt.bounds) if s in rt.stages]
         fb = [(scale * sum(lp.forward_s for lp in self.profile.layers[a:b]),
                scale * sum(lp.backward_s for lp in self.profile.layers[a:b])) for a, b in mine]
-        pos, S = rank % rt.pipe_ranks, rt.pipe_ranks
-        profiled = sum(m * (self.line_s(pos, f, S) + self.line_s(pos, b, S)) for f, b in fb)
+        if self.calibration is None:
+            profiled = sum(m * (f + b) for f, b in fb)
+        else:
+            pos, S = rank % rt.pipe_ranks, rt.pipe_ranks
+            profiled = sum(m * (self.line_s(pos, f, S) + self.line_s(pos, b, S)) for f, b in fb)
         measured = rec.busy_s
         if measured <= 0 or profiled <= 0:
             return

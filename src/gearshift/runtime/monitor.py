@@ -5,6 +5,7 @@ gathering."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 
 from gearshift.cluster.state import ClusterState
@@ -91,8 +92,8 @@ class Monitor:
             pts = [(x, e.value) for (r, _), (x, e) in sorted(self.action_points.items()) if r % stages == p]
             if len({round(x, 12) for x, _ in pts}) >= 2:
                 lines[p] = theil_sen([x for x, _ in pts], [y for _, y in pts])
-        return Calibration(lines, calibration.wait_cpu, calibration.latency_s, calibration.seconds,
-                           {**calibration.meta, "refined": lines != list(calibration.lines)}, calibration.bandwidth_Bps)
+        return dataclasses.replace(calibration, lines=lines,
+                                   meta={**calibration.meta, "refined": lines != list(calibration.lines)})
 
     def speed_at(self, rank: int, size: int, running: int) -> float | None:
         """`rank`'s speed at micro-batch size `size` while `running` is the size it runs. Lined (speeds against
