@@ -126,6 +126,8 @@ class ScheduleSwitcher:
                       states=by_size, predictor=partial(predict, calibration=calibration))
         rec = ScheduleEvent(decide(cands, state, step, self.current, self.margin, self.memory), trigger, overhead_s,
                             tuple(forced) if forced is not None else None, moved)
+        if calibration is not None:  # what the candidates were priced by: the job's calibration, as refined
+            rec.choice.extra["calibration"] = calibration.to_dict()
         if by_size:
             rec.speeds_by_size = {str(n): [round(x, 4) for x in st.speeds] for n, st in sorted(by_size.items())}
         if self.times:  # the running choice, since it was made

@@ -116,16 +116,19 @@ def calibrate_ranks(cfg: JobConfig, spec: ModelSpec, data: JobData | None, profi
     sizes = calibration_sizes(microbatch_size(cfg), cfg.train.batch_size // cfg.batch_parts)
     pts: Points = []
     waited = [0.0, 0.0]  # CPU seconds, wall seconds spent waiting for the others' turns
+    own_s = 0.0
     for turn in range(world):
         if turn == rank:
+            t1 = time.perf_counter()
             pts = stage_points(cfg, spec, data, profile, profiles, bounds, sizes, device)
+            own_s = time.perf_counter() - t1
             dist.barrier()
         else:
             c0, w0 = _cpu_s(), time.perf_counter()
             dist.barrier()
             waited[0] += _cpu_s() - c0
             waited[1] += time.perf_counter() - w0
-    mine = {"rank": rank, "points": pts, "wait": waited}
+    mine = {"rank": rank, "points": pts, "wait": waited, "own_s": own_s}
     gathered: list = [None] * world
     dist.all_gather_object(gathered, mine)
     lat = latency()
@@ -136,7 +139,8 @@ def calibrate_ranks(cfg: JobConfig, spec: ModelSpec, data: JobData | None, profi
             by_pos[g["rank"] % stages] += [tuple(p) for p in g["points"]]
         cpu, wall = sum(g["wait"][0] for g in gathered), sum(g["wait"][1] for g in gathered)
         return Calibration.fit(by_pos, wait_cpu=min(1.0, cpu / wall) if wall > 0 else 0.0, latency_s=lat,
-                               meta={"sizes": sizes, "where": f"{world} ranks in turn"})
+                               meta={"sizes": sizes, "where": f"{world} ranks in turn",
+                                     "turns_s": [round(g["own_s"], 3) for g in gathered]})
 
     cal = rank0_decides(fit)
     cal.seconds = time.perf_counter() - t0
