@@ -38,7 +38,7 @@ def job_args(a: argparse.Namespace, profiles: Path) -> list[str]:
     return [*harness.job_overrides(a), f"--cluster.workers={HOSTS}", f"--parallel.stages={HOSTS}",
             "--cluster.ranks_per_node=1", "--cluster.testbed=true", f"--cluster.bandwidth={a.bandwidth}",
             "--parallel.schedule=auto", *harness.QUIET, "--train.warmup_steps=5", f"--adapt.profiles={profiles}",
-            harness.slowdown([a.slowdown] * HOSTS)]
+            harness.slowdown([a.slowdown] * HOSTS), f"--adapt.calibrate={str(not a.no_calibrate).lower()}"]
 
 
 def contention(a: argparse.Namespace, step: int) -> list[str]:
@@ -202,6 +202,8 @@ def main() -> None:
     p.add_argument("--after", type=int, default=4, help="periods the change job runs after the change")
     p.add_argument("--scenarios", default="idle,contended,change")
     p.add_argument("--keep", default="", help="keep run directories here (default: a temp dir)")
+    p.add_argument("--no-calibrate", action="store_true", help="price by the profile alone (adapt.calibrate = "
+                                                                 "false): the prices before the calibration")
     a = p.parse_args()
     if a.quick:
         a.rounds, a.segment, a.change, a.after = 2, 3, 25, 3
@@ -253,7 +255,8 @@ def main() -> None:
             r = chg["after_tokens_per_s"] / per["contended"]["best_tokens_per_s"]
             goals["change: after / best contended"] = (r, ">= 0.95")
     goals = {k: (v[0], v[1], v[2] if len(v) > 2 else harness.meets(*v)) for k, v in goals.items()}
-    res = {"benchmark": "schedule_choice", "quick": a.quick, "hosts": HOSTS, "bandwidth": a.bandwidth,
+    res = {"benchmark": "schedule_choice", "quick": a.quick, "calibrated": not a.no_calibrate, "hosts": HOSTS,
+           "bandwidth": a.bandwidth,
            "slowdown": a.slowdown,
            "emulation": f"duty cycle: every rank sleeps {a.slowdown - 1:g}x its measured compute after each op",
            "model": {"name": "gpt", "layers": a.layers, "width": a.width, "heads": a.heads, "context": a.context,
