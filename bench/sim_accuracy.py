@@ -40,10 +40,12 @@ def grid() -> list[tuple[int, int, int, str]]:
     return pts + [(c, n, 4, "multidir") for c in CONTEXTS for n in SAMPLES]
 
 
-def sample(points: int, seed: int) -> list[tuple[int, int, int, str]]:
-    """The default job first, then a seeded sample of the rest (multidir shares its draw with the others)."""
+def sample(points: int, seed: int, moe: bool = False) -> list[tuple[int, int, int, str]]:
+    """The default job first, then a seeded sample of the rest (multidir shares its draw with the others); with
+    `moe`, the 2-stage x 2-expert MoE row (context 64, 2 samples per micro-batch) last."""
     rest = [p for p in grid() if p != DEFAULT]
-    return [DEFAULT] + random.Random(seed).sample(rest, min(points - 1, len(rest)))
+    pts = [DEFAULT] + random.Random(seed).sample(rest, min(points - 1, len(rest)))
+    return pts + ([(64, 2, 2, "moe")] if moe else [])
 
 
 def job_args(ctx: int, n: int, stages: int, kind: str, emulate: float, steps: int) -> list[str]:
@@ -59,9 +61,24 @@ def job_args(ctx: int, n: int, stages: int, kind: str, emulate: float, steps: in
         args.append("--parallel.k=2")
     if kind == "multidir":
         args += ["--parallel.directions=2", "--parallel.update=flush"]
+    if kind == "moe":  # 2 stages x 2 experts: 4 workers, 4 experts per MoE layer
+        args = [x for x in args if not x.startswith(("--parallel.stages", "--cluster.workers", "--parallel.schedule"))]
+        args += ["--model.name=moe_gpt", "--model.experts=4", "--parallel.experts=2", "--parallel.stages=2",
+                 "--cluster.workers=4", "--parallel.schedule=1f1b"]
     if emulate != 1.0:
-        args.append(harness.slowdown([emulate] * stages))
+        args.append(harness.slowdown([emulate] * (4 if kind == "moe" else stages)))
     return args
+
+
+_LINKS: dict = {}
+
+
+def links_once(nbytes: int) -> dict:
+    """This machine's loopback (testing.local_link_costs), measured once per run with the first point's message
+    size (a spawn of two processes per point would double the benchmark's time)."""
+    if not _LINKS:
+        _LINKS.update(local_link_costs(nbytes))
+    return dict(_LINKS)
 
 
 def predictions(args: list[str]) -> dict:
@@ -74,7 +91,7 @@ def predictions(args: list[str]) -> dict:
     schedule = job_schedule(cfg, slice_act_bytes(prof, bounds))
     cores = effective_cores(cfg.cluster.workers)
     state = local_pipeline_state(cfg.cluster.workers, p.stages, cfg.emulate.slowdowns(cfg.cluster.workers), cores=cores)
-    cal = calibrate_local(cfg, prof, bounds, spec, links=local_link_costs)
+    cal = calibrate_local(cfg, prof, bounds, spec, links=links_once)
     mb = microbatch_size(cfg)
     return {"predicted_step_s": predict(prof, bounds, schedule, state, mb, cal).iteration_s,
             "predicted_uncalibrated_s": predict(prof, bounds, schedule, state, mb).iteration_s,
@@ -93,7 +110,7 @@ def measure(point: tuple, a, work: Path, name: str) -> dict:
     run = harness.run_job(name, args, work, nice=0)
     meas = run.median("step_time_s", lo=a.skip)
     row = {"context": ctx, "microbatch_samples": n, "stages": stages,
-           "schedule": "kfkb K=2" if kind == "kfkb" else "multidir flush" if kind == "multidir" else kind,
+           "schedule": {"kfkb": "kfkb K=2", "multidir": "multidir flush", "moe": "moe 2 experts 1f1b"}.get(kind, kind),
            "emulated": a.emulate != 1.0, "measured_step_s": meas, **pred,
            "load_1min": [round(load0, 2), round(os.getloadavg()[0], 2)]}
     row["error"] = row["predicted_step_s"] / meas - 1
@@ -116,9 +133,11 @@ def main() -> None:
     p.add_argument("--skip", type=int, default=2, help="first steps left out of the measured median")
     p.add_argument("--repeat", action="store_true", help="measure the first point twice (A/A)")
     p.add_argument("--keep", default="", help="keep run directories here (default: a temp dir)")
+    p.add_argument("--moe", action="store_true", help="add the 2-stage x 2-expert MoE row (the simulator prices "
+                                                      "no all-to-all here: a row to see how far off that is)")
     a = p.parse_args()
     work = harness.workdir("sim_accuracy", a.keep)
-    pts = sample(a.points, a.seed)
+    pts = sample(a.points, a.seed, a.moe)
     rows, t0 = [], time.perf_counter()
     for i, pt in enumerate(pts):
         rows.append(measure(pt, a, work, f"p{i}"))

@@ -108,7 +108,7 @@ def local_link_costs(nbytes: int) -> dict:
     pipeline messages and waiting ranks with where no job measured them."""
     import statistics
 
-    a, b = spawn(_probe_pair, 2, max(int(nbytes), 4), timeout_s=60)
+    a, b = spawn(_probe_pair, 2, max(int(nbytes), 4), timeout_s=300)
     rates = [n / s for d in (a, b) for n, s in d["links"].values() if s > 0]
     return {"latency_s": a["latency"][(0, 1)], "bandwidth_Bps": statistics.median(rates) if rates else float("inf"),
             "wait_cpu": min(1.0, statistics.median(b["waits"]))}
