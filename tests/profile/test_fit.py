@@ -64,3 +64,12 @@ def test_calibration_fits_each_position_and_round_trips():
     back = Calibration.from_dict(cal.to_dict())
     assert back == cal and isinstance(back.lines[0], LineFit)
     assert cal.per_op_s == pytest.approx(0.002)  # the median position's intercept
+
+
+def test_a_pooled_calibration_fits_one_line_through_every_position():
+    line = [(x, 1.2 * x + 0.001) for x in (0.01, 0.02, 0.03, 0.04, 0.05, 0.06)]
+    line[3] = (0.04, 0.09)  # a burst of load on one position's point
+    pts = [line[:2], line[2:4], line[4:]]
+    cal = Calibration.fit(pts, pooled=True)
+    assert cal.lines[0] == cal.lines[1] == cal.lines[2] and cal.lines[0].points == 6 and cal.meta["pooled"]
+    assert cal.lines[0].slope == pytest.approx(1.2) and cal.lines[0].intercept == pytest.approx(0.001)

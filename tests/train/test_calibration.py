@@ -44,8 +44,9 @@ def test_local_calibration_fits_a_line_per_stage_and_prices_the_prediction():
     bounds = [(0, 2), (2, 4)]
     cal = calibrate_local(cfg, prof, bounds, spec)
     assert len(cal.lines) == 2 and cal.meta["sizes"] == [1, 4]
+    assert cal.lines[0] == cal.lines[1] and cal.meta["pooled"]  # the local workers are alike: one line
     for line in cal.lines:
-        assert line.points == 4 and line.method.startswith("theil-sen")  # F and B at each of two sizes
+        assert line.points == 8 and line.method.startswith("theil-sen")  # F and B at two sizes, on 2 stages
         assert line.slope > 0 and line.intercept >= 0 and line.residual >= 0
     sch = make_schedule("1f1b", 2, 2)
     state = local_pipeline_state(2, 2, cores=2)

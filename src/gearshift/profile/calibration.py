@@ -48,9 +48,14 @@ class Calibration:
                    bandwidth_Bps=d.get("bandwidth_Bps"))
 
     @classmethod
-    def fit(cls, points: list[list[tuple[float, float]]], **kw: object) -> Calibration:
-        """One Theil-Sen line per position from its (profiled_s, measured_s) points."""
-        return cls([theil_sen([x for x, _ in ps], [y for _, y in ps]) for ps in points], **kw)
+    def fit(cls, points: list[list[tuple[float, float]]], pooled: bool = False, **kw: object) -> Calibration:
+        """One Theil-Sen line per position from its (profiled_s, measured_s) points; `pooled`: one line from
+        every position's points, for each (positions on alike devices, whose speeds differ only by what the
+        monitor or the emulation says: many points steady the fit on a shared machine)."""
+        groups = [[p for ps in points for p in ps]] * len(points) if pooled else points
+        cal = cls([theil_sen([x for x, _ in ps], [y for _, y in ps]) for ps in groups], **kw)
+        cal.meta = {**cal.meta, "pooled": pooled}
+        return cal
 
     def describe(self) -> str:
         """What `gearshift simulate` prints: the fit (method, sizes, residual), the per-op cost and slope of each

@@ -75,7 +75,8 @@ def calibrate_local(cfg: JobConfig, profile: ModelProfile, bounds: list[tuple[in
                     data: JobData | None = None, profiles: Mapping[int, ModelProfile] | None = None,
                     device: torch.device | None = None, sizes: list[int] | None = None,
                     links: Callable[[int], dict] | None = None) -> Calibration:
-    """Every stage timed in this process, one after another (as a job's ranks take turns), and fitted; with
+    """Every stage timed in this process, one after another (as a job's ranks take turns), and fitted (one line
+    pooled over the stages for the local workers, which are alike; per position with a cluster spec); with
     `links(nbytes)` -> {"latency_s", "bandwidth_Bps", "wait_cpu"}, this machine's links and a waiting receive's
     CPU as measured (gearshift.testing.local_link_costs) with a message of the largest activation a stage
     sends."""
@@ -93,7 +94,8 @@ def calibrate_local(cfg: JobConfig, profile: ModelProfile, bounds: list[tuple[in
         nbytes = max(profile.layers[b - 1].activation_bytes * mb for _, b in bounds[:-1])
         got = links(int(nbytes))
         lat, bw, wait = [got["latency_s"]], [got["bandwidth_Bps"]], got["wait_cpu"]
-    return Calibration.fit(pts, latency_s=lat, bandwidth_Bps=bw, wait_cpu=wait, seconds=timed_s,
+    return Calibration.fit(pts, pooled=not cfg.cluster.spec, latency_s=lat, bandwidth_Bps=bw, wait_cpu=wait,
+                           seconds=timed_s,
                            meta={"sizes": sizes, "where": "one process",
                                  "links_s": round(time.perf_counter() - t0 - timed_s, 3)})
 
@@ -107,8 +109,9 @@ def calibrate_ranks(cfg: JobConfig, spec: ModelSpec, data: JobData | None, profi
                     profiles: Mapping[int, ModelProfile], bounds: tuple[int, int], stages: int, device: torch.device,
                     latency: Callable[[], list[float] | None] = lambda: None) -> Calibration:
     """Collective: ranks take turns timing their stage (`bounds`) at the calibration sizes while the others
-    wait in a barrier and measure the CPU their wait takes; rank 0 fits one line per pipeline position (its
-    replicas' points together) and every rank gets the same Calibration."""
+    wait in a barrier and measure the CPU their wait takes; rank 0 fits the lines (one pooled over every rank for
+    the local workers, else one per pipeline position with its replicas' points) and every rank gets the same
+    Calibration."""
     from gearshift.train.profiling import microbatch_size
 
     t0 = time.perf_counter()
@@ -138,7 +141,8 @@ def calibrate_ranks(cfg: JobConfig, spec: ModelSpec, data: JobData | None, profi
         for g in gathered:
             by_pos[g["rank"] % stages] += [tuple(p) for p in g["points"]]
         cpu, wall = sum(g["wait"][0] for g in gathered), sum(g["wait"][1] for g in gathered)
-        return Calibration.fit(by_pos, wait_cpu=min(1.0, cpu / wall) if wall > 0 else 0.0, latency_s=lat,
+        return Calibration.fit(by_pos, pooled=not cfg.cluster.spec, wait_cpu=min(1.0, cpu / wall) if wall > 0 else 0.0,
+                               latency_s=lat,
                                meta={"sizes": sizes, "where": f"{world} ranks in turn",
                                      "turns_s": [round(g["own_s"], 3) for g in gathered]})
 
