@@ -20,11 +20,11 @@ import harness
 from gearshift.cluster.cores import effective_cores
 from gearshift.cluster.state import local_pipeline_state
 from gearshift.planner.predict import predict
-from gearshift.testing import local_link_costs
 from gearshift.train.build import equal_time_slices, job_schedule, slice_act_bytes
 from gearshift.train.calibration import calibrate_local
 from gearshift.train.config import load_config
 from gearshift.train.layout import resolve_partition
+from gearshift.train.loopback import local_link_costs
 from gearshift.train.model import job_model
 from gearshift.train.profiling import fastest_layers, microbatch_size, profile_job
 

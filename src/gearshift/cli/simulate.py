@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
 def _calibration(cfg, prof, bounds, spec, links: bool):
     """The job's stages timed whole at two micro-batch sizes and fitted (Theil-Sen) and, with `links`, this
     machine's loopback between two processes: what the prediction prices by and what is printed below it."""
-    from gearshift.testing import local_link_costs
     from gearshift.train.calibration import calibrate_local
+    from gearshift.train.loopback import local_link_costs
 
     return calibrate_local(cfg, prof, bounds, spec, links=local_link_costs if links else None)
