@@ -14,11 +14,12 @@ from gearshift.cluster.device import stream_wait
 
 
 def time_stage(layers: nn.Module, make_input: Callable[[int], Tensor], sizes: list[int], repeats: int = 3,
-               warmup: int = 1) -> dict[int, tuple[float, float]]:
+               warmup: int = 1, loss: Callable[[Tensor, int], Tensor] | None = None) -> dict[int, tuple[float, float]]:
     """{size: (forward_s, backward_s)}: the fastest time of `layers`' forward (to a scalar) and of its backward
     over `repeats`, on an input of each micro-batch size from `make_input(size)` (the fastest, as the profile
     keeps each layer's fastest pass: a shared machine only ever adds time); sizes are visited round by round so
-    that a burst of other load lands on one repeat of each."""
+    that a burst of other load lands on one repeat of each. `loss(out, size)`: the last stage's loss, part of its
+    forward as in the executor (else the output's sum)."""
     device = next((p.device for p in layers.parameters()), torch.device("cpu"))
     wait = stream_wait(device)
     inputs = {n: make_input(n) for n in sizes}
@@ -29,7 +30,8 @@ def time_stage(layers: nn.Module, make_input: Callable[[int], Tensor], sizes: li
             x = inputs[n].detach().requires_grad_(inputs[n].is_floating_point())
             wait()
             t0 = time.perf_counter()
-            out = layers(x).float().sum()
+            out = layers(x)
+            out = loss(out, n) if loss is not None else out.float().sum()
             wait()
             t1 = time.perf_counter()
             out.backward()

@@ -58,10 +58,19 @@ def stage_points(cfg: JobConfig, spec: ModelSpec, data: JobData | None, profile:
         x = torch.randn(shape, dtype=dtype) if dtype.is_floating_point else torch.zeros(shape, dtype=dtype)
         return x.to(device)
 
+    loss = None
+    if b == spec.num_layers:  # the last stage's forward ends in the loss, as the executor's does
+        from gearshift.train.datasets import job_data
+
+        targets = {n: y.to(device) for n in sizes for y in [(data or job_data(cfg)).sample(n, cfg.train.seed)[1]]}
+
+        def loss(out: torch.Tensor, n: int) -> torch.Tensor:
+            return spec.loss_fn(out, targets[n])
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        timed = time_stage(layers, make_input, sizes, repeats)
+        timed = time_stage(layers, make_input, sizes, repeats, loss=loss)
     finally:
         torch.set_num_threads(threads)
     out: Points = []
