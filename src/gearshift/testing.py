@@ -74,4 +74,3 @@ def spawn(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float = 180
     if len(results) < world:
         raise RuntimeError(f"workers did not finish in {timeout_s}s (got {sorted(results)})")
     return [results[r] for r in range(world)]
-
