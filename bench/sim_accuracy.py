@@ -10,6 +10,7 @@ cycle); `--repeat` measures the first point twice (A/A)."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import statistics
@@ -133,6 +134,8 @@ def main() -> None:
     p.add_argument("--skip", type=int, default=2, help="first steps left out of the measured median")
     p.add_argument("--repeat", action="store_true", help="measure the first point twice (A/A)")
     p.add_argument("--keep", default="", help="keep run directories here (default: a temp dir)")
+    p.add_argument("--merge", action="store_true", help="keep the rows of --out measured the other way (quiet or "
+                                                        "emulated), so that one file holds both runs")
     p.add_argument("--moe", action="store_true", help="add the 2-stage x 2-expert MoE row (the simulator prices "
                                                       "no all-to-all here: a row to see how far off that is)")
     a = p.parse_args()
@@ -153,6 +156,14 @@ def main() -> None:
                                     "skip": a.skip},
            "calibrated": summary(rows, "error"), "uncalibrated": summary(rows, "error_uncalibrated"),
            "default_job_error": rows[0]["error"], "aa": aa, "wall_s": time.perf_counter() - t0}
+    if a.merge and Path(a.out).is_file():  # the other run's rows and summaries stay beside this one's
+        prev = json.loads(Path(a.out).read_text())
+        other = "quiet" if a.emulate != 1.0 else "emulated"
+        out["rows"] = [r for r in prev.get("rows", []) if r["emulated"] != (a.emulate != 1.0)] + rows
+        prev_quiet = (prev.get("machine") or {}).get("emulation") is None
+        top_is_other = prev_quiet == (other == "quiet")  # the summaries at prev's top level are the other run's
+        out[other] = {k: prev.get(k) for k in ("calibrated", "uncalibrated", "default_job_error", "aa", "sample",
+                                                "machine")} if top_is_other else prev.get(other)
     emulation = f"duty-cycle x{a.emulate:g} on every rank" if a.emulate != 1.0 else None
     path = harness.write_results("sim_accuracy", out, a.out, emulation)
     cal, unc, dflt = out["calibrated"], out["uncalibrated"], abs(out["default_job_error"])
