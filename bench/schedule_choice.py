@@ -153,6 +153,8 @@ def main() -> None:
     p.add_argument("--change", type=int, default=35, help="the step the change job's links become contended")
     p.add_argument("--after", type=int, default=4, help="periods the change job runs after the change")
     p.add_argument("--scenarios", default="idle,contended,change")
+    p.add_argument("--no-calibrate", action="store_true", help="price by the profile alone (adapt.calibrate = "
+                                                                 "false): the prices before the calibration")
     a = p.parse_args()
 
     if not is_root():
@@ -161,7 +163,7 @@ def main() -> None:
     base = [*harness.job_overrides(a), f"--cluster.workers={HOSTS}", f"--parallel.stages={HOSTS}", *harness.QUIET,
             "--cluster.ranks_per_node=1", "--cluster.testbed=true", f"--cluster.bandwidth={a.bandwidth}",
             "--parallel.schedule=auto", "--train.warmup_steps=5", harness.slowdown([a.slowdown] * HOSTS),
-            f"--adapt.profiles={work / 'profiles'}"]  # every job's
+            f"--adapt.profiles={work / 'profiles'}", f"--adapt.calibrate={str(not a.no_calibrate).lower()}"]
     cfg = load_config(None, [x for x in base if not x.startswith("--cluster.testbed")])
     sizes = [a.batch // m for m in range(1, a.batch + 1) if a.batch % m == 0]
     profile_sizes(cfg, sizes, str(work / "profiles"), passes=3)  # every job reads these: one set of numbers
@@ -203,8 +205,8 @@ def main() -> None:
         if "contended" in per and chg["after_tokens_per_s"]:
             r = chg["after_tokens_per_s"] / per["contended"]["best_tokens_per_s"]
             goals["change: after / best contended"] = (r, ">= 0.95")
-    res = {"benchmark": "schedule_choice", "quick": a.quick, "hosts": HOSTS, "bandwidth": a.bandwidth,
-           "slowdown": a.slowdown, "goals": harness.goals(goals),
+    res = {"benchmark": "schedule_choice", "quick": a.quick, "calibrated": not a.no_calibrate, "hosts": HOSTS,
+           "bandwidth": a.bandwidth, "slowdown": a.slowdown, "goals": harness.goals(goals),
            "emulation": f"duty cycle: every rank sleeps {a.slowdown - 1:g}x its measured compute after each op",
            "model": {"name": "gpt", "layers": a.layers, "width": a.width, "heads": a.heads, "context": a.context,
                      "batch": a.batch, "activation_bytes_per_sample": a.width * a.context * 4},

@@ -31,6 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", nargs="?", help="job config TOML (default: every key at its default)")
     p.add_argument("--profile", help="ModelProfile JSON (default: profile now)")
     p.add_argument("--trace", help="write the predicted timeline as a Perfetto trace here")
+    p.add_argument("--links", action="store_true", help="also time this machine's loopback between two processes "
+                   "(message latency and rate, a waiting receive's CPU) and price by it (a few seconds)")
     add_config_help(p, full=False)
 
 
@@ -68,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     # this host's cores as measured with the job's workers computing at once (what processor sharing divides)
     state = local_pipeline_state(cfg.cluster.workers, p.stages, cfg.emulate.slowdowns(cfg.cluster.workers),
                                  cores=effective_cores(cfg.cluster.workers))
+    cal = _calibration(cfg, prof, bounds, spec, args.links)
     cores = state.cores[0] * cfg.cluster.workers / p.stages
     title = f"{out}: {job_title(cfg)}" if has_run else job_title(cfg)
     t = Table(caption=f"{cfg.cluster.workers} workers sharing {available_cores()} cores, measured as {cores:.2f} at "
@@ -84,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         sprof = profile_at(per_part // seg.m)
         sbounds = bounds if p.schedule == "multidir" else seg.bounds
         schedule = job_schedule(seg_cfg, slice_act_bytes(sprof, sbounds))  # multidir: orders balance the bytes
-        res = predict(sprof, sbounds, schedule, state, per_part // seg.m)
+        res = predict(sprof, sbounds, schedule, state, per_part // seg.m, cal)
         shown = shown or (res, schedule)
         iteration_s, bubble = res.iteration_s, res.bubble_fraction
         if ep:  # the all-to-alls and the experts' load, as the strategy model prices them
@@ -102,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     console.print(title, markup=False, highlight=False)  # the job, unwrapped by the table's width
     console.print(t)
+    print(cal.describe())
     if args.trace:
         res, schedule = shown
         pipes = schedule.stages_per_pipe if schedule.num_pipes > 1 else None
@@ -125,3 +129,12 @@ def _moe_comm(cfg: JobConfig):
     from gearshift.train.strategy import measure_local, spec_comm_costs
 
     return spec_comm_costs(cfg) if cfg.cluster.spec else measure_local(cfg.cluster.workers)
+
+
+def _calibration(cfg, prof, bounds, spec, links: bool):
+    """The job's stages timed whole at two micro-batch sizes and fitted (Theil-Sen) and, with `links`, this
+    machine's loopback between two processes: what the prediction prices by and what is printed below it."""
+    from gearshift.train.calibration import calibrate_local
+    from gearshift.train.loopback import local_link_costs
+
+    return calibrate_local(cfg, prof, bounds, spec, links=local_link_costs if links else None)

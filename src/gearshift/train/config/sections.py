@@ -212,6 +212,9 @@ class AdaptConfig:
                                        "faster by this fraction")
     profiles: str = key("", "directory of per-micro-batch-size profiles (read if there, written when measured); "
                             '"" = profile at start')
+    calibrate: bool = key(True, "when the job measures its ranks before training, also time each stage whole at "
+                                "two micro-batch sizes and price compute by the fitted line (a fixed cost per "
+                                "forward or backward beside the profile); false = by the profile alone")
 
     def check(self) -> None:
         """Each key's range, and that adapt.profile is a profile (its layers are checked against the model)."""
