@@ -28,10 +28,12 @@ def _data(rank: int, n: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.randn(n, generator=g, dtype=torch.float64).mul(10).to(dtype)
 
 
-def _check_topology(rank: int, topo: Topology, dtypes: bool, send_thread: bool) -> list[str]:
+def _check_topology(rank: int, topo: Topology, dtypes: bool, send_thread: bool, transport: str) -> list[str]:
     """Each algorithm on every size (float32) and, if asked, every dtype, then the hierarchical forms in
-    every node matrix a user may pin; failures seen by this rank."""
-    groups = CommGroups.build(topo, send_thread=send_thread)
+    every node matrix a user may pin, with the hierarchical forms on `transport` (composed collectives or
+    point-to-point programs); failures seen by this rank."""
+    groups = CommGroups.build(topo, send_thread=send_thread, transport=transport)
+    assert (groups.matrix_groups is not None) == (transport == "collectives")
     bad = []
     cases = [(n, torch.float32) for n in SIZES] + [(1001, dt) for dt in DTYPES[1:] if dtypes]
     for n, dt in cases:
@@ -48,14 +50,14 @@ def _check_topology(rank: int, topo: Topology, dtypes: bool, send_thread: bool) 
             else:
                 ok = torch.allclose(x.double(), ref.double(), rtol=1e-5, atol=1e-4)
             if not ok:
-                bad.append(f"{topo.ranks_per_node} {algo} n={n} {dt}")
+                bad.append(f"{transport} {topo.ranks_per_node} {algo} n={n} {dt}")
     # non-contiguous 2-D input is reduced in place too
     y = _data(rank, 24, torch.float32).view(4, 6).t()
     ref = y.clone()
     dist.all_reduce(ref)
     all_reduce(y, "hierarchical_rs", groups=groups)
     if not torch.allclose(y, ref, atol=1e-5):
-        bad.append(f"{topo.ranks_per_node} non-contiguous")
+        bad.append(f"{transport} {topo.ranks_per_node} non-contiguous")
     ref = _data(rank, 4099, torch.float32)
     dist.all_reduce(ref)
     for shape in matrix_shapes(topo.num_nodes) if topo.num_nodes > 1 else []:
@@ -63,7 +65,7 @@ def _check_topology(rank: int, topo: Topology, dtypes: bool, send_thread: bool) 
             x = _data(rank, 4099, torch.float32)
             all_reduce(x, algo, groups=groups, matrix=shape)
             if not torch.allclose(x, ref, rtol=1e-5, atol=1e-4):
-                bad.append(f"{topo.ranks_per_node} {algo} pinned {shape}")
+                bad.append(f"{transport} {topo.ranks_per_node} {algo} pinned {shape}")
     return bad
 
 
@@ -107,14 +109,17 @@ def _worker(rank: int, world: int, layouts: list, train: bool) -> list[str]:
     bad = []
     for i, lay in enumerate(layouts):
         topo = lay if isinstance(lay, Topology) else Topology.from_ranks_per_node(lay)
-        bad += _check_topology(rank, topo, dtypes=i == 0, send_thread=world % 2 == 0)
+        for transport in ("collectives", "p2p"):
+            bad += _check_topology(rank, topo, dtypes=i == 0, send_thread=world % 2 == 0, transport=transport)
     if train:
-        groups = CommGroups.build(Topology.from_ranks_per_node([2] * (world // 2)), send_thread=True)
         ref = _train(rank, "reference", None)
-        for algo, matrix in [(a, None) for a in ["gloo", *ALGOS, "auto", "tuned"]] + [("tuned", (2, 1))]:
-            got = _train(rank, algo, groups, matrix)
-            if not all(abs(a - b) <= 1e-5 * max(1.0, abs(b)) for a, b in zip(got, ref)):
-                bad.append(f"train {algo} {matrix}: {got} != {ref}")
+        for transport in ("collectives", "p2p"):
+            groups = CommGroups.build(Topology.from_ranks_per_node([2] * (world // 2)), send_thread=True,
+                                      transport=transport)
+            for algo, matrix in [(a, None) for a in ["gloo", *ALGOS, "auto", "tuned"]] + [("tuned", (2, 1))]:
+                got = _train(rank, algo, groups, matrix)
+                if not all(abs(a - b) <= 1e-5 * max(1.0, abs(b)) for a, b in zip(got, ref)):
+                    bad.append(f"train {transport} {algo} {matrix}: {got} != {ref}")
     return bad
 
 
