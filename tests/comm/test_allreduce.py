@@ -69,14 +69,16 @@ def _check_topology(rank: int, topo: Topology, dtypes: bool, send_thread: bool, 
     return bad
 
 
-def _train(rank: int, algo: str, groups: CommGroups | None, matrix: tuple[int, int] | None = None) -> list[float]:
-    """3 SGD steps of a small MLP on rank-specific data; returns the losses."""
+def _train(rank: int, algo: str, groups: CommGroups | None, matrix: tuple[int, int] | None = None,
+           overlap: bool = False) -> list[float]:
+    """3 SGD steps of a small MLP on rank-specific data, two micro-batches each (overlap: the buckets start in the
+    second one's backward); returns the losses."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(5, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     sync = None if algo == "reference" else GradientSync(list(model.parameters()), algo.replace("tuned", "auto"),
                                                          bucket_bytes=200, groups=groups, tune=algo == "tuned",
-                                                         node_matrix=matrix)
+                                                         node_matrix=matrix, overlap=overlap)
     if algo == "tuned":  # every bucket size timed once, the fastest kept: the same pick on every rank
         picks = [None] * dist.get_world_size()
         dist.all_gather_object(picks, [b.algorithm for b in sync.buckets])
@@ -86,9 +88,16 @@ def _train(rank: int, algo: str, groups: CommGroups | None, matrix: tuple[int, i
     losses = []
     for _ in range(3):
         x, y = torch.randn(8, 5, generator=g), torch.randn(8, 3, generator=g)
-        loss = torch.nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
-        loss.backward()
+        loss = 0.0
+        for j, (xm, ym) in enumerate(zip(x.chunk(2), y.chunk(2))):
+            if sync is not None and j == 1:
+                sync.arm()
+            part = torch.nn.functional.mse_loss(model(xm), ym) / 2
+            part.backward()
+            loss = loss + part.detach()
+        if overlap:  # the hooks started every bucket in the last backward
+            assert sync._started and not sync._armed
         if sync is None:
             for p in model.parameters():
                 dist.all_reduce(p.grad)
@@ -116,10 +125,13 @@ def _worker(rank: int, world: int, layouts: list, train: bool) -> list[str]:
         for transport in ("collectives", "p2p"):
             groups = CommGroups.build(Topology.from_ranks_per_node([2] * (world // 2)), send_thread=True,
                                       transport=transport)
-            for algo, matrix in [(a, None) for a in ["gloo", *ALGOS, "auto", "tuned"]] + [("tuned", (2, 1))]:
-                got = _train(rank, algo, groups, matrix)
+            runs = [(a, None, False) for a in ["gloo", *ALGOS, "auto", "tuned"]] + [("tuned", (2, 1), False)]
+            if transport == "collectives":  # overlapped with the last backward: the same losses
+                runs += [(a, m, True) for a in ["gloo", "hierarchical", "hierarchical_rs"] for m in (None, (1, 2))]
+            for algo, matrix, overlap in runs:
+                got = _train(rank, algo, groups, matrix, overlap)
                 if not all(abs(a - b) <= 1e-5 * max(1.0, abs(b)) for a, b in zip(got, ref)):
-                    bad.append(f"train {transport} {algo} {matrix}: {got} != {ref}")
+                    bad.append(f"train {transport} {algo} {matrix} overlap={overlap}: {got} != {ref}")
     return bad
 
 
