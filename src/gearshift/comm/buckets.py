@@ -160,7 +160,8 @@ class GradientSync:
         if not self._ready:
             self._ready = {k: len(b.params) for k, b in enumerate(self.buckets)}
             self._order = list(reversed(range(len(self.buckets))))  # the order gradients become final in
-        self._armed.update(id(p) for p in (self.params if params is None else params))
+        mine = {id(p) for p in self.params}
+        self._armed.update(i for i in (mine if params is None else map(id, params)) if i in mine)
 
     def _on_grad(self, p: torch.Tensor, k: int) -> None:
         """Post-accumulate-grad hook: count an armed param once; its bucket is ready with the last one."""

@@ -213,7 +213,13 @@ class PipelineRuntime:
 
         if self.experts is not None:
             self.experts.clock.take()  # all-to-alls since the last step (evaluation) are no step's compute
-        rec = self.executor.run(xs, ys, on_sync=on_sync, on_step=on_step)
+        arm = getattr(self._grad_sync, "arm", None)  # gradient sync overlapped with each stage's last backward
+
+        def on_last_backward(stage: int) -> None:
+            arm(list(self.stages[stage].parameters()))
+
+        rec = self.executor.run(xs, ys, on_sync=on_sync, on_step=on_step,
+                                on_last_backward=on_last_backward if arm is not None else None)
         moe = self.experts.loads(self.layers) if self.experts is not None else None
         return StepResult(mean_loss(rec.losses, self.device), norm[0], rec, moe)
 
