@@ -29,7 +29,7 @@ class StepRecord:
     """What one step did on this rank: per-action timings (seconds from step start), losses, bytes."""
 
     events: list[tuple[str, float, float]] = field(default_factory=list)
-    losses: list[float] = field(default_factory=list)  # unscaled loss per micro-batch (last stage only)
+    losses: list[Tensor] = field(default_factory=list)  # unscaled loss per micro-batch (last stage), on the device
     compute_s: dict[int, float] = field(default_factory=dict)  # stage -> measured F+B seconds
     sent_bytes: dict[int, int] = field(default_factory=dict)  # peer -> bytes sent
     recv_wait_s: dict[int, float] = field(default_factory=dict)  # peer -> seconds blocked receiving
@@ -291,7 +291,7 @@ class PipelineExecutor:
         mod = self.stages[a.stage]
         out = self._output(mod, x, step.targets[st.input_base + a.mb] if st.last else None)
         if st.last:
-            step.rec.losses.append(float(out.detach()))
+            step.rec.losses.append(out.detach())  # read once per step (mean_loss), not once per micro-batch
             out = out / self.loss_div
         elif st.next_local:
             self.stage_states[a.stage + 1].inputs[slot] = out.detach()
@@ -305,7 +305,7 @@ class PipelineExecutor:
         with torch.no_grad():
             out = self._output(mod, x, step.targets[st.input_base + a.mb] if st.last else None)
         if st.last:
-            step.rec.losses.append(float(out))
+            step.rec.losses.append(out)
         elif st.next_local:
             self.stage_states[a.stage + 1].inputs[slot] = out.detach()
         else:

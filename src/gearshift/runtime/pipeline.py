@@ -37,9 +37,13 @@ def forward_only(schedule: Schedule) -> Schedule:
     return Schedule("forward", g.num_stages, g.num_microbatches, g.placement, acts, stages_per_pipe=g.stages_per_pipe)
 
 
-def mean_loss(losses: list[float], device: torch.device | str = "cpu") -> float:
-    """Mean of every rank's micro-batch losses (collective; reduced on `device`, as NCCL needs)."""
-    t = torch.tensor([sum(losses), float(len(losses))], dtype=torch.float64, device=device)
+def mean_loss(losses: list[Tensor | float], device: torch.device | str = "cpu") -> float:
+    """Mean of every rank's micro-batch losses (collective; reduced on `device`, as NCCL needs): the losses stay
+    on the device until this one read per step."""
+    t = torch.zeros(2, dtype=torch.float64, device=device)
+    for x in losses:
+        t[0] += x.double() if torch.is_tensor(x) else float(x)
+    t[1] = float(len(losses))
     dist.all_reduce(t)
     return float(t[0] / t[1]) if t[1] > 0 else float("nan")
 
