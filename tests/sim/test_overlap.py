@@ -21,6 +21,9 @@ def test_buckets_hide_behind_the_backward_in_reverse_order() -> None:
     # a big first bucket (the embedding) is ready last and stays exposed whatever the link
     assert exposed_sync_s([0.1, 0.1, 2.0], [1, 1, 8], 10.0) == pytest.approx(0.1 + 0.1)
     assert exposed_sync_s([2.0, 0.1, 0.1], [8, 1, 1], 10.0) == pytest.approx(2.0)
+    # the emulation's sleep after the backward's compute hides what is left, up to its length
+    assert exposed_sync_s([2.0, 0.1, 0.1], [8, 1, 1], 10.0, tail_s=1.5) == pytest.approx(0.5)
+    assert exposed_sync_s([2.0, 0.1, 0.1], [8, 1, 1], 10.0, tail_s=30.0) == 0.0
 
 
 def test_overlap_never_costs_more_than_after_backward() -> None:

@@ -5,11 +5,13 @@ of after it. A separate function that fills ScheduleCosts.sync_s, so the engine 
 from __future__ import annotations
 
 
-def exposed_sync_s(bucket_s: list[float], bucket_bytes: list[float], last_backward_s: float) -> float:
+def exposed_sync_s(bucket_s: list[float], bucket_bytes: list[float], last_backward_s: float,
+                   tail_s: float = 0.0) -> float:
     """Seconds the sync still runs after the last backward ends. Buckets are in parameter order; their gradients
     become final in reverse order, at the share of the backward their bytes (and all later buckets') take; the
     buckets' all-reduces run one after another, each from when it is ready or the previous one ends, whichever
-    is later (GradientSync starts them in that order). No overlap possible (one bucket, or a backward of zero):
+    is later (GradientSync starts them in that order). tail_s: time after the backward's compute that the rank
+    spends before its SYNC anyway (the duty-cycle emulation's sleep), which hides sync too. A backward of zero:
     the whole sync."""
     if len(bucket_s) != len(bucket_bytes):
         raise ValueError(f"exposed_sync_s: {len(bucket_s)} bucket times for {len(bucket_bytes)} buckets")
@@ -20,10 +22,11 @@ def exposed_sync_s(bucket_s: list[float], bucket_bytes: list[float], last_backwa
     for t, nbytes in zip(reversed(bucket_s), reversed(bucket_bytes), strict=True):
         ready += last_backward_s * nbytes / total
         end = max(end, ready) + t
-    return max(0.0, end - last_backward_s)
+    return max(0.0, end - last_backward_s - tail_s)
 
 
-def sync_s(bucket_s: list[float], bucket_bytes: list[float], last_backward_s: float, overlap: bool) -> float:
+def sync_s(bucket_s: list[float], bucket_bytes: list[float], last_backward_s: float, overlap: bool,
+           tail_s: float = 0.0) -> float:
     """What a rank's SYNC action costs: the buckets' all-reduces one after another, or (overlap) what of them the
-    last backward does not hide."""
-    return exposed_sync_s(bucket_s, bucket_bytes, last_backward_s) if overlap else sum(bucket_s)
+    last backward (and the tail after it) does not hide."""
+    return exposed_sync_s(bucket_s, bucket_bytes, last_backward_s, tail_s) if overlap else sum(bucket_s)
