@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 import gearshift.sim.collectives as coll
 from gearshift.cluster.topology import Topology, matrix_shapes
-from gearshift.comm import CommGroups, GradientSync, all_reduce, sender
+from gearshift.comm import CommGroups, GradientSync, all_reduce
 from gearshift.comm.allreduce import resolve
 from gearshift.comm.steps import chunk_bounds
 from gearshift.errors import ConfigError
@@ -33,6 +33,8 @@ def _check_topology(rank: int, topo: Topology, dtypes: bool, send_thread: bool, 
     every node matrix a user may pin, with the hierarchical forms on `transport` (composed collectives or
     point-to-point programs); failures seen by this rank."""
     groups = CommGroups.build(topo, send_thread=send_thread, transport=transport)
+    if groups.sender is not None:
+        groups.sender.min_bytes = 0  # even worlds send every message from the sender thread, odd ones inline
     assert (groups.matrix_groups is not None) == (transport == "collectives")
     bad = []
     cases = [(n, torch.float32) for n in SIZES] + [(1001, dt) for dt in DTYPES[1:] if dtypes]
@@ -114,7 +116,6 @@ def _train(rank: int, algo: str, groups: CommGroups | None, matrix: tuple[int, i
 def _worker(rank: int, world: int, layouts: list, train: bool) -> list[str]:
     coll.segment_bytes = lambda c: 2048  # exercise the segmented (streamed) path with small tensors
     coll.FIRST_SEGMENT_BYTES = 512
-    sender.MIN_BYTES = 0  # even worlds send every message from the sender thread, odd ones inline
     bad = []
     for i, lay in enumerate(layouts):
         topo = lay if isinstance(lay, Topology) else Topology.from_ranks_per_node(lay)
@@ -157,7 +158,7 @@ def test_matches_dist_all_reduce(world: int) -> None:
 
 
 def test_world_of_one_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    for mod, name in ((coll, "segment_bytes"), (coll, "FIRST_SEGMENT_BYTES"), (sender, "MIN_BYTES")):
+    for mod, name in ((coll, "segment_bytes"), (coll, "FIRST_SEGMENT_BYTES")):
         monkeypatch.setattr(mod, name, getattr(mod, name))  # _worker changes them: restore afterwards
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:

@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from gearshift.cluster.topology import Topology
 from gearshift.comm.composed import MatrixGroups
+from gearshift.comm.sender import Sender
 from gearshift.comm.shm import ShmTransport
 
 TRANSPORTS = ("collectives", "p2p")
@@ -36,6 +37,7 @@ class CommGroups:
     send_thread: bool = False  # large sends from a second thread (comm.sender): this machine has a core to spare
     transport: str = "collectives"  # the hierarchical forms: composed collectives (comm.composed) or p2p programs
     matrix_groups: MatrixGroups | None = field(default=None, repr=False)  # collectives: rows and columns of matrices
+    sender: Sender | None = field(default=None, repr=False)  # p2p with send_thread: this rank's sender thread
 
     @property
     def leader(self) -> int:
@@ -65,6 +67,7 @@ class CommGroups:
             raise ValueError(f"topology has {topology.world_size} ranks but the job has {dist.get_world_size()}")
         made = cls._create(topology, list(range(topology.world_size)), rank, shm, whole=True, transport=transport)
         made.send_thread = spare_cores() if send_thread is None else send_thread
+        made.sender = Sender() if made.send_thread and transport == "p2p" else None
         return made
 
     @classmethod
@@ -84,6 +87,7 @@ class CommGroups:
                 mine = made
         # spare_cores() is a collective: every rank passes the same send_thread, so all ask or none does
         mine.send_thread = spare_cores() if send_thread is None else send_thread
+        mine.sender = Sender() if mine.send_thread and transport == "p2p" else None
         return mine
 
     @classmethod
