@@ -1,6 +1,7 @@
-"""All-reduce bus bandwidth: gloo against our ring and both hierarchical forms, on loopback (4 and 8 ranks) and the
-namespace testbed (4 nodes x 2 ranks, 200 Mbit/s per host), beside the cost model calibrated in the same run; plus
-model predictions for 16..4096 GPUs. Writes bench/results/allreduce.json and .png."""
+"""All-reduce bus bandwidth: gloo against our ring and both hierarchical forms (point-to-point step programs, and
+composed from collectives on subgroups: composed_*), on loopback (4 and 8 ranks) and the namespace testbed (4 nodes x
+2 ranks, 200 Mbit/s per host), beside the cost model calibrated in the same run; plus model predictions for 16..4096
+GPUs. Writes bench/results/allreduce.json and .png."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ from gearshift.report.trace import chrome_trace, write_trace
 from gearshift.sim.collectives import ALGORITHMS, LinkCosts, busbw, choose, node_matrix, predict
 from gearshift.train.launch import free_port
 
-ALGOS = ["gloo", "ring", "hierarchical", "hierarchical_rs"]
+ALGOS = ["gloo", "ring", "hierarchical", "hierarchical_rs", "composed_hierarchical", "composed_hierarchical_rs"]
+P2P, COMPOSED = ("hierarchical", "hierarchical_rs"), ("composed_hierarchical", "composed_hierarchical_rs")
 SETTINGS = {"loopback4": [2, 2], "loopback8": [2, 2, 2, 2], "testbed4x2": [2, 2, 2, 2]}
 KIB, MIB = 1 << 10, 1 << 20
 FULL_SIZES = [4 * KIB * 4**k for k in range(8)]  # 4 KiB .. 64 MiB
@@ -42,9 +44,11 @@ def worker(job: dict) -> None:
     """Time every algorithm at every size; rank 0 writes the timings and the calibration."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    groups = CommGroups.build(Topology.from_ranks_per_node(job["counts"]))
+    topo = Topology.from_ranks_per_node(job["counts"])
+    groups, composed = CommGroups.build(topo, transport="p2p"), CommGroups.build(topo, transport="collectives")
     costs = measure_link_costs(groups)  # the package's own calibration, as training's `auto` uses
-    rows = time_sizes(groups, job["sizes"], costs, job["setting"].startswith("testbed"), again=AGAIN)
+    rows = time_sizes(groups, job["sizes"], costs, job["setting"].startswith("testbed"), again=AGAIN,
+                      composed=composed)
     timeline = _timeline(job["trace"], groups, costs, rows) if job["trace"] else None
     again = measure_link_costs(groups)  # an A/A of the calibration: the model's input, measured again at the end
     if dist.get_rank() == 0:
@@ -54,14 +58,16 @@ def worker(job: dict) -> None:
     dist.destroy_process_group()
 
 
-def time_sizes(groups, sizes: list[int], costs, shaped: bool, again: tuple[str, ...] = ()) -> list[dict]:
+def time_sizes(groups, sizes: list[int], costs, shaped: bool, again: tuple[str, ...] = (),
+               composed=None) -> list[dict]:
     """Every algorithm at every size (comm.measure rows). Loopback: 2 warm-ups (two staging regions fault in), 3+
     calls a sample, 5 samples (2 cores vary calls 2x); testbed: 7 samples to 1 MiB, 5 to 16 MiB, 3 above."""
     rows = []
     for lo, hi, reps in ((0, MIB, 7 if shaped else 5), (MIB, 16 * MIB, 5), (16 * MIB, math.inf, 3 if shaped else 5)):
         part = [s for s in sizes if lo < s <= hi]
         rows += time_algorithms(groups, part, costs, tuple(ALGOS), reps=reps, warmups=1 if shaped else 2,
-                                min_iters=1 if shaped else 3, budget_s=0.5 if shaped else 0.25, again=again)
+                                min_iters=1 if shaped else 3, budget_s=0.5 if shaped else 0.25, again=again,
+                                composed=composed)
     return rows
 
 
@@ -113,6 +119,24 @@ def run_setting(setting: str, sizes: list[int], tb=None, trace: int | None = Non
         return json.loads(Path(out).read_text())
     finally:
         os.unlink(out)
+
+
+def _model_name(algorithm: str) -> str:
+    """The cost model's name for a timed algorithm (a composed form is priced as its hierarchical form)."""
+    return algorithm.removeprefix("composed_")
+
+
+def transport_decision(rows: list[dict]) -> list[dict]:
+    """Per setting and size: the faster composed form, the faster p2p form (shared memory and doorbells inside a
+    node), gloo; the p2p transport keeps its place only where composed_over_p2p > 1.05 at <= 64 KiB or >= 4 MiB."""
+    out = []
+    for setting in sorted({r["setting"] for r in rows}, key=list(SETTINGS).index):
+        for size in sorted({r["size_bytes"] for r in rows if r["setting"] == setting}):
+            got = {r["algorithm"]: r["time_s"] for r in rows if r["setting"] == setting and r["size_bytes"] == size}
+            c, p = min(got[a] for a in COMPOSED if a in got), min(got[a] for a in P2P if a in got)
+            out.append({"setting": setting, "size_bytes": size, "composed_s": c, "p2p_s": p,
+                        "composed_vs_gloo": got["gloo"] / c, "composed_over_p2p": c / p})
+    return out
 
 
 def scale_predictions() -> list[dict]:
@@ -178,7 +202,7 @@ def _plot(rows: list[dict], preds: list[dict], path: Path) -> None:
 
     settings = sorted({r["setting"] for r in rows}, key=list(SETTINGS).index)
     fig, axes = plt.subplots(1, len(settings) + 1, figsize=(5 * (len(settings) + 1), 4.2))
-    colors = dict(zip(ALGOS, ["black", "tab:blue", "tab:red", "tab:green"]))
+    colors = dict(zip(ALGOS, ["black", "tab:blue", "tab:red", "tab:green", "tab:orange", "tab:purple"]))
     for ax, s in zip(axes, settings):
         for algo in ALGOS:
             pts = sorted((r["size_bytes"], r["busbw_gbps"], r["predicted_busbw_gbps"]) for r in rows
@@ -237,13 +261,14 @@ def main() -> int:
                   f"{tl['leader_rate_vs_gloo'] or float('nan'):.3f}x the rate of a rank in gloo's ring")
         counts, world = SETTINGS[setting], sum(SETTINGS[setting])
         for r in data["rows"]:
-            pred = predict(r["algorithm"], r["size_bytes"], counts, costs)
+            model = _model_name(r["algorithm"])
+            pred = predict(model, r["size_bytes"], counts, costs)
             rows.append({"setting": setting, "algorithm": r["algorithm"], "size_bytes": r["size_bytes"],
                          "time_s": r["time_s"], "busbw_gbps": busbw(r["size_bytes"], r["time_s"], world) * 8 / 1e9,
                          "predicted_time_s": pred,
-                         "predicted_again_time_s": predict(r["algorithm"], r["size_bytes"], counts, costs_again),
-                         **({"node_matrix": list(node_matrix(r["algorithm"], r["size_bytes"], counts, costs))}
-                            if r["algorithm"].startswith("hierarchical") else {}),
+                         "predicted_again_time_s": predict(model, r["size_bytes"], counts, costs_again),
+                         **({"node_matrix": list(node_matrix(model, r["size_bytes"], counts, costs))}
+                            if model.startswith("hierarchical") else {}),
                          "predicted_busbw_gbps": busbw(r["size_bytes"], pred, world) * 8 / 1e9,
                          "samples_s": r["samples"], "iters": r["iters"],
                          **({"again_time_s": r["again_s"], "again_samples_s": r["again_samples"]}
@@ -262,13 +287,18 @@ def main() -> int:
                     f"{r['again_time_s'] / r['time_s'] - 1:+.0%}" if "again_time_s" in r else "",
                     f"{r['predicted_again_time_s'] / p - 1:+.0%}") for r, p in zip(rows, pred)])
     print("\n".join(accuracy(rows)))
+    decision = transport_decision(rows)
+    harness.table("transport: the composed forms against gloo and the p2p forms (best of each family per size)",
+                  ("setting", "size", "composed ms", "p2p ms", "composed x gloo", "composed / p2p"),
+                  [(d["setting"], fmt_size(d["size_bytes"]), f"{d['composed_s'] * 1e3:.3f}", f"{d['p2p_s'] * 1e3:.3f}",
+                    f"{d['composed_vs_gloo']:.2f}", f"{d['composed_over_p2p']:.3f}") for d in decision])
     auto = auto_regret(rows, calib)
     harness.table("auto: the model's pick against the fastest measured (time ratio; 1.00 = it picked the best)",
                   ("setting", "size", "auto picks", "fastest", "ratio"),
                   [(a["setting"], fmt_size(a["size_bytes"]), a["pick"], a["fastest"], f"{a['ratio']:.2f}")
                    for a in auto])
     out = {"rows": rows, "predictions": preds, "calibration": calib, "calibration_again": calib_again,
-           "timelines": timelines, "auto": auto, "testbed_links": links,
+           "timelines": timelines, "auto": auto, "testbed_links": links, "transport": decision,
            "notes": "costs: comm.calibrate.measure_link_costs once per setting in this run, every rank running "
                     "(per-step costs include process wake-up; cpu_bound: links are copies on the cores); no fitting; "
                     "times: medians of interleaved repetitions, max over ranks; again_time_s: timed twice per "

@@ -37,9 +37,13 @@ def forward_only(schedule: Schedule) -> Schedule:
     return Schedule("forward", g.num_stages, g.num_microbatches, g.placement, acts, stages_per_pipe=g.stages_per_pipe)
 
 
-def mean_loss(losses: list[float], device: torch.device | str = "cpu") -> float:
-    """Mean of every rank's micro-batch losses (collective; reduced on `device`, as NCCL needs)."""
-    t = torch.tensor([sum(losses), float(len(losses))], dtype=torch.float64, device=device)
+def mean_loss(losses: list[Tensor | float], device: torch.device | str = "cpu") -> float:
+    """Mean of every rank's micro-batch losses (collective; reduced on `device`, as NCCL needs): the losses stay
+    on the device until this one read per step."""
+    t = torch.zeros(2, dtype=torch.float64, device=device)
+    for x in losses:
+        t[0] += x.double() if torch.is_tensor(x) else float(x)
+    t[1] = float(len(losses))
     dist.all_reduce(t)
     return float(t[0] / t[1]) if t[1] > 0 else float("nan")
 
@@ -213,7 +217,13 @@ class PipelineRuntime:
 
         if self.experts is not None:
             self.experts.clock.take()  # all-to-alls since the last step (evaluation) are no step's compute
-        rec = self.executor.run(xs, ys, on_sync=on_sync, on_step=on_step)
+        arm = getattr(self._grad_sync, "arm", None)  # gradient sync overlapped with each stage's last backward
+
+        def on_last_backward(stage: int) -> None:
+            arm(list(self.stages[stage].parameters()))
+
+        rec = self.executor.run(xs, ys, on_sync=on_sync, on_step=on_step,
+                                on_last_backward=on_last_backward if arm is not None else None)
         moe = self.experts.loads(self.layers) if self.experts is not None else None
         return StepResult(mean_loss(rec.losses, self.device), norm[0], rec, moe)
 

@@ -93,9 +93,9 @@ def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None, a
                   links: bool | None = None) -> PipelineRuntime | MultiDirRuntime:
     """This rank's pipeline runtime for the job (the partition and schedule from the config unless given) on the
     job's device; only this rank's layers are built. A MoE model's experts as `experts` places them, else
-    contiguously. links: a group per link direction (PipelineRuntime; None: on NCCL). For parallel.schedule =
-    multidir, `bounds` is one range per slice (the same cut in every direction), and the direction orders
-    balance the slices' activation bytes from the job's profile (multidir_profile)."""
+    contiguously. links: a group per channel (link direction, kind of message; None: on NCCL). For
+    parallel.schedule = multidir, `bounds` is one range per slice (the same cut in every direction), and the
+    direction orders balance the slices' activation bytes from the job's profile (multidir_profile)."""
     t = cfg.train
     spec = spec or job_model(cfg)
     build, act_meta = layer_factory(cfg, spec, data)
@@ -107,7 +107,8 @@ def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None, a
             profile = multidir_profile(cfg, adapter)
             bounds = bounds or multidir_slices(cfg, spec, profile)
             schedule = schedule or job_schedule(cfg, slice_act_bytes(profile, bounds))
-        rt = MultiDirRuntime(build, spec.loss_fn, bounds, schedule, act_meta, optim, **hooks)
+        rt = MultiDirRuntime(build, spec.loss_fn, bounds, schedule, act_meta, optim, **hooks, device=job_device(cfg),
+                             links=links)
     else:
         device = job_device(cfg)
         rt = PipelineRuntime(build, spec.loss_fn, bounds or resolve_partition(cfg, spec), schedule or job_schedule(cfg),

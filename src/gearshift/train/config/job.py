@@ -89,6 +89,9 @@ def validate(cfg: JobConfig) -> JobConfig:
         p.microbatches = per_part // p.microbatch_size
     if p.schedule == "multidir":
         _check_multidir(cfg)
+    check(p.sync.allreduce_transport != "p2p" or (c.device != "cuda" and c.backend != "nccl"),
+          f"parallel.allreduce_transport: p2p carries CPU tensors over gloo only, got device {c.device!r} with backend "
+          f"{c.backend!r} (allowed with CUDA or NCCL: collectives)")
     check(t.batch_size % cfg.batch_parts == 0 and per_part % p.microbatches == 0,
           f"train.batch_size: must split evenly over {cfg.batch_parts} "
           f"{'direction(s)' if p.schedule == 'multidir' else 'replica(s)'} x parallel.microbatches "
@@ -149,9 +152,6 @@ def _check_multidir(cfg: JobConfig) -> None:
                                      "(allowed: uniform = equal compute time, params, [[start, end], ...])")
     check(p.experts == 1 and p.strategy == "fixed", "parallel.experts: expert parallelism does not apply to "
                                                     "parallel.schedule = multidir (allowed: 1, strategy fixed)")
-    check(cfg.cluster.device != "cuda" and cfg.cluster.backend != "nccl",
-          f"cluster.device: multidir runs on the CPU over gloo, got device {cfg.cluster.device!r} with backend "
-          f"{cfg.cluster.backend!r} (allowed with multidir: device auto or cpu, backend auto or gloo)")
 
 
 def _check_experts(cfg: JobConfig) -> None:
