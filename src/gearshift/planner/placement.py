@@ -24,28 +24,98 @@ from gearshift.schedules.multidir import min_cost_assignment
 
 
 def split(tokens: float, copies: int) -> list[float]:
-    """An expert's tokens over its copies: integer counts by queue position (q % copies), else an even split."""
+    """An expert's tokens over its copies, evenly: integer counts by queue position (q % copies), else equal parts
+    (the `even` split: what an EPLB-style baseline does)."""
     if float(tokens).is_integer():
         n = int(tokens)
         return [(n - j + copies - 1) // copies for j in range(copies)]
     return [tokens / copies] * copies
 
 
-def device_loads(loads: Sequence[float], placement: ExpertMap) -> np.ndarray:
-    """Tokens each device computes for one layer's per-expert `loads`."""
-    out = np.zeros(placement.devices)
+SPLITS = ("balance", "even")
+PASSES = 20  # at most this many rounds of re-pouring every replicated expert (see balanced_split)
+
+
+def _pour(n: float, levels: list[float]) -> list[float]:
+    """Water-filling: `n` tokens over devices at `levels`, raising the lowest first to one common level."""
+    k = len(levels)
+    order = sorted(range(k), key=lambda j: (levels[j], j))
+    j, filled = 1, levels[order[0]]
+    while j < k and n + filled > levels[order[j]] * j:
+        filled += levels[order[j]]
+        j += 1
+    level = (n + filled) / j
+    out = [0.0] * k
+    for c in order[:j]:
+        out[c] = level - levels[c]
+    return out
+
+
+def _whole(n: int, parts: list[float]) -> list[int]:
+    """`parts` (summing to n) in whole tokens: each rounded down, the rest one each to the largest fractions
+    (ties: the first listed)."""
+    out = [int(x) for x in parts]
+    rest = n - sum(out)
+    for j in sorted(range(len(parts)), key=lambda j: (out[j] - parts[j], j))[:rest]:
+        out[j] += 1
+    return out
+
+
+def balanced_split(loads: Sequence[float], placement: ExpertMap, passes: int = PASSES) -> list[list[float]]:
+    """Per expert, its tokens per copy (holders order) for one step's per-expert `loads`, evening the devices'
+    loads: a single-copy expert's tokens stay where it is; each replicated expert, heaviest first, is water-filled
+    over its copies' devices, then re-poured with the others in place, round after round (block coordinate descent
+    on the devices' sum of squared loads, whose minimum also minimises the busiest device) until no part moves by
+    half a token or `passes` rounds. Deterministic from the loads and the map, so every rank computes the same
+    split; integer loads give whole tokens (rounded by largest fraction)."""
+    level = [0.0] * placement.devices
+    parts: list[list[float]] = []
+    shared = []
     for e, h in enumerate(placement.holders):
-        for d, part in zip(h, split(float(loads[e]), len(h))):
+        x = float(loads[e])
+        if len(h) == 1:
+            level[h[0]] += x
+            parts.append([x])
+        else:
+            parts.append([0.0] * len(h))
+            shared.append(e)
+    shared.sort(key=lambda e: (-float(loads[e]), e))
+    for _ in range(1 + passes):
+        change = 0.0
+        for e in shared:
+            h = placement.holders[e]
+            for d, x in zip(h, parts[e]):
+                level[d] -= x
+            new = _pour(float(loads[e]), [level[d] for d in h])
+            change = max(change, max(abs(a - b) for a, b in zip(new, parts[e])))
+            parts[e] = new
+            for d, x in zip(h, new):
+                level[d] += x
+        if change < 0.5:
+            break
+    if all(float(x).is_integer() for x in loads):
+        return [_whole(int(loads[e]), p) for e, p in enumerate(parts)]
+    return parts
+
+
+def device_loads(loads: Sequence[float], placement: ExpertMap, how: str = "balance") -> np.ndarray:
+    """Tokens each device computes for one layer's per-expert `loads`, a replicated expert's split over its copies
+    `how`: balance (balanced_split: what the all-to-all does each step) or even (split)."""
+    out = np.zeros(placement.devices)
+    parts = balanced_split(loads, placement) if how == "balance" else [
+        split(float(loads[e]), len(h)) for e, h in enumerate(placement.holders)]
+    for h, ps in zip(placement.holders, parts):
+        for d, part in zip(h, ps):
             out[d] += part
     return out
 
 
-def busiest_over_mean(loads: Sequence[float], placement: ExpertMap) -> float:
+def busiest_over_mean(loads: Sequence[float], placement: ExpertMap, how: str = "balance") -> float:
     """The busiest device's tokens over the mean device's (1.0 = perfectly balanced; nan without tokens)."""
     total = float(np.sum(loads))
     if total <= 0:
         return float("nan")
-    return float(device_loads(loads, placement).max() / (total / placement.devices))
+    return float(device_loads(loads, placement, how).max() / (total / placement.devices))
 
 
 def check_fit(experts: int, devices: int, replicas: int, names: tuple[str, str] = ("devices", "replicas")) -> None:

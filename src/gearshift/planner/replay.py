@@ -25,7 +25,8 @@ from gearshift.planner.placement import (
     next_placement,
 )
 
-POLICIES = ("static", "greedy", "greedy_replicas", "oracle")
+POLICIES = ("static", "greedy", "eplb", "greedy_replicas", "oracle")
+EVEN = ("eplb",)  # policies whose replicated experts' tokens are split evenly over the copies (else balanced)
 
 
 @dataclass
@@ -87,19 +88,25 @@ def _replay_one(policy: str, loads: np.ndarray, devices: int, every: int, replic
             seen = loads[max(0, start - window):start, layer] if start else None
             if policy == "greedy" and seen is not None:
                 new = greedy(seen.sum(axis=0), devices, 0, current[layer])
+            elif policy == "eplb" and seen is not None:
+                new = greedy(loads[start - every:start, layer].sum(axis=0), devices, replicas, current[layer])
             elif policy == "greedy_replicas" and seen is not None:
                 new, _ = next_placement(seen, devices, replicas, current[layer], every, forecast)
-            elif policy == "oracle":
-                new = greedy(loads[start:start + every, layer].sum(axis=0), devices, replicas, current[layer])
             else:
                 new = current[layer]
             moved += len(moves(current[layer], new))
             current[layer] = new
         maps.append(list(current))
+        how = "even" if policy in EVEN else "balance"
         for t in range(start, min(start + every, steps)):
             for layer in range(layers):
-                dev[t, layer] = device_loads(loads[t, layer], current[layer])
-                ratios[t, layer] = busiest_over_mean(loads[t, layer], current[layer])
+                if policy == "oracle":  # placed for this point's own loads
+                    new = greedy(loads[t, layer], devices, replicas, current[layer])
+                    moved += len(moves(current[layer], new))
+                    current[layer] = new
+                dev[t, layer] = device_loads(loads[t, layer], current[layer], how)
+                ratios[t, layer] = dev[t, layer].max() / (loads[t, layer].sum() / devices) \
+                    if loads[t, layer].sum() > 0 else np.nan
     return PolicyReplay(policy, ratios, dev, moved * expert_bytes, moved, maps)
 
 
