@@ -36,78 +36,89 @@ SPLITS = ("balance", "even")
 PASSES = 20  # at most this many rounds of re-pouring every replicated expert (see balanced_split)
 
 
-def _pour(n: float, levels: list[float]) -> list[float]:
-    """Water-filling: `n` tokens over devices at `levels`, raising the lowest first to one common level."""
-    k = len(levels)
-    order = sorted(range(k), key=lambda j: (levels[j], j))
-    j, filled = 1, levels[order[0]]
-    while j < k and n + filled > levels[order[j]] * j:
-        filled += levels[order[j]]
-        j += 1
-    level = (n + filled) / j
-    out = [0.0] * k
-    for c in order[:j]:
-        out[c] = level - levels[c]
-    return out
+def _pour(n: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """Water-filling, per row: n[t] tokens over devices at levels[t, :], raising the lowest first to one common
+    level (the lowest of (n + the j lowest levels) / j over j)."""
+    k = levels.shape[1]
+    low = np.sort(levels, axis=1)
+    level = ((n[:, None] + np.cumsum(low, axis=1)) / np.arange(1, k + 1)).min(axis=1)
+    return np.maximum(level[:, None] - levels, 0.0)
 
 
-def _whole(n: int, parts: list[float]) -> list[int]:
-    """`parts` (summing to n) in whole tokens: each rounded down, the rest one each to the largest fractions
-    (ties: the first listed)."""
-    out = [int(x) for x in parts]
-    rest = n - sum(out)
-    for j in sorted(range(len(parts)), key=lambda j: (out[j] - parts[j], j))[:rest]:
-        out[j] += 1
-    return out
+def _whole(n: np.ndarray, parts: np.ndarray) -> np.ndarray:
+    """`parts` (each row summing to n) in whole tokens: each rounded down, the rest one each to the largest
+    fractions (ties: the first copy)."""
+    down = np.floor(parts + 1e-9)
+    rest = n - down.sum(axis=1)
+    rank = np.argsort(np.argsort(down - parts, axis=1, kind="stable"), axis=1, kind="stable")
+    return (down + (rank < rest[:, None])).astype(np.int64)
 
 
-def balanced_split(loads: Sequence[float], placement: ExpertMap, passes: int = PASSES) -> list[list[float]]:
-    """Per expert, its tokens per copy (holders order) for one step's per-expert `loads`, evening the devices'
-    loads: a single-copy expert's tokens stay where it is; each replicated expert, heaviest first, is water-filled
-    over its copies' devices, then re-poured with the others in place, round after round (block coordinate descent
-    on the devices' sum of squared loads, whose minimum also minimises the busiest device) until no part moves by
-    half a token or `passes` rounds. Deterministic from the loads and the map, so every rank computes the same
-    split; integer loads give whole tokens (rounded by largest fraction)."""
-    level = [0.0] * placement.devices
-    parts: list[list[float]] = []
+def split_steps(loads: np.ndarray, placement: ExpertMap, how: str = "balance",
+                passes: int = PASSES) -> list[np.ndarray]:
+    """Per expert, its tokens per copy (holders order) at each step of loads[step, expert]: parts[e][step, j].
+    `even`: by queue position (split). `balance` (what the all-to-all does each call): a single-copy expert's
+    tokens stay where it is; each replicated expert, heaviest first, is water-filled over its copies' devices,
+    then re-poured with the others in place, round after round (block coordinate descent on the devices' sum of
+    squared loads, whose minimum also minimises the busiest device) until no part moves by half a token or
+    `passes` rounds. Deterministic from the loads and the map, so every rank computes the same split; integer loads
+    give whole tokens (rounded by largest fraction)."""
+    x = np.asarray(loads, dtype=np.float64)
+    T = len(x)
+    whole = bool(np.all(x == np.round(x)))
+    if how == "even":
+        out = []
+        for e, h in enumerate(placement.holders):
+            c = len(h)
+            out.append(np.stack([(x[:, e] - j + c - 1) // c for j in range(c)], axis=1) if whole else
+                       np.repeat(x[:, e:e + 1] / c, c, axis=1))
+        return [p.astype(np.int64) for p in out] if whole else out
+    level = np.zeros((T, placement.devices))
+    parts: list[np.ndarray] = []
     shared = []
     for e, h in enumerate(placement.holders):
-        x = float(loads[e])
         if len(h) == 1:
-            level[h[0]] += x
-            parts.append([x])
+            level[:, h[0]] += x[:, e]
+            parts.append(x[:, e:e + 1].copy())
         else:
-            parts.append([0.0] * len(h))
+            parts.append(np.zeros((T, len(h))))
             shared.append(e)
-    shared.sort(key=lambda e: (-float(loads[e]), e))
+    shared.sort(key=lambda e: (-float(x[:, e].sum()), e))
     for _ in range(1 + passes):
         change = 0.0
         for e in shared:
-            h = placement.holders[e]
-            for d, x in zip(h, parts[e]):
-                level[d] -= x
-            new = _pour(float(loads[e]), [level[d] for d in h])
-            change = max(change, max(abs(a - b) for a, b in zip(new, parts[e])))
+            h = list(placement.holders[e])
+            level[:, h] -= parts[e]
+            new = _pour(x[:, e], level[:, h])
+            change = max(change, float(np.abs(new - parts[e]).max()))
             parts[e] = new
-            for d, x in zip(h, new):
-                level[d] += x
+            level[:, h] += new
         if change < 0.5:
             break
-    if all(float(x).is_integer() for x in loads):
-        return [_whole(int(loads[e]), p) for e, p in enumerate(parts)]
+    if whole:
+        return [_whole(x[:, e], p) for e, p in enumerate(parts)]
     return parts
+
+
+def balanced_split(loads: Sequence[float], placement: ExpertMap, passes: int = PASSES) -> list[list[float]]:
+    """Per expert, its tokens per copy (holders order) for one step's per-expert `loads` (split_steps' balance:
+    whole tokens for integer loads)."""
+    return [p[0].tolist() for p in split_steps(np.asarray([loads], dtype=np.float64), placement, "balance", passes)]
+
+
+def step_loads(loads: np.ndarray, placement: ExpertMap, how: str = "balance") -> np.ndarray:
+    """Tokens each device computes at each step of loads[step, expert]: [step, device]."""
+    x = np.asarray(loads)
+    out = np.zeros((len(x), placement.devices))
+    for h, p in zip(placement.holders, split_steps(x, placement, how)):
+        out[:, list(h)] += p
+    return out
 
 
 def device_loads(loads: Sequence[float], placement: ExpertMap, how: str = "balance") -> np.ndarray:
     """Tokens each device computes for one layer's per-expert `loads`, a replicated expert's split over its copies
-    `how`: balance (balanced_split: what the all-to-all does each step) or even (split)."""
-    out = np.zeros(placement.devices)
-    parts = balanced_split(loads, placement) if how == "balance" else [
-        split(float(loads[e]), len(h)) for e, h in enumerate(placement.holders)]
-    for h, ps in zip(placement.holders, parts):
-        for d, part in zip(h, ps):
-            out[d] += part
-    return out
+    `how`: balance (what the all-to-all does each step) or even (split)."""
+    return step_loads(np.asarray([loads], dtype=np.float64), placement, how)[0]
 
 
 def busiest_over_mean(loads: Sequence[float], placement: ExpertMap, how: str = "balance") -> float:

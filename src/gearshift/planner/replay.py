@@ -23,6 +23,7 @@ from gearshift.planner.placement import (
     greedy,
     moves,
     next_placement,
+    step_loads,
 )
 
 POLICIES = ("static", "greedy", "eplb", "greedy_replicas", "oracle")
@@ -80,7 +81,6 @@ def _replay_one(policy: str, loads: np.ndarray, devices: int, every: int, replic
                 window: int, forecast: str) -> PolicyReplay:
     steps, layers, E = loads.shape
     current = [ExpertMap.contiguous(E, devices) for _ in range(layers)]
-    ratios = np.full((steps, layers), np.nan)
     dev = np.zeros((steps, layers, devices))
     moved, maps = 0, []
     for start in range(0, steps, every):
@@ -98,15 +98,19 @@ def _replay_one(policy: str, loads: np.ndarray, devices: int, every: int, replic
             current[layer] = new
         maps.append(list(current))
         how = "even" if policy in EVEN else "balance"
-        for t in range(start, min(start + every, steps)):
-            for layer in range(layers):
-                if policy == "oracle":  # placed for this point's own loads
+        end = min(start + every, steps)
+        for layer in range(layers):
+            if policy == "oracle":  # placed for each point's own loads
+                for t in range(start, end):
                     new = greedy(loads[t, layer], devices, replicas, current[layer])
                     moved += len(moves(current[layer], new))
                     current[layer] = new
-                dev[t, layer] = device_loads(loads[t, layer], current[layer], how)
-                ratios[t, layer] = dev[t, layer].max() / (loads[t, layer].sum() / devices) \
-                    if loads[t, layer].sum() > 0 else np.nan
+                    dev[t, layer] = device_loads(loads[t, layer], new, how)
+            else:
+                dev[start:end, layer] = step_loads(loads[start:end, layer], current[layer], how)
+    total = loads.sum(axis=2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = np.where(total > 0, dev.max(axis=2) / (total / devices), np.nan)
     return PolicyReplay(policy, ratios, dev, moved * expert_bytes, moved, maps)
 
 
