@@ -162,3 +162,19 @@ def test_the_decision_places_for_the_forecast_loads():
     mean = decide_placement(5, {0: history}, current, 0, k=5, step_s=1.0, row_cost_s=0.001, expert_bytes=1,
                             bandwidth=1e9, fixed_s=0.0, forecast="mean")
     assert mean.t1 == 1.0 and mean.busiest_over_mean[0] == pytest.approx(480 / (780 / 4))
+
+
+def test_the_switch_rule_counts_each_steps_busiest_device_under_its_split():
+    from gearshift.planner.placement import decide_placement, step_busiest
+
+    # experts 0 and 1 flare in turn: on average every device has 60 tokens, at each step one has 90 unless the quiet
+    # experts' tokens can move off it
+    history = np.array([[60.0, 0, 30, 30], [0, 60, 30, 30]] * 3)
+    fixed = ExpertMap(((0,), (1,), (0,), (1,)), 2)
+    shared = ExpertMap(((0,), (1,), (0, 1), (0, 1)), 2)
+    assert device_loads(history.mean(axis=0), fixed).max() == 60
+    assert step_busiest(history, fixed) == 90 and step_busiest(history, shared) == 60
+    d = decide_placement(6, {0: history}, {0: fixed}, 1, k=6, step_s=1.0, row_cost_s=0.01, expert_bytes=1,
+                         bandwidth=1e9, fixed_s=0.0, forecast="mean")
+    assert d.busiest_over_mean[0] == pytest.approx(90 / 60) and d.t1 == 1.0
+    assert d.t2 == pytest.approx(1.0 - 0.01 * (90 - step_busiest(history, d.placements[0])))

@@ -180,6 +180,15 @@ def greedy(loads: Sequence[float], devices: int, replicas: int = 0, current: Exp
     return align(new, current)
 
 
+def step_busiest(history: np.ndarray, placement: ExpertMap, shift: np.ndarray | None = None) -> float:
+    """The busiest device's tokens under each step's balanced split, averaged over the steps of history[step,
+    expert], each step's loads moved by `shift` (never below zero; None: as they were)."""
+    x = np.asarray(history, dtype=np.float64)
+    if shift is not None:
+        x = np.maximum(x + shift, 0.0)
+    return float(step_loads(x, placement).max(axis=1).mean())
+
+
 def next_placement(history: np.ndarray, devices: int, replicas: int, current: ExpertMap, ahead: int,
                    forecast: str = "trend") -> tuple[ExpertMap, np.ndarray]:
     """The placement for the next `ahead` steps from one layer's history[step, expert] of loads (what training's
@@ -279,25 +288,27 @@ def decide_placement(step: int, history: dict[int, np.ndarray], current: dict[in
                      groups: int = 1, always: bool = False, forecast: str = "trend") -> PlacementDecision:
     """Place each MoE layer for the next k steps from `history[layer]` (tokens per expert per step, one
     expert-parallel group's, oldest step first; next_placement), and apply the switch rule: a step's expert time is
-    row_cost_s per row of each layer's busiest device, so t1 = the measured step_s corrected by the rows the
-    forecast adds to the current placement's busiest devices, t2 = t1 less row_cost_s times the rows the new
-    placement takes off them; tc = the most bytes one device receives over `bandwidth`, plus the measured fixed cost
+    row_cost_s per row of each layer's busiest device under that step's split (step_busiest: the window's steps,
+    each moved by what the forecast adds), so t1 = the measured step_s corrected by the rows the forecast adds to
+    the current placement's busiest devices, t2 = t1 less row_cost_s times the rows the new placement takes off
+    them; tc = the most bytes one device receives over `bandwidth`, plus the measured fixed cost
     of a switch. `groups` expert-parallel groups move the same copies at once."""
-    new, seen, pred = {}, {}, {}
+    new, shift = {}, {}
     for i in sorted(current):
-        new[i], pred[i] = next_placement(history[i], current[i].devices, replicas, current[i], k, forecast)
-        seen[i] = np.asarray(history[i], dtype=np.float64).mean(axis=0)
+        new[i], pred = next_placement(history[i], current[i].devices, replicas, current[i], k, forecast)
+        shift[i] = pred - np.asarray(history[i], dtype=np.float64).mean(axis=0)
 
-    def busiest(loads: dict[int, np.ndarray], placement: dict[int, ExpertMap]) -> float:
-        return sum(float(device_loads(loads[i], placement[i]).max()) for i in current)
+    def busiest(placement: dict[int, ExpertMap], ahead: bool = True) -> float:
+        return sum(step_busiest(history[i], placement[i], shift[i] if ahead else None) for i in current)
 
-    before, after = busiest(pred, current), busiest(pred, new)
-    total = sum(float(np.sum(pred[i])) / current[i].devices for i in current)
+    before, after = busiest(current), busiest(new)
+    total = sum(float(np.sum(np.asarray(history[i], dtype=np.float64).mean(axis=0) + shift[i])) / current[i].devices
+                for i in current)
     moved = [(i, e, d) for i in sorted(new) for e, d in moves(current[i], new[i])]
     per_device: dict[int, int] = {}
     for _, _, d in moved:
         per_device[d] = per_device.get(d, 0) + 1
-    t1 = step_s + row_cost_s * (before - busiest(seen, current))
+    t1 = step_s + row_cost_s * (before - busiest(current, ahead=False))
     t2 = t1 - row_cost_s * (before - after)
     tc = (max(per_device.values(), default=0) * expert_bytes / bandwidth + fixed_s) if moved else 0.0
     rule = should_switch(t1, t2, k, tc)
