@@ -16,11 +16,23 @@ def test_synth_then_replay(gearshift, tmp_path):
                   f"--plot={png}")
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)["policies"]
-    assert [p["policy"] for p in rows] == ["static", "greedy", "greedy_replicas", "oracle"]
+    assert [p["policy"] for p in rows] == ["static", "greedy", "eplb", "greedy_replicas", "oracle"]
     assert all(isinstance(p["busiest_over_mean"], float) and isinstance(p["moved_bytes"], int) for p in rows)
     assert rows[0]["moved_bytes"] == 0 and png.stat().st_size > 0
     r = gearshift("moe", "replay", str(trace), "--devices=4")
     assert r.returncode == 0 and "greedy_replicas" in r.stdout and "busiest/mean" in r.stdout
+
+
+def test_synth_writes_each_family(gearshift, tmp_path):
+    from gearshift.planner.synthetic import trace
+
+    out = tmp_path / "bursty.npz"
+    r = gearshift("moe", "synth", str(out), "--kind=bursty", "--steps=30", "--layers=2", "--experts=8",
+                  "--tokens=500", "--seed=3")
+    assert r.returncode == 0, r.stderr
+    assert (np.load(out)["loads"] == trace("bursty", 30, 2, 8, 500, seed=3)).all()
+    r = gearshift("moe", "synth", str(out), "--kind=spiky")
+    assert r.returncode == 2 and "--kind" in r.stderr
 
 
 def test_bad_replay_input_is_one_line(gearshift, tmp_path):

@@ -59,7 +59,7 @@ def stationary_zipf(steps: int, layers: int, experts: int, tokens: int, s: float
     return out
 
 
-def bursty_zipf(steps: int, layers: int, experts: int, tokens: int, s: float = 1.0, prone: float = 0.25,
+def bursty_zipf(steps: int, layers: int, experts: int, tokens: int, s: float = 1.2, prone: float = 0.25,
                 rate: float = 0.04, length: tuple[int, int] = (2, 8), boost: tuple[float, float] = (0.04, 0.12),
                 noise: float = 0.1, seed: int = 0) -> np.ndarray:
     """int64 loads[step, layer, expert]: a fixed Zipf(s) skew, with short flares of single experts: a `prone`
@@ -100,5 +100,5 @@ def trace(kind: str, steps: int, layers: int, experts: int, tokens: int, s: floa
     if kind == "stationary":
         return stationary_zipf(steps, layers, experts, tokens, s, seed=seed)
     if kind == "bursty":
-        return bursty_zipf(steps, layers, experts, tokens, seed=seed)
+        return bursty_zipf(steps, layers, experts, tokens, s, seed=seed)
     raise ValueError(f"kind: {kind!r} (allowed: {', '.join(KINDS)})")
