@@ -3,8 +3,9 @@
 The seed rule (SmartMoE, DeepSeek's EPLB): experts in descending load, each to the least-loaded device holding
 fewer than E / N experts. With `replicas` extra slots per device, the N * replicas extra copies go one by one to
 the expert with the highest load per copy (at most one copy per device), and the copies are placed the same way,
-each carrying load / copies. An expert's tokens are split among its copies by queue position (token index):
-position q goes to holders[q % copies], holders in ascending device order, as the all-to-all dispatcher does.
+each carrying load / copies. At each step an expert's tokens are split among its copies by that step's loads
+(split_steps' balance: water-filling over the copies' devices, what the all-to-all dispatcher does each call), or
+evenly by queue position (the `even` split of an EPLB-style baseline).
 Placements of equal predicted time differ by which device gets which set; the new placement's devices are
 relabelled to keep as many experts where they are as possible (fewest moves). A period's placement is made for the
 loads forecast from the last steps' (planner.forecast: where a drifting expert is heading), by next_placement: the
