@@ -97,7 +97,7 @@ def split_steps(loads: np.ndarray, placement: ExpertMap, how: str = "balance",
         if change < 0.5:
             break
     if whole:
-        return [_whole(x[:, e], p) for e, p in enumerate(parts)]
+        return [_whole(x[:, e], p) if p.shape[1] > 1 else p.astype(np.int64) for e, p in enumerate(parts)]
     return parts
 
 
