@@ -38,13 +38,25 @@ def _entry(rank: int, world: int, port: int, fn: Callable, args: tuple, queue) -
             dist.destroy_process_group()
 
 
+_PRELOAD = ["torch", "torch.distributed", "gearshift.runtime.pipeline", "gearshift.train.build"]
+
+
+def _context(mp):
+    """A forkserver that imported torch and the runtime once: each worker is a fork of it, not a fresh
+    interpreter importing torch again (a second or more per rank). Its children see the environment the
+    server started with, so a worker that needs a variable sets it itself."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
+
+
 def spawn(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float = 180) -> list[Any]:
     """Run fn(rank, world, *args) in `world` spawned gloo workers; return results by rank or raise."""
     import time
 
     import torch.multiprocessing as mp
 
-    ctx = mp.get_context("spawn")
+    ctx = _context(mp)
     queue = ctx.SimpleQueue()
     port = free_port()
     procs = [ctx.Process(target=_entry, args=(r, world, port, fn, args, queue), daemon=True) for r in range(world)]
