@@ -9,18 +9,25 @@ import pytest
 from gearshift.errors import DataError, PlanError
 from gearshift.planner.expert_map import ExpertMap
 from gearshift.planner.placement import busiest_over_mean
+from gearshift.planner.placement import greedy as greedy_fn
 from gearshift.planner.replay import POLICIES, replay
-from gearshift.planner.synthetic import drifting_zipf
+from gearshift.planner.synthetic import KINDS, drifting_zipf, trace
 
 
 def test_policies_on_a_drifting_zipf_trace():
     loads = drifting_zipf(60, 2, 16, 4000, drift_every=20, seed=1)
     res = {r.policy: r for r in replay(loads, 4, 10, 2, expert_bytes=100)}
     assert list(res) == list(POLICIES)
-    static, greedy, rep, oracle = (res[p] for p in POLICIES)
+    static, greedy, eplb, rep, oracle = (res[p] for p in POLICIES)
     assert static.moved_bytes == 0 and static.ratios.shape == (60, 2)
     assert static.ratios[7, 1] == pytest.approx(busiest_over_mean(loads[7, 1], ExpertMap.contiguous(16, 4)))
-    assert oracle.busiest_over_mean <= rep.busiest_over_mean < greedy.busiest_over_mean <= static.busiest_over_mean
+    assert oracle.busiest_over_mean <= rep.busiest_over_mean < eplb.busiest_over_mean < greedy.busiest_over_mean \
+        <= static.busiest_over_mean
+    # eplb: the previous period's mean loads, its copies' tokens split evenly (queue position)
+    t = 25
+    want = greedy_fn(loads[10:20, 1].sum(axis=0), 4, 2, eplb.maps[1][1])
+    assert eplb.maps[2][1] == want
+    assert eplb.ratios[t, 1] == pytest.approx(busiest_over_mean(loads[t, 1], want, "even"))
     assert rep.moved_bytes == 100 * rep.moved_experts > 0
     assert len(rep.maps) == 6 and all(len(m) == 2 for m in rep.maps)
     # the first period has no loads yet: every policy but the oracle starts contiguous
@@ -58,3 +65,11 @@ def test_a_runs_replay_counts_the_moves_its_log_reports():
     assert ran.moved_bytes == 20 and len(ran.maps) == 3
     assert ran.ratios[2, 0] == pytest.approx(busiest_over_mean(loads[2, 0], start))
     assert ran.ratios[5, 0] == pytest.approx(busiest_over_mean(loads[5, 0], mid))  # step 6's map ran no step
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_gearshifts_policy_is_never_behind_eplb_on_any_family(kind):
+    loads = trace(kind, 50, 2, 16, 4000, seed=2)
+    res = {r.policy: r for r in replay(loads, 4, 10, 2, policies=("eplb", "greedy_replicas"))}
+    after = {p: float(np.nanmean(r.ratios[10:])) for p, r in res.items()}  # from the first placement on
+    assert after["greedy_replicas"] <= after["eplb"], after

@@ -23,9 +23,11 @@ from gearshift.planner.placement import (
     greedy,
     moves,
     next_placement,
+    step_loads,
 )
 
-POLICIES = ("static", "greedy", "greedy_replicas", "oracle")
+POLICIES = ("static", "greedy", "eplb", "greedy_replicas", "oracle")
+EVEN = ("eplb",)  # policies whose replicated experts' tokens are split evenly over the copies (else balanced)
 
 
 @dataclass
@@ -79,7 +81,6 @@ def _replay_one(policy: str, loads: np.ndarray, devices: int, every: int, replic
                 window: int, forecast: str) -> PolicyReplay:
     steps, layers, E = loads.shape
     current = [ExpertMap.contiguous(E, devices) for _ in range(layers)]
-    ratios = np.full((steps, layers), np.nan)
     dev = np.zeros((steps, layers, devices))
     moved, maps = 0, []
     for start in range(0, steps, every):
@@ -87,19 +88,29 @@ def _replay_one(policy: str, loads: np.ndarray, devices: int, every: int, replic
             seen = loads[max(0, start - window):start, layer] if start else None
             if policy == "greedy" and seen is not None:
                 new = greedy(seen.sum(axis=0), devices, 0, current[layer])
+            elif policy == "eplb" and seen is not None:
+                new = greedy(loads[start - every:start, layer].sum(axis=0), devices, replicas, current[layer])
             elif policy == "greedy_replicas" and seen is not None:
                 new, _ = next_placement(seen, devices, replicas, current[layer], every, forecast)
-            elif policy == "oracle":
-                new = greedy(loads[start:start + every, layer].sum(axis=0), devices, replicas, current[layer])
             else:
                 new = current[layer]
             moved += len(moves(current[layer], new))
             current[layer] = new
         maps.append(list(current))
-        for t in range(start, min(start + every, steps)):
-            for layer in range(layers):
-                dev[t, layer] = device_loads(loads[t, layer], current[layer])
-                ratios[t, layer] = busiest_over_mean(loads[t, layer], current[layer])
+        how = "even" if policy in EVEN else "balance"
+        end = min(start + every, steps)
+        for layer in range(layers):
+            if policy == "oracle":  # placed for each point's own loads
+                for t in range(start, end):
+                    new = greedy(loads[t, layer], devices, replicas, current[layer])
+                    moved += len(moves(current[layer], new))
+                    current[layer] = new
+                    dev[t, layer] = device_loads(loads[t, layer], new, how)
+            else:
+                dev[start:end, layer] = step_loads(loads[start:end, layer], current[layer], how)
+    total = loads.sum(axis=2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = np.where(total > 0, dev.max(axis=2) / (total / devices), np.nan)
     return PolicyReplay(policy, ratios, dev, moved * expert_bytes, moved, maps)
 
 
