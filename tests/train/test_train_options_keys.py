@@ -1,0 +1,47 @@
+"""The keys of issue 42 without workers: their bad values (one line each), uneven shares as whole micro-batches,
+and the profile of a bf16 job pricing what crosses a cut in bf16."""
+
+from __future__ import annotations
+
+import pytest
+
+from gearshift.errors import ConfigError
+from gearshift.runtime.shares import measured_weights, share_rows
+from gearshift.train.config import load_config
+from gearshift.train.profiling import profile_job
+
+TINY = ["--model.layers=2", "--model.width=32", "--model.heads=2", "--model.context=16", "--data.max_bytes=100000"]
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--train.precision=fp16"], "train.precision: 'fp16' (allowed: fp32, bf16)"),
+    (["--parallel.recompute=some"], "parallel.recompute: 'some' (allowed: none, all)"),
+    (["--parallel.shares=[1, 2, 3]"], "parallel.shares: expected one weight per replica (2"),
+    (["--parallel.shares=[1, 0]"], "parallel.shares: every weight must be a number > 0"),
+    (["--parallel.shares=fast"], "parallel.shares: 'fast' (allowed: equal, measured or [w0, w1, ...])"),
+    (["--parallel.schedule=multidir", "--cluster.workers=4", "--parallel.stages=4", "--train.precision=bf16"],
+     "train.precision: 'bf16' does not apply to parallel.schedule = multidir"),
+])
+def test_bad_values_are_one_line(args: list[str], says: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["--cluster.workers=4", "--parallel.stages=2", *args])
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_shares_are_whole_microbatches_in_proportion() -> None:
+    assert share_rows([1.0, 1.0], 32, 8) == [16, 16]
+    assert share_rows([2.0, 1.0], 48, 4) == [32, 16]
+    assert share_rows([1.0, 0.5], 32, 8) == [24, 8]  # 2.67 : 1.33 micro-batches, rounded by largest remainder
+    assert share_rows([100.0, 1.0, 1.0], 24, 4) == [16, 4, 4]  # at least one micro-batch each
+    assert sum(share_rows([0.3, 0.7, 1.1], 60, 2)) == 60
+    with pytest.raises(ValueError):
+        share_rows([1.0, 1.0, 1.0], 8, 4)
+    assert measured_weights([16, 16], [1.0, 2.0]) == [16.0, 8.0]
+
+
+def test_bf16_profile_prices_cuts_at_half_the_bytes() -> None:
+    fp32 = profile_job(load_config(None, TINY), repeats=1, warmup=0)
+    bf16 = profile_job(load_config(None, [*TINY, "--train.precision=bf16"]), repeats=1, warmup=0)
+    assert bf16.dtype == "bfloat16" and fp32.dtype == "float32"
+    for a, b in zip(fp32.layers[:-1], bf16.layers[:-1]):
+        assert a.activation_bytes > 0 and 2 * b.activation_bytes == a.activation_bytes
