@@ -34,6 +34,9 @@ class ModelConfig:
                            "ModelSpec, a LayeredModel or (nn.Sequential, loss_fn)")
     gpt: MoEConfig = embed(MoEConfig)
     options: dict[str, Any] = key({}, "model.KEY = value for any other KEY: passed to a model given by import path")
+    init: str = key("", 'weights to start from: a torch.save state dict, a .safetensors file or a local Hugging Face '
+                        'model directory, in the model\'s own names (each rank reads its layers); "" = the '
+                        "model's own initialisation (a resumed run starts from its checkpoint)")
 
     def table(self) -> dict[str, Any]:
         """The [model] table without `name`: what the model function (or the GPT) is built from. A built-in's keys
@@ -62,6 +65,7 @@ class ModelConfig:
     def check(self) -> None:
         """The name, moe_gpt's keys set only for moe_gpt, and a built-in's shape (a model by import path is
         imported and checked where it is built)."""
+        check(not self.init or Path(self.init).exists(), f"model.init: {self.init} does not exist")
         if is_import_path(self.name):
             return
         check(self.name in BUILT_IN_MODELS, f"model.name: unknown model {self.name!r} (allowed: "
