@@ -19,7 +19,7 @@ SETTINGS = {"equal": "equal", "measured": "measured", "[2, 1]": "[2,1]"}  # name
 
 
 def main() -> None:
-    p = harness.parser(__doc__, "shares", layers=4, width=64, heads=4, context=64, batch=48, micro=4,
+    p = harness.parser(__doc__, "shares", layers=4, width=128, heads=4, context=128, batch=48, micro=4,
                        max_bytes=400_000)
     p.add_argument("--steps", type=int, default=30, help="steps per job")
     p.add_argument("--skip", type=int, default=5, help="steps left out of the median (start-up, measuring)")

@@ -42,7 +42,8 @@ class JobConfig:
         d = {f.name: flat(getattr(self, f.name)) for f in dataclasses.fields(self)}
         for sec in ("model", "data"):
             obj = getattr(self, sec)
-            d[sec] = {"name": obj.name, **obj.table()}
+            always = {k: getattr(obj, k) for k in getattr(type(obj), "ALWAYS_KEYS", ()) if getattr(obj, k)}
+            d[sec] = {"name": obj.name, **obj.table(), **always}
         return d
 
     @property

@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from gearshift.errors import ConfigError
 from gearshift.imports import is_import_path
@@ -28,6 +28,8 @@ def check(cond: bool, msg: str) -> None:
 @dataclass
 class ModelConfig:
     """The model: the built-in byte-level GPT (vocabulary 256), or any layered model by import path."""
+
+    ALWAYS_KEYS: ClassVar[tuple[str, ...]] = ("init",)  # keys of [model] whatever the model (not passed to it)
 
     name: str = key("gpt", 'gpt (the built-in byte-level GPT), moe_gpt (the GPT with mixture-of-experts blocks) or '
                            '"package.module:function", called with the [model] table as a dict, returning a '
