@@ -21,6 +21,8 @@ TINY = ["--model.layers=2", "--model.width=32", "--model.heads=2", "--model.cont
     (["--parallel.shares=fast"], "parallel.shares: 'fast' (allowed: equal, measured or [w0, w1, ...])"),
     (["--parallel.schedule=multidir", "--cluster.workers=4", "--parallel.stages=4", "--train.precision=bf16"],
      "train.precision: 'bf16' does not apply to parallel.schedule = multidir"),
+    (["--model.name=moe_gpt", "--parallel.recompute=all"],
+     "parallel.recompute: 'all' does not apply to model.name = \"moe_gpt\""),
 ])
 def test_bad_values_are_one_line(args: list[str], says: str) -> None:
     with pytest.raises(ConfigError) as e:

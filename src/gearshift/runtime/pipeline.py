@@ -197,6 +197,11 @@ class PipelineRuntime:
         return [(f"layers.{i}.{n}", p) for i in sorted(self.layers) for n, p in self.layers[i].named_parameters()]
 
     # ---- one step -----------------------------------------------------------------------------
+    @property
+    def microbatch_size(self) -> int:
+        """Samples in each of this replica's micro-batches in the last step (replicas' differ with uneven shares)."""
+        return self._mb_size
+
     def share_rows(self, batch: int) -> list[int]:
         """Rows of a `batch` each replica takes (its share, in whole micro-batches of the schedule)."""
         m = self.schedule.num_microbatches

@@ -111,7 +111,7 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None,
             adapter.begin_step(rt, step)
         res = rt.step(x, y, lr)
         if adapter:
-            adapter.observe(rt, res.record, per_part // rt.schedule.num_microbatches)
+            adapter.observe(rt, res.record, getattr(rt, "microbatch_size", per_part // rt.schedule.num_microbatches))
         speed = adapter.monitor.speed(rank) if adapter else None
         rec = stats(step, res.loss, res.grad_norm, lr, res.record, rt.bounds, tokens, speed)
         stopped = any_stop(stop is not None and stop.requested)  # every rank stops after the same step

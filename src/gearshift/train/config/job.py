@@ -142,6 +142,9 @@ def _check_options(cfg: JobConfig) -> None:
                                      "multidir (allowed there: none)")
         check(p.shares == "equal", f"parallel.shares: {p.shares!r} does not apply to parallel.schedule = multidir "
                                    "(allowed there: equal)")
+    check(p.recompute == "none" or cfg.model.name != "moe_gpt",
+          f"parallel.recompute: {p.recompute!r} does not apply to model.name = \"moe_gpt\" (its routing counts and "
+          "expert all-to-alls run once per forward; allowed there: none)")
     if isinstance(p.shares, list):
         check(len(p.shares) == cfg.replicas, f"parallel.shares: expected one weight per replica ({cfg.replicas} = "
                                              f"cluster.workers / parallel.stages), got {len(p.shares)}")
