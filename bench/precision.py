@@ -1,7 +1,7 @@
 """bf16 against fp32 on the default job: Gearshift's 4-stage pipeline (4 gloo workers) in each train.precision, and
 the peer row: the same model, batches, AdamW, clip and LR in one process under torch.autocast (and in fp32). Per
 row: the loss (mean of the last `--tail` steps), its ratio to the same system's fp32 loss, the bytes a step sends
-between stages (Gearshift), tokens/s.
+between stages (Gearshift, all ranks), tokens/s (median step).
 
     python bench/precision.py                        # the full run (quiet machine): bench/results/precision.json
     python bench/precision.py --steps 10 --tail 5    # a short check"""
@@ -80,8 +80,10 @@ def main() -> None:
     a = p.parse_args()
     t0 = time.perf_counter()
     runs = {pr: _args(a, pr) for pr in PRECISIONS}
-    tokens = a.batch * load_config(None, runs["fp32"]).data.seq_len
-    ours = spawn(_gearshift, WORLD, runs, a.steps, timeout_s=7200)[0]
+    tokens = a.batch * job_data(load_config(None, runs["fp32"])).tokens_per_sample
+    per_rank = spawn(_gearshift, WORLD, runs, a.steps, timeout_s=7200)
+    ours = {pr: (per_rank[0][pr][0], sum(r[pr][1] for r in per_rank), max(r[pr][2] for r in per_rank))
+            for pr in PRECISIONS}  # the job's loss, bytes every rank sends, the slowest rank's step
     rows = []
     for system in ("gearshift", "torch (one process)"):
         for pr in PRECISIONS:
