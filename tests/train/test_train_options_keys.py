@@ -47,3 +47,24 @@ def test_bf16_profile_prices_cuts_at_half_the_bytes() -> None:
     assert bf16.dtype == "bfloat16" and fp32.dtype == "float32"
     for a, b in zip(fp32.layers[:-1], bf16.layers[:-1]):
         assert a.activation_bytes > 0 and 2 * b.activation_bytes == a.activation_bytes
+
+
+def test_measured_shares_follow_the_replicas_speeds() -> None:
+    """After the second step each replica's share is its rows per second of its slowest rank's compute."""
+    from types import SimpleNamespace
+
+    from gearshift.runtime.pipeline import PipelineRuntime
+    from gearshift.train.shares import MeasuredShares
+
+    class Runtime(SimpleNamespace):
+        share_rows = PipelineRuntime.share_rows
+
+    cfg = load_config(None, ["--cluster.workers=4", "--parallel.stages=2", "--train.batch_size=48",
+                             "--parallel.microbatches=4", "--parallel.shares=measured", "--adapt.every=10"])
+    rt = Runtime(replicas=2, pipe_ranks=2, shares=[1.0, 1.0], schedule=SimpleNamespace(num_microbatches=4))
+    meter = MeasuredShares(cfg)
+    step = SimpleNamespace(busy_s=[1.0, 0.9, 2.0, 1.5])  # replica 1 (ranks 2, 3) at half the speed
+    assert meter.after_step(rt, 0, step) is None and rt.shares == [1.0, 1.0]  # the first step warms up
+    assert "[24, 24] -> [32, 16]" in meter.after_step(rt, 1, step)
+    assert rt.share_rows(48) == [32, 16]
+    assert [meter.due(s) for s in (2, 9, 10, 20)] == [False, False, True, True]
