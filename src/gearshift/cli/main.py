@@ -20,6 +20,7 @@ COMMANDS = {
     "moe": ("moe", "expert placement: replay policies on a routing trace, or write a synthetic one"),
     "testbed": ("testbed", "emulated multi-host network (Linux namespaces + tc)"),
     "report": ("report", "write RUN_DIR/report.html: loss, throughput, partition, bubbles, decisions, config"),
+    "export": ("export", "write a run's model from its latest checkpoint as one state dict in the model's own names"),
 }
 
 

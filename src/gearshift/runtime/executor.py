@@ -19,6 +19,8 @@ from torch import Tensor, nn
 
 from gearshift.cluster.device import stream_sync
 from gearshift.runtime.links import LinkGroups
+from gearshift.runtime.precision import FP32, Precision
+from gearshift.runtime.recompute import recomputed
 from gearshift.runtime.stage import ActivationMeter, SavedForward, StageState
 from gearshift.runtime.transport import ACT, GRAD, PAR, RED, Transport
 from gearshift.schedules.action import Action, Op, Schedule
@@ -180,8 +182,12 @@ class PipelineExecutor:
         measure_memory: bool = True,
         device: torch.device | str = "cpu",
         links: LinkGroups | None = None,
+        precision: Precision = FP32,
+        recompute: frozenset[int] = frozenset(),
     ):
         self.schedule = schedule
+        self.precision = precision  # autocast of a stage's compute, dtype of what crosses stages
+        self.recompute = recompute  # stages whose backward runs their forward again (runtime.recompute)
         self.device = torch.device(device)
         self.sync = stream_sync(self.device)  # None on the CPU: its ops are done when they return
         self.rank = rank  # rank inside the schedule (0..num_ranks-1)
@@ -277,9 +283,12 @@ class PipelineExecutor:
 
     # ---- handlers: one per op -----------------------------------------------------------------------
     def _output(self, mod: nn.Module, x: Tensor, target: Tensor | None) -> Tensor:
-        """The stage's output, or its loss on a last stage."""
-        out = mod(x)
-        return out if target is None else self.loss_fn(out, target)
+        """The stage's output as it leaves the stage (precision.wire), or its loss on a last stage."""
+        with self.precision.autocast(self.device):
+            out = mod(x)
+            if target is not None:
+                return self.loss_fn(out, target)
+        return self.precision.wire(out)
 
     def _forward(self, step: _Step, i: int, a: Action, slot: int) -> None:
         """F (training): the forward of a micro-batch, kept for its backward; its output to the next stage."""
@@ -289,7 +298,12 @@ class PipelineExecutor:
         else:  # a fresh leaf (a received input aliases a pooled buffer)
             x = st.inputs.pop(slot).detach().requires_grad_(True)
         mod = self.stages[a.stage]
-        out = self._output(mod, x, step.targets[st.input_base + a.mb] if st.last else None)
+        target = step.targets[st.input_base + a.mb] if st.last else None
+        if a.stage in self.recompute:  # only the input is kept (counted by the memory hook)
+            out = recomputed(self._output, mod, x, target)
+            self.act_meter.keep(x)
+        else:
+            out = self._output(mod, x, target)
         if st.last:
             step.rec.losses.append(out.detach())  # read once per step (mean_loss), not once per micro-batch
             out = out / self.loss_div

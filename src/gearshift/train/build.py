@@ -22,6 +22,7 @@ from gearshift.runtime.agree import rank0_decides
 from gearshift.runtime.experts import ExpertShards
 from gearshift.runtime.multidir import MultiDirRuntime
 from gearshift.runtime.pipeline import PipelineRuntime
+from gearshift.runtime.precision import Precision, check_precision
 from gearshift.schedules import Schedule, make_schedule
 from gearshift.train.config import JobConfig
 from gearshift.train.datasets import JobData
@@ -111,9 +112,12 @@ def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None, a
                              links=links)
     else:
         device = job_device(cfg)
+        check_precision(t.precision, device)
+        shares = cfg.parallel.shares if isinstance(cfg.parallel.shares, list) else None  # measured: equal at first
         rt = PipelineRuntime(build, spec.loss_fn, bounds or resolve_partition(cfg, spec), schedule or job_schedule(cfg),
                              act_meta, optim, **hooks, grad_sync_factory=grad_sync(cfg, device),
-                             experts=experts or expert_shards(cfg), device=device, links=links)
+                             experts=experts or expert_shards(cfg), device=device, links=links,
+                             precision=Precision(t.precision), recompute=cfg.parallel.recompute, shares=shares)
     spec.release()
     return rt
 

@@ -131,6 +131,10 @@ def launch(
     job_device_choice(cfg, local_world=cfg.cluster.ranks_per_node or cfg.cluster.workers)
     if brings_own(cfg):  # the built-ins always fit
         check_job(cfg)
+    if cfg.model.init and not resume:  # the weights file against the whole model: one line for what does not fit
+        from gearshift.train.init_weights import check_init
+
+        check_init(cfg.model.init, job_model(cfg), cfg.train.seed)
     if forcing:
         forcing.check(cfg, job_model(cfg))
     note = prepare_run_dir(cfg, resume)

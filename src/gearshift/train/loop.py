@@ -28,6 +28,7 @@ from gearshift.train.moe_trace import FILENAME, MoETrace
 from gearshift.train.placement import Placer
 from gearshift.train.progress import Progress, print_summary
 from gearshift.train.rundir import prepare_run_dir, write_config
+from gearshift.train.shares import MeasuredShares
 from gearshift.train.step_stats import StepStats
 from gearshift.train.stop import StopRequest
 from gearshift.train.strategy import resolve_auto
@@ -77,6 +78,10 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
     start = ckpt.restore(rt) if resume else 0
     if resume and rank == 0:  # the checkpoints past the one resumed are this run's to write (said when found)
         drop_after(out, start)
+    if cfg.model.init and not resume:  # pretrained weights, each rank its own layers
+        from gearshift.train.init_weights import load_init
+
+        load_init(rt, cfg.model.init, spec, t.seed)
     log = MetricsLog(out / "metrics.jsonl", resume_step=start if resume else None) if rank == 0 else None
     bar = Progress(t.steps, start, enabled=rank == 0 and cfg.output.progress,
                    rate="tok/s" if data.tokens_per_sample > 1 else "samples/s")
@@ -105,6 +110,7 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
     per_part = t.batch_size // cfg.batch_parts
     history: list[StepMetrics] = []
     stats, any_stop = StepStats(rt.device), AnyRank(rt.device)  # the step's collectives, made once
+    shares = MeasuredShares(cfg) if cfg.parallel.shares == "measured" else None
     wall0 = time.perf_counter()
     stopped = False
     for step in range(start, end):
@@ -114,10 +120,12 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
             adapter.begin_step(rt, step)
         res = rt.step(x, y, lr)
         if adapter:
-            adapter.observe(rt, res.record, per_part // rt.schedule.num_microbatches)
+            adapter.observe(rt, res.record, getattr(rt, "microbatch_size", per_part // rt.schedule.num_microbatches))
         speed = adapter.monitor.speed(rank) if adapter else None
         rec = stats(step, res.loss, res.grad_norm, lr, res.record, rt.bounds, tokens, speed)
         stopped = any_stop(stop is not None and stop.requested)  # every rank stops after the same step
+        if shares and (note := shares.after_step(rt, step, rec)):
+            bar.note(note)
         if res.moe is not None:
             rec = dataclasses.replace(rec, **res.moe.record())
             if trace:

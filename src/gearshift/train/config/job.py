@@ -42,7 +42,8 @@ class JobConfig:
         d = {f.name: flat(getattr(self, f.name)) for f in dataclasses.fields(self)}
         for sec in ("model", "data"):
             obj = getattr(self, sec)
-            d[sec] = {"name": obj.name, **obj.table()}
+            always = {k: getattr(obj, k) for k in getattr(type(obj), "ALWAYS_KEYS", ()) if getattr(obj, k)}
+            d[sec] = {"name": obj.name, **obj.table(), **always}
         return d
 
     @property
@@ -97,6 +98,7 @@ def validate(cfg: JobConfig) -> JobConfig:
           f"{'direction(s)' if p.schedule == 'multidir' else 'replica(s)'} x parallel.microbatches "
           f"({p.microbatches}), got {t.batch_size}")
     _check_experts(cfg)
+    _check_options(cfg)
     _check_seq_len(cfg)
     check(-1 <= cfg.output.trace_step < t.steps,
           f"output.trace_step: must be -1 (the last step) or in 0..{t.steps - 1} (train.steps - 1), "
@@ -136,6 +138,25 @@ def check_ranges(ranges: Any, stages: int, n_layers: int, no_cut: list[int] = ()
     for k in sorted(set(no_cut) & {a for a, _ in ranges}):
         raise ConfigError(f"{where}: cuts between layers {k - 1} and {k}, which the model keeps together "
                           "(keep_together)")
+
+
+def _check_options(cfg: JobConfig) -> None:
+    """train.precision, parallel.recompute and parallel.shares: for the pipelines of PipelineRuntime; shares: one
+    per replica."""
+    p = cfg.parallel
+    if p.schedule == "multidir":
+        check(cfg.train.precision == "fp32", f"train.precision: {cfg.train.precision!r} does not apply to "
+                                             "parallel.schedule = multidir (allowed there: fp32)")
+        check(p.recompute == "none", f"parallel.recompute: {p.recompute!r} does not apply to parallel.schedule = "
+                                     "multidir (allowed there: none)")
+        check(p.shares == "equal", f"parallel.shares: {p.shares!r} does not apply to parallel.schedule = multidir "
+                                   "(allowed there: equal)")
+    check(p.recompute == "none" or cfg.model.name != "moe_gpt",
+          f"parallel.recompute: {p.recompute!r} does not apply to model.name = \"moe_gpt\" (its routing counts and "
+          "expert all-to-alls run once per forward; allowed there: none)")
+    if isinstance(p.shares, list):
+        check(len(p.shares) == cfg.replicas, f"parallel.shares: expected one weight per replica ({cfg.replicas} = "
+                                             f"cluster.workers / parallel.stages), got {len(p.shares)}")
 
 
 def _check_multidir(cfg: JobConfig) -> None:

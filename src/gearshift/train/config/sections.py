@@ -12,6 +12,8 @@ from gearshift.errors import ConfigError, UserError
 from gearshift.keys import key
 from gearshift.paths import check_dir, check_input_file, read_json
 from gearshift.planner.forecast import FORECASTS
+from gearshift.runtime.precision import PRECISIONS
+from gearshift.runtime.recompute import RECOMPUTE
 from gearshift.train.config.fields import embed
 from gearshift.train.config.model import check
 
@@ -23,6 +25,7 @@ UPDATES = ("flush", "async")
 PARTITIONS = ("uniform", "params", "adaptive")
 EXISTING = ("move", "refuse")
 STRATEGIES = ("fixed", "auto")
+SHARES = ("equal", "measured")
 
 
 @dataclass
@@ -113,6 +116,12 @@ class ParallelConfig:
     strategy: str = key("fixed", "fixed (parallel.stages and experts as given) or auto (moe_gpt: the fastest "
                                  "strategy of the pool the performance model prices, as `gearshift plan --moe` "
                                  "prints it; sets stages, experts and partition)")
+    recompute: str = key("none", "activation recomputation: none (every forward keeps what its backward needs) or all "
+                                 "(each stage keeps only its input per micro-batch and runs its forward again in "
+                                 "the backward: less memory, one more forward)")
+    shares: Any = key("equal", "each replica's share of a batch: equal, measured (in proportion to each replica's "
+                               "measured speed, after the first step) or [w0, w1, ...] one weight > 0 per replica; "
+                               "whole micro-batches each, gradients averaged by samples")
 
     def check(self) -> None:
         """Each key's range; the layer ranges of an explicit partition are checked against the model."""
@@ -129,6 +138,14 @@ class ParallelConfig:
                   f"parallel.partition: {self.partition!r} (allowed: {', '.join(PARTITIONS)} or [[start, end], ...])")
         check(self.strategy in STRATEGIES, f"parallel.strategy: {self.strategy!r} (allowed: {', '.join(STRATEGIES)})")
         check(self.experts >= 1, f"parallel.experts: must be >= 1, got {self.experts}")
+        check(self.recompute in RECOMPUTE,
+              f"parallel.recompute: {self.recompute!r} (allowed: {', '.join(RECOMPUTE)})")
+        sh = self.shares
+        if isinstance(sh, list):
+            check(all(isinstance(w, (int, float)) and not isinstance(w, bool) and w > 0 for w in sh),
+                  f"parallel.shares: every weight must be a number > 0, got {sh!r}")
+        else:
+            check(sh in SHARES, f"parallel.shares: {sh!r} (allowed: {', '.join(SHARES)} or [w0, w1, ...])")
 
 
 @dataclass
@@ -152,8 +169,12 @@ class TrainConfig:
                               "0 = run to steps")
     keep_checkpoints: int = key(3, "checkpoints kept in output.dir/checkpoints: the newest this many (older ones are "
                                    "deleted as each is written); 0 = every one")
+    precision: str = key("fp32", "fp32, or bf16: compute under autocast in bfloat16 with float32 master weights, "
+                                 "gradient reduction and optimizer state; activations cross stages in bfloat16")
 
     def check(self) -> None:
+        check(self.precision in PRECISIONS,
+              f"train.precision: {self.precision!r} (allowed: {', '.join(PRECISIONS)})")
         check(self.batch_size >= 1, f"train.batch_size: must be >= 1, got {self.batch_size}")
         check(self.steps >= 1, f"train.steps: must be >= 1, got {self.steps}")
         check(self.lr > 0, f"train.lr: must be > 0, got {self.lr}")
