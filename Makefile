@@ -26,7 +26,7 @@ test: $(STAMP)
 
 # The suite without multi-process and testbed tests: under a minute.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest tests -m "not multiprocess and not testbed and not browser" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests -m "not multiprocess and not testbed and not browser and not subprocess" $(PYTEST_ARGS)
 
 # ruff, then the import contracts in pyproject.toml ([tool.importlinter]: layers, pure planning, no cycles).
 lint: $(STAMP)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.subprocess  # a fresh interpreter per test
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.subprocess  # a fresh interpreter per test
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
