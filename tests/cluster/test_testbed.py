@@ -97,7 +97,8 @@ def test_up_shapes_and_down_cleans() -> None:
         assert hosts["gt-n0"]["sent"]["bytes"] > 4 << 20 and hosts["gt-n1"]["received"]["bytes"] > 4 << 20
         assert hosts["gt-n0"]["sent"]["throttled"] > 0 and hosts["gt-n1"]["received"]["throttled"] > 0
         assert hosts["gt-n1"]["sent"]["bytes"] < (4 << 20) // 10  # the way back carried ACKs only
-        assert hosts["gt-n0"]["sent"]["dropped"] == 0
+        # the queue holds ~20 ms at the cap: a loaded machine may drop a few packets, never a share of the transfer
+        assert hosts["gt-n0"]["sent"]["dropped"] < max(hosts["gt-n0"]["sent"]["packets"] // 20, 1)
         total = tbm.traffic_totals(hosts)  # both hosts, both ways: the transfer out and in, plus the ACKs
         assert total["bytes"] == sum(h[w]["bytes"] for h in hosts.values() for w in ("sent", "received"))
         assert total["bytes"] > 2 * (4 << 20) and total["throttled"] > 0

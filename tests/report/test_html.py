@@ -168,3 +168,12 @@ def test_cli_writes_the_page(tmp_path, capsys):
     assert main(["report", str(run)]) == 0
     assert str(run / "report.html") in capsys.readouterr().out
     assert main(["report", str(run), "--extra"]) == 2
+
+
+def test_the_job_shape_reads_per_rank_emulation_lists():
+    from gearshift.report.html import job_shape
+
+    cfg = {"model": {}, "parallel": {}, "train": {}, "cluster": {},
+           "emulate": {"slowdown": [1, 4], "link_bandwidth": [1e9, 2e5]}}
+    line = job_shape(cfg)
+    assert "slowdown 1.00 / 4.00" in line and "200,000 B/s" in line

@@ -196,13 +196,18 @@ def job_shape(config: dict | None, info: RunInfo | None = None) -> str:
     if slow or e.get("scenario") or e.get("link_bandwidth"):
         what = []
         if slow:
-            what.append(f"slowdown {sig3(e['slowdown'])}")
+            what.append(f"slowdown {_sig3s(e['slowdown'])}")
         if e.get("scenario"):
             what.append(f"{plural(len(e['scenario']), 'scenario change')}")
         if e.get("link_bandwidth"):
-            what.append(f"links capped at {sig3(float(e['link_bandwidth']))} B/s")
+            what.append(f"links capped at {_sig3s(e['link_bandwidth'])} B/s")
         parts.append("emulated: " + ", ".join(what))
     return " · ".join(parts)
+
+
+def _sig3s(v: float | list) -> str:
+    """A number, or a per-rank list of them, to 3 significant figures."""
+    return " / ".join(sig3(float(x)) for x in v) if isinstance(v, list) else sig3(float(v))
 
 
 def config_tables(config: dict | None) -> str:
