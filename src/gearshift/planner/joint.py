@@ -8,13 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 
 from gearshift.cluster.state import ClusterState
 from gearshift.errors import PlanError
 from gearshift.planner.partition import OPTIMIZER_FACTOR
 from gearshift.planner.plan import plan_partition
+from gearshift.planner.predict import predict
 from gearshift.planner.replan import measured_inputs, moved_layers
 from gearshift.planner.schedule_choice import INF, Candidate, price, splits
+from gearshift.profile.calibration import Calibration
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.schedules import make_schedule, peak_in_flight
 
@@ -84,13 +87,14 @@ def decide_joint(profiles: Mapping[int, ModelProfile], state: ClusterState, boun
                  overhead_s: float = 0.0, states: Mapping[int, ClusterState] | None = None,
                  partitions: bool = True, schedules: bool = True, min_gain: float = 0.05,
                  forced_bounds: Sequence[tuple[int, int]] | None = None,
-                 forced_key: tuple[int, int] | None = None) -> JointDecision:
+                 forced_key: tuple[int, int] | None = None, calibration: Calibration | None = None) -> JointDecision:
     """The decision at `step`: options are the running partition and, with `partitions`, the DP's plan for each
     split of the `batch` (at its micro-batch size's profile and speeds); each is priced with every (m, K) (only the
     running one without `schedules`) and keeps its fastest fitting. The fastest option is applied iff its step time
     is `min_gain` below the running one's and (t_now - t_new) * horizon > its migration (the optimizer-state bytes
     of the layers that change stage over `migration_bandwidth`) + `switch_s` (a schedule switch's measured cost).
-    `forced_bounds`/`forced_key` (a test's or benchmark's) are applied as they are."""
+    `forced_bounds`/`forced_key` (a test's or benchmark's) are applied as they are. With the job's `calibration`,
+    the schedules are priced by its lines (the speeds were measured against them)."""
     if horizon < 1 or migration_bandwidth <= 0:
         raise PlanError(f"controller: horizon must be >= 1 and migration bandwidth > 0, got {horizon}, "
                         f"{migration_bandwidth}")
@@ -119,7 +123,8 @@ def decide_joint(profiles: Mapping[int, ModelProfile], state: ClusterState, boun
     cur_opt: Option | None = None
     for b in found:
         ms = None if schedules else [current[0]]
-        cands = price(profiles, b, state, batch, memory, ms, step_overhead_s=overhead_s, states=states)
+        cands = price(profiles, b, state, batch, memory, ms, partial(predict, calibration=calibration), overhead_s,
+                      states)
         moved = moved_layers(bounds, b, layers)
         mig = OPTIMIZER_FACTOR * sum(prof.layers[k].param_bytes for k in moved) / migration_bandwidth
         if b == bounds:
