@@ -80,9 +80,9 @@ def partitions(units: int, stages: int) -> list[list[tuple[int, int]]]:
 
 
 def main() -> None:
-    p = harness.parser(__doc__, "shared_cluster", layers=6, width=64, context=64, batch=16, micro=4,
+    p = harness.parser(__doc__, "shared_cluster", layers=4, width=64, context=64, batch=16, micro=4,
                        max_bytes=2_000_000)
-    p.add_argument("--steps", type=int, default=150, help="steps of each trace")
+    p.add_argument("--steps", type=int, default=120, help="steps of each trace")
     p.add_argument("--base", type=float, default=4.0, help="duty-cycle slowdown floor on every rank (>= 4)")
     p.add_argument("--segment", type=int, default=4, help="steps per static candidate in the measuring jobs")
     p.add_argument("--traces", default="cotenant,burst,link", help="which traces (cotenant, burst, link)")
@@ -99,7 +99,7 @@ def main() -> None:
     tokens = a.batch * a.context
     units = a.layers + 2
     parts = partitions(units, WORLD)
-    grid = [(m, k) for m in splits(a.batch) if m >= WORLD for k in range(1, m + 1) if m % k == 0]
+    grid = [(m, k) for m in splits(a.batch) if WORLD <= m <= 2 * a.micro for k in range(1, m + 1) if m % k == 0]
     default = (a.micro, 1)
     rows, report = [], {}
     for name in a.traces.split(","):
