@@ -1,8 +1,9 @@
 """Shared cluster: 4 ranks under seeded co-tenant traces (every rank at least --base x slower by duty cycle, the
 trace's factors on top). Systems: gearshift (adaptive partition, auto schedule, the joint controller with change
-detection), best_static (every contiguous partition at the default schedule, then the (m, K) grid on the three best,
-each measured under every phase of the trace; the least total time over the trace), uniform_1f1b, and oracle (each
-phase's best measured configuration, switched at no cost). Writes bench/results/shared_cluster.json.
+detection), best_static (every contiguous partition at the default schedule, then the (m, K) grid, m from 4 to twice
+--micro, on the three best, each measured under every phase of the trace; the least total time over the trace),
+uniform_1f1b, and oracle (each phase's best measured configuration, switched at no cost). Writes
+bench/results/shared_cluster.json.
 
 Static configurations are measured in two jobs per trace (the partitions, then the grid), phase by phase (each
 phase's environment held by trace rows), each candidate for --segment steps by forced re-partitions and schedule
@@ -49,7 +50,8 @@ def phases(rows: list[TraceRow], steps: int) -> list[tuple[int, int, tuple]]:
     return out
 
 
-def sweep(name: str, configs: list[tuple], ph: list[tuple], seg: int, base: list[str], work: Path) -> dict:
+def sweep(name: str, configs: list[tuple], ph: list[tuple], seg: int, base: list[str], work: Path,
+          nice: int = 0) -> dict:
     """One job measuring every (bounds, (m, k)) of `configs` under every distinct state of the phases `ph`: state by
     state (held by a trace row per rank and link), each config for `seg` steps (forced re-partitions and switches);
     the median step time of each segment, the first step left out. Returns (bounds, (m, k)) -> time per phase."""
@@ -66,7 +68,7 @@ def sweep(name: str, configs: list[tuple], ph: list[tuple], seg: int, base: list
     write_trace(rows, work / f"{name}.json")
     run = harness.run_job(name, [*base, f"--emulate.trace={work / f'{name}.json'}", harness.partition(configs[0][0]),
                                  "--parallel.schedule=kfkb", f"--train.steps={len(states) * n * seg}"], work,
-                          forcing=Forcing(partitions=parts, schedules=scheds))
+                          nice=nice, forcing=Forcing(partitions=parts, schedules=scheds))
     t = {r["step"]: r["step_time_s"] for r in run.steps}
     at = {st: i for i, st in enumerate(states)}
     return {c: [statistics.median(t[s] for s in range(((at[st] * n + j) * seg) + 1, (at[st] * n + j + 1) * seg))
@@ -80,9 +82,10 @@ def partitions(units: int, stages: int) -> list[list[tuple[int, int]]]:
 
 
 def main() -> None:
-    p = harness.parser(__doc__, "shared_cluster", layers=4, width=64, context=64, batch=16, micro=4,
-                       max_bytes=2_000_000)
-    p.add_argument("--steps", type=int, default=120, help="steps of each trace")
+    quick = {"layers": 3, "width": 32, "context": 32, "batch": 8, "steps": 24, "segment": 3, "traces": "cotenant",
+             "top": 1, "every": 8}
+    p = harness.parser(__doc__, "shared_cluster", quick, layers=4, width=64, context=64, batch=16, micro=4,
+                       max_bytes=2_000_000, steps=120, keep="", nice=0)
     p.add_argument("--base", type=float, default=4.0, help="duty-cycle slowdown floor on every rank (>= 4)")
     p.add_argument("--segment", type=int, default=4, help="steps per static candidate in the measuring jobs")
     p.add_argument("--traces", default="cotenant,burst,link", help="which traces (cotenant, burst, link)")
@@ -90,7 +93,6 @@ def main() -> None:
     p.add_argument("--every", type=int, default=10, help="gearshift's adapt.every")
     p.add_argument("--detect", type=float, default=2.0, help="gearshift's adapt.detect")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--keep", default="", help="keep run directories here (default: a temp dir)")
     a = p.parse_args()
     work, t_start, seg = harness.workdir("shared_cluster", a.keep), time.perf_counter(), a.segment
     base = [*harness.job_overrides(a), f"--cluster.workers={WORLD}", f"--parallel.stages={WORLD}", *harness.QUIET,
@@ -106,11 +108,11 @@ def main() -> None:
         kind, link_bw = TRACES[name]
         trace = make_trace(kind, link_bw, a.steps, a.seed, a.base, work / f"{name}.json")
         ph = phases(trace, a.steps)
-        times = sweep(f"{name}.partitions", [(tuple(b), default) for b in parts], ph, seg, base, work)
+        times = sweep(f"{name}.partitions", [(tuple(b), default) for b in parts], ph, seg, base, work, a.nice)
         total = {c: sum(t * (e - s) for t, (s, e, _) in zip(ts, ph)) for c, ts in times.items()}
         top = [b for b, _ in sorted(total, key=total.get)[:a.top]]  # the (m, K) grid on the best partitions
         times.update(sweep(f"{name}.grid", [(b, mk) for b in top for mk in grid if mk != default], ph, seg, base,
-                           work))
+                           work, a.nice))
         total = {c: sum(t * (e - s) for t, (s, e, _) in zip(ts, ph)) for c, ts in times.items()}
         best = min(total, key=total.get)
         oracle_s = sum(min(ts[i] for ts in times.values()) * (e - s) for i, (s, e, _) in enumerate(ph))
@@ -118,7 +120,8 @@ def main() -> None:
         live = harness.run_job(f"{name}.gearshift", [*base, f"--emulate.trace={work / f'{name}.json'}",
                                                      f"--train.steps={a.steps}", "--parallel.partition=adaptive",
                                                      "--parallel.schedule=auto", "--adapt.controller=joint",
-                                                     f"--adapt.every={a.every}", f"--adapt.detect={a.detect}"], work)
+                                                     f"--adapt.every={a.every}", f"--adapt.detect={a.detect}"], work,
+                               nice=a.nice)
         decisions = live.events("decision")
         live_s = sum(r["step_time_s"] for r in live.steps) + sum(d.get("decision_s") or 0 for d in decisions)
         applied = sorted(d["step"] for d in decisions if d["apply"])
