@@ -73,10 +73,10 @@ class Controller:
         if d.moves_layers:
             rec.migration = ad.apply_bounds(rt, [tuple(b) for b in d.chosen.bounds])
         if d.switches:
-            t0 = time.perf_counter()
+            t1 = time.perf_counter()
             rt.set_schedule(sw.schedule(d.chosen.key))
             times: list = [None] * dist.get_world_size()
-            dist.all_gather_object(times, time.perf_counter() - t0)
+            dist.all_gather_object(times, time.perf_counter() - t1)
             self.switch_s = rec.switch_s = max(times)
         if d.apply:
             sw.take(d.chosen.key, d.measured, d.chosen.predicted_s, ad, nxt)
