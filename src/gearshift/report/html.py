@@ -98,6 +98,8 @@ def summary(records: list[dict], info: RunInfo | None = None) -> dict:
         "environment changes": sum(1 for r in decisions if r.get("event") == "environment"),
         "re-plans applied": sum(1 for r in decisions if r.get("event") == "replan" and r.get("apply")),
     })
+    if any(r.get("event") == "decision" for r in decisions):  # the one controller's (adapt.controller = joint)
+        out["controller moves applied"] = sum(1 for r in decisions if r.get("event") == "decision" and r.get("apply"))
     if not info.loss_unit:
         out["loss"] = "the model's own loss function (its unit is the model's)"
     return out

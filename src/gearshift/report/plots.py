@@ -25,7 +25,8 @@ def decision_records(records: list[dict]) -> list[dict]:
 
 
 def _mark_decisions(axes, records: list[dict], legend_ax=None) -> None:
-    """A vertical line at each decision's step: red where a re-plan applied, dashed grey for the rest;
+    """A vertical line at each decision's step: red where a re-plan or the controller's move applied, dashed grey
+    for the rest, dotted purple where the emulated environment changed;
     their legend on `legend_ax`."""
     applied = shown = env = False
     for r in decision_records(records):
@@ -36,7 +37,7 @@ def _mark_decisions(axes, records: list[dict], legend_ax=None) -> None:
                 ax.axvline(r["step"], color="purple", ls=":", lw=1.5)
             env = True
             continue
-        is_applied = r.get("event") == "replan" and bool(r.get("apply"))
+        is_applied = r.get("event") in ("replan", "decision") and bool(r.get("apply"))
         style = {"color": "red", "alpha": 0.4} if is_applied else {"color": "grey", "alpha": 0.5, "ls": "--"}
         for ax in axes:
             ax.axvline(r["step"], **style)
@@ -45,7 +46,7 @@ def _mark_decisions(axes, records: list[dict], legend_ax=None) -> None:
     if legend_ax is None:
         return
     if applied:
-        legend_ax.plot([], [], color="red", alpha=0.4, label="re-plan applied")
+        legend_ax.plot([], [], color="red", alpha=0.4, label="re-plan / move applied")
     if shown:
         legend_ax.plot([], [], color="grey", alpha=0.5, ls="--", label="other decision")
     if env:
