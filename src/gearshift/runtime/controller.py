@@ -46,14 +46,14 @@ class Controller:
         """After `step` (every rank; `step_s` the gathered step time): decide if due, detected or forced, and apply
         the move from the next step on. Returns the decision's record, or None."""
         nxt, ad = step + 1, self.adapter
-        changed = False
+        changed = stepped = False
         if self._agree is not None:  # collective every step: a change one rank saw is every rank's
             mine, ad.detected = ad.detected, False
             if self._skip:
                 self._skip -= 1
-            elif self.steps.update(step_s):
-                mine = True
-            changed = self._agree(mine)
+            else:
+                stepped = self.steps.update(step_s)  # the same on every rank: step_s is the gathered one
+            changed = self._agree(mine or stepped)
         fb, fk = ad.forced.get(nxt), self.switcher.forced.get(nxt)
         due = bool(self.every) and nxt % self.every == 0
         if not (due or changed or fb is not None or fk is not None):
@@ -62,7 +62,9 @@ class Controller:
         trigger = ", ".join(t for t, on in (("change detected", changed), ("period", due),
                                             ("forced", fb is not None or fk is not None)) if on)
         ad.settle_speed()
-        ad.measure_links(rt.pipe_ranks, rt.pipe_rank, rt.replica)
+        if due or stepped or fb is not None or fk is not None or not ad.start_measured:
+            # a rank's speed alone moved: the links as last probed stand (a probe costs round trips on every link)
+            ad.measure_links(rt.pipe_ranks, rt.pipe_rank, rt.replica)
         S, sw = rt.pipe_ranks, self.switcher
         state = ad.pipeline_state(S, nxt)
         d = rank0_decides(lambda: decide_joint(
