@@ -319,6 +319,33 @@ class PipelineExecutor:
         elif not st.first:
             st.in_grads[slot] = fwd.input.grad
 
+    def _backward_input(self, step: _Step, i: int, a: Action, slot: int) -> None:
+        """BI: the gradient of the stage's input only (the graph kept for BW), to the previous stage at once; the
+        output's gradient waits for BW. A pipe's first stage has no input gradient: its whole backward is BW."""
+        st = self.stage_states[a.stage]
+        fwd = st.saved[slot]
+        grad = None if st.last else st.out_grads.pop(slot)
+        st.w_grads[slot] = grad
+        if st.first:
+            return
+        (gx,) = torch.autograd.grad(fwd.output, (fwd.input,), grad, retain_graph=True)
+        if st.prev_local:
+            self.stage_states[a.stage - 1].out_grads[slot] = gx
+        else:
+            st.in_grads[slot] = gx
+
+    def _backward_weight(self, step: _Step, i: int, a: Action, slot: int) -> None:
+        """BW: the parameters' gradients of a micro-batch whose BI ran, added to .grad; what its forward saved is
+        freed with the graph."""
+        st = self.stage_states[a.stage]
+        fwd = st.saved.pop(slot)
+        params = [p for p in fwd.module.parameters() if p.requires_grad]
+        if params:
+            fwd.output.backward(st.w_grads.pop(slot), inputs=params)
+        else:
+            st.w_grads.pop(slot)
+        self.act_meter.release(st, slot)
+
     def _send_act(self, step: _Step, i: int, a: Action, slot: int) -> None:
         """SA (training): the output goes; the forward stays for its backward."""
         self.transport.send(self.stage_states[a.stage].saved[slot].output.detach(), a, ACT, slot)
@@ -370,7 +397,8 @@ class PipelineExecutor:
         """BARRIER: nothing to run (a step boundary for validation and prediction)."""
 
     _HANDLERS: dict[Op, Handler] = {
-        Op.FORWARD: _forward, Op.BACKWARD: _backward, Op.SEND_ACT: _send_act, Op.RECV_ACT: _recv_act,
+        Op.FORWARD: _forward, Op.BACKWARD: _backward, Op.BACKWARD_INPUT: _backward_input,
+        Op.BACKWARD_WEIGHT: _backward_weight, Op.SEND_ACT: _send_act, Op.RECV_ACT: _recv_act,
         Op.SEND_GRAD: _send_grad, Op.RECV_GRAD: _recv_grad, Op.SYNC: _sync_grads, Op.STEP: _step,
         Op.REDUCE: _reduce, Op.RECV_RED: _recv_reduce, Op.NORM: _norm, Op.SEND_PAR: _send_params,
         Op.RECV_PAR: _recv_params, Op.BARRIER: _barrier,

@@ -18,7 +18,8 @@ from gearshift.train.config.model import check
 if TYPE_CHECKING:
     from gearshift.profile.model_profile import ModelProfile
 
-SCHEDULES = ("gpipe", "1f1b", "kfkb", "multidir", "auto")
+SCHEDULES = ("gpipe", "1f1b", "kfkb", "zb1p", "interleaved", "zbv", "multidir", "auto")
+VIRTUAL = {"interleaved", "zbv"}  # schedules that run several model stages per rank
 UPDATES = ("flush", "async")
 PARTITIONS = ("uniform", "params", "adaptive")
 EXISTING = ("move", "refuse")
@@ -89,7 +90,10 @@ class ParallelConfig:
     """How the model is split, scheduled and synchronised."""
 
     stages: int = key(4, "pipeline stages; cluster.workers / stages data-parallel replicas of the pipeline")
-    schedule: str = key("1f1b", "pipeline schedule: gpipe, 1f1b, kfkb, multidir (parallel.directions pipelines "
+    schedule: str = key("1f1b", "pipeline schedule: gpipe, 1f1b, kfkb, zb1p (1F1B's memory, each backward split into "
+                                "input and weight gradients, the weight gradients filling the bubbles), interleaved "
+                                "(parallel.virtual_stages stages per rank, looping), zbv (two stages per rank in a V, "
+                                "split backwards), multidir (parallel.directions pipelines "
                                 "over the same ranks in different orders, optimizer state held once), or auto (the "
                                 "split into micro-batches and K of kFkB chosen by simulation under the measured "
                                 "links, chosen again as they change; microbatches and k are then only where the job "
@@ -97,6 +101,8 @@ class ParallelConfig:
     microbatches: int = key(8, "micro-batches per step (per replica; multidir: per direction); must divide the "
                                "replica's batch")
     k: int = key(1, "kfkb: forwards (then backwards) per group; 1 = 1F1B, >= microbatches = GPipe")
+    virtual_stages: int = key(2, "interleaved: model stages per rank (stage j on rank j mod parallel.stages); the "
+                                 "partition then has parallel.stages x virtual_stages ranges")
     partition: Any = key("uniform", "uniform | params | adaptive (the DP's plan from the spec or a measurement at "
                                     "the start, re-planned every adapt.every steps) | [[start, end], ...] per stage")
     sync: SyncSettings = embed(SyncSettings)
@@ -111,12 +117,23 @@ class ParallelConfig:
                                  "strategy of the pool the performance model prices, as `gearshift plan --moe` "
                                  "prints it; sets stages, experts and partition)")
 
+    @property
+    def per_rank(self) -> int:
+        """Model stages each rank runs: virtual_stages (interleaved), 2 (zbv), else 1."""
+        return {"interleaved": self.virtual_stages, "zbv": 2}.get(self.schedule, 1)
+
+    @property
+    def model_stages(self) -> int:
+        """Stages the model is cut into (ranges of parallel.partition): stages x per_rank."""
+        return self.stages * self.per_rank
+
     def check(self) -> None:
         """Each key's range; the layer ranges of an explicit partition are checked against the model."""
         check(self.stages >= 1, f"parallel.stages: must be >= 1, got {self.stages}")
         check(self.schedule in SCHEDULES, f"parallel.schedule: {self.schedule!r} (allowed: {', '.join(SCHEDULES)})")
         check(self.microbatches >= 1, f"parallel.microbatches: must be >= 1, got {self.microbatches}")
         check(self.k >= 1, f"parallel.k: must be >= 1, got {self.k}")
+        check(self.virtual_stages >= 1, f"parallel.virtual_stages: must be >= 1, got {self.virtual_stages}")
         check(self.update in UPDATES, f"parallel.update: {self.update!r} (allowed: {', '.join(UPDATES)})")
         self.sync.check()
         if isinstance(self.partition, str):
