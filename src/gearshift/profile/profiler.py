@@ -102,6 +102,12 @@ def profile_layer(layer: nn.Module, x: Tensor, loss: Callable[[Tensor], Tensor] 
     forward_s = _median_time(forward, repeats, warmup, device)
     needs_backward = forward().requires_grad  # a layer with no parameters on integer input has none
     backward_s = _median_time(backward, repeats, warmup, device, setup=forward) if needs_backward else 0.0
+
+    def input_grad(out: Tensor) -> None:  # a split backward's BI: the input's gradient alone
+        torch.autograd.grad(out, (inp,), torch.ones_like(out))
+
+    has_input_grad = needs_backward and inp.requires_grad
+    input_s = _median_time(input_grad, repeats, warmup, device, setup=forward) if has_input_grad else 0.0
     peak = saved_activation_bytes(forward, _storage_ptrs(layer))
     with torch.no_grad():
         out = layer(x)
@@ -115,6 +121,7 @@ def profile_layer(layer: nn.Module, x: Tensor, loss: Callable[[Tensor], Tensor] 
         activation_bytes=out.numel() * out.element_size() // batch,
         peak_activation_bytes=peak,
         step_s=update_time(layer, repeats, warmup, device),
+        backward_input_s=input_s,
     )
     return lp, out
 
