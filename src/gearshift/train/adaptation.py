@@ -101,7 +101,7 @@ def build_switcher(cfg: JobConfig, adapter: Adapter | None, forcing: Forcing | N
     adapter.probe_bytes = batch * max(lp.activation_bytes for lp in adapter.profile.layers[:-1])
     return ScheduleSwitcher(adapter.profiles, batch, cfg.parallel.stages, memory_limit(cfg), a.every if auto else 0,
                             a.link_change if auto else 0.0, a.schedule_margin,
-                            dict(forcing.schedules) if forcing else {})
+                            dict(forcing.schedules) if forcing else {}, kinds=tuple(a.schedule_kinds))
 
 
 def start_schedule(cfg: JobConfig, adapter: Adapter, switcher: ScheduleSwitcher, bounds: list[tuple[int, int]],

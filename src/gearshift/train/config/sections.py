@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from gearshift.profile.model_profile import ModelProfile
 
 SCHEDULES = ("gpipe", "1f1b", "kfkb", "zb1p", "interleaved", "zbv", "multidir", "auto")
-VIRTUAL = {"interleaved", "zbv"}  # schedules that run several model stages per rank
+AUTO_KINDS = ("kfkb", "zb1p")  # what parallel.schedule = auto switches among (planner.schedule_choice.SWITCHABLE)
 UPDATES = ("flush", "async")
 PARTITIONS = ("uniform", "params", "adaptive")
 EXISTING = ("move", "refuse")
@@ -217,11 +217,18 @@ class AdaptConfig:
                                        "faster by this fraction")
     profiles: str = key("", "directory of per-micro-batch-size profiles (read if there, written when measured); "
                             '"" = profile at start')
+    schedule_kinds: list[Any] = key(["kfkb", "zb1p"], "parallel.schedule = auto: the schedule kinds priced beside "
+                                                      "each split into micro-batches: kfkb (every K), zb1p (split "
+                                                      "backwards); both run one stage per rank, so a running job "
+                                                      "switches between them at a step boundary")
 
     def check(self) -> None:
         """Each key's range, and that adapt.profile is a profile (its layers are checked against the model)."""
         check(self.every >= 0, f"adapt.every: must be >= 0 (0 = never), got {self.every}")
         check(0 < self.alpha <= 1, f"adapt.alpha: must be in (0, 1], got {self.alpha}")
+        check(isinstance(self.schedule_kinds, list) and bool(self.schedule_kinds)
+              and all(k in AUTO_KINDS for k in self.schedule_kinds),
+              f"adapt.schedule_kinds: {self.schedule_kinds!r} (allowed: a non-empty list of {', '.join(AUTO_KINDS)})")
         if self.profile:
             read_profile(self.profile, "adapt.profile")
         check(self.link_change >= 0, f"adapt.link_change: must be >= 0 (0 = off), got {self.link_change}")
