@@ -88,3 +88,19 @@ def test_bad_virtual_stages_and_v_placement() -> None:
         make_schedule("interleaved", 2, 4, virtual_stages=0)
     with pytest.raises(ScheduleError, match="zbv runs two stages per rank"):
         make_schedule("zbv", 2, 4, placement=[0, 1, 0])
+
+
+def test_simulator_prices_bi_and_bw_apart() -> None:
+    """BI takes input_fraction of a stage's backward, BW the rest unless weight_s gives it (the profiled split,
+    overhead included); BW frees the micro-batch's activations, BI does not."""
+    sch = make_schedule("zb1p", 2, 2)
+    cost = ScheduleCosts.uniform(2, 2, act_mem=1.0)
+    base = simulate(sch, cost)
+    durations = {str(a): end - start for tl in base.timelines for a, start, end in tl if a.op.is_backward}
+    assert durations["BI0@s1"] == pytest.approx(1.0) and durations["BW0@s1"] == pytest.approx(1.0)
+    cost.weight_s = [3.0, 3.0]
+    slow = simulate(sch, cost)
+    durations = {str(a): end - start for tl in slow.timelines for a, start, end in tl if a.op.is_backward}
+    assert durations["BW0@s1"] == pytest.approx(3.0) and slow.iteration_s > base.iteration_s
+    # activations held until BW: rank 1 (cap 1) holds one micro-batch, rank 0 two
+    assert base.peak_act_bytes == [2.0, 1.0]

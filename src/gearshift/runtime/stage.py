@@ -48,7 +48,7 @@ class StageState:
         self.out_grads: dict[int, Tensor] = {}  # received or handed back by the next stage
         self.saved: dict[int, SavedForward] = {}
         self.in_grads: dict[int, Tensor] = {}  # kept until their send is posted
-        self.w_grads: dict[int, Tensor | None] = {}  # output gradients a BI used, kept for its BW (None: a loss)
+        self.w_grads: dict[int, object] = {}  # what a BI leaves its BW: param groups, or the output's gradient
         self.act_bytes: dict[int, int] = {}  # bytes each forward saved for its backward (when measured)
 
     @staticmethod

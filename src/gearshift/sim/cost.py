@@ -33,7 +33,8 @@ class ScheduleCosts:
     cores: list[float] | None = None  # per host: cores its ranks share; None: unlimited
     duty: list[float] | None = None  # per rank: duty-cycle slowdown (compute, then sleep (f - 1) x as long)
     param_bytes: list[float] = field(default_factory=list)  # per stage: what a slice's update moves; [] = 0
-    input_fraction: float | list[float] = 0.5  # of a split backward, BI's share of backward_s (BW takes the rest)
+    input_fraction: float | list[float] = 0.5  # of a split backward, BI's share of backward_s
+    weight_s: list[float] | None = None  # per stage: a split backward's BW; None: backward_s less BI
 
     @classmethod
     def uniform(
@@ -63,6 +64,12 @@ class ScheduleCosts:
         fracs = list(fr) if isinstance(fr, list) else [fr] * len(self.backward_s)
         return [b * f for b, f in zip(self.backward_s, fracs)]
 
+    def weight_grad_s(self) -> list[float]:
+        """Per stage: the time of a split backward's BW (parameter gradients)."""
+        if self.weight_s is not None:
+            return list(self.weight_s)
+        return [b - i for b, i in zip(self.backward_s, self.input_grad_s())]
+
     def step_times(self, num_ranks: int) -> list[float]:
         """Optimizer step time per rank."""
         return list(self.step_s) if isinstance(self.step_s, list) else [self.step_s] * num_ranks
@@ -91,6 +98,8 @@ class ScheduleCosts:
             per_stage["param_bytes"] = self.param_bytes
         if isinstance(self.input_fraction, list):
             per_stage["input_fraction"] = self.input_fraction
+        if self.weight_s is not None:
+            per_stage["weight_s"] = self.weight_s
         for name, xs in per_stage.items():
             if len(xs) != num_stages:
                 raise ValueError(

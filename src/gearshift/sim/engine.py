@@ -144,7 +144,7 @@ def _compile(schedule: Schedule, cost: ScheduleCosts) -> _Program:
     link = [0] * n
     mem = [0.0] * n
     fwd, bwd, nbytes, act_mem = cost.forward_s, cost.backward_s, cost.act_bytes, cost.act_mem_bytes
-    bwd_in = cost.input_grad_s()
+    bwd_in, bwd_w = cost.input_grad_s(), cost.weight_grad_s()
     sync, step = cost.sync_s, cost.step_times(num_ranks)
     pbytes = cost.param_bytes or [0.0] * num_stages
     seen: dict[tuple, int] = {}  # (kind, stage, peer, rank) -> occurrences so far (update messages pair in order)
@@ -164,7 +164,7 @@ def _compile(schedule: Schedule, cost: ScheduleCosts) -> _Program:
                     d = slot[ras + i]
                     dep1[g] = d if d >= 0 and ranks[d] == r else _NEVER
         elif k == _BW:  # after its BI, on the same rank; frees what the forward saved
-            dur[g] = bwd[s] - bwd_in[s]
+            dur[g] = bwd_w[s]
             mem[g] = -act_mem[s]
             d = slot[bs + i]
             dep1[g] = d if d >= 0 and ranks[d] == r and kind[d] == _BI else _NEVER
