@@ -167,7 +167,7 @@ def summarise(a: argparse.Namespace, results: list[dict], plan: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = harness.parser(__doc__, "schedules_vs_torch", layers=14, width=64, heads=4, context=64, batch=16, micro=8,
+    p = harness.parser(__doc__, "schedules_vs_torch", layers=10, width=128, heads=4, context=128, batch=16, micro=8,
                        max_bytes=500_000)
     p.add_argument("--steps", type=int, default=8, help="timed steps per row")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--quick", action="store_true", help="1 warm-up + 2 timed steps, a smaller model (a smoke run)")
     a = p.parse_args(argv)
     if a.quick:
-        a.warmup, a.steps, a.layers = 1, 2, 6
+        a.warmup, a.steps, a.layers, a.width, a.context = 1, 2, 6, 64, 64
     t0 = time.perf_counter()
     work = harness.workdir("schedules_vs_torch")
     path = Path(work) / "profile.json"
