@@ -101,7 +101,15 @@ def build_switcher(cfg: JobConfig, adapter: Adapter | None, forcing: Forcing | N
     adapter.probe_bytes = batch * max(lp.activation_bytes for lp in adapter.profile.layers[:-1])
     return ScheduleSwitcher(adapter.profiles, batch, cfg.parallel.stages, memory_limit(cfg), a.every if auto else 0,
                             a.link_change if auto else 0.0, a.schedule_margin,
-                            dict(forcing.schedules) if forcing else {}, kinds=tuple(a.schedule_kinds))
+                            dict(forcing.schedules) if forcing else {}, kinds=auto_kinds(cfg))
+
+
+def auto_kinds(cfg: JobConfig) -> tuple[str, ...]:
+    """The kinds auto prices: adapt.schedule_kinds, less zb1p where the job runs what a split backward does not
+    (expert parallelism, recomputation, overlapped sync: config.job refuses them with zb1p itself)."""
+    p = cfg.parallel
+    split_ok = p.experts == 1 and p.strategy == "fixed" and p.recompute == "none" and not p.sync.overlap
+    return tuple(k for k in cfg.adapt.schedule_kinds if k != "zb1p" or split_ok)
 
 
 def start_schedule(cfg: JobConfig, adapter: Adapter, switcher: ScheduleSwitcher, bounds: list[tuple[int, int]],
@@ -117,6 +125,12 @@ def measure_start(cfg: JobConfig, adapter: Adapter, spec: ModelSpec, data: JobDa
     """Before training (collective): this rank's speed and its pipeline's links, both ways."""
     stages = cfg.parallel.stages
     replica, pipe_rank = divmod(dist.get_rank(), stages)
+    if cfg.adapt.calibrate:
+        from gearshift.train.calibration import calibrate_ranks
+
+        bounds = uniform_bounds(adapter.profile.num_layers, stages)[pipe_rank]
+        adapter.set_calibration(calibrate_ranks(cfg, spec, data, adapter.profile, adapter.profiles, bounds, stages,
+                                                adapter.device))
     adapter.seed_speed(_probe_speed(cfg, adapter, pipe_rank, spec, data))
     adapter.measure_links(stages, pipe_rank, replica)
     adapter.start_measured = True
@@ -147,6 +161,7 @@ def _probe_speed(cfg: JobConfig, adapter: Adapter, pipe_rank: int, spec: ModelSp
     with cpu:
         layers = torch.nn.Sequential(*[build(i) for i in range(a, b)])
     x, layers = x.to(adapter.device), layers.to(adapter.device)
-    prof = adapter.profile
-    profiled = adapter.mb_size / prof.microbatch_size * sum(lp.work_s for lp in prof.layers[a:b])
+    prof, scale = adapter.profile, adapter.mb_size / adapter.profile.microbatch_size
+    fwd, bwd = (scale * sum(getattr(lp, k) for lp in prof.layers[a:b]) for k in ("forward_s", "backward_s"))
+    profiled = adapter.line_s(pipe_rank, fwd, cfg.parallel.stages) + adapter.line_s(pipe_rank, bwd, cfg.parallel.stages)
     return probe_speed(layers, x, profiled, adapter.after_compute)

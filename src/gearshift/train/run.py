@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
+from gearshift.train.checkpoint import Resume
 from gearshift.train.config import JobConfig
 from gearshift.train.forcing import Forcing
 from gearshift.train.worker import init_distributed, run_as_worker
 
 
-def run_worker(cfg: JobConfig, resume: bool, forcing: Forcing | None = None) -> None:
+def run_worker(cfg: JobConfig, resume: Resume, forcing: Forcing | None = None) -> None:
     """Run the job in this process; report a failure to the launcher and re-raise it. SIGTERM or SIGINT
     stops the job after the current step, with a checkpoint. `forcing`: a test's or benchmark's decisions."""
 

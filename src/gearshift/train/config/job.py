@@ -42,7 +42,8 @@ class JobConfig:
         d = {f.name: flat(getattr(self, f.name)) for f in dataclasses.fields(self)}
         for sec in ("model", "data"):
             obj = getattr(self, sec)
-            d[sec] = {"name": obj.name, **obj.table()}
+            always = {k: getattr(obj, k) for k in getattr(type(obj), "ALWAYS_KEYS", ()) if getattr(obj, k)}
+            d[sec] = {"name": obj.name, **obj.table(), **always}
         return d
 
     @property
@@ -80,15 +81,25 @@ def validate(cfg: JobConfig) -> JobConfig:
     info = cfg.model.layer_info()
     if info is not None:
         check_layers(cfg, *info)
+    per_part = t.batch_size // max(cfg.batch_parts, 1)
+    if p.microbatch_size:  # the size is the job's: the count follows the replicas
+        check(t.batch_size % cfg.batch_parts == 0 and per_part % p.microbatch_size == 0,
+              f"parallel.microbatch_size: must divide the batch of each of the {cfg.batch_parts} "
+              f"{'direction(s)' if p.schedule == 'multidir' else 'replica(s)'} (train.batch_size {t.batch_size} / "
+              f"{cfg.batch_parts} = {per_part}), got {p.microbatch_size}")
+        p.microbatches = per_part // p.microbatch_size
     if p.schedule == "multidir":
         _check_multidir(cfg)
     _check_zero_bubble(cfg)
-    per_part = t.batch_size // max(cfg.batch_parts, 1)
+    check(p.sync.allreduce_transport != "p2p" or (c.device != "cuda" and c.backend != "nccl"),
+          f"parallel.allreduce_transport: p2p carries CPU tensors over gloo only, got device {c.device!r} with backend "
+          f"{c.backend!r} (allowed with CUDA or NCCL: collectives)")
     check(t.batch_size % cfg.batch_parts == 0 and per_part % p.microbatches == 0,
           f"train.batch_size: must split evenly over {cfg.batch_parts} "
           f"{'direction(s)' if p.schedule == 'multidir' else 'replica(s)'} x parallel.microbatches "
           f"({p.microbatches}), got {t.batch_size}")
     _check_experts(cfg)
+    _check_options(cfg)
     _check_seq_len(cfg)
     check(-1 <= cfg.output.trace_step < t.steps,
           f"output.trace_step: must be -1 (the last step) or in 0..{t.steps - 1} (train.steps - 1), "
@@ -134,7 +145,8 @@ def check_ranges(ranges: Any, stages: int, n_layers: int, no_cut: list[int] = ()
 
 def _check_zero_bubble(cfg: JobConfig) -> None:
     """interleaved and zbv: the partition is given or uniform (the adaptive DP plans one stage per rank);
-    split backwards (zb1p, zbv): no expert parallelism (its all-to-all would run in both halves)."""
+    split backwards (zb1p, zbv): no expert parallelism (its all-to-all would run in both halves), recomputation or
+    overlapped sync."""
     p = cfg.parallel
     if p.per_rank > 1 or p.schedule == "zbv":
         check(p.partition != "adaptive", f"parallel.partition: adaptive plans one stage per rank, not "
@@ -144,6 +156,29 @@ def _check_zero_bubble(cfg: JobConfig) -> None:
         check(p.experts == 1 and p.strategy == "fixed", f"parallel.experts: expert parallelism does not apply to "
                                                         f"parallel.schedule = {p.schedule} (allowed: 1, strategy "
                                                         "fixed)")
+        check(p.recompute == "none", f"parallel.recompute: {p.recompute!r} does not apply to parallel.schedule = "
+                                     f"{p.schedule} (a split backward would recompute in both halves; allowed: none)")
+        check(not p.sync.overlap, f"parallel.overlap: does not apply to parallel.schedule = {p.schedule} (its "
+                                  "weight gradients do not pass the hooks that start the sync; allowed: false)")
+
+
+def _check_options(cfg: JobConfig) -> None:
+    """train.precision, parallel.recompute and parallel.shares: for the pipelines of PipelineRuntime; shares: one
+    per replica."""
+    p = cfg.parallel
+    if p.schedule == "multidir":
+        check(cfg.train.precision == "fp32", f"train.precision: {cfg.train.precision!r} does not apply to "
+                                             "parallel.schedule = multidir (allowed there: fp32)")
+        check(p.recompute == "none", f"parallel.recompute: {p.recompute!r} does not apply to parallel.schedule = "
+                                     "multidir (allowed there: none)")
+        check(p.shares == "equal", f"parallel.shares: {p.shares!r} does not apply to parallel.schedule = multidir "
+                                   "(allowed there: equal)")
+    check(p.recompute == "none" or cfg.model.name != "moe_gpt",
+          f"parallel.recompute: {p.recompute!r} does not apply to model.name = \"moe_gpt\" (its routing counts and "
+          "expert all-to-alls run once per forward; allowed there: none)")
+    if isinstance(p.shares, list):
+        check(len(p.shares) == cfg.replicas, f"parallel.shares: expected one weight per replica ({cfg.replicas} = "
+                                             f"cluster.workers / parallel.stages), got {len(p.shares)}")
 
 
 def _check_multidir(cfg: JobConfig) -> None:
@@ -160,9 +195,6 @@ def _check_multidir(cfg: JobConfig) -> None:
                                      "(allowed: uniform = equal compute time, params, [[start, end], ...])")
     check(p.experts == 1 and p.strategy == "fixed", "parallel.experts: expert parallelism does not apply to "
                                                     "parallel.schedule = multidir (allowed: 1, strategy fixed)")
-    check(cfg.cluster.device != "cuda" and cfg.cluster.backend != "nccl",
-          f"cluster.device: multidir runs on the CPU over gloo, got device {cfg.cluster.device!r} with backend "
-          f"{cfg.cluster.backend!r} (allowed with multidir: device auto or cpu, backend auto or gloo)")
 
 
 def _check_experts(cfg: JobConfig) -> None:
