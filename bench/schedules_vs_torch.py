@@ -158,25 +158,18 @@ def summarise(a: argparse.Namespace, results: list[dict], plan: dict) -> dict:
 
     best_torch = {sp: max(tps("torch", t, sp) for t in TORCH) for sp in SPEEDS}
     sim_err = max(abs(r["predicted_step_s"] / r["measured_step_s"] - 1) for r in rows if r["system"] == "gearshift")
-    goals = {"zb1p / 1f1b even": (tps("gearshift", "zb1p", "even") / tps("gearshift", "1f1b", "even"), ">= 1.1"),
-             "auto / torch best even": (tps("gearshift", "auto", "even") / best_torch["even"], ">= 1.0"),
-             "auto / torch best uneven": (tps("gearshift", "auto", "uneven") / best_torch["uneven"], ">= 1.3"),
-             "simulator error, worst Gearshift row": (sim_err, "<= 0.15")}
-    return {"rows": rows, "goals": {k: {"value": v, "goal": g, "met": harness.meets(v, g)} for k, (v, g) in
-                                    goals.items()}}
+    return {"rows": rows, "goals": harness.goals({
+        "zb1p / 1f1b even": (tps("gearshift", "zb1p", "even") / tps("gearshift", "1f1b", "even"), ">= 1.1"),
+        "auto / torch best even": (tps("gearshift", "auto", "even") / best_torch["even"], ">= 1.0"),
+        "auto / torch best uneven": (tps("gearshift", "auto", "uneven") / best_torch["uneven"], ">= 1.3"),
+        "simulator error, worst Gearshift row": (sim_err, "<= 0.15")})}
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = harness.parser(__doc__, "schedules_vs_torch", layers=10, width=128, heads=4, context=128, batch=16, micro=8,
-                       max_bytes=500_000)
-    p.add_argument("--steps", type=int, default=8, help="timed steps per row")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    p.add_argument("--slowdown", type=float, default=4.0, help="emulate.slowdown of a speed-1 rank (duty cycle)")
-    p.add_argument("--quick", action="store_true", help="1 warm-up + 2 timed steps, a smaller model (a smoke run)")
-    a = p.parse_args(argv)
-    if a.quick:
-        a.warmup, a.steps, a.layers, a.width, a.context = 1, 2, 6, 64, 64
-    t0 = time.perf_counter()
+    a = harness.parser(__doc__, "schedules_vs_torch", {"warmup": 1, "steps": 2, "layers": 6, "width": 64,
+                                                       "context": 64},
+                       layers=10, width=128, heads=4, context=128, batch=16, micro=8, max_bytes=500_000, steps=8,
+                       warmup=2, slowdown=4.0).parse_args(argv)
     work = harness.workdir("schedules_vs_torch")
     path = Path(work) / "profile.json"
     cfg = load_config(None, overrides(a, "1f1b", [[0, 1], [1, 2], [2, 3], [3, a.layers + 2]], "even", "", a.micro))
@@ -187,7 +180,7 @@ def main(argv: list[str] | None = None) -> dict:
     out["config"] = {"world": WORLD, "slowdown": a.slowdown, "speeds": SPEEDS, "layers": a.layers, "width": a.width,
                      "context": a.context, "batch": a.batch, "microbatches": a.micro, "timed_steps": a.steps,
                      "cuts": {k: v["cut"] for k, v in plan.items()}, "torch_cuts": torch_cuts,
-                     "wall_s": time.perf_counter() - t0}
+                     "wall_s": harness.elapsed()}
     harness.write_results("schedules_vs_torch", out, a.out,
                           emulation=f"duty cycle: emulate.slowdown {a.slowdown:g} / speed per rank")
     harness.table("schedules vs torch.distributed.pipelining",
@@ -196,7 +189,7 @@ def main(argv: list[str] | None = None) -> dict:
                     f"{r['predicted_step_s']:.3f}" if r["predicted_step_s"] else "",
                     f"{r['peak_act_bytes'] / 1e6:.2f}" if r["peak_act_bytes"] else "")
                    for r in sorted(out["rows"], key=lambda r: (r["split"], r["system"]))], left=3)
-    harness.goals_table({k: (v["value"], v["goal"], v["met"]) for k, v in out["goals"].items()})
+    harness.goals_table(out["goals"])
     return out
 
 
