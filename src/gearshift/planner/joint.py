@@ -16,7 +16,7 @@ from gearshift.planner.partition import OPTIMIZER_FACTOR
 from gearshift.planner.plan import plan_partition
 from gearshift.planner.predict import predict
 from gearshift.planner.replan import measured_inputs, moved_layers
-from gearshift.planner.schedule_choice import INF, Candidate, price, splits
+from gearshift.planner.schedule_choice import INF, Candidate, describe_key, price, splits
 from gearshift.profile.calibration import Calibration
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.schedules import make_schedule, peak_in_flight
@@ -27,7 +27,7 @@ class Option:
     """A partition with its best (m, K): the predicted step time and what moving to it costs."""
 
     bounds: list[tuple[int, int]]
-    key: tuple[int, int]
+    key: tuple  # (m, K) of kFkB, (m, 1, kind) of another kind
     predicted_s: float
     migration_s: float = 0.0
     switch_s: float = 0.0
@@ -82,19 +82,21 @@ def _best(cands: list[Candidate], keys: set[tuple[int, int]] | None) -> Candidat
 
 
 def decide_joint(profiles: Mapping[int, ModelProfile], state: ClusterState, bounds: Sequence[tuple[int, int]],
-                 current: tuple[int, int], batch: int, step: int, trigger: str, horizon: int,
+                 current: tuple, batch: int, step: int, trigger: str, horizon: int,
                  migration_bandwidth: float, switch_s: float = 0.0, memory: Sequence[float] | None = None,
                  overhead_s: float = 0.0, states: Mapping[int, ClusterState] | None = None,
                  partitions: bool = True, schedules: bool = True, min_gain: float = 0.05,
                  forced_bounds: Sequence[tuple[int, int]] | None = None,
-                 forced_key: tuple[int, int] | None = None, calibration: Calibration | None = None) -> JointDecision:
+                 forced_key: tuple | None = None, calibration: Calibration | None = None,
+                 kinds: Sequence[str] = ("kfkb",)) -> JointDecision:
     """The decision at `step`: options are the running partition and, with `partitions`, the DP's plan for each
     split of the `batch` (at its micro-batch size's profile and speeds); each is priced with every (m, K) (only the
     running one without `schedules`) and keeps its fastest fitting. The fastest option is applied iff its step time
     is `min_gain` below the running one's and (t_now - t_new) * horizon > its migration (the optimizer-state bytes
     of the layers that change stage over `migration_bandwidth`) + `switch_s` (a schedule switch's measured cost).
     `forced_bounds`/`forced_key` (a test's or benchmark's) are applied as they are. With the job's `calibration`,
-    the schedules are priced by its lines (the speeds were measured against them)."""
+    the schedules are priced by its lines (the speeds were measured against them). `kinds`: the schedule kinds
+    priced (adapt.schedule_kinds); a key is (m, K) for kFkB, (m, 1, kind) for another."""
     if horizon < 1 or migration_bandwidth <= 0:
         raise PlanError(f"controller: horizon must be >= 1 and migration bandwidth > 0, got {horizon}, "
                         f"{migration_bandwidth}")
@@ -124,7 +126,7 @@ def decide_joint(profiles: Mapping[int, ModelProfile], state: ClusterState, boun
     for b in found:
         ms = None if schedules else [current[0]]
         cands = price(profiles, b, state, batch, memory, ms, partial(predict, calibration=calibration), overhead_s,
-                      states)
+                      states, kinds)
         moved = moved_layers(bounds, b, layers)
         mig = OPTIMIZER_FACTOR * sum(prof.layers[k].param_bytes for k in moved) / migration_bandwidth
         if b == bounds:
@@ -142,7 +144,7 @@ def decide_joint(profiles: Mapping[int, ModelProfile], state: ClusterState, boun
     if forced:  # the forced part as it is; the rest (a forced (m, K)'s partition) as priced
         want = [tuple(b) for b in forced_bounds] if forced_bounds is not None else fastest.bounds
         chosen = next((o for o in options if o.bounds == want), cur_opt)
-        what = "partition" if forced_bounds is not None else f"m={forced_key[0]} K={forced_key[1]}"
+        what = "partition" if forced_bounds is not None else describe_key(tuple(forced_key))
         return JointDecision(step, trigger, options, cur_opt, chosen, True,
                              f"forced {what}; {'the partition priced best for it' if forced_bounds is None else ''}"
                              .rstrip("; "), measured_inputs(state, S), horizon)
@@ -159,7 +161,7 @@ def decide_joint(profiles: Mapping[int, ModelProfile], state: ClusterState, boun
         apply, reason = True, "the running plan no longer fits in memory"
     elif paying:
         apply, reason = True, (f"t1*k > t2*k + tc: {t0:.4g}*{horizon} > {t1:.4g}*{horizon} + {best.cost_s:.4g} s "
-                               f"({len(best.moved_layers)} layers moved, m={best.key[0]} K={best.key[1]})")
+                               f"({len(best.moved_layers)} layers moved, {describe_key(best.key)})")
     elif best.bounds == bounds and best.key == current:
         apply, reason = False, f"the running plan is the best predicted ({t1:.4g} s/step)"
     elif (t0 - t1) / t0 < min_gain:

@@ -70,7 +70,7 @@ class Controller:
         d = rank0_decides(lambda: decide_joint(
             sw.profiles, state, rt.bounds, sw.current, sw.batch, nxt, trigger, self.horizon, ad.migration_bandwidth,
             self.switch_s, sw.memory, ad.merged.step_overhead() or 0.0, ad.size_states(S, nxt, list(sw.profiles)),
-            self.partitions, True, self.min_gain, fb, fk, ad.calibration_now(S)))
+            self.partitions, True, self.min_gain, fb, fk, ad.calibration_now(S), sw.kinds))
         rec = DecisionEvent(d)
         if d.moves_layers:
             rec.migration = ad.apply_bounds(rt, [tuple(b) for b in d.chosen.bounds])

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from gearshift.planner.schedule_choice import describe_key
 from gearshift.report.records import EnvironmentEvent, PlacementEvent, StepMetrics
 from gearshift.runtime.agree import AnyRank
 from gearshift.runtime.reschedule import describe as describe_schedule
@@ -230,7 +231,7 @@ def _describe(d: dict) -> str:
     verdict = "applied" if d["apply"] else "kept"
     if d["event"] == "decision":
         c = d["chosen"]
-        return (f"decision at step {d['step']} ({d['trigger']}): {verdict} {c['bounds']} m={c['key'][0]} "
-                f"K={c['key'][1]}; {d['reason']}")
+        return (f"decision at step {d['step']} ({d['trigger']}): {verdict} {c['bounds']} "
+                f"{describe_key(tuple(c['key']))}; {d['reason']}")
     return (f"re-plan at step {d['step']}: {verdict} {d['new_bounds'] if d['apply'] else d['old_bounds']} "
             f"(predicted {d['old_iteration_s']:.3f} -> {d['new_iteration_s']:.3f} s/step; {d['reason']})")
