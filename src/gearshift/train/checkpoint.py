@@ -99,6 +99,11 @@ class Checkpointer:
         every = self.cfg.train.checkpoint_every
         return bool(every and step % every == 0) or step == end
 
+    def use(self, ck: dict) -> None:
+        """Resume from `ck` (a checkpoint's contents, or train.snapshot's merged in-memory copy) instead of the
+        newest checkpoint on disk."""
+        self._resumed = ck
+
     def resumed(self) -> dict:
         """The checkpoint --resume continues from (read once)."""
         if self._resumed is None:

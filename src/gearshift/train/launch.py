@@ -1,6 +1,7 @@
-"""Local launcher: a small torchrun for one machine. Starts N worker processes (gloo on 127.0.0.1, one
-thread each), stops them all within seconds when any fails and shows the failing rank's error, and on
-SIGTERM or SIGINT lets them stop after a checkpoint."""
+"""Local launcher: checks the job, prepares its run directory and starts its N workers through the elastic
+agent (train.elastic: what torchrun runs; restarts, error files). `run_ranks`, a small spawner that stops all
+workers within seconds when any fails, remains for what the agent cannot start: ranks inside the testbed's
+network namespaces, and the measuring tools' one-shot ranks (gearshift allreduce, the strategy pool)."""
 
 from __future__ import annotations
 
@@ -145,9 +146,18 @@ def launch(
     if forcing:
         forcing.save(run_dir / "forcing.json")
         cmd += ["--forcing", str(run_dir / "forcing.json")]
-    with traffic(cfg, testbed, quiet):
-        return run_ranks(cmd, n, cfg.cluster.ranks_per_node or n, run_dir, testbed, env, quiet,
-                         cfg.cluster.stop_grace_s)
+    if testbed is not None:  # each node's ranks inside its namespace: the launcher's own spawner
+        with traffic(cfg, testbed, quiet):
+            return run_ranks(cmd, n, cfg.cluster.ranks_per_node or n, run_dir, testbed, env, quiet,
+                             cfg.cluster.stop_grace_s)
+    from gearshift.train.elastic import run_elastic, run_id
+    from gearshift.train.snapshot import drop, snapshot_root
+
+    rid = run_id()
+    try:
+        return run_elastic(cmd[1:], n, run_dir, env, quiet, cfg.cluster.stop_grace_s, cfg.cluster.max_restarts, rid)
+    finally:
+        drop(snapshot_root(rid, cfg.output.dir))  # the in-memory copies die with the job
 
 
 def traffic(cfg: JobConfig, testbed, quiet: bool = False) -> contextlib.AbstractContextManager:

@@ -28,6 +28,7 @@ from gearshift.train.moe_trace import FILENAME, MoETrace
 from gearshift.train.placement import Placer
 from gearshift.train.progress import Progress, print_summary
 from gearshift.train.rundir import prepare_run_dir, write_config
+from gearshift.train.snapshot import Snapshots, go_on_from
 from gearshift.train.step_stats import StepStats
 from gearshift.train.stop import StopRequest
 from gearshift.train.strategy import resolve_auto
@@ -35,13 +36,18 @@ from gearshift.train.tracing import Tracer
 
 
 def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None,
-          forcing: Forcing | None = None) -> dict:
-    """Run the job; returns the summary (on every rank). `forcing`: a test's or benchmark's decisions."""
+          forcing: Forcing | None = None, snapshots: Snapshots | None = None, restarted: bool = False) -> dict:
+    """Run the job; returns the summary (on every rank). `forcing`: a test's or benchmark's decisions.
+    `snapshots`: where every rank copies its state (train.snapshot_every); `restarted`: the elastic agent
+    restarted this group after a failure, so the job goes on from the newest copy (or checkpoint)."""
     rank = dist.get_rank()
+    ckpt = Checkpointer(cfg)
+    if restarted:
+        resume = go_on_from(cfg, ckpt, snapshots)
     cfg, strategy = resolve_auto(cfg)  # parallel.strategy = "auto": the pool's best (collective)
     t, out = cfg.train, Path(cfg.output.dir)
     if rank == 0:
-        note = prepare_run_dir(cfg, resume)
+        note = prepare_run_dir(cfg, resume or restarted)
         if note:
             print(note, flush=True)
         write_config(cfg)
@@ -52,7 +58,6 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None,
         forcing.check(cfg, spec)
     adapter = build_adapter(cfg, data, spec, forcing)
     switcher = build_switcher(cfg, adapter, forcing)
-    ckpt = Checkpointer(cfg)
     bounds, plan = None, None
     if resume and cfg.parallel.partition == "adaptive":  # continue from the partition that was learned
         bounds = [tuple(b) for b in ckpt.resumed().get("bounds", [])] or None
@@ -69,6 +74,8 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None,
         experts = expert_shards(cfg, ckpt.expert_placements(mc.experts, cfg.parallel.experts))
     rt = build_runtime(cfg, bounds, adapter, spec, data, switcher.schedule() if switcher else None, experts)
     start = ckpt.restore(rt) if resume else 0
+    if forcing:
+        forcing.arm(rt, out)
     log = MetricsLog(out / "metrics.jsonl", resume_step=start if resume else None) if rank == 0 else None
     bar = Progress(t.steps, start, enabled=rank == 0 and cfg.output.progress)
     trace = MoETrace(out / FILENAME, rt.experts.moe_layers, rt.experts.experts, start if resume else None) \
@@ -100,10 +107,14 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None,
     stopped = False
     for step in range(start, end):
         x, y = data.batch(step, t.batch_size, t.seed)
+        if forcing:
+            forcing.now = step
         lr = lr_at(step, cfg)
         if adapter:
             adapter.begin_step(rt, step)
         res = rt.step(x, y, lr)
+        if snapshots and snapshots.due(step + 1):  # before the stats: a finished step has every rank's copy
+            snapshots.write(rt.state(), step + 1, rank, dist.get_world_size(), {"bounds": [list(b) for b in rt.bounds]})
         if adapter:
             adapter.observe(rt, res.record, per_part // rt.schedule.num_microbatches)
         speed = adapter.monitor.speed(rank) if adapter else None
@@ -140,6 +151,8 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None,
                 bar.note(_describe(placed.to_dict()))
         if ckpt.due(step + 1, end) or stopped:
             path = ckpt.save(rt, step + 1, placer.state() if placer else None)
+        if forcing:
+            forcing.maybe_kill(step, "boundary", out)
         if stopped:
             break
     bar.close()
