@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import TINY
-from gearshift.train.checkpoint import FORMAT, job_fingerprint, latest_checkpoint, save_checkpoint
+from gearshift.train.checkpoint import OLD_FORMAT, job_fingerprint, latest_checkpoint, read_checkpoint, save_checkpoint
 from gearshift.train.config import load_config
 
 
@@ -28,7 +28,7 @@ def _losses(out: Path) -> list[float]:
 
 
 def _final(out: Path) -> dict:
-    ck = torch.load(latest_checkpoint(out), weights_only=True)
+    ck = read_checkpoint(latest_checkpoint(out))
     assert ck["step"] == 10
     return ck
 
@@ -69,7 +69,7 @@ def test_corrupt_and_mismatched_checkpoints_are_clear_errors(tmp_path):
     assert r.returncode == 2
     assert "corrupt or not a Gearshift checkpoint" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     job = job_fingerprint(load_config(None, [*TINY, "--model.layers=3"]))
-    save_checkpoint(out / "checkpoints" / "step_0000006.pt", {"format": FORMAT, "step": 6, "job": job})
+    save_checkpoint(out / "checkpoints" / "step_0000006.pt", {"format": OLD_FORMAT, "step": 6, "job": job})
     r = _train(out, "--resume")
     assert r.returncode == 2 and "model.layers is 3 in the checkpoint but 2 in the config" in r.stderr
     r = _train(tmp_path / "empty", "--resume")
@@ -94,7 +94,7 @@ def test_a_fresh_run_moves_the_old_one_aside_and_resume_refuses_another_jobs_che
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("run.")]
     assert len(aside) == 1 and f"moved it to {aside[0]}" in r.stdout
     assert [json.loads(ln)["step"] for ln in (out / "metrics.jsonl").read_text().splitlines()] == [0, 1]
-    assert len(list((aside[0] / "checkpoints").glob("*.pt"))) == 2
+    assert len(list((aside[0] / "checkpoints").glob("step_*"))) == 2
     r = _train(out, *one, "--resume")
     assert r.returncode == 2 and "train.seed is 1 in the checkpoint but 0 in the config" in r.stderr, r.stderr
     r = _train(out, *one, "--train.seed=1", "--output.existing=refuse")
@@ -108,8 +108,9 @@ def test_a_moe_checkpoint_gives_back_its_expert_placement_where_it_fits(tmp_path
     moe = ["--model.name=moe_gpt", "--model.experts=8", "--parallel.stages=1", f"--output.dir={tmp_path}"]
     cfg = load_config(None, moe + ["--parallel.experts=4"])
     holders = [[0, 1], [1], [2], [3], [0], [1, 2], [2, 3], [3, 0]]
-    save_checkpoint(checkpoint_path(tmp_path, 5), {"format": FORMAT, "step": 5, "job": job_fingerprint(cfg),
-                                                   "experts": {"width": 4, "experts": 8, "holders": {"3": holders}}})
+    save_checkpoint(checkpoint_path(tmp_path, 5).with_suffix(".pt"), {
+        "format": OLD_FORMAT, "step": 5, "job": job_fingerprint(cfg),
+        "experts": {"width": 4, "experts": 8, "holders": {"3": holders}}})
     got = Checkpointer(cfg).expert_placements(8, 4)
     assert got == {3: ExpertMap(tuple(tuple(h) for h in holders), 4)}
     assert Checkpointer(load_config(None, moe + ["--parallel.experts=2"])).expert_placements(8, 2) is None

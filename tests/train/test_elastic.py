@@ -1,0 +1,44 @@
+"""Losing workers: a worker killed mid-step (in a forward, in a layer migration; rank 0 too, one loss after the
+other) is restarted by the elastic agent with the whole group, which goes on from the in-memory copies: every
+finished step is kept, the step in flight is redone, and the losses equal those of the run without faults."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import TINY
+from gearshift.testing import spawn
+from gearshift.train.config import load_config
+from gearshift.train.forcing import Forcing
+from gearshift.train.launch import launch
+
+pytestmark = pytest.mark.multiprocess
+
+JOB = [*TINY, "--cluster.workers=2", "--parallel.stages=2", "--train.steps=4", "--train.checkpoint_every=0",
+       "--train.warmup_steps=1"]
+
+
+def _steps(out) -> list[dict]:
+    return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "event" not in r]
+
+
+def test_killed_workers_go_on_from_memory_with_the_same_losses(tmp_path, capfd):
+    move = [(0, 1), (1, 4)]  # before step 2, layer 1 moves to stage 1: rank 1 dies in that migration
+    faults = Forcing(partitions={2: move}, kills=[(1, 1, "migration"), (0, 2, "forward")])
+    assert launch(load_config(None, [*JOB, f"--output.dir={tmp_path / 'faults'}"]), quiet=True, forcing=faults) == 0
+    said = capfd.readouterr().out
+    assert said.count("restarted: going on from the in-memory copy") == 2 and "0 finished steps to replay" in said
+    kills = (tmp_path / "faults" / ".launch" / "kills.jsonl").read_text().splitlines()
+    assert [(k["rank"], k["where"]) for k in map(json.loads, kills)] == [(1, "migration"), (0, "forward")]
+    spawn(_plain, 1, str(tmp_path / "plain"))  # the run without faults, on one rank (depth does not change the math)
+    got, want = _steps(tmp_path / "faults"), _steps(tmp_path / "plain")
+    assert [r["step"] for r in got] == [0, 1, 2, 3]  # each step once: none lost, none logged twice
+    assert max(abs(a["loss"] - b["loss"]) for a, b in zip(got, want)) <= 1e-5
+
+
+def _plain(rank: int, world: int, out: str) -> None:
+    from gearshift.train.loop import train
+
+    train(load_config(None, [*JOB, "--cluster.workers=1", "--parallel.stages=1", f"--output.dir={out}"]))
