@@ -1,0 +1,139 @@
+"""Losing workers: a 4-worker job (2 stages x 2 replicas) loses workers to SIGKILL at a step boundary, in a forward,
+in the gradient all-reduce, in a layer migration, rank 0, and two one after the other. Gearshift's elastic agent
+restarts the group, which goes on from the in-memory copies (train.snapshot_every = 1); the peer is what users have
+today, torchrun --max-restarts with --resume from the last checkpoint on disk (the same agent, no in-memory copy).
+Per fault and system: recovery_s (kill -> end of the next finished step), lost_steps (finished steps redone),
+loss_max_diff (against the run without faults) and tokens/s after recovery.
+
+    python bench/elastic.py                    # every fault, both systems
+    python bench/elastic.py --faults forward   # one point, to develop
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import harness
+from gearshift.train.forcing import Forcing
+
+FAULTS = ("boundary", "forward", "allreduce", "migration", "rank0", "two_lost")
+SYSTEMS = {"gearshift": ["--train.snapshot_every=1"], "peer": ["--train.snapshot_every=0"]}
+REPLAY = re.compile(r"restarted: going on from .*?; (\d+) finished steps to replay")
+
+
+def forcing(fault: str, k: int, layers: int) -> Forcing:
+    """The kills (and, for a migration, the forced re-partition they land in) of one fault at step k."""
+    if fault == "migration":  # the partition changes before step k + 1: rank 1 dies while layers move
+        half = layers // 2
+        return Forcing(partitions={k + 1: [(0, half - 1), (half - 1, layers)]}, kills=[(1, k, "migration")])
+    kills = {"boundary": [(1, k, "boundary")], "forward": [(2, k, "forward")], "allreduce": [(3, k, "allreduce")],
+             "rank0": [(0, k, "forward")], "two_lost": [(1, k, "forward"), (2, k + 3, "forward")]}[fault]
+    return Forcing(kills=kills)
+
+
+def _max_step(out: Path) -> int:
+    """The newest step metrics.jsonl has finished (-1: none yet)."""
+    try:
+        lines = (out / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return -1
+    steps = [-1]
+    for ln in lines:
+        try:
+            rec = json.loads(ln)
+        except ValueError:  # a line being written
+            continue
+        if "event" not in rec:
+            steps.append(rec["step"])
+    return max(steps)
+
+
+def run(name: str, args: list[str], work: Path, force: Forcing) -> dict:
+    """The job with `force`, its progress polled: (poll time, newest finished step) every 20 ms, its output, its
+    step records and its kills."""
+    out = work / name
+    path = work / f"{name}.forcing.json"
+    force.save(path)
+    p = subprocess.Popen([sys.executable, "-c", harness._FORCED, str(path), *args, f"--output.dir={out}"],
+                         cwd=harness.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    said: list[str] = []
+    reader = threading.Thread(target=lambda: said.extend(p.stdout), daemon=True)
+    reader.start()
+    progress = []
+    t0 = time.time()
+    while p.poll() is None:
+        progress.append((time.time(), _max_step(out)))
+        time.sleep(0.02)
+    reader.join()
+    text = "".join(said)
+    if p.returncode:
+        raise SystemExit(f"elastic: job {name} failed (exit {p.returncode}):\n{text[-3000:]}")
+    kills_file = out / ".launch" / "kills.jsonl"
+    kills = [json.loads(ln) for ln in kills_file.read_text().splitlines()] if kills_file.is_file() else []
+    print(f"  {name:<22} {time.time() - t0:5.1f} s", flush=True)
+    return {"progress": progress, "said": text, "steps": harness.read_run(out).steps, "kills": kills}
+
+
+def recovery(progress: list[tuple[float, int]], kill_t: float) -> float | None:
+    """Seconds from the kill to the end of the next finished step (the first step newer than the kill saw)."""
+    before = max((s for t, s in progress if t <= kill_t), default=-1)
+    return next((t - kill_t for t, s in progress if t > kill_t and s > before), None)
+
+
+def row(fault: str, system: str, res: dict, ref: list[dict]) -> dict:
+    steps = {r["step"]: r for r in res["steps"]}
+    last = max(k["step"] for k in res["kills"])
+    after = [steps[s]["tokens_per_s"] for s in steps if s > last + 1]
+    rec = [recovery(res["progress"], k["time"]) for k in res["kills"]]
+    return {"fault": fault, "system": system, "at_step": [k["step"] for k in res["kills"]],
+            "recovery_s": max((r for r in rec if r is not None), default=None),
+            "lost_steps": sum(int(n) for n in REPLAY.findall(res["said"])),
+            "loss_max_diff": max(abs(steps[r["step"]]["loss"] - r["loss"]) for r in ref),
+            "rejoin_s": None,  # a worker that comes back later is not built: the group restarts at full size at once
+            "tokens_per_s_after": statistics.median(after) if after else None}
+
+
+def main() -> None:
+    p = harness.parser(__doc__, "elastic", layers=4, width=64, heads=4, context=32, batch=16, micro=4,
+                       max_bytes=200000)
+    p.add_argument("--steps", type=int, default=30, help="steps of each run")
+    p.add_argument("--kill-at", type=int, default=17, help="the step the (first) worker is killed in")
+    p.add_argument("--checkpoint-every", type=int, default=10, help="the peer's disk checkpoints, every N steps")
+    p.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, of {', '.join(FAULTS)}")
+    p.add_argument("--systems", default="gearshift,peer", help="gearshift, peer or both")
+    p.add_argument("--keep", default="", help="keep the runs in this directory")
+    a = p.parse_args()
+    work = harness.workdir("elastic", a.keep)
+    args = [*harness.job_overrides(a), *harness.QUIET, "--cluster.workers=4", "--parallel.stages=2",
+            f"--train.steps={a.steps}", f"--train.checkpoint_every={a.checkpoint_every}", "--cluster.max_restarts=3"]
+    ref = run("no_faults", args, work, Forcing())["steps"]
+    fresh = statistics.median(r["tokens_per_s"] for r in ref if r["step"] > a.kill_at + 1)
+    rows = []
+    for fault in a.faults.split(","):
+        for system in a.systems.split(","):
+            res = run(f"{fault}.{system}", args + SYSTEMS[system], work, forcing(fault, a.kill_at, a.layers + 2))
+            rows.append(row(fault, system, res, ref))
+    harness.table("losing workers (4 workers, 2 stages x 2 replicas)",
+                  ("fault", "system", "killed at", "recovery s", "lost steps", "loss max diff", "tok/s after"),
+                  [(r["fault"], r["system"], r["at_step"], f"{r['recovery_s']:.2f}" if r["recovery_s"] else "n/a",
+                    r["lost_steps"], f"{r['loss_max_diff']:.1e}",
+                    f"{r['tokens_per_s_after']:,.0f}" if r["tokens_per_s_after"] else "n/a") for r in rows], left=2)
+    ours = [r for r in rows if r["system"] == "gearshift"]
+    goals = {"gearshift lost_steps = 0": (max((r["lost_steps"] for r in ours), default=None), "<= 0"),
+             "gearshift loss_max_diff": (max((r["loss_max_diff"] for r in ours), default=None), "<= 1e-5"),
+             "gearshift recovery_s": (max((r["recovery_s"] or 1e9 for r in ours), default=None), "<= 15"),
+             "tok/s after / fresh": (min((r["tokens_per_s_after"] or 0 for r in ours), default=0) / fresh, ">= 0.9")}
+    harness.goals_table({k: (v, g, harness.meets(v, g)) for k, (v, g) in goals.items()})
+    path = harness.write_results("elastic", {"rows": rows, "tokens_per_s_fresh": fresh, "args": args}, a.out)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
