@@ -38,7 +38,27 @@ def test_killed_workers_go_on_from_memory_with_the_same_losses(tmp_path, capfd):
     assert max(abs(a["loss"] - b["loss"]) for a, b in zip(got, want)) <= 1e-5
 
 
-def _plain(rank: int, world: int, out: str) -> None:
+def _plain(rank: int, world: int, out: str, *more: str) -> None:
     from gearshift.train.loop import train
 
-    train(load_config(None, [*JOB, "--cluster.workers=1", "--parallel.stages=1", f"--output.dir={out}"]))
+    train(load_config(None, [*JOB, "--cluster.workers=1", "--parallel.stages=1", f"--output.dir={out}", *more]))
+
+
+def test_workers_lost_for_good_shrink_the_job_then_stop_it_with_a_checkpoint(tmp_path, capfd):
+    """Rank 1 is lost for good at step 1: the job is re-planned onto the one worker left (1 stage) and goes on from
+    the in-memory copies; that worker is lost at step 3: no layout fits none, so the job stops with one line after
+    writing the last finished step as a checkpoint, and --resume finishes it. Losses equal the run without faults."""
+    out = tmp_path / "lost"
+    faults = Forcing(kills=[(1, 1, "forward"), (0, 3, "forward")], lost=[0, 1])
+    job = load_config(None, [*JOB, "--train.steps=5", f"--output.dir={out}"])
+    assert launch(job, quiet=True, forcing=faults) == 1
+    err = capfd.readouterr().err
+    assert "no layout of the job fits the 0 workers left" in err and "step_0000003.pt (--resume continues)" in err
+    assert json.loads((out / ".launch" / "config.json").read_text())["parallel"]["stages"] == 1  # the shrunk job
+    one = load_config(None, [*JOB, "--train.steps=5", "--cluster.workers=1", "--parallel.stages=1",
+                             f"--output.dir={out}"])
+    assert launch(one, resume=True, quiet=True) == 0
+    spawn(_plain, 1, str(tmp_path / "plain"), "--train.steps=5")
+    got, want = _steps(out), _steps(tmp_path / "plain")
+    assert [r["step"] for r in got] == [0, 1, 2, 3, 4]
+    assert max(abs(a["loss"] - b["loss"]) for a, b in zip(got, want)) <= 1e-5

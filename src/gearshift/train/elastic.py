@@ -1,8 +1,9 @@
-"""Local workers through torch.distributed.elastic, the agent torchrun runs: `elastic_launch` starts the ranks
-(c10d rendezvous on 127.0.0.1), restarts the whole group up to cluster.max_restarts times when a worker fails
-(a new rendezvous round; the workers go on from their in-memory copies, train.snapshot), stops them on SIGTERM /
-SIGINT (they checkpoint after their step) and hands back the failed ranks' error files (`@record`). This turns
-the agent's outcome into one line and the launcher's exit code."""
+"""Local workers through torch.distributed.elastic: the agent torchrun runs (built as `elastic_launch` builds it)
+starts the ranks (c10d rendezvous on 127.0.0.1), restarts the whole group up to cluster.max_restarts times when a
+worker fails (a new rendezvous round; the workers go on from their in-memory copies, train.snapshot), with fewer
+workers when some are lost for good (the launcher re-plans: train.survivors), stops them on SIGTERM / SIGINT (they
+checkpoint after their step) and hands back the failed ranks' error files (`@record`). This turns the agent's
+outcome into one line and the launcher's exit code."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import os
 import signal
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 USER_ERROR = "user_error.json"  # a worker's bad-input line (exit 2): written once, read by the launcher
@@ -75,35 +77,69 @@ def run_id() -> str:
 
 
 def run_elastic(args: list[str], n: int, run_dir: Path, env: dict[str, str] | None = None, quiet: bool = False,
-                grace_s: float = 60.0, max_restarts: int = 0, rid: str = "local") -> int:
+                grace_s: float = 60.0, max_restarts: int = 0, rid: str = "local",
+                resize: Callable[[int], int] | None = None) -> int:
     """Run `python ARGS` as ranks 0..n-1 under the elastic agent; returns 0, 1 when a worker failed (after the
     restarts), 2 on bad input found by a worker, 128 + signal number when stopped by SIGTERM / SIGINT. `rid`: the
-    agent's run id (the workers' TORCHELASTIC_RUN_ID)."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    agent's run id (the workers' TORCHELASTIC_RUN_ID); `resize`: the next group's size, asked before each
+    restart (may raise NoLayout)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    from gearshift.train.launch import free_port
 
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / USER_ERROR).unlink(missing_ok=True)
-    config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=n, run_id=rid, rdzv_backend="c10d",
-        rdzv_endpoint=f"127.0.0.1:{free_port()}", rdzv_configs={"timeout": 120}, max_restarts=max_restarts,
-        monitor_interval=0.05, start_method="spawn", local_addr="127.0.0.1", shutdown_timeout=int(grace_s),
-        logs_specs=DefaultLogsSpecs(log_dir=str(run_dir / "elastic")),
-    )
     wenv = {"OMP_NUM_THREADS": "1", "GEARSHIFT_PARENT_PID": str(os.getpid()),
             "GEARSHIFT_USER_ERROR_FILE": str(run_dir / USER_ERROR), **(env or {})}
     with _environ(wenv), _agent_log(quiet):
         try:
-            elastic_launch(config, sys.executable)(*args)
+            _run_agent(args, n, run_dir, grace_s, max_restarts, rid, resize)
             return 0
         except SignalException as e:
             return 128 + int(e.sigval)
         except ChildFailedError as e:
             return _failed(e, run_dir, quiet)
+        except NoLayout as e:
+            print(f"gearshift: {e}", file=sys.stderr)
+            return 1
+
+
+class NoLayout(Exception):
+    """No layout fits the workers left: the agent stops (the message says why, and where the checkpoint is)."""
+
+
+def _run_agent(args: list[str], n: int, run_dir: Path, grace_s: float, max_restarts: int, rid: str,
+               resize: Callable[[int], int] | None) -> None:
+    """What elastic_launch does (a rendezvous handler, a WorkerSpec, a LocalElasticAgent, a ChildFailedError on
+    failure), with one addition: before each restart, `resize(workers now)` gives the size of the next group (the
+    same, or fewer when workers were lost for good: the launcher has re-planned the job for them)."""
+    from torch.distributed.elastic.agent.server.api import WorkerSpec
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous import registry as rdzv_registry
+
+    from gearshift.train.launch import free_port
+
+    class Agent(LocalElasticAgent):
+        def _restart_workers(self, worker_group) -> None:
+            if resize is not None:
+                worker_group.spec.local_world_size = resize(worker_group.spec.local_world_size)
+            super()._restart_workers(worker_group)
+
+    params = RendezvousParameters(backend="c10d", endpoint=f"127.0.0.1:{free_port()}", run_id=rid, min_nodes=1,
+                                  max_nodes=1, local_addr="127.0.0.1", timeout=120)
+    spec = WorkerSpec(role="gearshift", local_world_size=n, entrypoint=sys.executable, args=tuple(args),
+                      rdzv_handler=rdzv_registry.get_rendezvous_handler(params), max_restarts=max_restarts,
+                      monitor_interval=0.05, local_addr="127.0.0.1")
+    agent = Agent(spec=spec, logs_specs=DefaultLogsSpecs(log_dir=str(run_dir / "elastic")), start_method="spawn",
+                  shutdown_timeout=int(grace_s))
+    try:
+        result = agent.run()
+        if result.is_failed():
+            raise ChildFailedError(name="gearshift.train", failures=result.failures)
+    finally:
+        spec.rdzv_handler.shutdown()
 
 
 def _failed(e, run_dir: Path, quiet: bool) -> int:

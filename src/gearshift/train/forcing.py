@@ -24,12 +24,15 @@ class Forcing:
     `move_experts`: expert placement moves at every decision, whatever the switch rule says (train.placement).
     `kills`: (rank, step, where) faults: that rank SIGKILLs itself during that step, `where` one of KILL_POINTS;
     the i-th kill fires in the group the elastic agent started i-th (after i restarts), so a restarted group
-    does not kill itself again. Each kill appends a line (rank, step, where, time) to RUN_DIR/.launch/kills.jsonl."""
+    does not kill itself again. Each kill appends a line (rank, step, where, time) to RUN_DIR/.launch/kills.jsonl,
+    and a kill listed in `lost` (by index) also to RUN_DIR/.launch/lost.jsonl: its worker is gone for good (its host
+    went away), so the launcher re-plans the job onto the workers left (train.survivors)."""
 
     partitions: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     schedules: dict[int, tuple[int, int]] = field(default_factory=dict)
     move_experts: bool = False
     kills: list[tuple[int, int, str]] = field(default_factory=list)
+    lost: list[int] = field(default_factory=list)  # the kills (by index) whose worker does not come back
     now: int = field(default=-1, repr=False)  # the step running (set by the loop; where the hooks look)
 
     def __post_init__(self) -> None:  # keys and values as JSON gives them back: steps as ints, tuples
@@ -52,8 +55,10 @@ class Forcing:
 
         for i, (rank, at, point) in enumerate(self.kills):
             if (at, point, rank, i) == (step, where, dist.get_rank(), restart_count()):
-                with open(Path(out) / ".launch" / "kills.jsonl", "a") as f:
-                    f.write(json.dumps({"rank": rank, "step": step, "where": where, "time": time.time()}) + "\n")
+                line = json.dumps({"rank": rank, "step": step, "where": where, "time": time.time()}) + "\n"
+                for name in ("kills.jsonl", "lost.jsonl") if i in self.lost else ("kills.jsonl",):
+                    with open(Path(out) / ".launch" / name, "a") as f:
+                        f.write(line)
                 os.kill(os.getpid(), signal.SIGKILL)
 
     def arm(self, rt, out: Path) -> None:
@@ -87,8 +92,8 @@ class Forcing:
         if self.schedules and multidir:
             raise ConfigError("Forcing.schedules: kFkB switches do not apply to parallel.schedule = multidir")
         for rank, step, where in self.kills:
-            if where not in KILL_POINTS or not 0 <= rank < cfg.cluster.workers:
-                raise ConfigError(f"Forcing.kills: ({rank}, {step}, {where!r}): a rank of the job and one of "
+            if where not in KILL_POINTS or rank < 0:  # a rank past the job's size: one of a larger group's
+                raise ConfigError(f"Forcing.kills: ({rank}, {step}, {where!r}): a rank >= 0 and one of "
                                   f"{', '.join(KILL_POINTS)}")
         for step, bounds in sorted(self.partitions.items()):
             where = f"Forcing.partitions[{step}]"
@@ -111,7 +116,8 @@ class Forcing:
         path.write_text(json.dumps({"partitions": {str(s): [list(b) for b in bounds]
                                                    for s, bounds in self.partitions.items()},
                                     "schedules": {str(s): list(mk) for s, mk in self.schedules.items()},
-                                    "move_experts": self.move_experts, "kills": [list(k) for k in self.kills]}))
+                                    "move_experts": self.move_experts, "kills": [list(k) for k in self.kills],
+                                    "lost": self.lost}))
 
     @classmethod
     def load(cls, path: str | Path) -> Forcing:

@@ -151,11 +151,12 @@ def launch(
             return run_ranks(cmd, n, cfg.cluster.ranks_per_node or n, run_dir, testbed, env, quiet,
                              cfg.cluster.stop_grace_s)
     from gearshift.train.elastic import run_elastic, run_id
-    from gearshift.train.snapshot import drop, snapshot_root
+    from gearshift.train.snapshot import Snapshots, drop, snapshot_root
 
     rid = run_id()
     try:
-        return run_elastic(cmd[1:], n, run_dir, env, quiet, cfg.cluster.stop_grace_s, cfg.cluster.max_restarts, rid)
+        return run_elastic(cmd[1:], n, run_dir, env, quiet, cfg.cluster.stop_grace_s, cfg.cluster.max_restarts, rid,
+                           _Survivors(cfg, cfg_path, Snapshots(snapshot_root(rid, cfg.output.dir), 1), quiet))
     finally:
         drop(snapshot_root(rid, cfg.output.dir))  # the in-memory copies die with the job
 
@@ -258,3 +259,38 @@ def _watch(procs: list[subprocess.Popen], run_dir: Path, quiet: bool, stopping: 
                 print("gearshift: workers did not stop in time; killed", file=sys.stderr)
             return 128 + stopping.signum
         time.sleep(0.05)
+
+
+class _Survivors:
+    """Before each restart of the agent's group: the size of the next group. Workers lost for good (listed in
+    RUN_DIR/.launch/lost.jsonl: their host went away) are not waited for: the job is re-planned onto the workers
+    left (train.survivors) and its config rewritten for the next group; when no layout fits, the newest in-memory
+    copy becomes a checkpoint and the job stops with one line (train.elastic.NoLayout)."""
+
+    def __init__(self, cfg: JobConfig, cfg_path: Path, snapshots, quiet: bool):
+        self.cfg, self.cfg_path, self.snapshots, self.quiet = cfg, cfg_path, snapshots, quiet
+        self.lost = 0
+
+    def __call__(self, now: int) -> int:
+        from gearshift.errors import PlanError
+        from gearshift.train.elastic import NoLayout
+        from gearshift.train.snapshot import to_checkpoint
+        from gearshift.train.survivors import survivors_job
+
+        lost_file = self.cfg_path.parent / "lost.jsonl"
+        lost = len(lost_file.read_text().splitlines()) if lost_file.is_file() else 0
+        if lost == self.lost:
+            return now
+        gone, self.lost = lost - self.lost, lost
+        try:
+            self.cfg = survivors_job(self.cfg, now - gone)
+        except PlanError as e:
+            path = to_checkpoint(self.cfg, self.snapshots)
+            raise NoLayout(f"{e}: stopped; " + (f"wrote the last finished step to {path} (--resume continues)"
+                                                if path else "no in-memory copy to write")) from None
+        self.cfg_path.write_text(json.dumps(self.cfg.to_dict(), indent=1))
+        if not self.quiet:
+            print(f"gearshift: {gone} worker{'s' if gone > 1 else ''} lost for good: re-planned onto "
+                  f"{self.cfg.cluster.workers} ({self.cfg.parallel.stages} stages x {self.cfg.replicas} replicas)",
+                  file=sys.stderr, flush=True)
+        return self.cfg.cluster.workers

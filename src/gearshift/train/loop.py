@@ -61,6 +61,8 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None,
     bounds, plan = None, None
     if resume and cfg.parallel.partition == "adaptive":  # continue from the partition that was learned
         bounds = [tuple(b) for b in ckpt.resumed().get("bounds", [])] or None
+        if bounds and len(bounds) != cfg.parallel.stages:  # written by another layout (fewer workers left)
+            bounds = None
     if bounds is None and cfg.parallel.partition == "adaptive":  # the DP's plan, before any layer is built
         plan = plan_start(cfg, adapter, spec, data, switcher is not None)
         bounds = [tuple(b) for b in plan.bounds]

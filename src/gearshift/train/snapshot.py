@@ -19,7 +19,14 @@ import torch
 import torch.distributed as dist
 
 from gearshift.runtime.agree import rank0_decides
-from gearshift.train.checkpoint import Checkpointer, latest_checkpoint
+from gearshift.train.checkpoint import (
+    OLD_FORMAT,
+    Checkpointer,
+    checkpoint_path,
+    job_fingerprint,
+    latest_checkpoint,
+    save_checkpoint,
+)
 from gearshift.train.config import JobConfig
 
 _NAME = re.compile(r"^step(\d+)\.world(\d+)\.rank(\d+)\.pt$")
@@ -124,3 +131,17 @@ def _logged_steps(path: Path) -> int:
     steps = [json.loads(ln).get("step", -1) for ln in path.read_text().splitlines() if ln.strip() and '"event"'
              not in ln]
     return max(steps, default=-1) + 1
+
+
+def to_checkpoint(cfg: JobConfig, snapshots: Snapshots) -> Path | None:
+    """Write the newest complete in-memory copy as a checkpoint `--resume` accepts (one file, the whole job), for
+    a job that stops because no layout fits the workers left; None when there is no copy."""
+    step = snapshots.newest()
+    if step is None:
+        return None
+    ck = snapshots.load(step)
+    path = checkpoint_path(cfg.output.dir, step).with_suffix(".pt")
+    save_checkpoint(path, {"format": OLD_FORMAT, "step": step, "model": ck["model"], "optim": ck["optim"],
+                           "rng": ck["rng"], "job": job_fingerprint(cfg), "bounds": ck.get("bounds", []),
+                           "data": {"seed": cfg.train.seed, "next_step": step}})
+    return path
