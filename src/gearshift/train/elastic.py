@@ -12,10 +12,11 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import uuid
-from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 USER_ERROR = "user_error.json"  # a worker's bad-input line (exit 2): written once, read by the launcher
 
@@ -72,13 +73,20 @@ def _agent_log(quiet: bool):
         api.setLevel(old[1])
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def run_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
 def run_elastic(args: list[str], n: int, run_dir: Path, env: dict[str, str] | None = None, quiet: bool = False,
                 grace_s: float = 60.0, max_restarts: int = 0, rid: str = "local",
-                resize: Callable[[int], int] | None = None) -> int:
+                resize: Resize | None = None) -> int:
     """Run `python ARGS` as ranks 0..n-1 under the elastic agent; returns 0, 1 when a worker failed (after the
     restarts), 2 on bad input found by a worker, 128 + signal number when stopped by SIGTERM / SIGINT. `rid`: the
     agent's run id (the workers' TORCHELASTIC_RUN_ID); `resize`: the next group's size, asked before each
@@ -107,19 +115,24 @@ class NoLayout(Exception):
     """No layout fits the workers left: the agent stops (the message says why, and where the checkpoint is)."""
 
 
+class Resize(Protocol):
+    def __call__(self, now: int) -> int: ...
+    def grows(self) -> bool: ...
+
+
 def _run_agent(args: list[str], n: int, run_dir: Path, grace_s: float, max_restarts: int, rid: str,
-               resize: Callable[[int], int] | None) -> None:
+               resize: Resize | None) -> None:
     """What elastic_launch does (a rendezvous handler, a WorkerSpec, a LocalElasticAgent, a ChildFailedError on
     failure), with one addition: before each restart, `resize(workers now)` gives the size of the next group (the
-    same, or fewer when workers were lost for good: the launcher has re-planned the job for them)."""
+    same, fewer when workers were lost for good, more when they are back: the launcher has re-planned the job for
+    them); while `resize.grows()` the rendezvous reports a node waiting, so the agent stops the group (SIGTERM: the
+    workers finish their step) and restarts it larger, as it does when a node joins, without counting a restart."""
     from torch.distributed.elastic.agent.server.api import WorkerSpec
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousParameters
     from torch.distributed.elastic.rendezvous import registry as rdzv_registry
-
-    from gearshift.train.launch import free_port
 
     class Agent(LocalElasticAgent):
         def _restart_workers(self, worker_group) -> None:
@@ -129,8 +142,12 @@ def _run_agent(args: list[str], n: int, run_dir: Path, grace_s: float, max_resta
 
     params = RendezvousParameters(backend="c10d", endpoint=f"127.0.0.1:{free_port()}", run_id=rid, min_nodes=1,
                                   max_nodes=1, local_addr="127.0.0.1", timeout=120)
+    handler = rdzv_registry.get_rendezvous_handler(params)
+    if resize is not None:  # a worker back (resize.grows): as a node waiting to join, a restart not counted
+        waiting = handler.num_nodes_waiting
+        handler.num_nodes_waiting = lambda: 1 if resize.grows() else waiting()
     spec = WorkerSpec(role="gearshift", local_world_size=n, entrypoint=sys.executable, args=tuple(args),
-                      rdzv_handler=rdzv_registry.get_rendezvous_handler(params), max_restarts=max_restarts,
+                      rdzv_handler=handler, max_restarts=max_restarts,
                       monitor_interval=0.05, local_addr="127.0.0.1")
     agent = Agent(spec=spec, logs_specs=DefaultLogsSpecs(log_dir=str(run_dir / "elastic")), start_method="spawn",
                   shutdown_timeout=int(grace_s))

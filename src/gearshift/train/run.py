@@ -27,8 +27,10 @@ def run_worker(cfg: JobConfig, resume: bool, forcing: Forcing | None = None) -> 
         run_id = os.environ.get("TORCHELASTIC_RUN_ID")
         snaps = Snapshots(snapshot_root(run_id, cfg.output.dir), cfg.train.snapshot_every) \
             if run_id and cfg.train.snapshot_every and cfg.parallel.schedule != "multidir" else None
-        train(cfg, resume=resume, stop=stop, forcing=forcing, snapshots=snaps, restarted=restart_count() > 0)
+        summary = train(cfg, resume=resume, stop=stop, forcing=forcing, snapshots=snaps,
+                        restarted=restart_count() > 0)
         dist.barrier()
-        if snaps and dist.get_rank() == 0:  # the job is done: free its copies
+        if snaps and dist.get_rank() == 0 and not summary["stopped"]:  # done: free its copies (a group stopped
+            drop(snaps.root)  # to be restarted larger goes on from them)
             drop(snaps.root)
     run_as_worker(job)
