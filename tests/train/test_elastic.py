@@ -5,6 +5,8 @@ finished step is kept, the step in flight is redone, and the losses equal those 
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 
@@ -61,4 +63,32 @@ def test_workers_lost_for_good_shrink_the_job_then_stop_it_with_a_checkpoint(tmp
     spawn(_plain, 1, str(tmp_path / "plain"), "--train.steps=5")
     got, want = _steps(out), _steps(tmp_path / "plain")
     assert [r["step"] for r in got] == [0, 1, 2, 3, 4]
+    assert max(abs(a["loss"] - b["loss"]) for a, b in zip(got, want)) <= 1e-5
+
+
+def test_a_worker_back_grows_the_job_again_with_the_same_losses(tmp_path):
+    """Rank 1 is lost for good at step 1 (the job goes on with 1 stage), and is back once step 3 is finished: the
+    job grows back to 2 stages at a step boundary, from the in-memory copies. Each step once, the same losses."""
+    out = tmp_path / "back"
+
+    def host_comes_back() -> None:
+        while True:
+            try:
+                done = max(r["step"] for r in _steps(out))
+                small = json.loads((out / ".launch" / "config.json").read_text())["cluster"]["workers"] == 1
+            except (OSError, ValueError, KeyError):
+                done, small = -1, False
+            if small and done >= 3:
+                (out / ".launch" / "back.jsonl").write_text("{}\n")
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=host_comes_back, daemon=True).start()
+    job = load_config(None, [*JOB, "--train.steps=16", f"--output.dir={out}"])
+    assert launch(job, quiet=True, forcing=Forcing(kills=[(1, 1, "forward")], lost=[0])) == 0
+    spawn(_plain, 1, str(tmp_path / "plain"), "--train.steps=16")
+    got, want = _steps(out), _steps(tmp_path / "plain")
+    ranks = [len(r["busy_s"]) for r in got]
+    assert [r["step"] for r in got] == list(range(16))
+    assert ranks[0] == 2 and 1 in ranks and ranks[-1] == 2  # 2 workers, then 1, then 2 again
     assert max(abs(a["loss"] - b["loss"]) for a, b in zip(got, want)) <= 1e-5

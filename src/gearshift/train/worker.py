@@ -47,8 +47,10 @@ def init_distributed(cfg: JobConfig) -> None:
     timeout = datetime.timedelta(seconds=cfg.cluster.timeout_s)
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         # The agent's store outlives a restart and still holds the dead group's addresses under the keys a new
-        # group reads: each group the agent starts keeps its keys under its own prefix.
-        store = dist.PrefixStore(f"/gearshift/attempt_{restart_count()}", dist.TCPStore(
+        # group reads: each group the agent starts keeps its keys under its own prefix (a group after a loss has a
+        # new restart count, one grown back a new size).
+        world = os.environ["WORLD_SIZE"]
+        store = dist.PrefixStore(f"/gearshift/attempt_{restart_count()}_world_{world}", dist.TCPStore(
             os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]),
             is_master=False, timeout=timeout))
         dist.init_process_group(chosen.backend, store=store, rank=int(os.environ["RANK"]),
