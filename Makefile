@@ -17,14 +17,16 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 train: $(STAMP)
-	$(BIN)/gearshift train $(ARGS)
+	$(BIN)/gearshift train $(ARGS); rc=$$?; \
+	echo "gearshift and torchrun are in $(BIN): run '. $(BIN)/activate' in your shell (or call $(BIN)/gearshift)"; \
+	exit $$rc
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
 
 # The suite without multi-process and testbed tests: under a minute.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest tests -m "not multiprocess and not testbed" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests -m "not multiprocess and not testbed and not browser and not subprocess" $(PYTEST_ARGS)
 
 # ruff, then the import contracts in pyproject.toml ([tool.importlinter]: layers, pure planning, no cycles).
 lint: $(STAMP)

@@ -1,12 +1,13 @@
-"""All-reduce bus bandwidth: gloo's dist.all_reduce against our ring and both hierarchical forms, on
-loopback (4 and 8 ranks) and on the namespace testbed (4 nodes x 2 ranks, 200 Mbit/s per host), each
-point next to the cost model's prediction calibrated from a quick link measurement in the same run;
-plus model predictions for 16..4096 GPUs. Writes bench/results/allreduce.json and .png."""
+"""All-reduce bus bandwidth: gloo against our ring and both hierarchical forms (point-to-point step programs, and
+composed from collectives on subgroups: composed_*), on loopback (4 and 8 ranks) and the namespace testbed (4 nodes x
+2 ranks, 200 Mbit/s per host), beside the cost model calibrated in the same run; plus model predictions for 16..4096
+GPUs. Writes bench/results/allreduce.json and .png."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -29,7 +30,8 @@ from gearshift.report.trace import chrome_trace, write_trace
 from gearshift.sim.collectives import ALGORITHMS, LinkCosts, busbw, choose, node_matrix, predict
 from gearshift.train.launch import free_port
 
-ALGOS = ["gloo", "ring", "hierarchical", "hierarchical_rs"]
+ALGOS = ["gloo", "ring", "hierarchical", "hierarchical_rs", "composed_hierarchical", "composed_hierarchical_rs"]
+P2P, COMPOSED = ("hierarchical", "hierarchical_rs"), ("composed_hierarchical", "composed_hierarchical_rs")
 SETTINGS = {"loopback4": [2, 2], "loopback8": [2, 2, 2, 2], "testbed4x2": [2, 2, 2, 2]}
 KIB, MIB = 1 << 10, 1 << 20
 FULL_SIZES = [4 * KIB * 4**k for k in range(8)]  # 4 KiB .. 64 MiB
@@ -38,45 +40,40 @@ TESTBED_RATE = "200mbit"
 AGAIN = ("hierarchical",)  # timed twice per repetition: an A/A test of the measurement's repeatability
 
 
-# ---------------------------------------------------------------- worker (one rank)
-def worker(args: argparse.Namespace) -> None:
+def worker(job: dict) -> None:
     """Time every algorithm at every size; rank 0 writes the timings and the calibration."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    counts = [int(c) for c in args.counts.split(",")]
-    topo = Topology.from_ranks_per_node(counts)
-    groups = CommGroups.build(topo)
-    shaped = args.setting.startswith("testbed")
+    topo = Topology.from_ranks_per_node(job["counts"])
+    groups, composed = CommGroups.build(topo, transport="p2p"), CommGroups.build(topo, transport="collectives")
     costs = measure_link_costs(groups)  # the package's own calibration, as training's `auto` uses
-    rows = time_sizes(groups, [int(s) for s in args.sizes.split(",")], costs, shaped, again=AGAIN)
-    timeline = _timeline(int(args.trace), groups, costs, rows) if args.trace else None
+    rows = time_sizes(groups, job["sizes"], costs, job["setting"].startswith("testbed"), again=AGAIN,
+                      composed=composed)
+    timeline = _timeline(job["trace"], groups, costs, rows) if job["trace"] else None
     again = measure_link_costs(groups)  # an A/A of the calibration: the model's input, measured again at the end
     if dist.get_rank() == 0:
-        Path(args.out).write_text(json.dumps({"rows": rows, "costs": costs.__dict__, "costs_again": again.__dict__,
+        Path(job["out"]).write_text(json.dumps({"rows": rows, "costs": costs.__dict__, "costs_again": again.__dict__,
                                               "timeline": timeline}))
     dist.barrier()
     dist.destroy_process_group()
 
 
-def time_sizes(groups, sizes: list[int], costs, shaped: bool, again: tuple[str, ...] = ()) -> list[dict]:
-    """Every algorithm at every size, sampled as this benchmark samples a setting (comm.measure rows).
-    Warm-ups: two on loopback (shared-memory staging alternates between two regions, whose pages fault in
-    once); on loopback at least 3 calls per sample and 5 samples, as 4-8 processes on 2 cores make single
-    calls vary by 2x; on the testbed 7 samples where calls are step-bound and cheap (to 1 MiB), 5 to 16 MiB
-    (a single call there moves by 2-4% between samples), 3 above (a 64 MiB call takes 5 s)."""
+def time_sizes(groups, sizes: list[int], costs, shaped: bool, again: tuple[str, ...] = (),
+               composed=None) -> list[dict]:
+    """Every algorithm at every size (comm.measure rows). Loopback: 2 warm-ups (two staging regions fault in), 3+
+    calls a sample, 5 samples (2 cores vary calls 2x); testbed: 7 samples to 1 MiB, 5 to 16 MiB, 3 above."""
     rows = []
-    parts = [([s for s in sizes if s <= MIB], 7 if shaped else 5), ([s for s in sizes if MIB < s <= 16 * MIB], 5),
-             ([s for s in sizes if s > 16 * MIB], 3 if shaped else 5)]
-    for part, reps in parts:
+    for lo, hi, reps in ((0, MIB, 7 if shaped else 5), (MIB, 16 * MIB, 5), (16 * MIB, math.inf, 3 if shaped else 5)):
+        part = [s for s in sizes if lo < s <= hi]
         rows += time_algorithms(groups, part, costs, tuple(ALGOS), reps=reps, warmups=1 if shaped else 2,
-                                min_iters=1 if shaped else 3, budget_s=0.5 if shaped else 0.25, again=again)
+                                min_iters=1 if shaped else 3, budget_s=0.5 if shaped else 0.25, again=again,
+                                composed=composed)
     return rows
 
 
 def _timeline(size: int, groups, costs, rows: list[dict]) -> dict | None:
-    """One traced hierarchical all-reduce of `size` bytes: every rank's steps, gathered on rank 0 as a
-    Perfetto trace, plus where the time went: the first step's wait (the node gather, process wake-up
-    included), and the leaders' inter-node byte rate against gloo's own in the timed rows."""
+    """One traced hierarchical all-reduce of `size` bytes (a Perfetto trace on rank 0) and where its time went: the
+    first step's wait, and the leaders' inter-node byte rate against gloo's in the timed rows."""
     x, events = torch.full((size // 4,), 1e-3), []
     dist.barrier()
     t0 = time.perf_counter()
@@ -104,25 +101,17 @@ def _timeline(size: int, groups, costs, rows: list[dict]) -> dict | None:
             "leader_rate_vs_gloo": leader_rate / gloo_rate if gloo_rate else None}
 
 
-# ---------------------------------------------------------------- driver
 def run_setting(setting: str, sizes: list[int], tb=None, trace: int | None = None) -> dict:
-    """Run this script with --worker once per rank of `setting` (inside the testbed's namespaces when tb is
-    given), rendezvous at rank 0, raise if any rank fails, and return the JSON rank 0 wrote."""
+    """This script's worker on every rank of `setting` (in the testbed's namespaces with `tb`): rank 0's JSON."""
     counts, out = SETTINGS[setting], tempfile.NamedTemporaryFile(suffix=".json", delete=False).name
-    argv = [sys.executable, __file__, "--worker", "--setting", setting, "--trace", str(trace or 0), "--counts",
-            ",".join(map(str, counts)), "--sizes", ",".join(map(str, sizes)), "--out", out]
-    port = free_port() if tb is None else 29611
-    procs, rank = [], 0
-    for node, c in enumerate(counts):
-        for _ in range(c):
-            if tb is None:
-                env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo"}
-                cmd = argv
-            else:
-                env, cmd = tb.worker_env(node, port), tb.command(node, argv)
-            env.update(RANK=str(rank), WORLD_SIZE=str(sum(counts)), OMP_NUM_THREADS="1")
-            procs.append(subprocess.Popen(cmd, env={**os.environ, **env}))
-            rank += 1
+    job = {"setting": setting, "trace": trace or 0, "counts": counts, "sizes": sizes, "out": out}
+    argv = [sys.executable, __file__, "--worker", json.dumps(job)]
+    port, procs = free_port() if tb is None else 29611, []
+    for rank, node in enumerate(n for n, c in enumerate(counts) for _ in range(c)):
+        env, cmd = ({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo"}, argv) \
+            if tb is None else (tb.worker_env(node, port), tb.command(node, argv))
+        env.update(RANK=str(rank), WORLD_SIZE=str(sum(counts)), OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen(cmd, env={**os.environ, **env}))
     try:
         codes = [p.wait(timeout=900) for p in procs]
         if any(codes):
@@ -132,13 +121,22 @@ def run_setting(setting: str, sizes: list[int], tb=None, trace: int | None = Non
         os.unlink(out)
 
 
-def link_summary(setting: str, hosts: dict) -> str:
-    """One line on what the testbed's host links carried during a setting: drops there mean retransmits
-    in the timings (the shapers' queues hold ~20 ms, so there should be none)."""
-    total = traffic_totals(hosts)
-    return (f"{setting}: host links carried {total['bytes'] / 1e9:.2f} GB in {total['packets']} packets, both ways; "
-            f"held at the cap {total['throttled']} times; dropped {total['dropped']}"
-            + ("" if not total["dropped"] else " (retransmits in these timings)"))
+def _model_name(algorithm: str) -> str:
+    """The cost model's name for a timed algorithm (a composed form is priced as its hierarchical form)."""
+    return algorithm.removeprefix("composed_")
+
+
+def transport_decision(rows: list[dict]) -> list[dict]:
+    """Per setting and size: the faster composed form, the faster p2p form (shared memory and doorbells inside a
+    node), gloo; the p2p transport keeps its place only where composed_over_p2p > 1.05 at <= 64 KiB or >= 4 MiB."""
+    out = []
+    for setting in sorted({r["setting"] for r in rows}, key=list(SETTINGS).index):
+        for size in sorted({r["size_bytes"] for r in rows if r["setting"] == setting}):
+            got = {r["algorithm"]: r["time_s"] for r in rows if r["setting"] == setting and r["size_bytes"] == size}
+            c, p = min(got[a] for a in COMPOSED if a in got), min(got[a] for a in P2P if a in got)
+            out.append({"setting": setting, "size_bytes": size, "composed_s": c, "p2p_s": p,
+                        "composed_vs_gloo": got["gloo"] / c, "composed_over_p2p": c / p})
+    return out
 
 
 def scale_predictions() -> list[dict]:
@@ -157,8 +155,8 @@ def scale_predictions() -> list[dict]:
 
 
 def auto_regret(rows: list[dict], calib: dict) -> list[dict]:
-    """Per setting and size: the algorithm `auto` picks with that setting's calibration, the fastest one
-    measured, and the pick's measured time over the fastest's (what a wrong pick costs)."""
+    """Per setting and size: `auto`'s pick under the setting's calibration, the fastest measured, and the time
+    ratio of the two (what a wrong pick costs)."""
     out = []
     for setting in sorted({r["setting"] for r in rows}, key=list(SETTINGS).index):
         costs = LinkCosts(**calib[setting])
@@ -171,10 +169,8 @@ def auto_regret(rows: list[dict], calib: dict) -> list[dict]:
 
 
 def accuracy(rows: list[dict], within: float = 0.2) -> list[str]:
-    """Per setting: cells where the model is off by more than `within`, and two A/A tests that bound what any
-    model can show on this machine: the same algorithm timed twice in every repetition (how far its two
-    medians land apart), and the costs calibrated again after the timings (how far their predictions land
-    from the first calibration's)."""
+    """Per setting: cells where the model is off by more than `within`, beside two A/A bounds: an algorithm timed
+    twice per repetition, and the costs calibrated again after the timings."""
     def spread(ratios: list[float]) -> str:
         devs = sorted(abs(x - 1) for x in ratios)
         return f"up to {devs[-1]:.0%} (median {devs[len(devs) // 2]:.0%}; > {within:.0%} in {off(ratios)})"
@@ -206,7 +202,7 @@ def _plot(rows: list[dict], preds: list[dict], path: Path) -> None:
 
     settings = sorted({r["setting"] for r in rows}, key=list(SETTINGS).index)
     fig, axes = plt.subplots(1, len(settings) + 1, figsize=(5 * (len(settings) + 1), 4.2))
-    colors = dict(zip(ALGOS, ["black", "tab:blue", "tab:red", "tab:green"]))
+    colors = dict(zip(ALGOS, ["black", "tab:blue", "tab:red", "tab:green", "tab:orange", "tab:purple"]))
     for ax, s in zip(axes, settings):
         for algo in ALGOS:
             pts = sorted((r["size_bytes"], r["busbw_gbps"], r["predicted_busbw_gbps"]) for r in rows
@@ -228,30 +224,20 @@ def _plot(rows: list[dict], preds: list[dict], path: Path) -> None:
 
 
 def main() -> int:
-    ap = harness.parser(__doc__)
-    ap.add_argument("--quick", action="store_true", help="fewer sizes (4 KiB .. 4 MiB)")
+    ap = harness.parser(__doc__, quick={"sizes_list": ",".join(map(str, QUICK_SIZES))})
     ap.add_argument("--settings", default=",".join(SETTINGS))
     ap.add_argument("--sizes-list", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--trace", type=int, default=0, metavar="BYTES",
-                    help="also trace one hierarchical all-reduce of BYTES (the last setting's goes to "
-                         "results/allreduce_trace.json, for ui.perfetto.dev) and report where its time went")
-    ap.add_argument("--name", default="allreduce",
-                    help="results/NAME.json and NAME.png (e.g. allreduce_16cores for another machine's run)")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--setting", help=argparse.SUPPRESS)
-    ap.add_argument("--counts", help=argparse.SUPPRESS)
-    ap.add_argument("--sizes", help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
+                    help="also trace one hierarchical all-reduce of BYTES (results/allreduce_trace.json)")
+    ap.add_argument("--name", default="allreduce", help="results/NAME.json and .png (e.g. allreduce_16cores)")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)  # one rank of a setting: its job, JSON
     args = ap.parse_args()
     if args.worker:
-        worker(args)
+        worker(json.loads(args.worker))
         return 0
 
-    sizes = QUICK_SIZES if args.quick else FULL_SIZES
-    if args.sizes_list:
-        sizes = [int(x) for x in args.sizes_list.split(",")]
+    sizes = [int(x) for x in args.sizes_list.split(",")] if args.sizes_list else FULL_SIZES
     rows, calib, calib_again, timelines, links = [], {}, {}, {}, {}
-    t_start = time.time()
     for setting in args.settings.split(","):
         if setting.startswith("testbed"):
             with Testbed(TestbedConfig(4, 2, bandwidth=TESTBED_RATE)) as tb:
@@ -260,11 +246,12 @@ def main() -> int:
                     continue
                 data = run_setting(setting, sizes, tb, args.trace)
                 links[setting] = testbed_status(tb.config.prefix)["namespaces"]
-                print(link_summary(setting, links[setting]))
+                total = traffic_totals(links[setting])  # drops would mean retransmits in the timings
+                print(f"{setting}: host links carried {total['bytes'] / 1e9:.2f} GB in {total['packets']} packets, "
+                      f"both ways; held at the cap {total['throttled']} times; dropped {total['dropped']}")
         else:
             data = run_setting(setting, sizes, trace=args.trace)
-        costs = LinkCosts(**data["costs"])  # gloo is priced with its own per-step cost, costs.gloo_alpha
-        costs_again = LinkCosts(**data["costs_again"])
+        costs, costs_again = LinkCosts(**data["costs"]), LinkCosts(**data["costs_again"])  # gloo: costs.gloo_alpha
         calib[setting], calib_again[setting] = data["costs"], data["costs_again"]
         if data.get("timeline"):
             tl = timelines[setting] = data["timeline"]
@@ -272,21 +259,21 @@ def main() -> int:
                   f"first step done after {max(tl['first_step_done_s'].values()) * 1e3:.1f} ms (slowest rank); "
                   f"leaders send between nodes at {tl['leader_inter_bytes_per_s'] / 1e6:.2f} MB/s, "
                   f"{tl['leader_rate_vs_gloo'] or float('nan'):.3f}x the rate of a rank in gloo's ring")
-        counts = SETTINGS[setting]
-        world = sum(counts)
+        counts, world = SETTINGS[setting], sum(SETTINGS[setting])
         for r in data["rows"]:
-            pred = predict(r["algorithm"], r["size_bytes"], counts, costs)
+            model = _model_name(r["algorithm"])
+            pred = predict(model, r["size_bytes"], counts, costs)
             rows.append({"setting": setting, "algorithm": r["algorithm"], "size_bytes": r["size_bytes"],
                          "time_s": r["time_s"], "busbw_gbps": busbw(r["size_bytes"], r["time_s"], world) * 8 / 1e9,
                          "predicted_time_s": pred,
-                         "predicted_again_time_s": predict(r["algorithm"], r["size_bytes"], counts, costs_again),
-                         **({"node_matrix": list(node_matrix(r["algorithm"], r["size_bytes"], counts, costs))}
-                            if r["algorithm"].startswith("hierarchical") else {}),
+                         "predicted_again_time_s": predict(model, r["size_bytes"], counts, costs_again),
+                         **({"node_matrix": list(node_matrix(model, r["size_bytes"], counts, costs))}
+                            if model.startswith("hierarchical") else {}),
                          "predicted_busbw_gbps": busbw(r["size_bytes"], pred, world) * 8 / 1e9,
                          "samples_s": r["samples"], "iters": r["iters"],
                          **({"again_time_s": r["again_s"], "again_samples_s": r["again_samples"]}
                             if "again_s" in r else {})})
-        print(f"{setting}: done after {time.time() - t_start:.0f}s", flush=True)
+        print(f"{setting}: done after {harness.elapsed():.0f}s", flush=True)
     preds = scale_predictions()
 
     gloo = {(r["setting"], r["size_bytes"]): r["time_s"] for r in rows if r["algorithm"] == "gloo"}
@@ -299,32 +286,28 @@ def main() -> int:
                     f"{p * 1e3:.3f}", f"{r['time_s'] / p - 1:+.0%}",
                     f"{r['again_time_s'] / r['time_s'] - 1:+.0%}" if "again_time_s" in r else "",
                     f"{r['predicted_again_time_s'] / p - 1:+.0%}") for r, p in zip(rows, pred)])
-    for line in accuracy(rows):
-        print(line)
+    print("\n".join(accuracy(rows)))
+    decision = transport_decision(rows)
+    harness.table("transport: the composed forms against gloo and the p2p forms (best of each family per size)",
+                  ("setting", "size", "composed ms", "p2p ms", "composed x gloo", "composed / p2p"),
+                  [(d["setting"], fmt_size(d["size_bytes"]), f"{d['composed_s'] * 1e3:.3f}", f"{d['p2p_s'] * 1e3:.3f}",
+                    f"{d['composed_vs_gloo']:.2f}", f"{d['composed_over_p2p']:.3f}") for d in decision])
     auto = auto_regret(rows, calib)
     harness.table("auto: the model's pick against the fastest measured (time ratio; 1.00 = it picked the best)",
                   ("setting", "size", "auto picks", "fastest", "ratio"),
                   [(a["setting"], fmt_size(a["size_bytes"]), a["pick"], a["fastest"], f"{a['ratio']:.2f}")
                    for a in auto])
     out = {"rows": rows, "predictions": preds, "calibration": calib, "calibration_again": calib_again,
-           "timelines": timelines, "auto": auto, "testbed_links": links,
-           "notes": "costs: gearshift.comm.calibrate.measure_link_costs, measured once per setting in the same "
-                    "run with every rank running (per-step costs from tiny runs of our ring and gloo's ring, so "
-                    "they include process wake-up on the shared cores; per-byte costs from exchanges inside nodes, "
-                    "between leaders, between all peers at once and around all ranks over TCP, each at the "
-                    "smallest size from 1 MiB where bytes dominate; cpu_bound where a ring over TCP kept the "
-                    "host's cores busy, so the links are copies on the cores); no per-point fitting; the streamed "
-                    "algorithms are priced by sim.collectives with the same segments the runtime uses; times are "
-                    "medians of interleaved repetitions, max over ranks; again_time_s: the same algorithm "
-                    "timed a second time in every repetition (an A/A test of the measurement's repeatability); "
-                    "calibration_again, predicted_again_time_s: the costs measured again after the timings, and "
-                    "what they predict (an A/A test of the model's input; predicted_time_s uses the first); "
-                    "testbed_links: what crossed each host's shapers during the setting (cluster.testbed.status)",
+           "timelines": timelines, "auto": auto, "testbed_links": links, "transport": decision,
+           "notes": "costs: comm.calibrate.measure_link_costs once per setting in this run, every rank running "
+                    "(per-step costs include process wake-up; cpu_bound: links are copies on the cores); no fitting; "
+                    "times: medians of interleaved repetitions, max over ranks; again_time_s: timed twice per "
+                    "repetition (A/A); calibration_again, predicted_again_time_s: the costs measured again after "
+                    "the timings (A/A of the model's input); testbed_links: what crossed each host's shapers",
            "quick": args.quick, "testbed_rate": TESTBED_RATE}
     path = harness.write_results(args.name, out, emulation=f"the testbed settings: network namespaces, "
                                  f"{TESTBED_RATE} per host (cluster.testbed)")
     _plot(rows, preds, path.with_suffix(".png"))
-    print(f"wrote {path} and {args.name}.png in {time.time() - t_start:.0f}s")
     return 0
 
 

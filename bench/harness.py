@@ -1,7 +1,5 @@
-"""What the benchmarks share: the job flags they offer, `gearshift train` run and its metrics read back, a profile
-robust to a shared machine, steps of several runtimes timed interleaved, the machine described with one set of
-keys in every result file, and rich tables. The scripts beside it import it as `harness` (their folder is on
-sys.path when they run, and so in the workers they spawn)."""
+"""What the benchmarks share: job flags, `gearshift train` run and read back, robust profiles, interleaved timing,
+one set of machine keys and rich tables. The scripts import it as `harness` (their folder is on sys.path)."""
 
 from __future__ import annotations
 
@@ -36,7 +34,7 @@ from gearshift.train.profiling import fastest_layers, profile_job
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 QUIET = ["--train.eval_every=0", "--train.checkpoint_every=0", "--output.trace=false", "--output.progress=false"]
-LOAD_AT_START = os.getloadavg()[0]  # the load average when the benchmark started (it imports this first)
+LOAD_AT_START, START = os.getloadavg()[0], time.perf_counter()  # when the benchmark started (it imports this first)
 
 # flag -> (the config key it sets, its help)
 JOB_FLAGS = {"layers": ("model.layers", "transformer blocks (plus embedding and head)"),
@@ -44,15 +42,36 @@ JOB_FLAGS = {"layers": ("model.layers", "transformer blocks (plus embedding and 
              "context": ("model.context", "tokens per sequence"), "experts": ("model.experts", "experts per MoE layer"),
              "batch": ("train.batch_size", "sequences per step"), "micro": ("parallel.microbatches", "micro-batches"),
              "max_bytes": ("data.max_bytes", "corpus bytes to read")}
+# flag -> help: the benchmark options (not config keys) several scripts offer
+OPTIONS = {"steps": "steps per run (timed steps where there is a warm-up)", "warmup": "untimed steps first",
+           "repeats": "repeats, interleaved", "slowdown": "emulate.slowdown on every rank (duty cycle)",
+           "basis": "emulate.basis: what the slowdown stretches, an op's wall time or its thread's CPU time",
+           "keep": "keep run directories here (default: a temp dir)",
+           "nice": "niceness change for the jobs (e.g. -10 as root: less disturbed by other load)"}
 
 
-def parser(doc: str, name: str = "", **job: Any) -> argparse.ArgumentParser:
-    """An argument parser described by the docstring's first paragraph, with the job flags given (JOB_FLAGS' names,
-    each with this benchmark's default) and, with `name`, --out (default bench/results/NAME.json)."""
-    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    for flag, default in job.items():
-        p.add_argument("--" + flag.replace("_", "-"), dest=flag, type=type(default), default=default,
-                       help=JOB_FLAGS[flag][1])
+class _Parser(argparse.ArgumentParser):
+    quick: dict = {}
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:
+        a = super().parse_args(args, namespace)
+        if getattr(a, "quick", False):
+            vars(a).update(self.quick)
+        return a
+
+
+def parser(doc: str, name: str = "", quick: dict | None = None, **flags: Any) -> argparse.ArgumentParser:
+    """A parser described by the docstring's first paragraph, with the flags given (JOB_FLAGS' or OPTIONS' names,
+    each with this benchmark's default), --quick (setting `quick`'s values) and, with `name`, --out."""
+    p = _Parser(description=doc.split("\n\n")[0])
+    for flag, default in flags.items():
+        text = JOB_FLAGS[flag][1] if flag in JOB_FLAGS else OPTIONS[flag]
+        p.add_argument("--" + flag.replace("_", "-"), dest=flag, type=type(default), default=default, help=text,
+                       **({"choices": ("wall", "cpu")} if flag == "basis" else {}))
+    if quick is not None:
+        p.quick = quick
+        p.add_argument("--quick", action="store_true", help="a smoke run, noisier: "
+                       + (", ".join(f"{k} {v}" for k, v in quick.items()) or "fewer steps"))
     if name:
         p.add_argument("--out", default=str(RESULTS / f"{name}.json"), help="the results file")
     return p
@@ -102,36 +121,31 @@ def read_run(run_dir: str | Path) -> Run:
     return Run(read_metrics(Path(run_dir) / "metrics.jsonl"))
 
 
-def cli(*args: str, nice: int = 0, timeout: float | None = None) -> subprocess.CompletedProcess:
-    """`gearshift ARGS` of this interpreter's installation, from the repository root, its output captured."""
-    return subprocess.run([sys.executable, "-m", "gearshift.cli.main", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, preexec_fn=(lambda: os.nice(nice)) if nice else None)
-
-
-# `gearshift train` with decisions forced (gearshift.train.forcing: not a user key, so not a CLI flag)
+# `gearshift train` with decisions forced: argv = [-c, FORCING, "train", *ARGS] (not a user key, so not a CLI flag)
 _FORCED = ("import sys; from gearshift.train.config import load_config; from gearshift.train.forcing import Forcing; "
            "from gearshift.train.launch import launch; "
-           "sys.exit(launch(load_config(None, sys.argv[2:]), forcing=Forcing.load(sys.argv[1])))")
+           "sys.exit(launch(load_config(None, sys.argv[3:]), forcing=Forcing.load(sys.argv[1])))")
+
+
+def cli(*args: str, nice: int = 0, timeout: float | None = None, forcing: Path | None = None) -> Any:
+    """`gearshift ARGS` of this interpreter's installation (with `forcing`: train with it), its output captured."""
+    cmd = ["-c", _FORCED, str(forcing)] if forcing else ["-m", "gearshift.cli.main"]
+    return subprocess.run([sys.executable, *cmd, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=(lambda: os.nice(nice)) if nice else None)
 
 
 def run_job(name: str, args: Sequence[str], work: Path, testbed: Any = None, nice: int = 0,
             check: bool = True, forcing: Forcing | None = None) -> Run:
-    """`gearshift train ARGS` into work/NAME (emptied first): a subprocess (at niceness +`nice`), or launched
-    from this process when it owns the `testbed`; `forcing` imposes decisions (re-partitions, schedule switches).
-    Prints one line; a failure ends the benchmark unless not `check` (then the Run has no records, and says the
-    exit code and output)."""
+    """`gearshift train ARGS` into work/NAME: a subprocess, or in this process when it owns the `testbed`; `forcing`
+    imposes decisions. A failure ends the benchmark unless not `check` (then the Run has no records)."""
     out = work / name
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
     if testbed is None:
+        path = work / f"{name}.forcing.json" if forcing else None
         if forcing:
-            path = work / f"{name}.forcing.json"
             forcing.save(path)
-            proc = subprocess.run([sys.executable, "-c", _FORCED, str(path), *args, f"--output.dir={out}"], cwd=ROOT,
-                                  capture_output=True, text=True,
-                                  preexec_fn=(lambda: os.nice(nice)) if nice else None)
-        else:
-            proc = cli("train", *args, f"--output.dir={out}", nice=nice)
+        proc = cli("train", *args, f"--output.dir={out}", nice=nice, forcing=path)
         rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
     else:
         cfg = load_config(None, [*args, f"--output.dir={out}"])
@@ -152,8 +166,7 @@ def final_losses(losses: Sequence[float], val: Sequence[float]) -> dict:
 
 
 def robust_profile(cfg: Any, passes: int, path: Path | None = None) -> Any:
-    """The job's profile, per layer the fastest of several passes (a shared machine only ever adds time); also
-    saved to `path` when given."""
+    """The job's profile, per layer the fastest of several passes (load only ever adds time); saved to `path`."""
     best = fastest_layers([profile_job(cfg, repeats=5, warmup=1) for _ in range(passes)])
     best = replace(best, meta={**best.meta, "combine": "per-layer min"})
     if path is not None:
@@ -179,9 +192,8 @@ def rotated(xs: Sequence, k: int) -> list:
 
 def interleave(runners: dict, steps: int, warmup: int, batch: Callable[[int], tuple],
                lr: Callable[[Any, int], float], before: Callable[[Any, int], None] | None = None) -> dict:
-    """Step every runner on the same batches, in an order rotating by one each step, each between two barriers
-    (timed alone). Per runner: the loss of every step, and the wall and CPU seconds and result record (None for
-    a runner whose step returns the loss alone) of every step after `warmup`."""
+    """Step every runner on the same batches, the order rotating each step, each timed alone between barriers. Per
+    runner: every step's loss; after `warmup`, wall and CPU seconds and result record (None: a bare loss)."""
     out = {k: {"times": [], "cpu": [], "losses": [], "records": []} for k in runners}
     for step in range(steps):
         x, y = batch(step)
@@ -216,14 +228,29 @@ def machine(emulation: str | None = None) -> dict:
 
 def write_results(name: str, payload: dict, out: str | Path | None = None, emulation: str | None = None,
                   stamp: bool = True) -> Path:
-    """Write payload (with "machine": machine(emulation) unless not `stamp`) to `out`, by default
-    bench/results/NAME.json; returns the path."""
+    """Write payload (with "machine": machine(emulation) unless not `stamp`) to `out` (bench/results/NAME.json)."""
     path = Path(out) if out else RESULTS / f"{name}.json"
     if stamp:
         payload["machine"] = machine(emulation)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=1) + "\n")
+    print(f"wrote {path} ({elapsed():.0f} s since the start)")
     return path
+
+
+def elapsed() -> float:
+    """Seconds since the benchmark started."""
+    return time.perf_counter() - START
+
+
+def read_results(path: str | Path) -> dict:
+    """A results file's contents, to update in place ({} when there is none yet)."""
+    return json.loads(Path(path).read_text()) if Path(path).is_file() else {}
+
+
+def goals(figures: dict[str, tuple]) -> dict[str, dict]:
+    """{goal: (value, target[, met])} -> {goal: {"value", "goal", "met"}} (met by default: `meets`)."""
+    return {k: {"value": v[0], "goal": v[1], "met": v[2] if len(v) > 2 else meets(*v)} for k, v in figures.items()}
 
 
 def meets(value: float | None, goal: str) -> bool | None:
@@ -249,10 +276,11 @@ def table(title: str, columns: Sequence[str], rows: Sequence[Sequence], left: in
     (console or make_console()).print(t)
 
 
-def goals_table(goals: dict[str, tuple], title: str = "goals", console: Any = None) -> None:
-    """Print {goal: (value, target, met)} as a table (a value None prints n/a; met None prints nothing)."""
+def goals_table(goals: dict[str, dict], title: str = "goals", console: Any = None) -> None:
+    """Print `goals`' output as a table (a value None prints n/a; met None prints nothing)."""
     def fmt(v: Any) -> str:
         return "n/a" if v is None else v if isinstance(v, str) else f"{v:.3f}"
 
-    table(title, ("goal", "value", "target", "met"), [(k, fmt(v), g, {True: "[green]yes", False: "[red]no"}.get(m, ""))
-                                                      for k, (v, g, m) in goals.items()], left=1, console=console)
+    marks = {True: "[green]yes", False: "[red]no"}
+    table(title, ("goal", "value", "target", "met"), [(k, fmt(d["value"]), d["goal"], marks.get(d["met"], ""))
+                                                      for k, d in goals.items()], left=1, console=console)

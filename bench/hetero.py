@@ -1,13 +1,10 @@
-"""Heterogeneous cluster: 4 workers emulating relative speeds 1.0, 0.6, 0.3, 0.3. One run measures the
-tokens/s of a uniform split, a parameter-balanced split, Gearshift adaptive (from uniform, learning the speeds
-live) and the DP solved with the true speeds (oracle); then a dynamic run in which one rank becomes 3x slower
-mid-training, against the oracle for the new speeds."""
+"""Heterogeneous cluster, 4 workers at relative speeds 1.0, 0.6, 0.3, 0.3: uniform, parameter-balanced, Gearshift
+adaptive (learning the speeds live) and the oracle DP in one run; then one rank 3x slower mid-run, against the new
+oracle."""
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import time
 from pathlib import Path
 
 import harness
@@ -21,23 +18,16 @@ SLOWDOWN = [1.0, 1.67, 3.33, 3.33]  # relative speeds 1.0, 0.6, 0.3, 0.3
 WINDOW = 5  # steps in the rolling median that decides "within 10% of the oracle"
 
 
-def common(a: argparse.Namespace, profile: Path) -> list[str]:
-    """Overrides shared by every configuration of the benchmark."""
-    return [*harness.job_overrides(a), f"--cluster.workers={WORLD}", f"--parallel.stages={WORLD}", *harness.QUIET,
-            "--train.warmup_steps=5", f"--adapt.profile={profile}"]
-
-
 def planned_bounds(profile, slow: list[float], micro: int, method: str = "adaptive") -> list[list[int]]:
-    """`method`'s partition when the speeds are the true ones: 1/slowdown times this machine's contention
-    factor (the oracle for method="adaptive", the DP)."""
+    """`method`'s partition at the true speeds, 1/slowdown times this machine's (the oracle: method="adaptive")."""
     state = local_state(WORLD)
     state.speeds = [s / f for s, f in zip(state.speeds, slow)]
     return [list(b) for b in plan_partition(profile, state, WORLD, micro, method=method).bounds]
 
 
 def cycle(name: str, parts: dict[str, list], rounds: int, K: int, job, slow: list[float]) -> dict[str, list[float]]:
-    """One job that cycles through `parts` (forced re-partitions every K steps, `rounds` times); the tokens/s
-    of each partition over its segments, the first two steps of each segment (migration, warm-up) left out."""
+    """One job cycling through `parts` (forced every K steps, `rounds` times): each one's tokens/s over its segments,
+    the first two steps of each (migration, warm-up) left out."""
     names = list(parts)
     order = [names[i % len(names)] for i in range(rounds * len(names))]
     force = Forcing(partitions={i * K: parts[n] for i, n in enumerate(order) if i > 0})
@@ -48,8 +38,7 @@ def cycle(name: str, parts: dict[str, list], rounds: int, K: int, job, slow: lis
 
 
 def steps_to_reach(steps: list[dict], change: int, target: float) -> int | None:
-    """Steps after `change` until the trailing median of tokens/s (the last WINDOW steps, all after the change)
-    first reaches `target`."""
+    """Steps after `change` until the median tokens/s of the last WINDOW steps (all after it) reaches `target`."""
     tps = {d["step"]: d["tokens_per_s"] for d in steps}
     for end in range(change + WINDOW - 1, max(tps) + 1):
         if statistics.median(tps[k] for k in range(end - WINDOW + 1, end + 1) if k in tps) >= target:
@@ -97,48 +86,29 @@ def plot(path: Path, static: harness.Run, dynamic: harness.Run, res: dict) -> No
     fig.savefig(path, dpi=120)
 
 
-def table(res: dict, ratios: dict) -> None:
-    """Rich tables of the rows and ratios."""
-    dyn = res["dynamic"]
-    rows = [(r["run"], r["tokens_per_s"], r["partition"]) for r in res["rows"]] + [
-        ("dynamic before", dyn["before_tokens_per_s"], dyn["partition_before"]),
-        ("dynamic after", dyn["after_tokens_per_s"], dyn["partition_after"]),
-        ("oracle after", dyn["oracle_after_tokens_per_s"], dyn["oracle_after_partition"])]
-    harness.table("Heterogeneous cluster (speeds 1.0 / 0.6 / 0.3 / 0.3), 4 workers", ("run", "tokens/s", "partition"),
-                  [(n, f"{t:,.0f}", p) for n, t, p in rows], left=3)
-    harness.goals_table(ratios, "Ratios (goal)")
-
-
 def main() -> None:
-    p = harness.parser(__doc__, "hetero", layers=14, width=64, context=64, batch=32, micro=8, max_bytes=2_000_000)
-    p.add_argument("--quick", action="store_true", help="fewer steps (a smoke run, noisier)")
+    p = harness.parser(__doc__, "hetero", {}, layers=14, width=64, context=64, batch=32, micro=8,
+                       max_bytes=2_000_000, nice=0, keep="")
     p.add_argument("--every", type=int, default=10, help="adapt.every: steps per re-planning period")
     p.add_argument("--segment", type=int, default=8, help="steps per partition in the interleaved jobs")
     p.add_argument("--dyn-rank", type=int, default=0, help="rank that becomes slower in the dynamic run")
     p.add_argument("--dyn-factor", type=float, default=3.0, help="how many times slower it becomes")
-    p.add_argument("--nice", type=int, default=0,
-                   help="niceness change for the jobs (e.g. -10 as root: less disturbed by other load)")
-    p.add_argument("--keep", default="", help="keep run directories here (default: a temp dir)")
     a = p.parse_args()
 
-    E, K = a.every, a.segment
-    rounds = 2 if a.quick else 3
+    E, K, rounds = a.every, a.segment, 2 if a.quick else 3
     settle = 3 * E  # adaptive: measured once three periods have passed (two re-plans applied and checked)
     adapt_steps = settle + (2 * E if a.quick else 3 * E)
     change = 4 * E  # dynamic: the slowdown hits after four periods
     dyn_steps = change + (4 * E if a.quick else 5 * E)
     work = harness.workdir("hetero", a.keep)
-    t_start = time.perf_counter()
 
-    base = common(a, work / "profile.json")
-    cfg = load_config(None, [o for o in base if not o.startswith("--adapt.profile")])
+    base = [*harness.job_overrides(a), f"--cluster.workers={WORLD}", f"--parallel.stages={WORLD}", *harness.QUIET,
+            "--train.warmup_steps=5", f"--adapt.profile={work / 'profile.json'}"]  # every job: the same profile
+    cfg = load_config(None, base[:-1])
     profile = harness.robust_profile(cfg, 3 if a.quick else 5, work / "profile.json")  # shared by every run
-    slow_after = list(SLOWDOWN)
-    slow_after[a.dyn_rank] *= a.dyn_factor
-    oracle = planned_bounds(profile, SLOWDOWN, a.micro)
-    oracle_after = planned_bounds(profile, slow_after, a.micro)
-    params = planned_bounds(profile, SLOWDOWN, a.micro, "params")  # balanced parameter bytes (speed-blind)
-    uniform = planned_bounds(profile, SLOWDOWN, a.micro, "uniform")
+    slow_after = [f * a.dyn_factor if r == a.dyn_rank else f for r, f in enumerate(SLOWDOWN)]
+    oracle, oracle_after, params, uniform = (planned_bounds(profile, slow, a.micro, how) for slow, how in (
+        (SLOWDOWN, "adaptive"), (slow_after, "adaptive"), (SLOWDOWN, "params"), (SLOWDOWN, "uniform")))  # params: bytes
     scenario = f'--emulate.scenario=["{change}:{a.dyn_rank}:{slow_after[a.dyn_rank]:g}"]'
     adaptive = ["--parallel.partition=adaptive", f"--adapt.every={E}"]
 
@@ -185,15 +155,15 @@ def main() -> None:
         "steps_to_within_10pct": reach, "rolling_window": WINDOW, "replans": replan_summary(dyn.events("replan")),
     }
     u, o, two = tps["uniform"], tps["oracle"], 2 * E
-    ratios = {"adaptive / uniform": (tps["adaptive"] / u, ">= 1.5"),
-              "adaptive / oracle": (tps["adaptive"] / o, ">= 0.9"),
-              "adaptive / params": (tps["adaptive"] / tps["params"], "-"),
-              "learned / uniform (interleaved)": (tps["adaptive (learned partition)"] / u, ">= 1.5"),
-              "learned / oracle (interleaved)": (tps["adaptive (learned partition)"] / o, ">= 0.9"),
-              "dynamic after / oracle after": (d_after / o_after, ">= 0.9"),
-              "learned after / oracle after (interleaved)": (after["adaptive after (learned)"] / o_after, ">= 0.9"),
-              f"steps to within 10% (<= {two})": (reach, f"<= {two}")}
-    ratios = {k: (v, goal, harness.meets(v, goal)) for k, (v, goal) in ratios.items()}
+    ratios = harness.goals({
+        "adaptive / uniform": (tps["adaptive"] / u, ">= 1.5"),
+        "adaptive / oracle": (tps["adaptive"] / o, ">= 0.9"),
+        "adaptive / params": (tps["adaptive"] / tps["params"], "-"),
+        "learned / uniform (interleaved)": (tps["adaptive (learned partition)"] / u, ">= 1.5"),
+        "learned / oracle (interleaved)": (tps["adaptive (learned partition)"] / o, ">= 0.9"),
+        "dynamic after / oracle after": (d_after / o_after, ">= 0.9"),
+        "learned after / oracle after (interleaved)": (after["adaptive after (learned)"] / o_after, ">= 0.9"),
+        f"steps to within 10% (<= {two})": (reach, f"<= {two}")})
     res = {
         "benchmark": "hetero", "quick": a.quick, "workers": WORLD, "slowdown": SLOWDOWN,
         "relative_speeds": [round(1 / f, 3) for f in SLOWDOWN],
@@ -201,14 +171,18 @@ def main() -> None:
                   "microbatches": a.micro}, "every": E,
         "windows": {"adaptive_settle": settle, "segment": K, "rounds": rounds}, "nice": a.nice,
         "rows": rows, "adaptive_replans": replan_summary(live.events("replan")), "dynamic": dynamic,
-        "ratios": {k: v for k, (v, _, _) in ratios.items()}, "goals_met": {k: m for k, (_, _, m) in ratios.items()},
-        "wall_s": round(time.perf_counter() - t_start, 1),
+        "ratios": {k: d["value"] for k, d in ratios.items()}, "goals_met": {k: d["met"] for k, d in ratios.items()},
+        "wall_s": round(harness.elapsed(), 1),
     }
     out = harness.write_results("hetero", res, a.out, emulation=f"emulate.slowdown {SLOWDOWN} (duty cycle); the "
                                 f"dynamic run: emulate.scenario, rank {a.dyn_rank} x{a.dyn_factor:g} at step {change}")
     plot(out.with_suffix(".png"), live, dyn, res)
-    table(res, ratios)
-    print(f"wrote {out} and {out.with_suffix('.png')} in {res['wall_s']:.0f} s (runs in {work})")
+    shown = [(r["run"], r["tokens_per_s"], r["partition"]) for r in rows] + [
+        ("dynamic before", dynamic["before_tokens_per_s"], dynamic["partition_before"]),
+        ("dynamic after", d_after, learned_after), ("oracle after", o_after, oracle_after)]
+    harness.table("Heterogeneous cluster (speeds 1.0 / 0.6 / 0.3 / 0.3), 4 workers", ("run", "tokens/s", "partition"),
+                  [(n, f"{t:,.0f}", p) for n, t, p in shown], left=3)
+    harness.goals_table(ratios, "Ratios (goal)")
 
 
 if __name__ == "__main__":

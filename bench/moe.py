@@ -1,22 +1,11 @@
-"""MoE GPT (E = 8, top-2) on 4 local workers: every strategy of the pool (pipeline stages x data replicas x
-expert-parallel width), measured tokens/s next to the performance model's predicted step time; which strategy
-`parallel.strategy = auto` picks; and the peer, DeepSpeed's MoE layer (deepspeed.moe.layer.MoE under its engine,
-gloo on CPU) on the same model and batches beside our expert parallelism of the same width.
-
-The strategy runs use the duty-cycle emulation (emulate.slowdown = 4 on every rank: each compute op is mostly
-sleep) so that 4 ranks on 2 cores do not slow each other's compute; the model prices that (speed 1/4, a quarter
-of the compute on a core). The peer comparison runs both sides without emulation. Repeats are interleaved, so
-drift in the machine's load hits every configuration alike; the figures are medians, with the spread.
-
-Peer: pip install --no-deps deepspeed einops hjson msgpack ninja psutil py-cpuinfo pydantic tqdm (into .venv;
---no-deps keeps torch as it is)."""
+"""MoE GPT (E = 8, top-2) on 4 workers: every strategy of the pool, measured (duty-cycle emulation, interleaved)
+beside the model's prediction and auto's pick; and the peer, DeepSpeed's MoE layer, beside our expert parallelism.
+Peer: pip install --no-deps deepspeed einops hjson msgpack ninja psutil py-cpuinfo pydantic tqdm."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
-import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -39,11 +28,6 @@ WORLD = 4
 SKIP = 3  # steps left out of the median (start-up, allocation, warm caches)
 
 
-def base_args(a: argparse.Namespace) -> list[str]:
-    return ["--model.name=moe_gpt", *harness.job_overrides(a), "--model.top_k=2", "--model.moe_every=2",
-            f"--cluster.workers={WORLD}", f"--train.steps={a.steps}", *harness.QUIET, "--train.warmup_steps=2"]
-
-
 def strategy_args(s) -> list[str]:
     return [f"--parallel.stages={s.stages}", f"--parallel.experts={s.experts}", harness.partition(s.bounds)]
 
@@ -53,11 +37,9 @@ def step_time(name: str, args: list[str], work: Path) -> float:
     return harness.run_job(name, args, work).median("step_time_s", SKIP)
 
 
-# ---- the peer: DeepSpeed's MoE layer on the same model -----------------------------------------------------
 def _deepspeed_worker(rank: int, world: int, overrides: list[str], width: int, steps: int) -> dict:
-    """The MoE GPT with every MoEFeedForward replaced by deepspeed.moe.layer.MoE (the same expert MLPs, top-2,
-    no token dropped), data parallel over the world with expert-parallel width `width`, trained by DeepSpeed's
-    engine on the job's batches (each rank its rows, the job's micro-batches as gradient accumulation)."""
+    """The MoE GPT with deepspeed.moe.layer.MoE layers (same expert MLPs, top-2, no token dropped, expert width
+    `width`), trained by DeepSpeed's engine on the job's batches (micro-batches as gradient accumulation)."""
     os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
     try:
         import deepspeed
@@ -118,24 +100,17 @@ def deepspeed_step(overrides: list[str], width: int, steps: int) -> dict:
     except Exception as e:  # noqa: BLE001
         return {"ok": False, "error": f"deepspeed does not import: {type(e).__name__}: {e}"}
     res = spawn(_deepspeed_worker, WORLD, overrides, width, steps, timeout_s=900)
-    bad = [r for r in res if not r["ok"]]
-    return bad[0] if bad else res[0]
+    return next((r for r in res if not r["ok"]), res[0])
 
 
-# ---- the benchmark ----------------------------------------------------------------------------------------
 def main() -> None:
-    ap = harness.parser(__doc__, "moe", layers=4, width=64, heads=4, context=32, experts=8, batch=32, micro=4,
-                        max_bytes=2_000_000)
-    ap.add_argument("--quick", action="store_true", help="one repeat, fewer steps")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=14)
-    ap.add_argument("--slowdown", type=float, default=4.0)
-    ap.add_argument("--no-peer", action="store_true")
+    ap = harness.parser(__doc__, "moe", {"repeats": 1, "steps": 8}, layers=4, width=64, heads=4, context=32,
+                        experts=8, batch=32, micro=4, max_bytes=2_000_000, repeats=3, steps=14, slowdown=4.0)
+    ap.add_argument("--no-peer", action="store_true", help="skip DeepSpeed")
     a = ap.parse_args()
-    if a.quick:
-        a.repeats, a.steps = 1, 8
 
-    base = base_args(a)
+    base = ["--model.name=moe_gpt", *harness.job_overrides(a), "--model.top_k=2", "--model.moe_every=2",
+            f"--cluster.workers={WORLD}", f"--train.steps={a.steps}", *harness.QUIET, "--train.warmup_steps=2"]
     emu = [harness.slowdown([a.slowdown] * WORLD)] if a.slowdown != 1 else []
     cfg = load_config(None, base + emu + ["--parallel.stages=1"])
     t0 = time.perf_counter()
@@ -144,34 +119,30 @@ def main() -> None:
     auto = best(pool)
     print(f"pool priced in {time.perf_counter() - t0:.0f} s (load {harness.LOAD_AT_START:.1f}); auto picks "
           f"{auto.name}", flush=True)
-    tokens = a.batch * a.context
+    tokens, work, peer_error, loads = a.batch * a.context, harness.workdir("moe"), None, []
     measured: dict[str, list[float]] = {s.name: [] for s in pool}
     peer: dict[str, list[float]] = {}
-    peer_error = None
-    loads = []
-    with tempfile.TemporaryDirectory(prefix="gearshift-moe-") as tmp:
-        work = Path(tmp)
-        for r in range(a.repeats):
-            for s in harness.rotated(pool, r):
-                loads.append(os.getloadavg()[0])
-                t = step_time(f"r{r}-{s.name.replace(' ', '')}", base + emu + strategy_args(s), work)
-                measured[s.name].append(t)
-                print(f"repeat {r}: {s.name:16s} measured {t * 1e3:7.1f} ms  predicted {s.step_s * 1e3:7.1f} ms  "
-                      f"(load {loads[-1]:.1f})", flush=True)
-            if a.no_peer or peer_error:
-                continue
-            for width in (WORLD, 1):  # ours and DeepSpeed's, both pure data parallel, no emulation
-                ours = next(s for s in pool if s.stages == 1 and s.experts == width)
-                peer.setdefault(f"gearshift EP{width}", []).append(
-                    step_time(f"r{r}-peer-ours{width}", base + strategy_args(ours), work))
-                ds = deepspeed_step(base + ["--parallel.stages=1"], width, a.steps)
-                if not ds["ok"]:
-                    peer_error = ds["error"]
-                    print(f"deepspeed: failed:\n{peer_error}", flush=True)
-                    break
-                peer.setdefault(f"deepspeed EP{width}", []).append(ds["step_s"])
-                print(f"repeat {r}: peer EP{width}: gearshift {peer[f'gearshift EP{width}'][-1] * 1e3:.1f} ms, "
-                      f"deepspeed {ds['step_s'] * 1e3:.1f} ms", flush=True)
+    for r in range(a.repeats):
+        for s in harness.rotated(pool, r):
+            loads.append(os.getloadavg()[0])
+            t = step_time(f"r{r}-{s.name.replace(' ', '')}", base + emu + strategy_args(s), work)
+            measured[s.name].append(t)
+            print(f"repeat {r}: {s.name:16s} measured {t * 1e3:7.1f} ms  predicted {s.step_s * 1e3:7.1f} ms  "
+                  f"(load {loads[-1]:.1f})", flush=True)
+        if a.no_peer or peer_error:
+            continue
+        for width in (WORLD, 1):  # ours and DeepSpeed's, both pure data parallel, no emulation
+            ours = next(s for s in pool if s.stages == 1 and s.experts == width)
+            peer.setdefault(f"gearshift EP{width}", []).append(
+                step_time(f"r{r}-peer-ours{width}", base + strategy_args(ours), work))
+            ds = deepspeed_step(base + ["--parallel.stages=1"], width, a.steps)
+            if not ds["ok"]:
+                peer_error = ds["error"]
+                print(f"deepspeed: failed:\n{peer_error}", flush=True)
+                break
+            peer.setdefault(f"deepspeed EP{width}", []).append(ds["step_s"])
+            print(f"repeat {r}: peer EP{width}: gearshift {peer[f'gearshift EP{width}'][-1] * 1e3:.1f} ms, "
+                  f"deepspeed {ds['step_s'] * 1e3:.1f} ms", flush=True)
     rows = []
     for s in pool:
         m = statistics.median(measured[s.name])
@@ -183,12 +154,9 @@ def main() -> None:
     auto_row = next(r for r in rows if r["auto"])
     emulation = f"slowdown {a.slowdown:g} on every rank (duty cycle)"
     result = {
-        "rows": rows,
-        "median_abs_error": statistics.median(abs(r["error"]) for r in rows),
-        "auto": auto.name,
+        "rows": rows, "median_abs_error": statistics.median(abs(r["error"]) for r in rows), "auto": auto.name,
         "auto_vs_best_measured": auto_row["measured_step_s"] / by_time[0]["measured_step_s"] - 1,
-        "best_measured": by_time[0]["strategy"],
-        "goals": {"median_abs_error_max": 0.2, "auto_within": 0.1},
+        "best_measured": by_time[0]["strategy"], "goals": {"median_abs_error_max": 0.2, "auto_within": 0.1},
         "peer": {"name": "deepspeed.moe.layer.MoE", "emulation": "none",
                  "step_s": {k: statistics.median(v) for k, v in peer.items()},
                  "runs_s": peer, "error": peer_error},
@@ -200,8 +168,8 @@ def main() -> None:
                            "gloo_alpha_s": comm.links.gloo_alpha, "gloo_beta_s_per_byte": comm.links.flat_beta}},
     }
     harness.write_results("moe", result, a.out, emulation=emulation + " in the strategy runs; the peer runs none")
-    harness.table("MoE strategies, fastest measured first", ("strategy", "tokens/s", "measured ms", "predicted ms",
-                                                              "error", "auto"),
+    harness.table("MoE strategies, fastest measured first",
+                  ("strategy", "tokens/s", "measured ms", "predicted ms", "error", "auto"),
                   [(r["strategy"], f"{r['tokens_per_s']:,.0f}", f"{r['measured_step_s'] * 1e3:.1f}",
                     f"{r['predicted_step_s'] * 1e3:.1f}", f"{r['error']:+.0%}", "<- auto" if r["auto"] else "")
                    for r in by_time], left=1)

@@ -1,20 +1,15 @@
-"""Multi-directional pipelines (D = 2 on 4 gloo workers) against our 1F1B and GPipe, on an even split (slices
-of equal profiled compute time) and an uneven one (the cut the partitioner makes when it takes rank 0 for
-twice as fast as the others: a front-heavy first slice), every schedule in one job per repeat, interleaved
-step by step so a shared machine's load hits them alike. Duty-cycle emulation (emulate.slowdown on every
-rank: each op is mostly sleep) so a bubble costs wall time on 2 cores. Also, with --torch, our multidir
-beside torch.distributed.pipelining's two-stages-per-rank schedules (DualPipeV, ZBVZeroBubble,
-Interleaved1F1B) without emulation; with --loss, the loss of the default job (300 steps) under async and
-under flush; with --memory, every schedule's per-rank activation peaks beside the simulator's (no timing)."""
+"""Multi-directional pipelines (D = 2, 4 gloo workers) against our 1F1B and GPipe on an even and an uneven split,
+interleaved step by step under duty-cycle emulation (a bubble costs wall time on 2 cores). --torch: beside
+torch.distributed.pipelining's two-stages-per-rank schedules; --loss: async against flush over the default job;
+--memory: per-rank activation peaks beside the simulator's."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import time
 from pathlib import Path
+from typing import Any
 
 import torch.distributed as dist
 from torch.distributed import pipelining as pp
@@ -55,10 +50,10 @@ def overrides(a: argparse.Namespace, schedule: str, bounds: list, profile: Path 
     return out
 
 
-def robust_profile(a: argparse.Namespace, passes: int, path: Path):
-    """The benchmark's micro-batch profiled (harness.robust_profile), also saved to `path`."""
-    cuts = [[0, 1], [1, 2], [2, 3], [3, a.layers + 2]]
-    return harness.robust_profile(load_config(None, overrides(a, "multidir_flush", cuts, None, 1.0)), passes, path)
+def profiled(a: argparse.Namespace, work: Path, name: str, passes: int) -> tuple[Any, Path]:
+    """The benchmark's micro-batch profiled (the fastest of `passes`, 2 with --quick), saved to work/NAME.json."""
+    cfg = load_config(None, overrides(a, "multidir_flush", [[0, 1], [1, 2], [2, 3], [3, a.layers + 2]], None, 1.0))
+    return harness.robust_profile(cfg, 2 if a.quick else passes, work / f"{name}.json"), work / f"{name}.json"
 
 
 def splits(profile) -> dict[str, list[list[int]]]:
@@ -78,21 +73,16 @@ def _worker(rank: int, world: int, a: argparse.Namespace, cuts: dict, profile: s
     data = job_data(c0)
     adapters = {k: build_adapter(cfgs[k], data, job_model(cfgs[k])) for k in keys}  # the emulation's sleeps
     runners = {k: build_runtime(cfgs[k], adapter=adapters[k], data=data) for k in keys}
-
-    def emulate(key: str, step: int) -> None:
-        if adapters[key] is not None:  # the emulation's sleeps (none under --memory)
-            adapters[key].step = step
-
     res = harness.interleave(runners, a.warmup + a.steps, a.warmup,
                              lambda step: data.batch(step, c0.train.batch_size, c0.train.seed),
-                             lambda key, step: lr_at(step, cfgs[key]), emulate)
+                             lambda key, step: lr_at(step, cfgs[key]),  # the adapter: the emulation's sleeps, if any
+                             lambda key, step: adapters[key] and setattr(adapters[key], "step", step))
     return {k: {"times": r["times"], "losses": r["losses"], "busy": [x.busy_s for x in r["records"]],
                 "peak": [x.peak_act_bytes for x in r["records"]]} for k, r in res.items()}
 
 
 def rank_speeds(a: argparse.Namespace, profile, schedule: str, cut: list, busy: list[float]) -> list[float]:
-    """Each rank's speed as its busy time (compute and the emulation's sleep) under `schedule` says: the work
-    the profile gives its stages over that time (1.0 = the profile's speed)."""
+    """Each rank's speed as its busy time under `schedule` says: its stages' profiled work over that time."""
     sch = job_schedule(load_config(None, overrides(a, schedule, cut, None, a.slowdown)), slice_act_bytes(profile, cut))
     scale = a.batch // (D * a.micro) / profile.microbatch_size
     work = [sch.num_microbatches * scale * sum(lp.work_s for lp in profile.layers[lo:hi])
@@ -102,12 +92,8 @@ def rank_speeds(a: argparse.Namespace, profile, schedule: str, cut: list, busy: 
 
 def predictions(a: argparse.Namespace, profile, schedule: str, cut: list, busy: list[float],
                 monitor: tuple[str, list[float]] | None = None) -> dict:
-    """The simulator's step time and per-rank activation peak for one schedule: predicted_step_s from the
-    profile alone, as `gearshift simulate` prices the job (the 4 ranks share this machine's cores, each compute
-    followed by the emulation's sleep); predicted_step_s_monitor with each rank's speed as the monitor measured
-    it while *another* schedule ran (`monitor`: that schedule and its busy time per rank; a core each, the
-    sleep inside the speed), which is how a running job prices a schedule it has not run; and, for
-    comparison, predicted_step_s_from_busy with the speeds this schedule's own busy time gives."""
+    """The simulator's step time and peaks for one schedule: from the profile alone (as `gearshift simulate`), from
+    the speeds measured under `monitor` (another schedule: how a job prices one it has not run), and its own."""
     cfg = load_config(None, overrides(a, schedule, cut, None, a.slowdown))
     sch = job_schedule(cfg, slice_act_bytes(profile, cut))  # the orders the runtime built from the same profile
     mb = a.batch // (D * a.micro)
@@ -132,8 +118,7 @@ def predictions(a: argparse.Namespace, profile, schedule: str, cut: list, busy: 
 
 def schedule_rows(a: argparse.Namespace, work: Path) -> tuple[list[dict], dict, dict]:
     """The emulated comparison: rows (median over repeats), the cuts, and each repeat's tokens/s ratios."""
-    path = work / "profile.json"
-    profile = robust_profile(a, 2 if a.quick else 4, path)
+    profile, path = profiled(a, work, "profile", 4)
     cuts = splits(profile)
     tokens = a.batch * a.context
     repeats: list[dict] = []
@@ -142,14 +127,14 @@ def schedule_rows(a: argparse.Namespace, work: Path) -> tuple[list[dict], dict, 
         res = spawn(_worker, WORLD, a, cuts, str(path), timeout_s=3600)
         repeats.append({"load_1min": load, "results": res})
         print(f"  repeat {rep + 1}/{a.repeats}: load {load:.1f} -> {os.getloadavg()[0]:.1f}", flush=True)
-    rows = []
+    rows, names = [], repeats[0]["results"][0]
     busy_of = {name: [statistics.median(b for r in repeats for b in r["results"][q][name]["busy"])
-                      for q in range(WORLD)] for name in repeats[0]["results"][0]}
+                      for q in range(WORLD)] for name in names}
+    per_rep_of = {name: [statistics.median(r["results"][0][name]["times"]) for r in repeats] for name in names}
     for split, cut in cuts.items():
         for s in SCHEDULES:
             name = f"{s}/{split}"
-            per_rep = [statistics.median(r["results"][0][name]["times"]) for r in repeats]
-            busy = busy_of[name]
+            per_rep, busy = per_rep_of[name], busy_of[name]
             peak = [max(p for r in repeats for p in r["results"][q][name]["peak"]) for q in range(WORLD)]
             step_s = statistics.median(per_rep)
             row = {"schedule": s, "split": split, "emulated": True, "tokens_per_s": tokens / step_s,
@@ -158,7 +143,7 @@ def schedule_rows(a: argparse.Namespace, work: Path) -> tuple[list[dict], dict, 
             ref = MONITOR_FROM[s]  # the speeds a job running `ref` would have measured
             row.update(predictions(a, profile, s, cut, busy, (ref, busy_of[f"{ref}/{split}"])))
             rows.append(row)
-    ratios = {f"{s}/1f1b {split}": [_median(r, f"1f1b/{split}") / _median(r, f"{s}/{split}") for r in repeats]
+    ratios = {f"{s}/1f1b {split}": [x / y for x, y in zip(per_rep_of[f"1f1b/{split}"], per_rep_of[f"{s}/{split}"])]
               for split in cuts for s in SCHEDULES[1:]}
     return rows, cuts, {"tokens_per_s_ratio_per_repeat": ratios,
                         "load_1min_per_repeat": [r["load_1min"] for r in repeats],
@@ -166,11 +151,9 @@ def schedule_rows(a: argparse.Namespace, work: Path) -> tuple[list[dict], dict, 
 
 
 def memory_rows(a: argparse.Namespace, work: Path, cuts: dict | None) -> tuple[list[dict], object, dict]:
-    """Per-rank peak activation bytes of every schedule on both splits (`cuts`: the schedule comparison's,
-    else from the profile), measured over 3 steps without emulation (bytes do not depend on time), beside
-    the simulator's prediction: the memory goal alone. Also returns the profile and the cuts."""
-    path = work / "profile_memory.json"
-    profile = robust_profile(a, 2 if a.quick else 4, path)
+    """Per-rank activation peaks of every schedule on both splits over 3 steps without emulation, beside the
+    simulator's (the memory goal alone); also the profile and the cuts."""
+    profile, path = profiled(a, work, "profile_memory", 4)
     cuts = cuts or splits(profile)
     m = argparse.Namespace(**{**vars(a), "warmup": 1, "steps": 2, "slowdown": 1.0})
     res = spawn(_worker, WORLD, m, cuts, str(path), timeout_s=1800)
@@ -187,9 +170,8 @@ def memory_rows(a: argparse.Namespace, work: Path, cuts: dict | None) -> tuple[l
 
 
 def order_comparison(profile, cuts: dict, slowdown: float) -> list[dict]:
-    """The simulator's step time and peaks of multidir under the byte-balanced orders (what the job runs)
-    against an order and its reverse (the orders before slice bytes were weighed), priced as predictions()
-    prices the emulated comparison and without emulation: does the choice of orders cost throughput?"""
+    """The simulator's multidir step time and peaks under the byte-balanced orders against an order and its
+    reverse, emulated and plain: does the choice of orders cost throughput?"""
     mb = profile.microbatch_size
     rows = []
     for split, cut in cuts.items():
@@ -205,19 +187,6 @@ def order_comparison(profile, cuts: dict, slowdown: float) -> list[dict]:
     return rows
 
 
-def _median(repeat: dict, name: str) -> float:
-    """Rank 0's median step time of `name` in one repeat."""
-    return statistics.median(repeat["results"][0][name]["times"])
-
-
-# ---- torch.distributed.pipelining beside ours (no emulation) ----------------------------------------------
-def torch_pipeline(cfg, name: str, bounds: list, group):
-    """This rank's two stages of a torch.distributed.pipelining schedule with two stages per rank (V or loop
-    placement), stepped like bench/pipeline_vs_torch.py's single-stage pipelines (same AdamW, clip, batches)."""
-    owner = generate_stage_to_rank_mapping(WORLD, len(bounds), style="loop" if name == "Interleaved1F1B" else "v")
-    return TorchPipeline(cfg, group, getattr(pp, f"Schedule{name}"), bounds, owner, cfg.parallel.microbatches * D)
-
-
 def _torch_worker(rank: int, world: int, a: argparse.Namespace, slices: list, stages8: list, profile: str) -> dict:
     cfg = {s: load_config(None, overrides(a, s, slices, Path(profile), 1.0))
            for s in ("multidir_async", "multidir_flush")}
@@ -225,7 +194,9 @@ def _torch_worker(rank: int, world: int, a: argparse.Namespace, slices: list, st
     data = job_data(c0)
     group = dist.new_group(list(range(world)))  # torch's messages never share a channel with ours
     runners: dict = {s: build_runtime(cfg[s]) for s in cfg}
-    runners.update({t: torch_pipeline(c0, t, stages8, group) for t in TORCH})
+    runners.update({t: TorchPipeline(c0, group, getattr(pp, f"Schedule{t}"), stages8, generate_stage_to_rank_mapping(
+        WORLD, len(stages8), style="loop" if t == "Interleaved1F1B" else "v"), c0.parallel.microbatches * D)
+        for t in TORCH})  # this rank's two stages of each torch schedule (V or loop placement)
     res = harness.interleave(runners, a.warmup + a.steps, a.warmup,
                              lambda step: data.batch(step, c0.train.batch_size, c0.train.seed),
                              lambda key, step: lr_at(step, c0))
@@ -233,10 +204,8 @@ def _torch_worker(rank: int, world: int, a: argparse.Namespace, slices: list, st
 
 
 def torch_rows(a: argparse.Namespace, work: Path) -> tuple[list[dict], dict]:
-    """Our multidir (4 equal-time slices, 2 directions) beside torch's two-stages-per-rank schedules (8
-    equal-time stages), same model, batch, micro-batch size and optimizer; no emulation."""
-    path = work / "profile_torch.json"
-    profile = robust_profile(a, 2 if a.quick else 3, path)
+    """Our multidir (4 equal-time slices) beside torch's two-stages-per-rank schedules (8), no emulation."""
+    profile, path = profiled(a, work, "profile_torch", 3)
     slices = [list(b) for b in equal_time_slices(profile, WORLD)]
     stages8 = [list(b) for b in equal_time_slices(profile, 2 * WORLD)]
     load = os.getloadavg()[0]
@@ -253,7 +222,6 @@ def torch_rows(a: argparse.Namespace, work: Path) -> tuple[list[dict], dict]:
     return rows, {"ratios_tokens_per_s": ratios, "ratios_paired_median_async": paired, "load_1min": load}
 
 
-# ---- the loss goal ---------------------------------------------------------------------------------------------
 def loss_run(a: argparse.Namespace, work: Path) -> dict:
     """The default job (300 steps) with schedule = multidir under flush and under async: final losses."""
     out = {}
@@ -266,10 +234,10 @@ def loss_run(a: argparse.Namespace, work: Path) -> dict:
 
 
 def read_loss(run: harness.Run) -> dict:
-    """Final train loss (mean of the last 10 steps) and the last validation loss of a run."""
-    steps = run.steps
-    return {"steps": len(steps), **harness.final_losses([d["loss"] for d in steps],
-                                                        [d["val_loss"] for d in steps if "val_loss" in d])}
+    """A run's step count, final train loss (mean of the last 10 steps) and last validation loss."""
+    st = run.steps
+    return {"steps": len(st), **harness.final_losses([d["loss"] for d in st],
+                                                     [d["val_loss"] for d in st if "val_loss" in d])}
 
 
 def loss_ratios(out: dict) -> dict:
@@ -300,7 +268,7 @@ def goals(rows: list[dict]) -> dict:
                           ("profile alone", "predicted_step_s")):
             out[f"step prediction error {r['schedule']} ({r['split']}), {what}"] = (
                 abs(r[key] - r["measured_step_s"]) / r["measured_step_s"], "-")
-    return {k: {"value": v, "goal": g, "met": harness.meets(v, g)} for k, (v, g) in out.items()}
+    return harness.goals(out)
 
 
 def show(res: dict) -> None:
@@ -317,7 +285,7 @@ def show(res: dict) -> None:
                     f"{r['predicted_step_s']:.3f}" if "predicted_step_s" in r else "",
                     mib(r.get("peak_act_bytes", [])), mib(r.get("predicted_peak_act_bytes", [])))
                    for r in res.get("rows", [])], left=2, console=c)
-    harness.goals_table({k: (v["value"], v["goal"], v["met"]) for k, v in res.get("goals", {}).items()}, console=c)
+    harness.goals_table(res.get("goals", {}), console=c)
     if "torch" in res:
         c.print("torch.distributed.pipelining (no emulation), tokens/s ratios ours/theirs:",
                 {k: round(v, 3) for k, v in res["torch"]["ratios_tokens_per_s"].items()})
@@ -336,30 +304,18 @@ def show(res: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = harness.parser(__doc__, "multidir", layers=6, width=128, heads=4, context=128, batch=32, max_bytes=1_000_000)
-    p.add_argument("--steps", type=int, default=8, help="timed steps per schedule and repeat")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    p.add_argument("--repeats", type=int, default=3, help="jobs (each runs every schedule interleaved)")
-    p.add_argument("--quick", action="store_true", help="1 repeat, 1 warm-up + 3 timed steps (a smoke run)")
-    p.add_argument("--slowdown", type=float, default=4.0, help="emulate.slowdown on every rank (>= 4: duty cycle)")
-    p.add_argument("--basis", choices=("wall", "cpu"), default="wall",
-                   help="emulate.basis: stretch an op's wall time, or its thread's CPU time")
-    p.add_argument("--micro", type=int, default=8, help="micro-batches per direction (1F1B, GPipe: twice as many)")
+    p = harness.parser(__doc__, "multidir", {"warmup": 1, "steps": 3, "repeats": 1}, layers=6, width=128, heads=4,
+                       context=128, batch=32, max_bytes=1_000_000, steps=8, warmup=2, repeats=3, slowdown=4.0,
+                       basis="wall", micro=8)  # micro: per direction (1F1B, GPipe: twice as many)
     p.add_argument("--torch", action="store_true", help="also torch's DualPipeV, ZBVZeroBubble, Interleaved1F1B")
-    p.add_argument("--torch-layers", dest="torch_layers", type=int, default=14,
-                   help="blocks of the model for the torch comparison (8 equal-time stages for torch)")
+    p.add_argument("--torch-layers", type=int, default=14, help="blocks of the model for the torch comparison")
     p.add_argument("--no-schedules", dest="schedules", action="store_false", help="skip the emulated comparison")
-    p.add_argument("--memory", action="store_true",
-                   help="also each schedule's activation peaks per rank beside the simulator's (no emulation)")
+    p.add_argument("--memory", action="store_true", help="also each schedule's activation peaks per rank")
     p.add_argument("--loss", action="store_true", help="also the loss of the default job under async and flush")
-    p.add_argument("--loss-from", dest="loss_from", default="",
-                   help="read the loss goal from two finished runs DIR_FLUSH,DIR_ASYNC instead of training")
+    p.add_argument("--loss-from", default="", help="the loss goal from two finished runs DIR_FLUSH,DIR_ASYNC")
     a = p.parse_args(argv)
-    if a.quick:
-        a.warmup, a.steps, a.repeats = 1, 3, 1
     work = harness.workdir("multidir")
-    t0, out_path = time.perf_counter(), Path(a.out)
-    res: dict = json.loads(out_path.read_text()) if out_path.is_file() else {}
+    res = harness.read_results(a.out)
     res.update(benchmark="multidir", workers=WORLD, directions=D, slowdown=a.slowdown, basis=a.basis,
                model={"layers": a.layers, "width": a.width, "heads": a.heads, "context": a.context, "batch": a.batch,
                       "microbatches_per_direction": a.micro, "microbatch_size": a.batch // (D * a.micro)})
@@ -371,12 +327,10 @@ def main(argv: list[str] | None = None) -> dict:
         res["memory"], prof, cuts = memory_rows(a, work, res.get("cuts"))
         res["orders_simulated"] = order_comparison(prof, cuts, a.slowdown)
     if a.torch:
-        ta = argparse.Namespace(**{**vars(a), "layers": a.torch_layers})
-        trows, tinfo = torch_rows(ta, work)
+        trows, tinfo = torch_rows(argparse.Namespace(**{**vars(a), "layers": a.torch_layers}), work)
         res["torch"] = {"rows": trows, **tinfo, "model_layers": a.torch_layers}
     if a.loss_from:
-        f, s = a.loss_from.split(",")
-        out = {"flush": read_loss(harness.read_run(f)), "async": read_loss(harness.read_run(s))}
+        out = {k: read_loss(harness.read_run(d)) for k, d in zip(("flush", "async"), a.loss_from.split(","))}
         res["loss"] = {k: v for k, v in (out | loss_ratios(out)).items() if "over" in k} | {"runs": out}
     elif a.loss:
         res["loss"] = loss_run(a, work)
@@ -384,13 +338,11 @@ def main(argv: list[str] | None = None) -> dict:
         res["goals"] = goals(res["rows"])
         if "loss" in res:
             v = res["loss"]["val_loss_async_over_flush"]
-            res["goals"]["async/flush val loss after 300 steps"] = {"value": v, "goal": "<= 1.02",
-                                                                     "met": abs(v - 1) <= 0.02}
-    res["wall_s"] = time.perf_counter() - t0
-    harness.write_results("multidir", res, out_path, emulation=f"emulate.slowdown {a.slowdown:g} on every rank, "
+            res["goals"] |= harness.goals({"async/flush val loss after 300 steps": (v, "<= 1.02", abs(v - 1) <= 0.02)})
+    res["wall_s"] = harness.elapsed()
+    harness.write_results("multidir", res, a.out, emulation=f"emulate.slowdown {a.slowdown:g} on every rank, "
                           f"basis {a.basis}, in the schedule comparison (--torch and --memory run without)")
     show(res)
-    print(f"wrote {out_path} in {res['wall_s']:.0f} s")
     return res
 
 

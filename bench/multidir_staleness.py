@@ -1,33 +1,19 @@
-"""What one-version staleness costs multidir's async update, in one process: the default job's model, data,
-AdamW, clipping and learning-rate schedule, trained under the ideal semantics of each update mode, written
-from the definition rather than from the runtime:
-
-- flush: single-process training on the whole batch (update b: the gradient of batch b at w_b);
-- async: update b uses the gradient of batch b where each micro-batch runs slice i of its direction on the
-  version its rank's action list gives it (w_{b-1} before the slice's new weights are installed, else
-  w_b), its backward on the same version; a batch right after a flush (the first, and each after a
-  checkpoint or an evaluation, which drain the stream) runs on w_b throughout;
-- stale: every micro-batch on w_{b-1} (PipeDream-2BW's delayed gradient), for comparison;
-- predict: async, but a forward the list runs on w_{b-1} runs on the extrapolation 2 w_{b-1} - w_{b-2} (what
-  a holder could compute from the two versions it keeps), its backward on the same: a remedy, not built.
-
-Each is compared with flush's loss; with --run-dir, a finished `gearshift train` run's train losses are put
-beside the ideal ones step by step (the runtime should follow its ideal within float noise early on).
-Single process, one thread; no timing."""
+"""What one-version staleness costs multidir's async update: the default job trained in one process under each
+mode's ideal semantics (flush; async: each slice on the version its action list gives; stale: all on w_{b-1};
+predict: stale forwards on 2 w_{b-1} - w_{b-2}), against flush; --run-dir: a real run's losses beside them."""
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
 
 import harness
+from gearshift.optim import OptimConfig, adamw
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.schedules import Op
 from gearshift.train.build import equal_time_slices, job_model, job_schedule, lr_at, slice_act_bytes
@@ -37,9 +23,8 @@ from gearshift.train.profiling import profile_job
 
 
 def window_versions(sch) -> dict[tuple[int, int], int]:
-    """(stage, micro-batch j) -> 0 if batch b's forward of j on `stage` runs on w_{b-1}, 1 if on w_b: whether
-    its rank's steady window installs the stage's new weights (RECV_PAR, or STEP on the optimizer holder)
-    before that forward (window ids M..2M-1 are this batch's micro-batches 0..M-1)."""
+    """(stage, micro-batch j) -> 1 if its rank's steady window installs the stage's new weights (RECV_PAR, or STEP
+    on the holder) before batch b's forward of j (it runs on w_b), else 0 (w_{b-1})."""
     M, out = sch.num_microbatches, {}
     for acts in sch.actions:
         new: set[int] = set()
@@ -52,17 +37,6 @@ def window_versions(sch) -> dict[tuple[int, int], int]:
     return out
 
 
-def drained_before(cfg, batch: int) -> bool:
-    """Whether the training loop flushed the async stream before `batch`: at the start, and after every
-    checkpoint and evaluation (gearshift.train.loop: both drain)."""
-    t, step = cfg.train, batch - 1
-    if batch == 0:
-        return True
-    ckpt = bool(t.checkpoint_every and (step + 1) % t.checkpoint_every == 0)
-    val = bool(t.eval_every and (step + 1) % t.eval_every == 0)
-    return ckpt or val
-
-
 def train(cfg, cut: list[tuple[int, int]], mode: str, offsets: dict, lr_scale: float, log_every: int = 25) -> dict:
     """Train cfg.train.steps steps under `mode`; returns per-step train loss and validation losses."""
     torch.manual_seed(0)
@@ -72,9 +46,7 @@ def train(cfg, cut: list[tuple[int, int]], mode: str, offsets: dict, lr_scale: f
     spec, data = job_model(cfg), job_data(cfg)
     master = [nn.Sequential(*[spec.layer(i, t.seed) for i in range(a, b)]) for a, b in cut]
     params = [q for m in master for q in m.parameters()]
-    opt = torch.optim.AdamW([{"params": [q for q in params if q.dim() >= 2], "weight_decay": t.weight_decay},
-                             {"params": [q for q in params if q.dim() < 2], "weight_decay": 0.0}],
-                            lr=t.lr, betas=(t.beta1, t.beta2))
+    opt = adamw(params, OptimConfig(t.weight_decay, (t.beta1, t.beta2)), lr=t.lr)
     prev = cur = [copy.deepcopy(m) for m in master]  # the slices at w_{b-1} and w_b
     before = prev  # w_{b-2} (predict)
     losses, val = [], {}
@@ -82,7 +54,7 @@ def train(cfg, cut: list[tuple[int, int]], mode: str, offsets: dict, lr_scale: f
     for b in range(t.steps):
         x, y = data.batch(b, t.batch_size, t.seed)
         xs, ys = x.chunk(D * M), y.chunk(D * M)
-        fresh = drained_before(cfg, b)
+        fresh = b == 0 or any(e and b % e == 0 for e in (t.checkpoint_every, t.eval_every))  # the loop drained
         groups: dict[tuple[int, ...], list[int]] = {}  # the versions (0: w_{b-1}, 1: w_b) per slice -> micro-batches
         for g in range(D):
             for j in range(M):
@@ -146,20 +118,16 @@ def evaluate(cfg, data, loss_fn, slices) -> float:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=300)
+    ap = harness.parser(__doc__, "multidir_staleness", steps=300)  # --out: one entry per --label
     ap.add_argument("--modes", default="flush,async,stale")
     ap.add_argument("--orders", choices=("bytes", "reverse"), default="bytes",
-                    help="direction orders: balancing the slices' bytes (what the job runs), or reverse")
+                    help="direction orders: balancing the slices' bytes (the job's), or reverse")
     ap.add_argument("--lr-scale", dest="lr_scale", type=float, default=1.0, help="async/stale: lr x this")
     ap.add_argument("--cut", default="", help='slices, e.g. "[[0,2],[2,4],[4,6],[6,8]]" (default: equal profiled time)')
     ap.add_argument("--profile", default="", help="ModelProfile JSON (default: profile now)")
     ap.add_argument("--stale-first", dest="stale_first", type=int, default=-1,
-                    help="async: instead of the list's versions, the first K micro-batches of each direction on "
-                         "w_{b-1} (all slices), the rest on w_b: what fewer stale forwards would cost")
+                    help="async: the first K micro-batches of each direction on w_{b-1}, the rest on w_b")
     ap.add_argument("--run-dir", dest="run_dir", default="", help="a finished async run to put beside the ideal")
-    ap.add_argument("--out", default=str(harness.RESULTS / "multidir_staleness.json"),
-                    help="results file: each run is kept under its --label beside the others")
     ap.add_argument("--label", default="", help="its name in the results file (default: lr and stale count)")
     ap.add_argument("overrides", nargs="*", help="config overrides, --section.key=value without the dashes")
     a = ap.parse_args(argv)
@@ -193,12 +161,10 @@ def main(argv: list[str] | None = None) -> dict:
         ideal = res["runs"].get("async", {}).get("losses", [])
         for b in [s for s in (0, 1, 2, 3, 5, 10, 20, 50, 100, 200, 299) if s < min(len(real), len(ideal))]:
             print(f"  step {b}: run {real[b]:.4f}, ideal async {ideal[b]:.4f}")
-    out = Path(a.out)
     label = a.label or f"lr {cfg.train.lr:g}, {stale} of {len(offsets)} forwards stale"
-    book = json.loads(out.read_text()) if out.is_file() else {}
-    book = book if "experiments" in book else {"experiments": {}}  # one file, one entry per experiment
+    book = {"experiments": harness.read_results(a.out).get("experiments", {})}  # one entry per experiment
     book["experiments"][label] = res | {"machine": harness.machine()}  # each experiment ran on its own
-    print(f"wrote {harness.write_results('multidir_staleness', book, out, stamp=False)} ({label!r})")
+    harness.write_results("multidir_staleness", book, a.out, stamp=False)
     return res
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
@@ -15,6 +14,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 
 import harness
 from gearshift.models.gpt import build_layer, gpt_loss
+from gearshift.optim import OptimConfig, adamw
 from gearshift.testing import spawn
 from gearshift.train.build import build_runtime, gpt_config, lr_at
 from gearshift.train.config import load_config
@@ -26,16 +26,9 @@ SYSTEMS = ("gearshift", "torch")
 WORLD = 4
 
 
-def _overrides(a: argparse.Namespace, schedule: str) -> list[str]:
-    """Config overrides shared by both systems (the torch side reads the same JobConfig)."""
-    return [*harness.job_overrides(a), f"--cluster.workers={WORLD}", f"--parallel.stages={WORLD}",
-            f"--parallel.schedule={schedule}", "--parallel.partition=uniform", f"--train.steps={a.warmup + a.steps}",
-            "--train.warmup_steps=2"]
-
-
 class TorchPipeline:
-    """This rank's stages of a torch.distributed.pipelining schedule (`cls`) over the job's GPT layers (stage s:
-    layers bounds[s], on rank owner[s]), with the same optimizer step as ours."""
+    """This rank's stages of a torch.distributed.pipelining schedule `cls` (stage s: layers bounds[s] on rank
+    owner[s]), with our optimizer step."""
 
     def __init__(self, cfg, group, cls, bounds: list, owner, microbatches: int):
         self.rank, self.group, self.cfg = dist.get_rank(), group, cfg
@@ -46,10 +39,7 @@ class TorchPipeline:
         self.schedule = cls(stages if len(stages) > 1 else stages[0], n_microbatches=microbatches, loss_fn=gpt_loss)
         self.first, self.last = 0 in mine, S - 1 in mine  # feeds the inputs / computes the loss
         self.params = params = [p for m in mods for p in m.parameters()]
-        self.optimizer = torch.optim.AdamW(
-            [{"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
-             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-            lr=t.lr, betas=(t.beta1, t.beta2))
+        self.optimizer = adamw(params, OptimConfig(t.weight_decay, (t.beta1, t.beta2)), lr=t.lr)
 
     def step(self, x, y, lr: float) -> float:
         """One training step: the pipeline schedule, global-norm clip, AdamW; returns the mean loss."""
@@ -72,16 +62,16 @@ class TorchPipeline:
 
 def _worker(rank: int, world: int, a: argparse.Namespace) -> dict:
     """Build all four pipelines on this rank, then step them in rotating order; rank 0's timings count."""
-    cfgs = {s: load_config(None, _overrides(a, s)) for s in SCHEDULES}
+    job = [*harness.job_overrides(a), f"--cluster.workers={WORLD}", f"--parallel.stages={WORLD}",
+           "--parallel.partition=uniform", f"--train.steps={a.warmup + a.steps}", "--train.warmup_steps=2"]
+    cfgs = {s: load_config(None, [*job, f"--parallel.schedule={s}"]) for s in SCHEDULES}  # torch reads them too
     cfg0 = cfgs["gpipe"]
     corpus = ByteCorpus(None, cfg0.data.val_fraction, cfg0.data.max_bytes)
     torch_group = dist.new_group(list(range(world)))  # torch's transfers never share a channel with ours
-    runners = {}
-    for s in SCHEDULES:
-        runners[f"gearshift/{s}"] = build_runtime(cfgs[s])
-        runners[f"torch/{s}"] = TorchPipeline(cfgs[s], torch_group, {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[s],
-                                              uniform_bounds(gpt_config(cfgs[s]).num_layers, WORLD), range(WORLD),
-                                              cfgs[s].parallel.microbatches)
+    runners = {f"gearshift/{s}": build_runtime(cfgs[s]) for s in SCHEDULES} | {
+        f"torch/{s}": TorchPipeline(cfgs[s], torch_group, {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[s],
+                                    uniform_bounds(gpt_config(cfgs[s]).num_layers, WORLD), range(WORLD),
+                                    cfgs[s].parallel.microbatches) for s in SCHEDULES}
     res = harness.interleave(runners, a.warmup + a.steps, a.warmup,
                              lambda step: corpus.batch(step, cfg0.train.batch_size, cfg0.model.gpt.context,
                                                        cfg0.train.seed),
@@ -94,9 +84,7 @@ def _worker(rank: int, world: int, a: argparse.Namespace) -> dict:
 
 def _summarise(results: list[dict], a: argparse.Namespace) -> dict:
     """Rows per (system, schedule) from rank 0's wall times, Gearshift/torch ratios and the config."""
-    tokens = a.batch * a.context
-    r0 = results[0]
-    rows = []
+    tokens, r0, rows = a.batch * a.context, results[0], []
     for s in SCHEDULES:
         for sys_ in SYSTEMS:
             name = f"{sys_}/{s}"
@@ -109,10 +97,8 @@ def _summarise(results: list[dict], a: argparse.Namespace) -> dict:
                    "cpu_s_per_step_per_rank": [statistics.fmean(r["cpu"][name]) for r in results],
                    "step_times_s": ts}
             row["cpu_s_per_step"] = sum(row["cpu_s_per_step_per_rank"])
-            if sys_ == "gearshift":
-                row["busy_s_per_rank"] = [statistics.fmean(r["busy"][name]) for r in results]
-                row["recv_wait_s_per_rank"] = [statistics.fmean(r["recv_wait"][name]) for r in results]
-            rows.append(row)
+            rows.append(row | ({f"{k}_s_per_rank": [statistics.fmean(r[k][name]) for r in results]
+                                for k in ("busy", "recv_wait")} if sys_ == "gearshift" else {}))
     by = {(r["system"], r["schedule"]): r for r in rows}
     ratios = {s: by[("gearshift", s)]["tokens_per_s"] / by[("torch", s)]["tokens_per_s"] for s in SCHEDULES}
     paired = {s: statistics.median(t / g for g, t in zip(r0["times"][f"gearshift/{s}"], r0["times"][f"torch/{s}"]))
@@ -138,9 +124,8 @@ def _print(summary: dict) -> None:
                     f"{1e3 * r['step_time_min_s']:.1f}", f"{r['cpu_s_per_step']:.3f}", f"{r['final_loss']:.4f}")
                    for r in summary["rows"]], left=2, console=console)
     for s, v in summary["ratios"].items():
-        console.print(f"Gearshift/torch {s}: [bold]{v:.3f}x[/bold] tokens/s "
-                      f"(paired per-step median {summary['ratios_paired_median'][s]:.3f}x, "
-                      f"best step {summary['ratios_best_step'][s]:.3f}x, "
+        console.print(f"Gearshift/torch {s}: [bold]{v:.3f}x[/bold] tokens/s (paired per-step median "
+                      f"{summary['ratios_paired_median'][s]:.3f}x, best step {summary['ratios_best_step'][s]:.3f}x, "
                       f"CPU-time {summary['cpu_ratios_torch_over_gearshift'][s]:.3f}x, "
                       f"max loss diff {summary['config']['max_loss_diff_gearshift_vs_torch'][s]:.1e})")
     m = summary["machine"]
@@ -149,17 +134,10 @@ def _print(summary: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = harness.parser(__doc__, "pipeline_vs_torch", layers=6, width=128, heads=4, context=128, batch=32, micro=8,
-                       max_bytes=1_000_000)
-    p.add_argument("--steps", type=int, default=20, help="timed steps per system and schedule")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
-    p.add_argument("--quick", action="store_true", help="1 warm-up + 3 timed steps (a smoke run, < 60 s)")
-    a = p.parse_args(argv)
-    if a.quick:
-        a.warmup, a.steps = 1, 3
-    t0 = time.perf_counter()
+    a = harness.parser(__doc__, "pipeline_vs_torch", {"warmup": 1, "steps": 3}, layers=6, width=128, heads=4,
+                       context=128, batch=32, micro=8, max_bytes=1_000_000, steps=20, warmup=3).parse_args(argv)
     summary = _summarise(spawn(_worker, WORLD, a, timeout_s=600), a)
-    summary["config"]["wall_s"] = time.perf_counter() - t0
+    summary["config"]["wall_s"] = harness.elapsed()
     harness.write_results("pipeline_vs_torch", summary, a.out)
     _print(summary)
     return summary

@@ -1,15 +1,6 @@
-"""Network-aware schedule choice on the namespace testbed: a 4-stage GPT pipeline, one rank per host, 200 Mbit/s
-host links, every rank emulated `--slowdown` times slower (duty cycle: each compute op is mostly sleep, so the 4
-ranks do not contend for the 2 cores). Three scenarios:
-
-  idle       the links carry only the job;
-  contended  every pipeline link also carries `--flows` bulk TCP flows each way (cluster.traffic, from step 0);
-  change     idle, then contended from step `--change` (parallel.schedule = auto, adapt.every = `--every`).
-
-In idle and contended one job each measures every (m, K) candidate, interleaved: it starts on auto's pick, then
-a forced schedule (gearshift.train.forcing) cycles through the candidates (`--rounds` rounds, `--segment` steps
-each, the first step of each segment left out), and each switch re-probes the links and logs every candidate's
-predicted step time. Fixed 1F1B with m = 8 is one of the candidates. Needs root (the testbed)."""
+"""Network-aware schedule choice on the namespace testbed (root): a 4-stage GPT, a rank per 200 Mbit/s host,
+duty-cycle emulation. idle and contended (`--flows` bulk flows per link): one job measures every (m, K) candidate
+interleaved, 1F1B m = 8 among them; change: idle, then contended from step `--change`, under auto."""
 
 from __future__ import annotations
 
@@ -17,10 +8,7 @@ import argparse
 import json
 import random
 import statistics
-import time
 from pathlib import Path
-
-from rich.console import Console
 
 import harness
 from gearshift.cluster.testbed import Testbed, TestbedConfig, is_root
@@ -33,41 +21,29 @@ HOSTS = 4
 BASELINE = (8, 1)  # fixed 1F1B, 8 micro-batches
 
 
-def job_args(a: argparse.Namespace, profiles: Path) -> list[str]:
-    """Overrides shared by every job of the benchmark."""
-    return [*harness.job_overrides(a), f"--cluster.workers={HOSTS}", f"--parallel.stages={HOSTS}",
-            "--cluster.ranks_per_node=1", "--cluster.testbed=true", f"--cluster.bandwidth={a.bandwidth}",
-            "--parallel.schedule=auto", *harness.QUIET, "--train.warmup_steps=5", f"--adapt.profiles={profiles}",
-            harness.slowdown([a.slowdown] * HOSTS)]
-
-
 def contention(a: argparse.Namespace, step: int) -> list[str]:
     """cluster.traffic: `flows` bulk flows each way over every pipeline link, from `step` on."""
-    ev = [f"{step}:flows:{h}:{h + 1}:{a.flows}" for h in range(HOSTS - 1)]
-    ev += [f"{step}:flows:{h + 1}:{h}:{a.flows}" for h in range(HOSTS - 1)]
+    ev = [f"{step}:flows:{h}:{h + 1}:{a.flows}" for h in range(HOSTS - 1)] + [
+        f"{step}:flows:{h + 1}:{h}:{a.flows}" for h in range(HOSTS - 1)]
     return ["--cluster.traffic=" + json.dumps(ev, separators=(",", ":"))]
 
 
 def candidates(a: argparse.Namespace) -> list[tuple[int, int]]:
     """Every (m, K) auto prices (the same list its records hold)."""
-    out, S = [], HOSTS
+    out: list[tuple[int, int]] = []
     for m in [m for m in range(1, a.batch + 1) if a.batch % m == 0]:
-        seen = set()
+        seen: dict = {}  # the first K of each distinct schedule
         for k in range(1, m + 1):
-            acts = tuple(tuple(x) for x in make_schedule("kfkb", S, m, k=k).actions)
-            if acts not in seen:
-                seen.add(acts)
-                out.append((m, k))
+            seen.setdefault(tuple(tuple(x) for x in make_schedule("kfkb", HOSTS, m, k=k).actions), (m, k))
+        out += seen.values()
     return out
 
 
 def grid(name: str, a: argparse.Namespace, base: list[str], cands: list[tuple[int, int]], work: Path, tb,
          extra: list[str]) -> dict:
-    """One job measuring every candidate, interleaved: segment 0 runs auto's own pick, then each round visits
-    every candidate once (round r in a shuffled order, the next reversed). Per candidate: its segments' step
-    times (first step of each left out) and the predictions logged when it was switched to."""
-    order = []
-    rng = random.Random(7)
+    """One job visiting every candidate once a round after auto's own pick (shuffled, the next round reversed):
+    per candidate its segments' step times (first step left out) and the predictions logged at its switches."""
+    order, rng = [], random.Random(7)
     for r in range(a.rounds):
         o = list(cands)
         rng.shuffle(o)
@@ -97,14 +73,11 @@ def grid(name: str, a: argparse.Namespace, base: list[str], cands: list[tuple[in
 
 
 def summarize(scenario: str, g: dict) -> list[dict]:
-    """One row per candidate: median measured step time over its segments, its median prediction over the job's
-    pricings, and auto's pick: what the pricings chose most often (each forced switch re-prices every candidate
-    under the links probed then, as auto does every period)."""
-    pick = g["modal"]
-    rows = []
+    """One row per candidate: median measured step time and prediction, and whether auto picked it (what the
+    job's pricings, each under the links probed then, chose most often)."""
+    pick, rows = g["modal"], []
     for (m, k), d in g["per"].items():
-        meas = statistics.median(d["times"])
-        pred = statistics.median(d["predicted"])
+        meas, pred = statistics.median(d["times"]), statistics.median(d["predicted"])
         spread = (max(d["rounds"]) - min(d["rounds"])) / statistics.mean(d["rounds"]) if len(d["rounds"]) > 1 else None
         rows.append({"scenario": scenario, "m": m, "k": k, "tokens_per_s": g["tokens"] / meas,
                      "measured_step_s": meas, "predicted_step_s": pred, "auto": (m, k) == pick,
@@ -142,12 +115,10 @@ def goals_of(rows: list[dict], scenario: str) -> dict:
 
 def change(a: argparse.Namespace, base: list[str], work: Path, tb) -> dict:
     """Auto on idle links, contended from step a.change on."""
-    E, C = a.every, a.change
-    steps = C + a.after * E
-    run = harness.run_job("change", [*base, *contention(a, C), f"--train.steps={steps}", f"--adapt.every={E}"], work,
-                          tb)
-    st = {r["step"]: r for r in run.steps}
-    decs = run.events("schedule")
+    E, C, steps = a.every, a.change, a.change + a.after * a.every
+    run = harness.run_job("change", [*base, *contention(a, C), f"--train.steps={steps}", f"--adapt.every={E}"],
+                          work, tb)
+    st, decs = {r["step"]: r for r in run.steps}, run.events("schedule")
     before_key = tuple(next(d for d in reversed(decs) if d["step"] < C)["chosen"])
     after = [d for d in decs if d["step"] >= C]  # a decision at step C is priced after the traffic started
     # Picked again: the first pricing that saw the links move (it may keep the schedule it had, if that is
@@ -171,46 +142,28 @@ def change(a: argparse.Namespace, base: list[str], work: Path, tb) -> dict:
             "tokens": a.batch * a.context}
 
 
-def table(res: dict, goals: dict) -> None:
-    c = Console(width=150)
-    for sc in ("idle", "contended"):
-        harness.table(f"{sc}: every candidate, measured interleaved (duty-cycle emulation x{res['slowdown']})",
-                      ("m", "K", "tokens/s", "measured s/step", "predicted s/step", "error", "A/A spread", "auto"),
-                      [(r["m"], r["k"], f"{r['tokens_per_s']:,.0f}", f"{r['measured_step_s']:.3f}",
-                        f"{r['predicted_step_s']:.3f}",
-                        f"{(r['predicted_step_s'] - r['measured_step_s']) / r['measured_step_s']:+.1%}",
-                        "-" if r["aa_spread"] is None else f"{r['aa_spread']:.1%}", "*" if r["auto"] else "")
-                       for r in sorted((r for r in res["rows"] if r["scenario"] == sc),
-                                       key=lambda r: -r["tokens_per_s"])], console=c)
-    harness.goals_table(goals, console=c)
-
-
 def main() -> None:
-    p = harness.parser(__doc__, "schedule_choice", layers=2, width=64, heads=4, context=256, batch=8,
-                       max_bytes=1_000_000)
-    p.add_argument("--quick", action="store_true", help="two rounds of 3-step segments, a shorter change job "
-                                                         "(about 10 minutes on the 2-core machine)")
-    p.add_argument("--slowdown", type=float, default=4.0, help="duty-cycle emulation factor on every rank")
+    p = harness.parser(__doc__, "schedule_choice", {"rounds": 2, "segment": 3, "change": 25, "after": 3}, layers=2,
+                       width=64, heads=4, context=256, batch=8, max_bytes=1_000_000, slowdown=4.0, keep="")
     p.add_argument("--bandwidth", default="200mbit")
     p.add_argument("--flows", type=int, default=4, help="bulk TCP flows each way per pipeline link (contended)")
     p.add_argument("--segment", type=int, default=4, help="steps per candidate segment in the grid jobs")
-    p.add_argument("--rounds", type=int, default=4, help="visits of every candidate in the grid jobs (A/A: the "
-                                                         "spread of a candidate's visits)")
+    p.add_argument("--rounds", type=int, default=4, help="visits of every candidate in the grid jobs (A/A spread)")
     p.add_argument("--every", type=int, default=10, help="adapt.every of the change job")
-    p.add_argument("--change", type=int, default=35,
-                   help="the step the change job's links become contended (mid-period)")
+    p.add_argument("--change", type=int, default=35, help="the step the change job's links become contended")
     p.add_argument("--after", type=int, default=4, help="periods the change job runs after the change")
     p.add_argument("--scenarios", default="idle,contended,change")
-    p.add_argument("--keep", default="", help="keep run directories here (default: a temp dir)")
+    p.add_argument("--no-calibrate", action="store_true", help="price by the profile alone (adapt.calibrate = "
+                                                                 "false): the prices before the calibration")
     a = p.parse_args()
-    if a.quick:
-        a.rounds, a.segment, a.change, a.after = 2, 3, 25, 3
 
     if not is_root():
         raise SystemExit("schedule_choice: needs root (the namespace testbed)")
     work = harness.workdir("schedule", a.keep)
-    t0 = time.perf_counter()
-    base = job_args(a, work / "profiles")
+    base = [*harness.job_overrides(a), f"--cluster.workers={HOSTS}", f"--parallel.stages={HOSTS}", *harness.QUIET,
+            "--cluster.ranks_per_node=1", "--cluster.testbed=true", f"--cluster.bandwidth={a.bandwidth}",
+            "--parallel.schedule=auto", "--train.warmup_steps=5", harness.slowdown([a.slowdown] * HOSTS),
+            f"--adapt.profiles={work / 'profiles'}", f"--adapt.calibrate={str(not a.no_calibrate).lower()}"]
     cfg = load_config(None, [x for x in base if not x.startswith("--cluster.testbed")])
     sizes = [a.batch // m for m in range(1, a.batch + 1) if a.batch % m == 0]
     profile_sizes(cfg, sizes, str(work / "profiles"), passes=3)  # every job reads these: one set of numbers
@@ -252,22 +205,28 @@ def main() -> None:
         if "contended" in per and chg["after_tokens_per_s"]:
             r = chg["after_tokens_per_s"] / per["contended"]["best_tokens_per_s"]
             goals["change: after / best contended"] = (r, ">= 0.95")
-    goals = {k: (v[0], v[1], v[2] if len(v) > 2 else harness.meets(*v)) for k, v in goals.items()}
-    res = {"benchmark": "schedule_choice", "quick": a.quick, "hosts": HOSTS, "bandwidth": a.bandwidth,
-           "slowdown": a.slowdown,
+    res = {"benchmark": "schedule_choice", "quick": a.quick, "calibrated": not a.no_calibrate, "hosts": HOSTS,
+           "bandwidth": a.bandwidth, "slowdown": a.slowdown, "goals": harness.goals(goals),
            "emulation": f"duty cycle: every rank sleeps {a.slowdown - 1:g}x its measured compute after each op",
            "model": {"name": "gpt", "layers": a.layers, "width": a.width, "heads": a.heads, "context": a.context,
                      "batch": a.batch, "activation_bytes_per_sample": a.width * a.context * 4},
            "contention": f"{a.flows} bulk TCP flows each way over every pipeline link",
            "segment": a.segment, "rounds": a.rounds, "candidates": [list(c) for c in cands],
-           "rows": rows, "per_scenario": per, "change": chg,
-           "goals": {k: {"value": v, "goal": g, "met": m} for k, (v, g, m) in goals.items()},
-           "links": {sc: grids[sc]["links"][:2] for sc in grids},
-           "wall_s": round(time.perf_counter() - t0, 1)}
-    out = harness.write_results("schedule_choice", res, a.out, emulation=res["emulation"] + f"; testbed: {HOSTS} "
-                                f"hosts in network namespaces, {a.bandwidth} per host")
-    table(res, goals)
-    print(f"wrote {out} in {res['wall_s']:.0f} s (runs in {work})")
+           "rows": rows, "per_scenario": per, "change": chg, "links": {sc: grids[sc]["links"][:2] for sc in grids},
+           "wall_s": round(harness.elapsed(), 1)}
+    harness.write_results("schedule_choice", res, a.out, emulation=res["emulation"] + f"; testbed: {HOSTS} "
+                          f"hosts in network namespaces, {a.bandwidth} per host")
+    c = harness.make_console()
+    for sc in ("idle", "contended"):
+        harness.table(f"{sc}: every candidate, measured interleaved (duty-cycle emulation x{res['slowdown']})",
+                      ("m", "K", "tokens/s", "measured s/step", "predicted s/step", "error", "A/A spread", "auto"),
+                      [(r["m"], r["k"], f"{r['tokens_per_s']:,.0f}", f"{r['measured_step_s']:.3f}",
+                        f"{r['predicted_step_s']:.3f}",
+                        f"{(r['predicted_step_s'] - r['measured_step_s']) / r['measured_step_s']:+.1%}",
+                        "-" if r["aa_spread"] is None else f"{r['aa_spread']:.1%}", "*" if r["auto"] else "")
+                       for r in sorted((r for r in res["rows"] if r["scenario"] == sc),
+                                       key=lambda r: -r["tokens_per_s"])], console=c)
+    harness.goals_table(res["goals"], console=c)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ layer each, so every rank builds only the layers it holds.
     pip install 'gearshift[hf]'
     gearshift train examples/hf_gpt2.toml    # from the repository root: 4 stages on the byte corpus
 
-The input and output embeddings are not tied (a pipeline puts them on different stages)."""
+The input and output embeddings are not tied (a pipeline puts them on different stages). Its layers' weights go by
+GPT2LMHeadModel's names (`names`), so `model.init` reads a `save_pretrained` directory and `gearshift export` writes
+what GPT2LMHeadModel(config(table)) loads."""
 
 from __future__ import annotations
 
@@ -77,15 +79,36 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
+def config(table: dict) -> GPT2Config:
+    """The [model] table's context, width, layers, heads and pdrop (every dropout) as a GPT2Config over bytes
+    (vocab 256), untied."""
+    p = table.get("pdrop", 0.1)
+    return GPT2Config(vocab_size=256, n_positions=table.get("context", 128), n_embd=table.get("width", 128),
+                      n_layer=table.get("layers", 4), n_head=table.get("heads", 4), bos_token_id=None,
+                      eos_token_id=None, attn_implementation="eager", tie_word_embeddings=False, resid_pdrop=p,
+                      embd_pdrop=p, attn_pdrop=p)
+
+
+def hf_names(last: int):
+    """(layer i, its state-dict key) -> GPT2LMHeadModel's name: embeddings and blocks under `transformer.`."""
+
+    def name(i: int, key: str) -> str:
+        if i == 0:
+            return f"transformer.{key}"
+        if i == last:
+            return key if key.startswith("lm_head.") else f"transformer.{key}"
+        return f"transformer.h.{i - 1}.{key.removeprefix('block.')}"
+
+    return name
+
+
 def build(table: dict) -> ModelSpec:
-    """The [model] table's context, width, layers and heads as a GPT2Config over bytes (vocab 256)."""
-    cfg = GPT2Config(vocab_size=256, n_positions=table.get("context", 128), n_embd=table.get("width", 128),
-                     n_layer=table.get("layers", 4), n_head=table.get("heads", 4), bos_token_id=None,
-                     eos_token_id=None, attn_implementation="eager")
+    """The GPT-2 of `config(table)`, one layer per embedding, block and head."""
+    cfg = config(table)
     last = cfg.n_layer + 1
 
     def layer(i: int) -> nn.Module:
         module = Embeddings(cfg) if i == 0 else Head(cfg) if i == last else Block(cfg, i - 1)
         return init_gpt2(module, cfg)
 
-    return ModelSpec(cfg.n_layer + 2, layer, lm_loss)
+    return ModelSpec(cfg.n_layer + 2, layer, lm_loss, names=hf_names(last))

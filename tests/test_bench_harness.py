@@ -73,6 +73,7 @@ def test_fastest_layers_keeps_each_layers_fastest_pass():
     assert best.meta["passes"] == 2
 
 
+@pytest.mark.subprocess
 def test_run_job_runs_this_interpreters_gearshift_and_says_why_it_failed(tmp_path, monkeypatch):
     run = harness.run_job("bad", ["--model.layers=0"], tmp_path, check=False)
     assert run.returncode == 2 and "model.layers" in run.stderr and run.records == []

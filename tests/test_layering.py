@@ -8,6 +8,9 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+pytestmark = pytest.mark.subprocess  # a fresh interpreter per test
 
 def _run(code: str) -> str:
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120)

@@ -77,8 +77,11 @@ def test_spec_table_is_the_models_prediction(tmp_path, gearshift) -> None:
     shapes = {(row["size_bytes"], row["algorithm"]): row.get("node_matrix") for row in saved["rows"]}
     assert shapes[(4 << 10, "hierarchical")] == [2, 2] and shapes[(256 << 20, "hierarchical")] == [1, 4]
     assert shapes[(4 << 10, "gloo")] is None
-    assert [line.rstrip(" │").endswith(want) for line in r.stdout.splitlines() for label, want in
+    assert [f" {want} │" in line for line in r.stdout.splitlines() for label, want in
             (("4 KiB", "2 x 2"), ("256 MiB", "1 x 4")) if line.strip("│ ").startswith(label)] == [True, True]
+    # the pick beside a faster form says why (the table's last column, and the JSON)
+    assert "within 5% of the fastest, hierarchical_rs" in r.stdout
+    assert saved["auto"][1]["why"].startswith("within 5% of the fastest, hierarchical_rs (+")
     # pinned: every size runs (and is priced) in the pinned shape
     r = gearshift("allreduce", "--spec", str(spec_path), "--sizes", "4KiB,256MiB", "--node-matrix", "4x1",
                   "--out", str(out))
@@ -88,7 +91,7 @@ def test_spec_table_is_the_models_prediction(tmp_path, gearshift) -> None:
     assert {tuple(row["node_matrix"]) for row in saved["rows"] if "node_matrix" in row} == {(4, 1)}
     assert all(row["predicted_time_s"] == predict(row["algorithm"], row["size_bytes"], (4, 4), costs, (4, 1))
                for row in saved["rows"])
-    assert sum(line.rstrip(" │").endswith("4 x 1") for line in r.stdout.splitlines()) == 2
+    assert sum(" 4 x 1 │" in line for line in r.stdout.splitlines()) == 2
 
 
 def test_bad_input_is_one_line(tmp_path, gearshift) -> None:
@@ -125,10 +128,11 @@ def test_measures_every_algorithm_on_local_workers(tmp_path) -> None:
     for label in ("4 KiB", "256 KiB"):
         row = next(line for line in r.stdout.splitlines() if line.strip("│ ").startswith(label))
         cells = [c.strip() for c in row.strip("│").split("│")]
-        assert len(cells) == 8 and all("(" in c and ")" in c for c in cells[1:5])  # measured (model), each
+        assert len(cells) == 9 and all("(" in c and ")" in c for c in cells[1:5])  # measured (model), each
         assert cells[5] in ("gloo", "ring", "hierarchical", "hierarchical_rs")
         assert cells[6] in ("gloo", "ring", "hierarchical", "hierarchical_rs")
         assert cells[7] == "1 x 2"  # two nodes: the only shape the model has
+        assert cells[8].startswith(("the fastest", "within 5% of the fastest"))  # why auto picks it
 
 
 @pytest.mark.skipif(not is_root(), reason="the testbed needs root")

@@ -46,7 +46,7 @@ def test_plan_moe_ranks_every_strategy_of_the_spec(capsys, monkeypatch):
     (["train", "--parallel.strategy=auto"], 'parallel.strategy: auto is for model.name = "moe_gpt"'),
     (["train", "--model.name=moe_gpt", "--parallel.strategy=best"], "parallel.strategy: 'best' (allowed: fixed, auto)"),
     (["train", "--output.moe_trace=true"], 'output.moe_trace: for model.name = "moe_gpt"'),
-    (["plan", "--moe"], '--moe: for model.name = "moe_gpt" (the model is \'gpt\')'),
+    (["plan", "--moe", "--model.name=gpt"], '--moe: for model.name = "moe_gpt" (the model is \'gpt\')'),
     (["plan", "--moe", *TINY, "--trace", "bad.npz"], "bad.npz: not a MoE trace"),
     (["plan", "--moe", *TINY, "--trace", "flat.npz"], "flat.npz: loads must be a non-negative int array"),
 ])

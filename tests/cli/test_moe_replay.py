@@ -1,5 +1,5 @@
-"""`gearshift moe synth` writes a drifting Zipf trace that `gearshift moe replay` replays (table, JSON in the issue's
-shape, plot); a trace of the wrong shape or replicas that do not fit are one line, exit 2."""
+"""`gearshift moe synth` writes a trace of the asked family that `gearshift moe replay` replays (table, JSON in the
+issue's shape, plot); a trace of the wrong shape or replicas that do not fit are one line, exit 2."""
 
 from __future__ import annotations
 
@@ -7,16 +7,20 @@ import json
 
 import numpy as np
 
+from gearshift.planner import synthetic
+
 
 def test_synth_then_replay(gearshift, tmp_path):
     trace, png = tmp_path / "t.npz", tmp_path / "replay.png"
-    r = gearshift("moe", "synth", str(trace), "--steps=40", "--layers=1", "--experts=16", "--tokens=2000")
+    r = gearshift("moe", "synth", str(trace), "--kind=bursty", "--steps=40", "--layers=1", "--experts=16",
+                  "--tokens=2000", "--seed=3")
     assert r.returncode == 0, r.stderr
+    assert (np.load(trace)["loads"] == synthetic.trace("bursty", 40, 1, 16, 2000, seed=3)).all()
     r = gearshift("moe", "replay", str(trace), "--devices=4", "--every=10", "--replicas=1", "--json",
                   f"--plot={png}")
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)["policies"]
-    assert [p["policy"] for p in rows] == ["static", "greedy", "greedy_replicas", "oracle"]
+    assert [p["policy"] for p in rows] == ["static", "greedy", "eplb", "greedy_replicas", "oracle"]
     assert all(isinstance(p["busiest_over_mean"], float) and isinstance(p["moved_bytes"], int) for p in rows)
     assert rows[0]["moved_bytes"] == 0 and png.stat().st_size > 0
     r = gearshift("moe", "replay", str(trace), "--devices=4")

@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+from gearshift.train.config import load_config
+
 TINY = ["--model.layers=2", "--model.width=32", "--model.heads=2", "--model.context=16", "--train.batch_size=8",
         "--data.max_bytes=100000", "--parallel.microbatches=2"]
 
@@ -18,6 +20,7 @@ def test_profile_then_simulate(tmp_path, gearshift):
     d = json.loads(prof.read_text())
     assert [lp["name"] for lp in d["layers"]] == ["0:Embedding", "1:Block", "2:Block", "3:Head"]
     assert d["microbatch_size"] == 4 and all(lp["forward_s"] > 0 for lp in d["layers"])
+    (tmp_path / "config.json").write_text(json.dumps(load_config(None, [*TINY, f"--output.dir={tmp_path}"]).to_dict()))
     (tmp_path / "metrics.jsonl").write_text("".join(
         json.dumps({"step": i, "step_time_s": 0.1, "bubble_fraction": 0.5}) + "\n" for i in range(3)))
     trace = tmp_path / "pred.json"

@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 import gearshift.sim.collectives as coll
 from gearshift.cluster.topology import Topology, matrix_shapes
-from gearshift.comm import CommGroups, GradientSync, all_reduce, sender
+from gearshift.comm import CommGroups, GradientSync, all_reduce
 from gearshift.comm.allreduce import resolve
 from gearshift.comm.steps import chunk_bounds
 from gearshift.errors import ConfigError
@@ -28,10 +28,14 @@ def _data(rank: int, n: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.randn(n, generator=g, dtype=torch.float64).mul(10).to(dtype)
 
 
-def _check_topology(rank: int, topo: Topology, dtypes: bool, send_thread: bool) -> list[str]:
+def _check_topology(rank: int, topo: Topology, dtypes: bool, send_thread: bool, transport: str) -> list[str]:
     """Each algorithm on every size (float32) and, if asked, every dtype, then the hierarchical forms in
-    every node matrix a user may pin; failures seen by this rank."""
-    groups = CommGroups.build(topo, send_thread=send_thread)
+    every node matrix a user may pin, with the hierarchical forms on `transport` (composed collectives or
+    point-to-point programs); failures seen by this rank."""
+    groups = CommGroups.build(topo, send_thread=send_thread, transport=transport)
+    if groups.sender is not None:
+        groups.sender.min_bytes = 0  # even worlds send every message from the sender thread, odd ones inline
+    assert (groups.matrix_groups is not None) == (transport == "collectives")
     bad = []
     cases = [(n, torch.float32) for n in SIZES] + [(1001, dt) for dt in DTYPES[1:] if dtypes]
     for n, dt in cases:
@@ -48,14 +52,14 @@ def _check_topology(rank: int, topo: Topology, dtypes: bool, send_thread: bool) 
             else:
                 ok = torch.allclose(x.double(), ref.double(), rtol=1e-5, atol=1e-4)
             if not ok:
-                bad.append(f"{topo.ranks_per_node} {algo} n={n} {dt}")
+                bad.append(f"{transport} {topo.ranks_per_node} {algo} n={n} {dt}")
     # non-contiguous 2-D input is reduced in place too
     y = _data(rank, 24, torch.float32).view(4, 6).t()
     ref = y.clone()
     dist.all_reduce(ref)
     all_reduce(y, "hierarchical_rs", groups=groups)
     if not torch.allclose(y, ref, atol=1e-5):
-        bad.append(f"{topo.ranks_per_node} non-contiguous")
+        bad.append(f"{transport} {topo.ranks_per_node} non-contiguous")
     ref = _data(rank, 4099, torch.float32)
     dist.all_reduce(ref)
     for shape in matrix_shapes(topo.num_nodes) if topo.num_nodes > 1 else []:
@@ -63,18 +67,20 @@ def _check_topology(rank: int, topo: Topology, dtypes: bool, send_thread: bool) 
             x = _data(rank, 4099, torch.float32)
             all_reduce(x, algo, groups=groups, matrix=shape)
             if not torch.allclose(x, ref, rtol=1e-5, atol=1e-4):
-                bad.append(f"{topo.ranks_per_node} {algo} pinned {shape}")
+                bad.append(f"{transport} {topo.ranks_per_node} {algo} pinned {shape}")
     return bad
 
 
-def _train(rank: int, algo: str, groups: CommGroups | None, matrix: tuple[int, int] | None = None) -> list[float]:
-    """3 SGD steps of a small MLP on rank-specific data; returns the losses."""
+def _train(rank: int, algo: str, groups: CommGroups | None, matrix: tuple[int, int] | None = None,
+           overlap: bool = False) -> list[float]:
+    """3 SGD steps of a small MLP on rank-specific data, two micro-batches each (overlap: the buckets start in the
+    second one's backward); returns the losses."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(5, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     sync = None if algo == "reference" else GradientSync(list(model.parameters()), algo.replace("tuned", "auto"),
                                                          bucket_bytes=200, groups=groups, tune=algo == "tuned",
-                                                         node_matrix=matrix)
+                                                         node_matrix=matrix, overlap=overlap)
     if algo == "tuned":  # every bucket size timed once, the fastest kept: the same pick on every rank
         picks = [None] * dist.get_world_size()
         dist.all_gather_object(picks, [b.algorithm for b in sync.buckets])
@@ -84,9 +90,16 @@ def _train(rank: int, algo: str, groups: CommGroups | None, matrix: tuple[int, i
     losses = []
     for _ in range(3):
         x, y = torch.randn(8, 5, generator=g), torch.randn(8, 3, generator=g)
-        loss = torch.nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
-        loss.backward()
+        loss = 0.0
+        for j, (xm, ym) in enumerate(zip(x.chunk(2), y.chunk(2))):
+            if sync is not None and j == 1:
+                sync.arm()
+            part = torch.nn.functional.mse_loss(model(xm), ym) / 2
+            part.backward()
+            loss = loss + part.detach()
+        if overlap:  # the hooks started every bucket in the last backward
+            assert sync._started and not sync._armed
         if sync is None:
             for p in model.parameters():
                 dist.all_reduce(p.grad)
@@ -103,18 +116,23 @@ def _train(rank: int, algo: str, groups: CommGroups | None, matrix: tuple[int, i
 def _worker(rank: int, world: int, layouts: list, train: bool) -> list[str]:
     coll.segment_bytes = lambda c: 2048  # exercise the segmented (streamed) path with small tensors
     coll.FIRST_SEGMENT_BYTES = 512
-    sender.MIN_BYTES = 0  # even worlds send every message from the sender thread, odd ones inline
     bad = []
     for i, lay in enumerate(layouts):
         topo = lay if isinstance(lay, Topology) else Topology.from_ranks_per_node(lay)
-        bad += _check_topology(rank, topo, dtypes=i == 0, send_thread=world % 2 == 0)
+        for transport in ("collectives", "p2p"):
+            bad += _check_topology(rank, topo, dtypes=i == 0, send_thread=world % 2 == 0, transport=transport)
     if train:
-        groups = CommGroups.build(Topology.from_ranks_per_node([2] * (world // 2)), send_thread=True)
         ref = _train(rank, "reference", None)
-        for algo, matrix in [(a, None) for a in ["gloo", *ALGOS, "auto", "tuned"]] + [("tuned", (2, 1))]:
-            got = _train(rank, algo, groups, matrix)
-            if not all(abs(a - b) <= 1e-5 * max(1.0, abs(b)) for a, b in zip(got, ref)):
-                bad.append(f"train {algo} {matrix}: {got} != {ref}")
+        for transport in ("collectives", "p2p"):
+            groups = CommGroups.build(Topology.from_ranks_per_node([2] * (world // 2)), send_thread=True,
+                                      transport=transport)
+            runs = [(a, None, False) for a in ["gloo", *ALGOS, "auto", "tuned"]] + [("tuned", (2, 1), False)]
+            if transport == "collectives":  # overlapped with the last backward: the same losses
+                runs += [(a, m, True) for a in ["gloo", "hierarchical", "hierarchical_rs"] for m in (None, (1, 2))]
+            for algo, matrix, overlap in runs:
+                got = _train(rank, algo, groups, matrix, overlap)
+                if not all(abs(a - b) <= 1e-5 * max(1.0, abs(b)) for a, b in zip(got, ref)):
+                    bad.append(f"train {transport} {algo} {matrix} overlap={overlap}: {got} != {ref}")
     return bad
 
 
@@ -140,7 +158,7 @@ def test_matches_dist_all_reduce(world: int) -> None:
 
 
 def test_world_of_one_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    for mod, name in ((coll, "segment_bytes"), (coll, "FIRST_SEGMENT_BYTES"), (sender, "MIN_BYTES")):
+    for mod, name in ((coll, "segment_bytes"), (coll, "FIRST_SEGMENT_BYTES")):
         monkeypatch.setattr(mod, name, getattr(mod, name))  # _worker changes them: restore afterwards
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:

@@ -24,7 +24,7 @@ def _worker(rank: int, world: int) -> tuple:
     dist.all_gather_object(box, costs)
     choices = [resolve("auto", 4 << k, topo, box[0]) for k in range(0, 26, 5)]
     x, events = torch.ones(1000), []
-    all_reduce(x, "hierarchical", groups=CommGroups.build(topo), trace=events)
+    all_reduce(x, "hierarchical", groups=CommGroups.build(topo, transport="p2p"), trace=events)  # p2p steps traced
     steps = sum(len(p) for p in build("hierarchical", torch.ones(1000), topo, rank))
     traced = (len(events) == steps and all(a <= b for _, a, b, _ in events) and bool(torch.all(x == world))
               and sum(e[3]["sent_bytes"] for e in events) > 0)

@@ -54,8 +54,8 @@ def test_a_view_received_into_is_staged_again() -> None:
 
 def _worker(rank: int, world: int) -> dict:
     topo = Topology.from_ranks_per_node([2, 2])
-    groups = CommGroups.build(topo)
-    out = {"shm": groups.shm is not None, "tcp": CommGroups.build(topo, shm=False).shm is None}
+    groups = CommGroups.build(topo, transport="p2p")
+    out = {"shm": groups.shm is not None, "tcp": CommGroups.build(topo, shm=False, transport="p2p").shm is None}
     if rank in topo.leaders:  # a call only some ranks of a node take part in (as calibration's are)
         other = sum(topo.leaders) - rank
         run_segments([[Step(torch.ones(4), other, torch.zeros(4), other, False)]], groups)
@@ -78,7 +78,7 @@ def _worker(rank: int, world: int) -> dict:
     if rank == 1:
         shm_mod.os.open = lambda *a, **k: (_ for _ in ()).throw(PermissionError("denied"))
     try:
-        fallback = CommGroups.build(topo)
+        fallback = CommGroups.build(topo, transport="p2p")
     finally:
         shm_mod.os.open = real_open
     out["fallback"] = fallback.shm is None

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 from rich.console import Console
 
 from gearshift.cli.main import main
-from gearshift.cli.plan import print_plan
+from gearshift.cli.plan import moe_overrides, print_plan, spec_stages
 
 EXAMPLE = "configs/cluster_mixed.toml"
 
@@ -50,7 +53,7 @@ def test_cli_plan_too_many_stages(tmp_path, capsys, make_profile, monkeypatch):
     monkeypatch.chdir(__import__("pathlib").Path(__file__).resolve().parents[2])
     prof = tmp_path / "p.json"
     make_profile([1.0] * 4).save(prof)
-    assert main(["plan", "--spec", EXAMPLE, "--profile", str(prof)]) == 2
+    assert main(["plan", "--spec", EXAMPLE, "--profile", str(prof), "--stages", "8"]) == 2
     assert "8 stages but only 4 layers" in capsys.readouterr().err
 
 
@@ -81,3 +84,62 @@ def test_cli_plan_counts_activations_of_the_jobs_schedule(tmp_path, capsys, make
         assert main(argv) == 0
         out = " ".join(capsys.readouterr().out.replace("│", " ").split())
         assert f"adaptive {ranges} " in out, out
+
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY_MOE = ["--model.layers=2", "--model.width=16", "--model.heads=2", "--model.context=8", "--train.batch_size=8",
+            "--parallel.microbatches=2", "--data.max_bytes=100000"]
+
+
+def test_spec_with_as_many_devices_as_layers_plans_the_jobs_stages(tmp_path, capsys, make_profile, monkeypatch):
+    """8 layers on the 8-device spec would be one layer a device (every method the same plan): without --stages
+    the job's parallel.stages are planned, and the console says so; more layers than devices: every device."""
+    monkeypatch.chdir(ROOT)
+    prof = tmp_path / "p.json"
+    make_profile(list(np.linspace(1.0, 3.0, 8))).save(prof)
+    assert main(["plan", "--spec", EXAMPLE, "--profile", str(prof), "--parallel.stages=3", "--cluster.workers=3"]) == 0
+    out = capsys.readouterr().out
+    assert "one layer each" in out and "3 stages" in out
+    argv = ["plan", "--spec", EXAMPLE, "--profile", str(prof), "--parallel.stages=3", "--cluster.workers=3"]
+    assert main([*argv, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["stages"] == 3 and all(len(r["bounds"]) == 3 for r in plan["methods"].values())
+    assert spec_stages(8, 16, 3) == (8, None)
+    assert spec_stages(8, 8, 12)[0] == 8  # the job's stages, at most the devices
+
+
+def test_plan_json_without_moe_is_every_methods_partition(tmp_path, capsys, make_profile, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    prof = tmp_path / "p.json"
+    make_profile([1.0] * 16).save(prof)
+    assert main(["plan", "--spec", EXAMPLE, "--profile", str(prof), "--json", "--microbatches", "8"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert set(plan["methods"]) == {"adaptive", "uniform", "params", "equal_speed"}
+    assert plan["stages"] == 8 and plan["microbatches"] == 8 and plan["devices"][0] == "A100"
+    ad = plan["methods"]["adaptive"]
+    assert all(ad["bottleneck_s"] <= r["bottleneck_s"] + 1e-12 for r in plan["methods"].values())
+    assert ad["iteration_s"] == pytest.approx(ad["bottleneck_s"] * (8 + 8 - 1))
+
+
+def test_moe_flag_alone_plans_the_moe_gpt(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main(["plan", "--moe", "--spec", EXAMPLE, "--json", *TINY_MOE, "--model.experts=4"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["auto"] in {s["name"] for s in out["pool"]}
+
+
+def test_moe_flag_keeps_a_model_the_job_names(tmp_path, capsys, monkeypatch):
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\nname = "gpt"\n')
+    assert moe_overrides(None, ["--train.steps=3"]) == ["--model.name=moe_gpt", "--train.steps=3"]
+    assert moe_overrides(str(job), []) == []
+    assert moe_overrides(None, ["--model.name=gpt"]) == ["--model.name=gpt"]
+    assert main(["plan", "--moe", str(job), "--spec", str(ROOT / EXAMPLE)]) == 2
+    assert 'for model.name = "moe_gpt"' in capsys.readouterr().err
+
+
+def test_the_moe_example_job_loads_and_plans(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main(["plan", "--moe", "examples/moe.toml", "--spec", EXAMPLE, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["auto"] and all(s["name"] for s in out["pool"])

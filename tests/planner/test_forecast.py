@@ -41,9 +41,12 @@ def test_gradual_drift_is_placed_better_from_the_trend():
     loads = drifting_zipf(200, 1, 32, 16384, drift_every=50, seed=3)
     score = {}
     for method in ("mean", "trend"):
-        current, ratios = ExpertMap.contiguous(32, 8), []
+        current, ratios = ExpertMap.contiguous(32, 8), {"even": [], "balance": []}
         for start in range(10, 200, 10):
             current, _ = next_placement(loads[start - 10:start, 0], 8, 2, current, 10, method)
-            ratios += [busiest_over_mean(loads[t, 0], current) for t in range(start, start + 10)]
-        score[method] = float(np.mean(ratios))
-    assert score["trend"] < score["mean"] - 0.02
+            for how, r in ratios.items():
+                r += [busiest_over_mean(loads[t, 0], current, how) for t in range(start, start + 10)]
+        score[method] = {how: float(np.mean(r)) for how, r in ratios.items()}
+    # with copies split evenly the trend's placements are clearly better; the per-step split narrows the gap
+    assert score["trend"]["even"] < score["mean"]["even"] - 0.02
+    assert score["trend"]["balance"] < score["mean"]["balance"]

@@ -3,6 +3,8 @@ fewest moves among equally good placements, the switch rule, and the drifting Zi
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -10,6 +12,7 @@ from gearshift.errors import PlanError
 from gearshift.planner.expert_map import ExpertMap
 from gearshift.planner.placement import (
     align,
+    balanced_split,
     busiest_over_mean,
     check_fit,
     device_loads,
@@ -22,17 +25,41 @@ from gearshift.planner.placement import (
 from gearshift.planner.synthetic import drifting_zipf, zipf_shares
 
 
-def test_tokens_split_over_copies_by_queue_position():
+def test_even_split_deals_tokens_over_copies_by_queue_position():
     assert split(10, 3) == [4, 3, 3]  # positions 0,3,6,9 | 1,4,7 | 2,5,8
     assert split(2, 4) == [1, 1, 0, 0]
     assert split(2.5, 2) == [1.25, 1.25]
     p = ExpertMap.from_devices([(0, 2, 3), (0, 1, 3)], 4)
     assert p.holders == ((0, 1), (1,), (0,), (0, 1))
-    assert device_loads([5, 1, 2, 3], p).tolist() == [3 + 2 + 2, 2 + 1 + 1]
+    assert device_loads([5, 1, 2, 3], p, "even").tolist() == [3 + 2 + 2, 2 + 1 + 1]
     # the same copies with expert 3's holders the other way round: its first positions go to device 1, as the
-    # all-to-all deals them
+    # queue deals them
     q = ExpertMap(((0, 1), (1,), (0,), (1, 0)), 2)
-    assert q.by_device == p.by_device and device_loads([5, 1, 2, 3], q).tolist() == [3 + 2 + 1, 2 + 1 + 2]
+    assert q.by_device == p.by_device and device_loads([5, 1, 2, 3], q, "even").tolist() == [3 + 2 + 1, 2 + 1 + 2]
+
+
+def test_balanced_split_evens_each_steps_device_loads():
+    p = ExpertMap.from_devices([(0, 2, 3), (0, 1, 3)], 4)
+    # expert 2 (2 tokens) stays on device 0, expert 1 (1) on device 1: the 8 shared tokens even them at 5 / 6
+    parts = balanced_split([5, 1, 2, 3], p)
+    assert [sum(x) for x in parts] == [5, 1, 2, 3] and all(isinstance(x, int) and x >= 0 for e in parts for x in e)
+    assert sorted(device_loads([5, 1, 2, 3], p).tolist()) == [5, 6]
+    assert device_loads([5.5, 1, 2, 3], p).tolist() == pytest.approx([5.75, 5.75])
+    # a chain: expert 0 on devices 0-1, expert 1 on 1-2, device 0 busy with expert 2; only re-pouring expert 0
+    # after expert 1 has moved to device 2 evens all three
+    chain = ExpertMap(((0, 1), (1, 2), (0,)), 3)
+    assert device_loads([6, 6, 6], chain).tolist() == [6, 6, 6]
+    assert device_loads([6, 6, 6], chain, "even").tolist() == [9, 6, 3]
+    # the busiest device is within a token of the lowest any integer split reaches (brute force over every split of
+    # a small map), and within 2 of it with 1000 times the tokens (fractional splits reach lower)
+    rng = np.random.default_rng(0)
+    holders = ((0, 1), (1, 2), (2, 3), (3,), (0,), (1, 3))
+    for _ in range(6):
+        loads = rng.integers(0, 9, 6).tolist()
+        best = min(max(a + loads[4], loads[0] - a + b + f, loads[1] - b + c, loads[2] - c + loads[3] + loads[5] - f)
+                   for a, b, c, f in itertools.product(*(range(loads[e] + 1) for e in (0, 1, 2, 5))))
+        assert best <= device_loads(loads, ExpertMap(holders, 4)).max() <= best + 1, loads
+        assert device_loads(np.array(loads) * 1000, ExpertMap(holders, 4)).max() <= best * 1000 + 2, loads
 
 
 def test_seed_rule_places_by_descending_load_on_the_least_loaded_device_with_room():
@@ -114,6 +141,7 @@ def test_row_cost_fit_and_the_decision():
     slow = decide_placement(10, {3: loads[3][None]}, current, 1, k=1, step_s=2.0, row_cost_s=0.002, expert_bytes=1000,
                             bandwidth=1e3, fixed_s=0.0)
     assert not slow.switch and slow.placements == current and "<=" in slow.reason
+    assert slow.reason.startswith("1 step gain") and d.reason.startswith("10 steps gain")  # counts in words
     forced = decide_placement(10, {3: loads[3][None]}, current, 1, k=1, step_s=2.0, row_cost_s=0.002, expert_bytes=1000,
                               bandwidth=1e3, fixed_s=0.0, always=True)
     assert forced.switch and forced.placements[3] != current[3]
@@ -135,3 +163,19 @@ def test_the_decision_places_for_the_forecast_loads():
     mean = decide_placement(5, {0: history}, current, 0, k=5, step_s=1.0, row_cost_s=0.001, expert_bytes=1,
                             bandwidth=1e9, fixed_s=0.0, forecast="mean")
     assert mean.t1 == 1.0 and mean.busiest_over_mean[0] == pytest.approx(480 / (780 / 4))
+
+
+def test_the_switch_rule_counts_each_steps_busiest_device_under_its_split():
+    from gearshift.planner.placement import decide_placement, step_busiest
+
+    # experts 0 and 1 flare in turn: on average every device has 60 tokens, at each step one has 90 unless the quiet
+    # experts' tokens can move off it
+    history = np.array([[60.0, 0, 30, 30], [0, 60, 30, 30]] * 3)
+    fixed = ExpertMap(((0,), (1,), (0,), (1,)), 2)
+    shared = ExpertMap(((0,), (1,), (0, 1), (0, 1)), 2)
+    assert device_loads(history.mean(axis=0), fixed).max() == 60
+    assert step_busiest(history, fixed) == 90 and step_busiest(history, shared) == 60
+    d = decide_placement(6, {0: history}, {0: fixed}, 1, k=6, step_s=1.0, row_cost_s=0.01, expert_bytes=1,
+                         bandwidth=1e9, fixed_s=0.0, forecast="mean")
+    assert d.busiest_over_mean[0] == pytest.approx(90 / 60) and d.t1 == 1.0
+    assert d.t2 == pytest.approx(1.0 - 0.01 * (90 - step_busiest(history, d.placements[0])))

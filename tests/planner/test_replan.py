@@ -42,8 +42,11 @@ def test_applies_when_gain_beats_migration(make_profile, make_state):
     assert d.moved_layers == [2, 3]
     assert d.migration_bytes == 2 * 4 * 1000
     assert d.migration_cost_s == pytest.approx(8.0)
-    assert d.apply and "gain" in d.reason
+    assert d.apply and "gain" in d.reason and "over 10 steps" in d.reason and "(2 layers," in d.reason
     assert d.measured["speeds"] == [1.0, 3.0] and d.step == 200
+    one = decide_replan(prof, make_state([1.0, 1.5]), [(0, 4), (4, 8)], period_steps=1, schedule=ONE_F_ONE_B,
+                        migration_bandwidth=1e9, step=200)
+    assert one.moved_layers == [3] and "over 1 step >" in one.reason and "(1 layer," in one.reason
     out = json.loads(json.dumps(d.to_dict()))
     assert out["new_bounds"] == [[0, 2], [2, 8]] and out["apply"] is True
 

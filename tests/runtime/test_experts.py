@@ -1,7 +1,8 @@
 """Expert parallelism equals one process: a MoE GPT trained with its experts split over 2 or 4 ranks (with data
-parallelism around the expert-parallel groups, with pipeline stages, with an expert held by two ranks, with and
-without capacity) gives the losses, parameters and per-expert token and drop counts of single-process training on
-the same micro-batches; a checkpoint of one layout resumes in another."""
+parallelism around the expert-parallel groups, with pipeline stages, with an expert held by two ranks and its rows
+split between them by each call's loads, with and without capacity) gives the losses, parameters and per-expert
+token and drop counts of single-process training on the same micro-batches; a checkpoint of one layout resumes in
+another."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ RUNS = [
     (1, 4, 2, 0.0, "1f1b", None),
     (2, 2, 1, 1.25, "1f1b", None),  # 2 stages x 2 replicas, top-1, a capacity
     # two expert-parallel groups of two (each expert summed over its copies), experts 1 and 3 on both ranks of a
-    # group, a capacity
+    # group (their rows split over the copies by each call's loads: the balanced split), a capacity
     (1, 2, 2, 1.0, "gpipe", ((0,), (0, 1), (1,), (1, 0))),
 ]
 

@@ -40,3 +40,21 @@ def test_receives_out_of_order_are_named():
                                          r"order than it is sent \(micro-batches \[0, 1\] vs \[1, 0\]\); NCCL matches "
                                          r"messages by order$"):
         check_in_order(swapped)
+
+
+@pytest.mark.parametrize("update", ["flush", "async"])
+def test_multidir_slice_messages_have_channels_of_their_own(update):
+    """multidir on NCCL: a slice's gradient (to its optimizer holder) and its new parameters (back) each travel
+    on a channel of their own, one message per batch, so they never queue behind the pipeline's messages; the
+    stream a window runs (first step, steady windows, drain) receives in the order it sends."""
+    from gearshift.runtime.links import stream
+    from gearshift.schedules.multidir import multidir
+
+    s = multidir(4, 2, 4, update=update)
+    got = channels(s)
+    slices = [c for c in got if c[2] in ("red", "par")]
+    # each slice's 1 non-holder copy sends its gradient to the holder and gets the new weights back
+    assert sorted(c[2] for c in slices) == ["par"] * 4 + ["red"] * 4, slices
+    assert {(c[0], c[1]) for c in slices if c[2] == "red"} == {(c[1], c[0]) for c in slices if c[2] == "par"}
+    check_in_order(stream(s))
+    assert channels(stream(s)) == got

@@ -76,7 +76,7 @@ def _worker(rank: int, world: int) -> dict:
     cfg = _cfg("multidir", "async")
     for name, sch in (("async", None), ("async_reverse", make_schedule("multidir", WORLD, M, directions=D,
                                                                        update="async"))):
-        asy = build_runtime(cfg, schedule=sch)
+        asy = build_runtime(cfg, schedule=sch, links=name == "async_reverse")  # a group per channel, as on NCCL
         losses = _train(asy, cfg, range(STEPS))
         if name == "async":  # weights two versions old break the staleness bound: the step refuses to run
             held = dict(asy.version)
@@ -87,6 +87,7 @@ def _worker(rank: int, world: int) -> dict:
                 out["stale"] = str(e)
             asy.version = held
         out[name] = (asy.schedule.to_dict(), losses, _numpy(_everything(asy)[0]))  # drains: the last update is in
+        out["channels"] = sorted(asy.links.groups) if asy.links is not None else []
     return out
 
 

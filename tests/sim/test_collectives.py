@@ -27,6 +27,7 @@ from gearshift.sim.collectives import (
     predict,
     segment_bounds,
     segment_bytes,
+    why,
 )
 
 FLAT = LinkCosts(intra_alpha=1e-5, intra_beta=1e-9, inter_alpha=1e-5, inter_beta=1e-9)
@@ -302,3 +303,31 @@ def test_a_pinned_matrix_is_priced_and_chosen_with() -> None:
         assert _leader_design(size, 4, 2, TESTBED, (4, 1)) == pytest.approx(_leader_design(size, 4, 2, TESTBED, (1, 4)))
     with pytest.raises(ConfigError, match="allowed: auto, 1x7, 7x1"):
         predict("hierarchical", 1 << 20, (7, 2), TESTBED, (2, 4))
+
+
+def test_why_names_the_rule_behind_each_pick():
+    """The fastest, or the simpler form within AUTO_MARGIN of it (naming the fastest and the gap); with
+    unequal nodes, the reduce-scatter form is left out and the line says so."""
+    from pathlib import Path
+
+    from gearshift.cluster.spec import load_spec
+
+    spec = Path(__file__).resolve().parents[2] / "configs" / "cluster_mixed.toml"
+    costs = LinkCosts.from_network(load_spec(spec).network)  # 100 and 10 Gbit/s
+    seen = set()
+    for size in (4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20):
+        for counts in ((4, 4), [4, 4], [4, 2]):
+            pick = choose(size, counts, costs)
+            equal = counts != [4, 2]
+            times = {a: predict(a, size, counts, costs) for a in ALGORITHMS if a != "hierarchical_rs" or equal}
+            fastest = min(times, key=times.get)
+            line = why(size, counts, costs)
+            if pick == fastest:
+                assert line.startswith("the fastest")
+            else:
+                assert times[pick] <= times[fastest] * (1 + AUTO_MARGIN)
+                assert line.startswith(f"within {AUTO_MARGIN:.0%} of the fastest, {fastest} (+")
+                assert line.split(": ")[1].startswith("the simpler form")
+            assert ("hierarchical_rs needs equal ranks per node" in line) == (counts == [4, 2])
+            seen.add(line.split(" ")[0])
+    assert seen == {"the", "within"}, seen  # both rules occur on these sizes

@@ -72,3 +72,23 @@ def not_a_model(table: dict) -> int:
 
 def broken(table: dict):
     raise KeyError("depth")
+
+
+class Classes:
+    """A classification batch object: 8 features, labels in 0..9 (each batch holds every label)."""
+
+    tokens_per_sample = 1
+
+    def batch(self, step: int, batch_size: int, seed: int, split: str = "train"):
+        g = torch.Generator().manual_seed(seed * 1_000_003 + step * 2 + (split == "val"))
+        return torch.randn(batch_size, 8, generator=g), torch.arange(batch_size) % 10
+
+
+def classes(table: dict) -> Classes:
+    return Classes()
+
+
+def head(table: dict) -> ModelSpec:
+    """Two layers ending in a head of `classes` (default 3) outputs, trained with cross-entropy."""
+    n = table.get("classes", 3)
+    return ModelSpec(2, lambda i: nn.Linear(8, 8 if i == 0 else n), F.cross_entropy)

@@ -13,7 +13,19 @@ import pytest
 import torch
 
 from conftest import TINY
-from gearshift.train.checkpoint import OLD_FORMAT, job_fingerprint, latest_checkpoint, read_checkpoint, save_checkpoint
+from gearshift.errors import DataError
+from gearshift.train.checkpoint import (
+    OLD_FORMAT,
+    checkpoint_path,
+    checkpoints,
+    completed,
+    find_resumable,
+    job_fingerprint,
+    latest_checkpoint,
+    prune_checkpoints,
+    read_checkpoint,
+    save_checkpoint,
+)
 from gearshift.train.config import load_config
 
 
@@ -99,6 +111,81 @@ def test_a_fresh_run_moves_the_old_one_aside_and_resume_refuses_another_jobs_che
     assert r.returncode == 2 and "train.seed is 1 in the checkpoint but 0 in the config" in r.stderr, r.stderr
     r = _train(out, *one, "--train.seed=1", "--output.existing=refuse")
     assert r.returncode == 2 and "output.dir:" in r.stderr and "holds another run" in r.stderr
+
+
+def _fake(cfg, step: int) -> Path:
+    """An old-format checkpoint file (the whole job in one file: what --resume still reads)."""
+    path = checkpoint_path(cfg.output.dir, step).with_suffix(".pt")
+    save_checkpoint(path, {"format": OLD_FORMAT, "step": step, "job": job_fingerprint(cfg)})
+    return path
+
+
+def test_resume_skips_a_corrupt_or_truncated_newest_checkpoint_and_a_path_picks_one(tmp_path):
+    cfg = load_config(None, [*TINY, f"--output.dir={tmp_path}"])
+    good = [_fake(cfg, s) for s in (5, 10)]
+    truncated, corrupt = _fake(cfg, 15), checkpoint_path(tmp_path, 20).with_suffix(".pt")
+    truncated.write_bytes(truncated.read_bytes()[:40])
+    corrupt.write_bytes(b"not a checkpoint")
+    path, ck, note = find_resumable(cfg)
+    assert path == good[1] and ck["step"] == 10
+    assert note == ("gearshift: --resume: skipped step_0000020.pt, step_0000015.pt (corrupt or truncated); resuming "
+                    "from step_0000010.pt (--resume=PATH picks another)")
+    path, ck, note = find_resumable(cfg, str(good[0]))
+    assert path == good[0] and ck["step"] == 5
+    assert note.endswith("continuing from step 5; this run replaces the later checkpoints step_0000020.pt, "
+                         "step_0000015.pt, step_0000010.pt")
+    with pytest.raises(DataError, match="corrupt or not a Gearshift checkpoint"):
+        find_resumable(cfg, str(corrupt))
+    with pytest.raises(DataError, match="--resume=.*nope.pt: no such checkpoint"):
+        find_resumable(cfg, str(tmp_path / "nope.pt"))
+    other = load_config(None, [*TINY, f"--output.dir={tmp_path}", "--train.seed=1"])
+    with pytest.raises(DataError, match="train.seed is 0 in the checkpoint but 1"):  # another job: never skipped
+        find_resumable(other)
+
+
+def test_only_the_newest_keep_checkpoints_are_kept(tmp_path):
+    cfg = load_config(None, [*TINY, f"--output.dir={tmp_path}"])
+    paths = [_fake(cfg, s) for s in (1, 2, 10, 3)]
+    assert prune_checkpoints(tmp_path, 0) == [] and len(checkpoints(tmp_path)) == 4
+    assert prune_checkpoints(tmp_path, 2) == [paths[1], paths[0]]
+    assert checkpoints(tmp_path) == [paths[2], paths[3]]
+    assert load_config(None, ["--train.steps=50"]).train.keep_checkpoints == 3
+    with pytest.raises(Exception, match="train.keep_checkpoints: must be >= 0"):
+        load_config(None, ["--train.keep_checkpoints=-1"])
+
+
+def test_a_finished_run_resumed_is_complete():
+    cfg = load_config(None, [*TINY, "--train.steps=10"])
+    assert completed(cfg, {"step": 9}) is None
+    assert "already complete at step 10 (train.steps = 10)" in completed(cfg, {"step": 10})
+
+
+@pytest.mark.multiprocess
+def test_resume_from_the_command_line_skips_a_corrupt_checkpoint_keeps_three_and_says_complete(tmp_path):
+    """One worker: 4 steps, a checkpoint each, 3 kept; the newest corrupted; --resume to 5 steps skips it (one
+    line) and continues from step 3; --resume again says the run is complete, exit 0; --resume=PATH picks one, and
+    the checkpoints after it go (its continuation replaces them)."""
+    out = tmp_path / "run"
+    one = ["--cluster.workers=1", "--parallel.stages=1", "--train.checkpoint_every=1"]
+    assert _train(out, *one, "--train.steps=4").returncode == 0
+    assert [p.name for p in checkpoints(out)] == ["step_0000004", "step_0000003", "step_0000002"]
+    meta = checkpoint_path(out, 4) / "meta.pt"
+    meta.write_bytes(meta.read_bytes()[:100])  # truncated
+    r = _train(out, *one, "--train.steps=5", "--resume")
+    assert r.returncode == 0, r.stderr
+    assert "skipped step_0000004 (corrupt or truncated); resuming from step_0000003 " in r.stdout
+    assert r.stdout.count("step_0000004") == 1  # one line: the skip, not its deletion too
+    assert [json.loads(ln)["step"] for ln in (out / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2, 3, 4]
+    assert "3 -> 5 " in r.stdout  # the summary: the steps this run ran
+    r = _train(out, *one, "--train.steps=5", "--resume")
+    assert r.returncode == 0 and "already complete at step 5 (train.steps = 5)" in r.stdout, r.stdout
+    assert "nan" not in r.stdout
+    r = _train(out, *one, "--train.steps=5", f"--resume={checkpoint_path(out, 3)}")
+    assert r.returncode == 0 and "already complete" not in r.stdout, r.stderr
+    assert "continuing from step 3; this run replaces the later checkpoints step_0000005, step_0000004" \
+        in r.stdout
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 5
+    assert [p.name for p in checkpoints(out)] == ["step_0000005", "step_0000004", "step_0000003"]
 
 
 def test_a_moe_checkpoint_gives_back_its_expert_placement_where_it_fits(tmp_path):

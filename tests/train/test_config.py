@@ -168,3 +168,36 @@ def test_validation_never_imports_a_model_given_by_import_path():
     cfg = load_config(None, ["--model.name=no_such_module_x:build", "--data.seq_len=16"])
     with pytest.raises(ConfigError, match=r"^model.name: cannot import 'no_such_module_x'"):
         job_model(cfg)  # the pre-check where the model is built (the launcher's and every worker's)
+
+
+def test_microbatch_size_keeps_the_size_as_replicas_change(tmp_path):
+    """parallel.microbatch_size: the count follows the replicas (batch 32: 1 replica -> 8 of 4, 2 -> 4 each, 4 -> 2
+    each), multidir's directions too; parallel.microbatches alone keeps the count (the size shrinks)."""
+    for workers, stages, count in ((4, 4, 8), (4, 2, 4), (4, 1, 2)):
+        cfg = load_config(None, [f"--cluster.workers={workers}", f"--parallel.stages={stages}",
+                                 "--train.batch_size=32", "--parallel.microbatch_size=4"])
+        assert cfg.parallel.microbatches == count
+        assert cfg.train.batch_size // cfg.replicas // cfg.parallel.microbatches == 4
+    cfg = load_config(None, ["--cluster.workers=4", "--parallel.stages=1", "--train.batch_size=32"])
+    assert cfg.parallel.microbatches == 8 and cfg.parallel.microbatch_size == 0
+    md = load_config(None, ["--parallel.schedule=multidir", "--train.batch_size=64", "--parallel.microbatch_size=8"])
+    assert md.parallel.microbatches == 4  # 64 over 2 directions, 32 each, in micro-batches of 8
+    job = tmp_path / "job.toml"
+    job.write_text("[parallel]\nmicrobatches = 4\n")  # a later source's choice replaces the file's
+    assert load_config(str(job), ["--parallel.microbatch_size=2"]).parallel.microbatches == 32 // 2
+    job.write_text("[parallel]\nmicrobatch_size = 2\n")
+    assert load_config(str(job), ["--parallel.microbatches=2"]).parallel.microbatches == 2
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--parallel.microbatches=4", "--parallel.microbatch_size=2"],
+     r"^parallel.microbatch_size: give it or parallel.microbatches, not both \(overrides give microbatches = 4 and "
+     r"microbatch_size = 2\)$"),
+    (["--train.batch_size=32", "--cluster.workers=4", "--parallel.stages=2", "--parallel.microbatch_size=3"],
+     r"^parallel.microbatch_size: must divide the batch of each of the 2 replica\(s\) \(train.batch_size 32 / 2 = "
+     r"16\), got 3$"),
+    (["--parallel.microbatch_size=-1"], r"^parallel.microbatch_size: must be >= 0"),
+])
+def test_microbatch_size_bad_input_is_one_line(args, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, args)

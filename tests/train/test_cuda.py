@@ -67,3 +67,39 @@ def test_a_two_stage_pipeline_on_cuda(tmp_path):
         pytest.skip(f"NCCL refuses two ranks on one GPU: {line.strip()}")
     assert r.returncode == 0, r.stderr
     assert _losses(cuda) == pytest.approx(_losses(cpu), rel=1e-4)
+
+
+def _gpus(n: int) -> None:
+    if torch.cuda.device_count() < n:
+        pytest.skip(f"needs {n} GPUs (NCCL refuses two ranks on one device), {torch.cuda.device_count()} here")
+
+
+def test_composed_forms_on_nccl_equal_its_all_reduce():
+    """The hierarchical forms composed from collectives, in every node matrix, on NCCL: the same calls the gloo
+    tests run (tests/comm/test_allreduce.py), exact against dist.all_reduce on int32."""
+    _gpus(2)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import gpu
+
+    got = gpu._nccl_forms("nccl", min(torch.cuda.device_count(), 4))
+    assert got["ran"], got["error"]
+    assert got["mismatches"] == []
+
+
+@pytest.mark.parametrize("extra", [["--parallel.overlap=true", "--parallel.allreduce=hierarchical",
+                                    "--cluster.ranks_per_node=1"], ["--parallel.schedule=multidir"]])
+def test_overlap_and_multidir_on_cuda_train_like_the_cpu(tmp_path, extra):
+    """A data-parallel job whose sync overlaps the backward, and a multidir job (flush): CUDA's losses are the
+    CPU's."""
+    multidir = "--parallel.schedule=multidir" in extra
+    _gpus(4 if multidir else 2)
+    n = 4 if multidir else 2
+    args = [f"--cluster.workers={n}", f"--parallel.stages={n if multidir else 1}", "--train.steps=3",
+            "--train.warmup_steps=1", "--parallel.microbatches=4" if multidir else "--parallel.microbatches=2",
+            *extra]
+    cpu, cuda = tmp_path / "cpu", tmp_path / "cuda"
+    r = _train(cpu, *args, "--cluster.device=cpu")
+    assert r.returncode == 0, r.stderr
+    r = _train(cuda, *args, "--cluster.device=cuda")
+    assert r.returncode == 0, r.stderr
+    assert _losses(cuda) == pytest.approx(_losses(cpu), rel=1e-4)

@@ -99,7 +99,11 @@ def test_hf_gpt2_example_trains_as_a_4_stage_pipeline_and_profiles_and_plans(tmp
     (["--model.name=no_such_pkg.models:build", "--data.seq_len=16"], "model.name: cannot import 'no_such_pkg.models'"),
     (["--model.name=examples.mlp:build", "--data.name=examples.mlp:data", "--data.inputs=31"],
      "model: layer 0 (Linear) fails on its input of shape (2, 31) (torch.float32)"),
+    (["--model.name=tests.train.custom_parts:head", "--data.name=tests.train.custom_parts:classes"],
+     "model: the loss cross_entropy fails on the last layer's output (8, 3) (torch.float32) and the data's targets "
+     "(8,) (torch.int64): IndexError: Target 3 is out of bounds."),
 ])
+@pytest.mark.subprocess
 def test_bad_models_and_data_are_one_line_before_any_worker_starts(tmp_path, args, message):
     """Found by the launcher's check, which imports the model and runs it on the data's sample (validating the
     config never builds a model); the other messages are tested in-process (test_model_spec, test_layout,

@@ -71,7 +71,7 @@ def test_data_functions_by_import_path():
 def test_free_form_keys_need_an_import_path_and_travel_with_the_config():
     with pytest.raises(ConfigError, match=r"^model.depth: unknown key \(allowed in \[model\]: name, layers, width, "
                                           r"heads, context, dropout, moe_every, experts, top_k, capacity_factor, "
-                                          r"aux_loss; other keys need model.name ="):
+                                          r"aux_loss, init; other keys need model.name ="):
         load_config(None, ["--model.depth=3"])
     with pytest.raises(ConfigError, match=r"^data.name: unknown data 'csv' \(allowed: bytes, text or"):
         load_config(None, ["--data.name=csv"])

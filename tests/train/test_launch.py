@@ -76,6 +76,7 @@ def test_sigterm_checkpoints_the_last_step_and_resume_is_exact(tmp_path):
     assert p.returncode == 143, err
     done = len(_losses(out))
     assert f"stopped after step {done} (SIGTERM)" in stdout and "--resume continues" in stdout, stdout
+    assert f"0 -> {done} (of 40; --resume continues)" in stdout  # the summary: the steps this run ran
     assert done < 40 and (out / "checkpoints" / f"step_{done:07d}").is_dir()
     time.sleep(0.5)
     assert not _workers_alive(str(out))
@@ -89,15 +90,19 @@ def test_sigterm_checkpoints_the_last_step_and_resume_is_exact(tmp_path):
 
 
 def test_ctrl_c_stops_every_worker(tmp_path):
-    """SIGINT to the launcher (Ctrl-C) stops all workers after a checkpoint: exit 130, nothing left running."""
+    """SIGINT to the launcher (Ctrl-C) stops all workers after a checkpoint: exit 130, nothing left running;
+    the closing line names SIGINT and the summary the steps that ran."""
     import signal
 
     out = tmp_path / "int"
     p = _start(out, "--train.steps=100000")
     p.send_signal(signal.SIGINT)
-    _, err = p.communicate(timeout=60)
+    stdout, err = p.communicate(timeout=60)
     assert p.returncode == 130, err
     assert "SIGINT: stopping the workers" in err
+    done = len(_losses(out))
+    assert f"stopped after step {done} (SIGINT)" in stdout and "SIGTERM" not in stdout, stdout
+    assert f"0 -> {done} (of 100000; --resume continues)" in stdout
     assert list((out / "checkpoints").glob("step_*"))
     time.sleep(0.5)
     assert not _workers_alive(str(out))

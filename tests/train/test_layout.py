@@ -55,9 +55,23 @@ def test_layers_and_losses_that_do_not_fit_are_one_line():
                                           r"not the batch \(2\)"):
         layer_inputs(flat, x, y, 0)
     wide = ModelSpec(1, lambda i: nn.Linear(8, 3), F.mse_loss)
-    with pytest.raises(ConfigError, match=r"^model: the loss fails on the last layer's output \(2, 3\) "
+    with pytest.raises(ConfigError, match=r"^model: the loss mse_loss fails on the last layer's output \(2, 3\) "
                                           r"\(torch.float32\) and the data's targets \(2, 4\)"):
         layer_inputs(wide, x, torch.randn(2, 4), 0)
+
+
+def test_a_head_narrower_than_the_labels_is_one_line_naming_the_loss_and_shapes():
+    """Shapes fit (the meta pass sees nothing wrong), values do not: labels 0..9 for a 3-class head. The loss runs
+    on the targets' values, so the pre-check says so in one line; a head as wide as the labels passes."""
+    x, labels = torch.randn(2, 8), torch.tensor([0, 1])
+    narrow = ModelSpec(1, lambda i: nn.Linear(8, 3), F.cross_entropy)
+    with pytest.raises(ConfigError, match=r"^model: the loss cross_entropy fails on the last layer's output \(10, 3\) "
+                                          r"\(torch.float32\) and the data's targets \(10,\) \(torch.int64\): "
+                                          r"IndexError: Target \d is out of bounds.$"):
+        layer_inputs(narrow, x, labels, 0, targets=torch.arange(10))
+    assert layer_inputs(narrow, x, labels, 0) == [((8,), torch.float32)]  # these two labels fit
+    wide = ModelSpec(1, lambda i: nn.Linear(8, 10), F.cross_entropy)
+    assert layer_inputs(wide, x, labels, 0, targets=torch.arange(10)) == [((8,), torch.float32)]
 
 
 class _Pair(nn.Module):

@@ -38,3 +38,13 @@ def test_good_placement_keys():
                                    "--emulate.router_skew=1.2", "--emulate.router_drift=20"])
     assert (cfg.moe.every, cfg.moe.replicas, cfg.moe.window, cfg.moe.forecast) == (5, 2, 10, "mean")
     assert (cfg.emulate.router_skew, cfg.emulate.router_drift) == (1.2, 20) and "router_skew" not in cfg.model.table()
+
+
+def test_no_placement_follows_the_last_step():
+    """Every moe.every steps, but not after the job's last step: nothing would run on what it moved."""
+    from gearshift.train.placement import placement_due
+
+    assert [s for s in range(10) if placement_due(s, 5, 10)] == [4]
+    assert [s for s in range(10) if placement_due(s, 1, 10)] == list(range(9))
+    assert [s for s in range(10) if placement_due(s, 3, 10)] == [2, 5, 8]
+    assert not any(placement_due(s, 0, 10) for s in range(10))

@@ -41,3 +41,21 @@ def test_output_dir_naming_a_file_is_one_line(tmp_path):
     f.write_text("x")
     with pytest.raises(ConfigError, match="output.dir: .* is a file"):
         prepare_run_dir(_cfg(f), resume=False)
+
+
+def test_only_the_newest_output_keep_runs_moved_aside_are_kept(tmp_path):
+    out = tmp_path / "run"
+    older = [tmp_path / n for n in ("run.20260101-000000", "run.20260102-000000", "run.20260102-000000-2")]
+    for p in [*older, tmp_path / "run.mine"]:  # run.mine: not a name the mover gives, never deleted
+        p.mkdir()
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"step": 0}\n')
+    note = prepare_run_dir(_cfg(out, "--output.keep_runs=2"), resume=False)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    (aside,) = [n for n in left if n not in ("run", "run.mine", older[2].name)]
+    assert left == sorted(["run", "run.mine", older[2].name, aside])  # the newest two aside: this one and -2
+    assert note.endswith("deleted 2 older runs moved aside (output.keep_runs = 2)")
+    (out / "metrics.jsonl").write_text('{"step": 0}\n')
+    assert "deleted" not in prepare_run_dir(_cfg(out, "--output.keep_runs=0"), resume=False)
+    with pytest.raises(ConfigError, match="output.keep_runs: must be >= 0"):
+        _cfg(out, "--output.keep_runs=-1")

@@ -44,6 +44,12 @@ def test_auto_start_forced_switch_and_period(tmp_path, capfd) -> None:
         assert tuple(d["chosen"]) in allowed and d["predicted_s"] == min(c["predicted_s"] for c in fit)
         assert d["memory_limit"] == [limit, limit]
         assert d["measured"]["link_bandwidth"][0] > 0 and d["measured"]["link_latency"][0] > 0
+        cal = d["calibration"]  # the job's start calibration priced the candidates: a line per position
+        assert len(cal["lines"]) == 2 and all(ln["method"].startswith("theil-sen") for ln in cal["lines"])
+        assert all(ln["sizes"] >= 2 and ln["slope"] > 0 and ln["intercept"] >= 0 for ln in cal["lines"])
+        assert cal["seconds"] > 0 and 0 <= cal["wait_cpu"] <= 1
+    assert all(ln["points"] >= 4 for ln in start["calibration"]["lines"])  # F and B at two sizes, at least
+    assert "refined" in period["calibration"]["meta"]
     assert (switch["step"], switch["trigger"], switch["chosen"]) == (2, "forced", list(forced))
     assert switch["current"] == start["chosen"] and switch["measured_steps"] == 1  # step 0 left out (warm-up)
     assert (period["step"], period["trigger"], period["current"]) == (4, "period", list(forced))

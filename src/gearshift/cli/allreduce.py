@@ -71,17 +71,18 @@ def prediction_table(counts: list[int], costs, sizes: list[int], title: str,
                      matrix: tuple[int, int] | None = None) -> Table:
     """Predicted ms of every algorithm at each size, `auto` = the one the model picks, and the leaders'
     node matrix the hierarchical forms run in (`matrix` when pinned)."""
-    from gearshift.sim.collectives import ALGORITHMS, busbw, choose, predict
+    from gearshift.sim.collectives import ALGORITHMS, busbw, choose, predict, why
 
     t = Table(title=title)
-    for col in ("size", *ALGORITHMS, "auto", "busbw Gbit/s", "leaders"):
-        t.add_column(col, justify="right")
+    for col in ("size", *ALGORITHMS, "auto", "busbw Gbit/s", "leaders", "why"):
+        t.add_column(col, justify="left" if col == "why" else "right")
     for size in sizes:
         times = {a: predict(a, size, counts, costs, matrix) for a in ALGORITHMS}
         pick = choose(size, counts, costs, matrix=matrix)
         t.add_row(fmt_size(size), *(f"[bold]{_ms(times[a])}[/bold]" if a == pick else _ms(times[a])
                                     for a in ALGORITHMS),
-                  pick, f"{busbw(size, times[pick], sum(counts)) * 8 / 1e9:.2f}", _leaders(size, counts, costs, matrix))
+                  pick, f"{busbw(size, times[pick], sum(counts)) * 8 / 1e9:.2f}", _leaders(size, counts, costs, matrix),
+                  why(size, counts, costs, matrix=matrix))
     return t
 
 
@@ -101,17 +102,18 @@ def measured_table(counts: list[int], costs, rows: list[dict], title: str,
                    matrix: tuple[int, int] | None = None) -> Table:
     """Measured ms of every algorithm (the model's in brackets), auto's pick, the fastest and the leaders'
     node matrix."""
-    from gearshift.sim.collectives import ALGORITHMS, choose, predict
+    from gearshift.sim.collectives import ALGORITHMS, choose, predict, why
 
     t = Table(title=title)
-    for col in ("size", *ALGORITHMS, "auto", "fastest", "leaders"):
-        t.add_column(col, justify="right")
+    for col in ("size", *ALGORITHMS, "auto", "fastest", "leaders", "why (predicted)"):
+        t.add_column(col, justify="left" if col.startswith("why") else "right")
     for size in sorted({r["size_bytes"] for r in rows}):
         got = {r["algorithm"]: r["time_s"] for r in rows if r["size_bytes"] == size}
         fastest = min(got, key=got.get)
         t.add_row(fmt_size(size),
                   *(f"{_ms(got[a])} ({_ms(predict(a, size, counts, costs, matrix))})" for a in ALGORITHMS),
-                  choose(size, counts, costs, matrix=matrix), fastest, _leaders(size, counts, costs, matrix))
+                  choose(size, counts, costs, matrix=matrix), fastest, _leaders(size, counts, costs, matrix),
+                  why(size, counts, costs, matrix=matrix))
     return t
 
 
@@ -162,7 +164,7 @@ def write_json(path: str, counts: list[int], costs, sizes: list[int], measured: 
     import json
     from pathlib import Path
 
-    from gearshift.sim.collectives import ALGORITHMS, choose, node_matrix, predict
+    from gearshift.sim.collectives import ALGORITHMS, choose, node_matrix, predict, why
 
     got = {(r["size_bytes"], r["algorithm"]): r for r in measured or []}
     rows = [{"size_bytes": size, "algorithm": a, "predicted_time_s": predict(a, size, counts, costs, matrix),
@@ -173,7 +175,8 @@ def write_json(path: str, counts: list[int], costs, sizes: list[int], measured: 
             for size in sizes for a in ALGORITHMS]
     out = {"mode": "measured" if measured else "predicted", "ranks_per_node": counts,
            "costs": dataclasses.asdict(costs), "rows": rows, "node_matrix": "auto" if matrix is None else list(matrix),
-           "auto": [{"size_bytes": size, "algorithm": choose(size, counts, costs, matrix=matrix)} for size in sizes]}
+           "auto": [{"size_bytes": size, "algorithm": choose(size, counts, costs, matrix=matrix),
+                     "why": why(size, counts, costs, matrix=matrix)} for size in sizes]}
     tmp = Path(f"{path}.tmp")
     tmp.write_text(json.dumps(out, indent=1))
     tmp.replace(path)

@@ -20,6 +20,7 @@ COMMANDS = {
     "moe": ("moe", "expert placement: replay policies on a routing trace, or write a synthetic one"),
     "testbed": ("testbed", "emulated multi-host network (Linux namespaces + tc)"),
     "report": ("report", "write RUN_DIR/report.html: loss, throughput, partition, bubbles, decisions, config"),
+    "export": ("export", "write a run's model from its latest checkpoint as one state dict in the model's own names"),
 }
 
 
@@ -31,7 +32,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, dict]:
+    from gearshift import __version__
+
     parser = _Parser(prog="gearshift", description="Adaptive parallel training for PyTorch.")
+    parser.add_argument("--version", action="version", version=f"gearshift {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     mods = {}
     verb = next((a for a in argv if not a.startswith("-")), None)

@@ -1,5 +1,7 @@
 """`gearshift moe replay TRACE.npz`: placement policies replayed on a recorded routing trace (busiest device over
-the mean, bytes moved); `gearshift moe synth OUT.npz`: a synthetic drifting Zipf trace in the same format."""
+the mean, bytes moved: static, greedy, eplb, greedy_replicas = Gearshift's policy with the per-step split, the
+per-point oracle); `gearshift moe synth OUT.npz`: a synthetic trace of one family (drift, abrupt, bursty,
+stationary, mixed) in the same format."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import json
 from gearshift.cli.argtypes import int_at_least, positive_int
 from gearshift.errors import UsageError
 from gearshift.planner.forecast import FORECASTS
+from gearshift.planner.synthetic import KINDS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,22 +26,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="greedy_replicas places for the loads predicted from the window: its trend extrapolated to "
                         "the coming period (default, as training does with moe.forecast) or its mean")
     r.add_argument("--replicas", type=int_at_least(0), default=2,
-                   help="extra expert slots per device for greedy_replicas and oracle (default 2)")
+                   help="extra expert slots per device for eplb, greedy_replicas and oracle (default 2)")
     r.add_argument("--expert-bytes", type=int_at_least(0), default=0,
                    help="bytes one moved expert costs (default: the MoE GPT's at width 128, parameters and AdamW "
                         "state)")
     r.add_argument("--plot", help="write a PNG: device load over steps per policy, and the expert->device map")
     r.add_argument("--json", action="store_true", help='print {"policies": [...]} as JSON')
-    s = sub.add_parser("synth", help="write a synthetic drifting Zipf trace")
+    s = sub.add_parser("synth", help="write a synthetic routing trace of one family")
     s.add_argument("out", help="the .npz to write")
+    s.add_argument("--kind", choices=KINDS, default="drift",
+                   help="drift: the hot set drifts gradually; abrupt: at once; bursty: short flares of single "
+                        "experts over a fixed skew; stationary: a fixed skew with noise; mixed: these across layers "
+                        "(default drift)")
     s.add_argument("--steps", type=positive_int, default=500)
     s.add_argument("--layers", type=positive_int, default=2)
     s.add_argument("--experts", type=positive_int, default=32)
     s.add_argument("--tokens", type=positive_int, default=8192, help="assignments per step and layer")
     s.add_argument("--zipf", type=float, default=1.2, help="Zipf exponent of the expert popularity")
     s.add_argument("--drift-every", type=int_at_least(0), default=50,
-                   help="steps over which one hot expert trades places with another (0: no drift)")
-    s.add_argument("--abrupt", action="store_true", help="the trade happens at once instead of gradually")
+                   help="drift, abrupt: steps over which one hot expert trades places with another (0: no drift)")
     s.add_argument("--seed", type=int_at_least(0), default=0)
 
 
@@ -54,16 +60,16 @@ def _synth(args: argparse.Namespace) -> int:
     import numpy as np
 
     from gearshift.paths import check_output_file
-    from gearshift.planner.synthetic import drifting_zipf
+    from gearshift.planner.synthetic import trace
 
     check_output_file(args.out, "out")
     if args.zipf <= 0:
         raise UsageError(f"--zipf: must be > 0, got {args.zipf}")
-    loads = drifting_zipf(args.steps, args.layers, args.experts, args.tokens, args.zipf, args.drift_every,
-                          abrupt=args.abrupt, seed=args.seed)
+    loads = trace(args.kind, args.steps, args.layers, args.experts, args.tokens, args.zipf, args.drift_every,
+                  args.seed)
     with open(args.out, "wb") as f:
         np.savez(f, loads=loads, steps=np.arange(args.steps), layers=np.arange(args.layers))
-    print(f"wrote {args.out}: loads[{args.steps}, {args.layers}, {args.experts}]")
+    print(f"wrote {args.out}: {args.kind} loads[{args.steps}, {args.layers}, {args.experts}]")
     return 0
 
 

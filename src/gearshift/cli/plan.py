@@ -4,6 +4,7 @@ the pool of hybrid strategies for a MoE model, ranked by predicted step time."""
 from __future__ import annotations
 
 import argparse
+import json
 
 from rich.console import Console
 from rich.table import Table
@@ -28,15 +29,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", nargs="?", help="job config TOML (default: every key at its default)")
     p.add_argument("--spec", help="cluster spec TOML (also --cluster.spec=PATH)")
     p.add_argument("--profile", help="ModelProfile JSON written by `gearshift profile` (default: profile now)")
-    p.add_argument("--stages", type=positive_int, default=None, help="pipeline stages (default: every device)")
+    p.add_argument("--stages", type=positive_int, default=None,
+                   help="pipeline stages (default: every device of the spec, or the job's parallel.stages where the "
+                        "spec has at least as many devices as the model has layers; the local workers: "
+                        "parallel.stages)")
     p.add_argument("--microbatches", type=positive_int, default=None,
                    help="micro-batches (default: parallel.microbatches)")
     p.add_argument("--moe", action="store_true",
-                   help="model.name = moe_gpt: the pool of strategies (stages x replicas x expert-parallel width) "
+                   help="the MoE GPT (model.name = moe_gpt unless the job names its model): the pool of strategies "
+                        "(stages x replicas x expert-parallel width) "
                         "priced for the spec or the local workers (measures their exchanges), fastest first")
     p.add_argument("--trace", help="--moe: a moe_trace.npz whose routing (each expert's share) prices the experts "
                                    "(default: uniform)")
-    p.add_argument("--json", action="store_true", help="--moe: print the pool as JSON")
+    p.add_argument("--json", action="store_true",
+                   help="print JSON: the partition of every method (with --moe: the strategy pool)")
     add_config_help(p, full=False)
 
 
@@ -98,24 +104,63 @@ def _local_state(cfg) -> ClusterState:
     return state
 
 
+def moe_overrides(config: str | None, overrides: list[str]) -> list[str]:
+    """--moe: the overrides with model.name = moe_gpt put first, unless the job file or an override names the
+    model (then that model is the one planned, and run_moe says if it is not moe_gpt)."""
+    if any(o.split("=", 1)[0] == "--model.name" for o in overrides):
+        return list(overrides)
+    if config is not None:
+        from gearshift.errors import ConfigError
+        from gearshift.tomlfile import read_toml
+
+        if "name" in (read_toml(config, "config", ConfigError).get("model") or {}):
+            return list(overrides)
+    return ["--model.name=moe_gpt", *overrides]
+
+
+def spec_stages(world_size: int, layers: int, job_stages: int) -> tuple[int, str | None]:
+    """Stages for a spec without --stages: every device, unless that gives each at most one layer (every plan
+    is then the same, one layer a device): then the job's parallel.stages (at most the devices), with a note."""
+    if layers > world_size:
+        return world_size, None
+    stages = min(job_stages, world_size)
+    return stages, (f"{world_size} devices for {layers} layers would hold one layer each: planning the job's "
+                    f"{stages} stages on the first {stages} devices (--stages N for another count)")
+
+
 def run(args: argparse.Namespace) -> int:
     """Plan for the spec (--spec or cluster.spec) or the local cluster; print the plan and the baselines."""
-    cfg = load_config(args.config, args.overrides)
-    if args.moe or args.trace or args.json:
+    overrides = moe_overrides(args.config, args.overrides) if args.moe else args.overrides
+    cfg = load_config(args.config, overrides)
+    if args.moe or args.trace:
         from gearshift.cli.plan_moe import run_moe
 
         return run_moe(args, cfg)
     spec_path = args.spec or cfg.cluster.spec
     profile = read_profile(args.profile, "--profile", error=DataError) if args.profile else profile_job(cfg)
     microbatches = args.microbatches or cfg.parallel.microbatches
+    note = None
     if spec_path:
         spec = load_spec(spec_path)
         state, kinds = ClusterState.from_spec(spec), [d.kind for d in spec.devices]
-        stages = args.stages or state.world_size
+        stages = args.stages
+        if stages is None:
+            stages, note = spec_stages(state.world_size, profile.num_layers, cfg.parallel.stages)
     else:
         state, stages = _local_state(cfg), args.stages or cfg.parallel.stages
         kinds = [f"local x{f:g}" for f in cfg.emulate.slowdowns(cfg.cluster.workers)]
-    print_plan(profile, state, stages, microbatches, kinds=kinds, in_flight=_in_flight(cfg, stages, microbatches))
+    in_flight = _in_flight(cfg, stages, microbatches)
+    if args.json:
+        results = {m: plan_partition(profile, state, stages, microbatches, in_flight, method=m)
+                   for m in ("adaptive", *BASELINE_METHODS)}
+        print(json.dumps({"stages": stages, "microbatches": microbatches, "devices": kinds[:stages],
+                          "methods": {m: {**r.to_dict(), "iteration_s": r.iteration_s(microbatches)}
+                                      for m, r in results.items()}}, indent=1))
+        return 0
+    console = Console()
+    if note:
+        console.print(f"[dim]{note}[/dim]")
+    print_plan(profile, state, stages, microbatches, console=console, kinds=kinds, in_flight=in_flight)
     return 0
 
 

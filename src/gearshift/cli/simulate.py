@@ -1,11 +1,15 @@
 """`gearshift simulate [CONFIG]`: predicted iteration time and bubble fraction of the configured pipeline
-(from a profile), next to the measured figures when output.dir holds a finished run."""
+(from a profile), next to the measured figures when output.dir holds a run. That run's own job is predicted (its
+config.json; each (m, K) and partition it ran, from its metrics.jsonl; a MoE job's expert-parallel exchanges by
+the strategy model, at the loads it measured); a config that differs from it in a key that changes the prediction
+is refused (cli.simulate_run)."""
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import copy
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
@@ -16,60 +20,121 @@ from gearshift.cluster.state import available_cores, local_pipeline_state
 from gearshift.errors import UserError
 from gearshift.paths import check_output_file
 from gearshift.planner.predict import predict
-from gearshift.train.config import load_config, read_profile
-from gearshift.train.metrics import read_metrics
+from gearshift.train.config import JobConfig, read_profile
 from gearshift.train.profiling import microbatch_size, profile_job
+
+if TYPE_CHECKING:
+    from gearshift.profile import ModelProfile
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", nargs="?", help="job config TOML (default: every key at its default)")
     p.add_argument("--profile", help="ModelProfile JSON (default: profile now)")
     p.add_argument("--trace", help="write the predicted timeline as a Perfetto trace here")
+    p.add_argument("--links", action="store_true", help="also time this machine's loopback between two processes "
+                   "(message latency and rate, a waiting receive's CPU) and price by it (a few seconds)")
     add_config_help(p, full=False)
 
 
 def run(args: argparse.Namespace) -> int:
+    from gearshift.cli.simulate_run import Segment, job_title, segments, the_job
     from gearshift.report.trace import sim_trace, write_trace
     from gearshift.train.build import equal_time_slices, job_schedule, slice_act_bytes
     from gearshift.train.layout import resolve_partition
     from gearshift.train.model import job_model
 
-    cfg = load_config(args.config, args.overrides)
+    cfg, has_run = the_job(args.config, args.overrides)  # the run's own job where output.dir holds one
     if args.trace:
         check_output_file(args.trace, "--trace")
     spec = job_model(cfg)  # its layers, whichever model it is (the GPT's are model.layers + embedding + head)
     info = cfg.model.layer_info()  # what a built-in's layers are, for the message
     layers_are = info[1] if info is not None else f"in {cfg.model.name}"
-    prof = read_profile(args.profile, "--profile", spec.num_layers, UserError, layers_are) if args.profile \
-        else profile_job(cfg)
-    p = cfg.parallel
+    given = read_profile(args.profile, "--profile", spec.num_layers, UserError, layers_are) if args.profile \
+        else None
+    profiles: dict[int, ModelProfile] = {}
+
+    def profile_at(size: int) -> ModelProfile:  # --profile (predict scales it), else one profile per size
+        if given is not None:
+            return given
+        if size not in profiles:
+            profiles[size] = profile_job(cfg, size=size)
+        return profiles[size]
+
+    p, out = cfg.parallel, Path(cfg.output.dir)
+    prof = profile_at(microbatch_size(cfg))
     if p.schedule == "multidir" and p.partition == "uniform":
         bounds = equal_time_slices(prof, p.stages)  # what the multidir runtime cuts
     else:
         bounds = resolve_partition(cfg, spec)
-    schedule = job_schedule(cfg, slice_act_bytes(prof, bounds))  # multidir: orders balance the slices' bytes
+    segs = segments(cfg, out, bounds) if has_run else [Segment(p.microbatches, p.k, bounds)]
     # this host's cores as measured with the job's workers computing at once (what processor sharing divides)
     state = local_pipeline_state(cfg.cluster.workers, p.stages, cfg.emulate.slowdowns(cfg.cluster.workers),
                                  cores=effective_cores(cfg.cluster.workers))
-    res = predict(prof, bounds, schedule, state, microbatch_size(cfg))
+    cal = _calibration(cfg, prof, bounds, spec, args.links)
     cores = state.cores[0] * cfg.cluster.workers / p.stages
-    t = Table(title=f"{p.schedule} x {p.stages} stages, {p.microbatches} micro-batches "
-              f"({cfg.cluster.workers} workers sharing {available_cores()} cores, measured as {cores:.2f} at once)")
+    title = f"{out}: {job_title(cfg)}" if has_run else job_title(cfg)
+    t = Table(caption=f"{cfg.cluster.workers} workers sharing {available_cores()} cores, measured as {cores:.2f} at "
+                      "once")
     for col in ("", "iteration (s)", "tokens/s", "bubble"):
         t.add_column(col, justify="right")
     tokens = cfg.train.batch_size * prof.seq_len  # tokens per sample, as the profile measured them
-    t.add_row("predicted", f"{res.iteration_s:.4f}", f"{tokens / res.iteration_s:,.0f}", f"{res.bubble_fraction:.1%}")
-    metrics = Path(cfg.output.dir) / "metrics.jsonl"
-    if metrics.is_file():
-        rows = read_metrics(metrics)[1:]  # the first step includes warm-up
-        if rows:
-            meas = statistics.median(r["step_time_s"] for r in rows)
-            bub = statistics.median(r["bubble_fraction"] for r in rows)
-            t.add_row("measured", f"{meas:.4f}", f"{tokens / meas:,.0f}", f"{bub:.1%}")
-            t.add_row("error", f"{(res.iteration_s - meas) / meas:+.1%}", "", "")
-    Console().print(t)
+    per_part = cfg.train.batch_size // cfg.batch_parts
+    ep = cfg.model.name == "moe_gpt" and p.experts > 1
+    comm = _moe_comm(cfg) if ep else None
+    shown = None
+    for seg in segs:
+        seg_cfg = _with_mk(cfg, seg.m, seg.k)
+        sprof = profile_at(per_part // seg.m)
+        sbounds = bounds if p.schedule == "multidir" else seg.bounds
+        schedule = job_schedule(seg_cfg, slice_act_bytes(sprof, sbounds))  # multidir: orders balance the bytes
+        res = predict(sprof, sbounds, schedule, state, per_part // seg.m, cal)
+        shown = shown or (res, schedule)
+        iteration_s, bubble = res.iteration_s, res.bubble_fraction
+        if ep:  # the all-to-alls and the experts' load, as the strategy model prices them
+            from gearshift.cli.simulate_run import moe_shares
+            from gearshift.train.strategy import price_job
+
+            priced = price_job(seg_cfg, sprof, comm, moe_shares(out) if has_run else None, sbounds)
+            iteration_s, bubble = priced.step_s, priced.bubble_fraction
+        name = f"{seg.label()}: " if len(segs) > 1 else ""
+        t.add_row(f"{name}predicted", f"{iteration_s:.4f}", f"{tokens / iteration_s:,.0f}", f"{bubble:.1%}")
+        if seg.measured_s:
+            meas = seg.measured_s
+            t.add_row(f"{name}measured", f"{meas:.4f}", f"{tokens / meas:,.0f}", f"{seg.measured_bubble:.1%}")
+            t.add_row(f"{name}error", f"{(iteration_s - meas) / meas:+.1%}", "", "")
+    console = Console()
+    console.print(title, markup=False, highlight=False)  # the job, unwrapped by the table's width
+    console.print(t)
+    print(cal.describe())
     if args.trace:
+        res, schedule = shown
         pipes = schedule.stages_per_pipe if schedule.num_pipes > 1 else None
         write_trace(Path(args.trace), sim_trace(res, "predicted", pipes))
         print(f"wrote {args.trace}")
     return 0
+
+
+def _with_mk(cfg: JobConfig, m: int, k: int) -> JobConfig:
+    """The job running `m` micro-batches with kFkB's `k` (what parallel.schedule = auto ran), else the job."""
+    if cfg.parallel.schedule != "auto" or (m, k) == (cfg.parallel.microbatches, cfg.parallel.k):
+        return cfg
+    cfg = copy.deepcopy(cfg)
+    cfg.parallel.microbatches, cfg.parallel.k, cfg.parallel.microbatch_size = m, k, 0
+    return cfg
+
+
+def _moe_comm(cfg: JobConfig):
+    """The exchanges' costs a MoE job's all-to-alls are priced with: the cluster spec's, else measured on the local
+    workers (started for a moment)."""
+    from gearshift.train.strategy import measure_local, spec_comm_costs
+
+    return spec_comm_costs(cfg) if cfg.cluster.spec else measure_local(cfg.cluster.workers)
+
+
+def _calibration(cfg, prof, bounds, spec, links: bool):
+    """The job's stages timed whole at two micro-batch sizes and fitted (Theil-Sen) and, with `links`, this
+    machine's loopback between two processes: what the prediction prices by and what is printed below it."""
+    from gearshift.train.calibration import calibrate_local
+    from gearshift.train.loopback import local_link_costs
+
+    return calibrate_local(cfg, prof, bounds, spec, links=local_link_costs if links else None)

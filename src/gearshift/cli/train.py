@@ -1,4 +1,4 @@
-"""`gearshift train [CONFIG] [--section.key=value ...] [--resume]`."""
+"""`gearshift train [CONFIG] [--section.key=value ...] [--resume[=PATH]]`."""
 
 from __future__ import annotations
 
@@ -11,11 +11,15 @@ from gearshift.train.env import load_job, reports_config_errors, under_torchrun
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", nargs="?", help="job config TOML (default: every key at its default)")
-    p.add_argument("--resume", action="store_true", help="resume from the latest checkpoint in output.dir")
+    p.add_argument("--resume", nargs="?", const=True, default=False, metavar="PATH",
+                   help="resume from the newest checkpoint in output.dir that loads (a corrupt newer one is skipped, "
+                        "and said so); --resume=PATH: from that checkpoint")
     add_config_help(p, full=True)
 
 
 def run(args: argparse.Namespace) -> int:
+    if isinstance(args.resume, str) and args.config is None and args.resume.endswith(".toml"):
+        args.config, args.resume = args.resume, True  # `--resume job.toml`: the job, not a checkpoint
     try:
         cfg = load_job(args.config, args.overrides)
     except UserError:
@@ -28,9 +32,15 @@ def run(args: argparse.Namespace) -> int:
         run_worker(cfg, args.resume)
         return 0
     if args.resume:  # check the checkpoint here, so a bad one is one line before any worker starts
-        from gearshift.train.checkpoint import find_resumable
+        from gearshift.train.checkpoint import completed, find_resumable
 
-        find_resumable(cfg)
+        path, ck, note = find_resumable(cfg, args.resume)
+        if note:
+            print(note, flush=True)
+        if done := completed(cfg, ck):
+            print(done, flush=True)
+            return 0
+        args.resume = str(path)  # every worker loads the checkpoint checked here
     from gearshift.train.launch import launch
 
     if not cfg.cluster.testbed:

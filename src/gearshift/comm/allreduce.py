@@ -1,8 +1,7 @@
-"""All-reduce (SUM, in place) built on torch.distributed point-to-point: a flat ring, the leader-based
-hierarchical design and its reduce-scatter form, each a step program per segment (comm.programs) run
-by comm.stream.
-
-gloo's reduce_scatter is an all-reduce in disguise, so every reduce-scatter here is our own ring.
+"""All-reduce (SUM, in place): the backend's own ("gloo", NCCL's for CUDA tensors), a flat ring of our own, the
+leader-based hierarchical design and its reduce-scatter form. The hierarchical forms run as collectives on
+subgroups (comm.composed: gloo and NCCL alike) where the groups' transport is "collectives", or as a step
+program per segment (comm.programs) of point-to-point messages run by comm.stream where it is "p2p".
 """
 
 from __future__ import annotations
@@ -11,8 +10,9 @@ import torch
 import torch.distributed as dist
 
 from gearshift.cluster.topology import Topology, check_matrix
+from gearshift.comm import composed
 from gearshift.comm.groups import CommGroups
-from gearshift.comm.programs import build
+from gearshift.comm.programs import build, matrix_for
 from gearshift.comm.stream import run_segments
 from gearshift.sim.collectives import LinkCosts, choose
 
@@ -41,6 +41,9 @@ def leader_all_reduce(flat: torch.Tensor, groups: CommGroups, costs: LinkCosts |
     if _one_node(groups):
         dist.all_reduce(flat, group=groups.node_group)
         return
+    if groups.transport == "collectives":
+        composed.run(hierarchical_steps("hierarchical", flat, groups, costs, matrix))
+        return
     run_segments(build("hierarchical", flat, groups.topology, groups.rank, costs, groups.members, matrix), groups,
                  trace)
 
@@ -54,8 +57,19 @@ def rs_all_reduce(flat: torch.Tensor, groups: CommGroups, costs: LinkCosts | Non
     if not groups.topology.uniform or _one_node(groups):
         leader_all_reduce(flat, groups, costs, trace, matrix)
         return
+    if groups.transport == "collectives":
+        composed.run(hierarchical_steps("hierarchical_rs", flat, groups, costs, matrix))
+        return
     run_segments(build("hierarchical_rs", flat, groups.topology, groups.rank, costs, groups.members, matrix),
                  groups, trace)
+
+
+def hierarchical_steps(algorithm: str, flat: torch.Tensor, groups: CommGroups, costs: LinkCosts | None = None,
+                       matrix: tuple[int, int] | None = None):
+    """The composed form of `algorithm` on `flat` as a generator of work handles (comm.composed), in the node
+    matrix the cost model picks (or `matrix` when pinned): the same on every rank."""
+    shape = matrix_for(algorithm, flat.numel() * flat.element_size(), groups.topology, costs, matrix)
+    return composed.form(algorithm, flat, groups, shape)
 
 
 def resolve(algorithm: str, size_bytes: int, topology: Topology, costs: LinkCosts | None = None,

@@ -10,6 +10,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from gearshift.models.moe import run_experts
+from gearshift.planner.expert_map import ExpertMap
+from gearshift.planner.placement import balanced_split
 
 
 class Clock:
@@ -55,32 +57,69 @@ class _AllToAll(torch.autograd.Function):
         return _exchange(grad, ctx.recv, ctx.send, ctx.group, ctx.clock), None, None, None, None
 
 
+def split_rows(table: Tensor, placement: ExpertMap) -> tuple[Tensor, Tensor]:
+    """(ends, runs) for one call's table[s, e] (rows of expert e at group rank s): each replicated expert's rows
+    split over its copies by planner.placement.balanced_split, its queue (the group's rows in (source, position)
+    order) cut into one run per copy, holders order; ends[e, j] where copy j's run ends (padding copies end at the
+    queue's end), runs[s, e, j] the rows of expert e from source s that copy j computes."""
+    total = table.sum(0)
+    parts = balanced_split(total.tolist(), placement)
+    n = max(len(h) for h in placement.holders)
+    ends = total[:, None].repeat(1, n)
+    for e, p in enumerate(parts):
+        ends[e, :len(p)] = torch.tensor(p, dtype=torch.int64).cumsum(0)
+    lo = torch.cat([torch.zeros_like(ends[:, :1]), ends[:, :-1]], 1)
+    a = (torch.cumsum(table, 0) - table)[:, :, None]
+    b = a + table[:, :, None]
+    runs = (torch.minimum(b, ends[None]) - torch.maximum(a, lo[None])).clamp(min=0)
+    return ends, runs
+
+
 class AllToAllDispatch:
     """Expert parallelism over `group` (this rank is group rank `index`): `holders[e]` lists the group ranks
-    holding expert e. An assignment of expert e at queue position q goes to holders[e][q % copies] (copies of
-    a replicated expert split its queue round robin); rows travel sorted by destination, then expert, then
-    position. Per-expert row counts are exchanged first (one all-to-all of width x E integers), then the rows,
-    then the outputs come back; the math per row is the one-process math."""
+    holding expert e. Each call, the ranks' per-expert row counts are summed into a (width x E) table (one small
+    all_reduce, the only collective of counts); from it every rank computes the same split of each replicated
+    expert's rows over its copies (planner.placement.balanced_split: water-filling over the copies' ranks, so the
+    ranks' rows even out in this call) and the same cut of the expert's queue: the group's rows of expert e in
+    (source rank, position) order, copy holders[e][j] taking the j-th run. Rows travel sorted by destination, then
+    expert, then position; the outputs come back the same way. Which copy computes a row changes nothing in the
+    math: every copy holds the same parameters and the gradients are summed over the copies."""
 
     def __init__(self, group: dist.ProcessGroup, index: int, holders: list[tuple[int, ...]],
                  clock: Clock | None = None):
         self.group, self.index, self.clock = group, index, clock
         self.width = dist.get_world_size(group)
         self.holders = [tuple(h) for h in holders]
+        self.map = ExpertMap(tuple(self.holders), self.width)
         self.held = [e for e, h in enumerate(self.holders) if index in h]
-        copies = torch.tensor([len(h) for h in self.holders])
-        table = torch.full((len(holders), int(copies.max())), -1, dtype=torch.int64)
+        self._copies = max(len(h) for h in self.holders)
+        table = torch.full((len(holders), self._copies), -1, dtype=torch.int64)
         for e, h in enumerate(self.holders):
             table[e, :len(h)] = torch.tensor(h)
-        self._copies, self._table = copies, table
+        self._table = table
+        # per held expert, which copy this rank is
+        self._mine = [self.holders[e].index(index) for e in self.held]
 
     def __call__(self, h: Tensor, experts: Tensor, positions: Tensor, counts: Tensor,
                  modules: nn.ModuleDict) -> Tensor:
         E, W = len(self.holders), self.width
-        dest = self._table[experts, positions % self._copies[experts]]
+        t0, c0 = time.perf_counter(), time.thread_time()
+        table = torch.zeros((W, E), dtype=torch.int64)
+        table[self.index] = counts.to(torch.int64)
+        dist.all_reduce(table, group=self.group)
+        if self.clock is not None:
+            self.clock.seconds += time.perf_counter() - t0
+            self.clock.cpu_seconds += time.thread_time() - c0
+        ends, runs = split_rows(table, self.map)
+        starts = torch.cumsum(table, 0) - table  # starts[s, e]: where source s's rows of e begin in e's queue
+        g = starts[self.index, experts] + positions
+        copy = (g[:, None] >= ends[experts]).sum(1)
+        dest = self._table[experts, copy]
         order = torch.argsort(dest, stable=True)  # (destination, expert, position)
         per = torch.zeros(W * E, dtype=torch.int64).index_add_(0, dest * E + experts, torch.ones_like(dest))
-        got = _exchange(per, [E] * W, [E] * W, self.group, self.clock).view(W, E)  # got[s, e]: rows from s
+        got = torch.zeros((W, E), dtype=torch.int64)  # got[s, e]: rows of e from source s this rank computes
+        for e, j in zip(self.held, self._mine):
+            got[:, e] = runs[:, e, j]
         send = per.view(W, E).sum(1).tolist()
         recv = got.sum(1).tolist()
         rows = all_to_all(h[order], send, recv, self.group, self.clock)

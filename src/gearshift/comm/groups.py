@@ -10,7 +10,11 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 
 from gearshift.cluster.topology import Topology
+from gearshift.comm.composed import MatrixGroups
+from gearshift.comm.sender import Sender
 from gearshift.comm.shm import ShmTransport
+
+TRANSPORTS = ("collectives", "p2p")
 
 
 @dataclass
@@ -31,6 +35,9 @@ class CommGroups:
     members: list[int] | None = None  # global rank of each index; None: the whole job, in rank order
     group: object | None = None  # process group of the members for collectives (None: the default group)
     send_thread: bool = False  # large sends from a second thread (comm.sender): this machine has a core to spare
+    transport: str = "collectives"  # the hierarchical forms: composed collectives (comm.composed) or p2p programs
+    matrix_groups: MatrixGroups | None = field(default=None, repr=False)  # collectives: rows and columns of matrices
+    sender: Sender | None = field(default=None, repr=False)  # p2p with send_thread: this rank's sender thread
 
     @property
     def leader(self) -> int:
@@ -45,55 +52,66 @@ class CommGroups:
 
     @classmethod
     def build(cls, topology: Topology, rank: int | None = None, shm: bool = True,
-              send_thread: bool | None = None) -> CommGroups:
+              send_thread: bool | None = None, transport: str = "collectives") -> CommGroups:
         """Create the groups of the whole job (all ranks must call this, with the same topology and
         arguments) and this rank's roles.
 
-        shm: carry messages between ranks of a node through shared memory (comm.shm); a node whose ranks
-        cannot open each other's memory falls back to TCP by itself. send_thread: issue large sends from a
-        second thread (comm.sender); None = where the machine has two cores per rank (spare_cores)."""
+        transport: how the hierarchical forms run: "collectives" (reduce, all-reduce, broadcast, reduce-scatter
+        and all-gather on subgroups, comm.composed: gloo and NCCL alike; the groups of every node matrix are
+        made here) or "p2p" (step programs of point-to-point messages, CPU tensors only). shm (p2p): carry
+        messages between ranks of a node through shared memory (comm.shm); a node whose ranks cannot open each
+        other's memory falls back to TCP by itself. send_thread: issue large sends from a second thread
+        (comm.sender); None = where the machine has two cores per rank (spare_cores)."""
         rank = dist.get_rank() if rank is None else rank
         if dist.is_initialized() and dist.get_world_size() != topology.world_size:
             raise ValueError(f"topology has {topology.world_size} ranks but the job has {dist.get_world_size()}")
-        made = cls._create(topology, list(range(topology.world_size)), rank, shm, whole=True)
+        made = cls._create(topology, list(range(topology.world_size)), rank, shm, whole=True, transport=transport)
         made.send_thread = spare_cores() if send_thread is None else send_thread
+        made.sender = Sender() if made.send_thread and transport == "p2p" else None
         return made
 
     @classmethod
     def partition(cls, topology: Topology, parts: list[list[int]], shm: bool = True,
-                  send_thread: bool | None = None) -> CommGroups:
+                  send_thread: bool | None = None, transport: str = "collectives") -> CommGroups:
         """Groups for every part of a partition of the job's ranks (all ranks call this with the same parts,
-        which cover every rank once), returning this rank's: each part all-reduces on its own. shm and
-        send_thread as in build()."""
+        which cover every rank once), returning this rank's: each part all-reduces on its own. shm,
+        send_thread and transport as in build()."""
         flat = sorted(r for part in parts for r in part)
         if flat != list(range(topology.world_size)):
             raise ValueError(f"CommGroups.partition: parts must cover ranks 0..{topology.world_size - 1} once, "
                              f"got {parts}")
         me, mine = dist.get_rank(), None
         for part in parts:  # every rank creates every part's groups, in the same order
-            made = cls._create(topology.subset(part), part, me, shm, whole=False)
+            made = cls._create(topology.subset(part), part, me, shm, whole=False, transport=transport)
             if me in part:
                 mine = made
         # spare_cores() is a collective: every rank passes the same send_thread, so all ask or none does
         mine.send_thread = spare_cores() if send_thread is None else send_thread
+        mine.sender = Sender() if mine.send_thread and transport == "p2p" else None
         return mine
 
     @classmethod
-    def _create(cls, topology: Topology, members: list[int], me: int, shm: bool, whole: bool) -> CommGroups:
+    def _create(cls, topology: Topology, members: list[int], me: int, shm: bool, whole: bool,
+                transport: str = "collectives") -> CommGroups:
         """Collective over the job: new_group for the members' nodes, leaders and (for a part) all of them;
-        shared memory for this rank's node when it is one of the members."""
+        collectives: the rows and columns of every node matrix; p2p: shared memory for this rank's node when it
+        is one of the members."""
+        if transport not in TRANSPORTS:
+            raise ValueError(f"CommGroups: transport {transport!r} (allowed: {', '.join(TRANSPORTS)})")
         node_groups = [dist.new_group([members[i] for i in topology.ranks_of(k)]) for k in range(topology.num_nodes)]
         leader_group = dist.new_group([members[i] for i in topology.leaders])
         down = dist.new_group(members)
         group = None if whole else dist.new_group(members)
+        lines = MatrixGroups.create(topology, members, me) if transport == "collectives" else None
         if me not in members:
             return None
         rank = members.index(me)
         node = topology.node[rank]
         node_ranks = [members[i] for i in topology.ranks_of(node)]
-        transport = ShmTransport.create(node_ranks, node_groups[node], me) if shm else None
+        arena = ShmTransport.create(node_ranks, node_groups[node], me) if shm and transport == "p2p" else None
         return cls(topology, rank, node_ranks, node_groups[node], leader_group if rank in topology.leaders else None,
-                   down, node_groups, transport, None if whole else list(members), group)
+                   down, node_groups, arena, None if whole else list(members), group, transport=transport,
+                   matrix_groups=lines)
 
 
 def spare_cores() -> bool:

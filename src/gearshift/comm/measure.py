@@ -20,13 +20,15 @@ def time_algorithms(groups: CommGroups, sizes: list[int], costs: LinkCosts | Non
                     algorithms: tuple[str, ...] = ALGORITHMS, reps: int = 3, warmups: int = 1,
                     min_iters: int = 1, budget_s: float = 0.25, again: tuple[str, ...] = (),
                     on_size: Callable[[int], None] | None = None,
-                    matrix: tuple[int, int] | None = None) -> list[dict]:
+                    matrix: tuple[int, int] | None = None, composed: CommGroups | None = None) -> list[dict]:
     """One row per (size, algorithm): time_s (median over reps of the slowest rank's time per call),
     samples, iters. Each sample runs back-to-back calls, as many as fit in budget_s (at least min_iters,
     at most 50), after `warmups` untimed calls of every algorithm. The algorithms in `again` are timed a
     second time in every repetition, as a series of their own (the row's again_s, again_samples): an A/A
     test, how far two medians of the same calls land apart, the measurement's own repeatability.
-    on_size(size) after each size. matrix: the hierarchical forms' pinned node matrix (comm.all_reduce)."""
+    on_size(size) after each size. matrix: the hierarchical forms' pinned node matrix (comm.all_reduce).
+    composed: groups of the collectives transport, on which "composed_hierarchical" and "composed_hierarchical_rs"
+    run (the same ranks as `groups`), timed interleaved with the others."""
     group = groups.group
     rows = []
     for size in sizes:
@@ -36,7 +38,7 @@ def time_algorithms(groups: CommGroups, sizes: list[int], costs: LinkCosts | Non
             for _ in range(warmups):
                 dist.barrier(group=group)
                 t0 = time.perf_counter()
-                all_reduce(x, algo, groups=groups, costs=costs, matrix=matrix)
+                _call(x, algo, groups, costs, matrix, composed)
                 est[algo] = time.perf_counter() - t0
         slowest = torch.tensor([max(est.values(), default=0.0)])
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
@@ -49,7 +51,7 @@ def time_algorithms(groups: CommGroups, sizes: list[int], costs: LinkCosts | Non
                 dist.barrier(group=group)
                 t0 = time.perf_counter()
                 for _ in range(iters):
-                    all_reduce(x, algo, groups=groups, costs=costs, matrix=matrix)
+                    _call(x, algo, groups, costs, matrix, composed)
                 dt = torch.tensor([(time.perf_counter() - t0) / iters])
                 dist.all_reduce(dt, op=dist.ReduceOp.MAX, group=group)
                 samples[key].append(dt.item())
@@ -61,6 +63,17 @@ def time_algorithms(groups: CommGroups, sizes: list[int], costs: LinkCosts | Non
         if on_size is not None:
             on_size(size)
     return rows
+
+
+COMPOSED = "composed_"
+
+
+def _call(x: torch.Tensor, algo: str, groups: CommGroups, costs: LinkCosts | None, matrix: tuple[int, int] | None,
+          composed: CommGroups | None) -> None:
+    if algo.startswith(COMPOSED):
+        all_reduce(x, algo[len(COMPOSED):], groups=composed, costs=costs, matrix=matrix)
+    else:
+        all_reduce(x, algo, groups=groups, costs=costs, matrix=matrix)
 
 
 def fastest(groups: CommGroups, sizes: list[int], costs: LinkCosts | None = None,

@@ -16,8 +16,6 @@ from gearshift.comm.groups import CommGroups
 from gearshift.comm.settings import SyncSettings
 from gearshift.sim.collectives import LinkCosts
 
-SyncFn = Callable[[], None]
-
 
 def gather(obj: object) -> list:
     """Every rank's `obj`, in rank order (collective)."""
@@ -30,11 +28,13 @@ def gather(obj: object) -> list:
 class ReplicaSync:
     """Gradient sync of a pipeline of `stages` ranks replicated over `workers`: pure data parallelism sums
     over the whole job, a replicated pipeline over each stage's replicas (schedule rank p of replica d is
-    global rank d * stages + p). Call it as the runtime's grad_sync_factory(params, group) -> sync().
+    global rank d * stages + p). Call it as the runtime's grad_sync_factory(params, group) -> sync, a
+    GradientSync (callable; with overlap, the runtime arms it before a stage's last backward).
 
-    Gradients on a `device` other than the CPU (cuda) take the backend's own all_reduce (NCCL's) on the
-    replica group, in buckets: the other forms' shared-memory and doorbell transports, and auto's pricing
-    of links, carry CPU tensors; not tested on CUDA, they are not run there, and the start-up line says so."""
+    Gradients on a `device` other than the CPU (cuda) run the same torch.distributed calls (NCCL's): the
+    backend's own all_reduce or the hierarchical forms composed from collectives on subgroups; our own ring
+    runs as the backend's all_reduce there, and auto prices the links with the model's defaults (the link
+    calibration moves CPU tensors)."""
 
     settings: SyncSettings
     stages: int
@@ -45,17 +45,23 @@ class ReplicaSync:
     groups: CommGroups | None = field(default=None, init=False)
     costs: LinkCosts | None = field(default=None, init=False)
     tuned: dict = field(default_factory=dict, init=False)
+    last: GradientSync | None = field(default=None, init=False)
 
     @property
     def needed(self) -> bool:
-        """False where the runtime's own flat gloo all-reduce over the replica group is the policy."""
+        """False where the runtime's own flat all-reduce over the replica group is the policy."""
         stages, algo = self.stages, self.settings.allreduce
-        if self.device != "cpu":
-            return self.workers > stages  # every replicated job: the start-up line says what runs
-        return self.workers > 1 and not (stages > 1 and (algo == "gloo" or self.workers == stages))
+        if self.workers == stages:
+            return False
+        return self.settings.overlap or not (stages > 1 and algo == "gloo")
+
+    @property
+    def transport(self) -> str:
+        """The hierarchical forms' transport: CUDA tensors take the composed collectives."""
+        return "collectives" if self.device != "cpu" else self.settings.allreduce_transport
 
     def _setup(self) -> bool:
-        """Topology, groups and (auto across nodes) measured link costs; True the first time."""
+        """Topology, groups and (auto across nodes, CPU) measured link costs; True the first time."""
         if self.topology is not None:
             return False
         stages, workers = self.stages, self.workers
@@ -63,47 +69,44 @@ class ReplicaSync:
         topo = Topology.from_env(gather=gather)
         if stages > 1:
             replica_groups = [list(range(p, workers, stages)) for p in range(stages)]  # one per pipeline position
-            self.groups = CommGroups.partition(topo, replica_groups, shm=s.shm, send_thread=s.threaded)
+            self.groups = CommGroups.partition(topo, replica_groups, shm=s.shm, send_thread=s.threaded,
+                                               transport=self.transport)
         self.topology = self.groups.topology if self.groups is not None else topo
         if s.matrix is not None:  # the same answer on every rank, before any message moves
             check_matrix(s.matrix, self.topology.num_nodes, "parallel.node_matrix")
-        if s.allreduce == "auto" and self.topology.num_nodes > 1:  # price the links the job has
+        if s.allreduce == "auto" and self.topology.num_nodes > 1 and self.device == "cpu":  # price the links
             from gearshift.comm.calibrate import measure_link_costs
 
-            self.groups = self.groups or CommGroups.build(topo, shm=s.shm, send_thread=s.threaded)
+            self.groups = self.groups or CommGroups.build(topo, shm=s.shm, send_thread=s.threaded,
+                                                          transport=self.transport)
             self.costs = measure_link_costs(self.groups)
         return True
 
-    def __call__(self, params: list[nn.Parameter], group: dist.ProcessGroup | None) -> SyncFn:
-        if self.device != "cpu":
-            return self._backend_sync(params, group)
-        first = self._setup()
+    def _algorithm(self) -> str:
         algorithm = self.settings.allreduce
         if self.stages > 1 and algorithm == "auto" and self.topology.num_nodes == 1:
-            algorithm = "gloo"  # replicas on one node: gloo's all-reduce on the replica group
-        s = self.settings
-        sync = GradientSync(params, algorithm, s.bucket_bytes, self.topology, self.groups, self.costs,
-                            tune=s.tune_allreduce and self.costs is not None, tuned=self.tuned, node_matrix=s.matrix,
-                            shm=s.shm, send_thread=s.threaded)
-        self.groups = self.groups or sync.groups  # built by GradientSync (collective): reuse after a re-plan
-        if first and self.costs is not None and self.announce is not None:
-            self.announce(self.describe(sync))
-        return sync.sync
+            return "gloo"  # replicas on one node: gloo's all-reduce on the replica group
+        if self.device != "cpu" and algorithm == "ring":
+            return "gloo"  # the backend's own all_reduce (NCCL's is a ring)
+        return algorithm
 
-    def _backend_sync(self, params: list[nn.Parameter], group: dist.ProcessGroup | None) -> SyncFn:
-        """The backend's own all_reduce over `group` (the replica group), bucketed; announced the first time."""
+    def __call__(self, params: list[nn.Parameter], group: dist.ProcessGroup | None) -> GradientSync:
+        first = self._setup()
         s = self.settings
-        sync = GradientSync(params, "gloo", s.bucket_bytes, Topology.from_ranks_per_node([dist.get_world_size(group)]),
-                            group=group)
-        if self.topology is None:
-            self.topology = sync.topology
-            if self.announce is not None:
-                scope = f"each stage's {self.workers // self.stages}" if self.stages > 1 else f"the {self.workers}"
-                asked = "" if s.allreduce == "gloo" else f"parallel.allreduce = {s.allreduce}: "
-                self.announce(f"all-reduce: {self.device} tensors: {dist.get_backend(group).upper()} all_reduce over "
-                              f"{scope} replicas in {s.bucket_bytes / 2**20:.1f} MiB buckets ({asked}the hierarchical "
-                              "forms, their transports and auto's link pricing run on CPU tensors only)")
-        return sync.sync
+        if self.last is not None:
+            self.last.close()  # a re-plan: the old sync's hooks go
+        sync = GradientSync(params, self._algorithm(), s.bucket_bytes, self.topology, self.groups, self.costs,
+                            tune=s.tune_allreduce and self.costs is not None, tuned=self.tuned, node_matrix=s.matrix,
+                            shm=s.shm, send_thread=s.threaded, group=group, transport=self.transport,
+                            overlap=s.overlap)
+        if self.device != "cpu":
+            for b in sync.buckets:  # auto without measurements: the model's pick, our ring as the backend's own
+                b.algorithm = "gloo" if b.algorithm == "ring" else b.algorithm
+        self.groups = self.groups or sync.groups  # built by GradientSync (collective): reuse after a re-plan
+        self.last = sync
+        if first and self.announce is not None and (self.costs is not None or self.device != "cpu"):
+            self.announce(self.describe(sync))
+        return sync
 
     def describe(self, sync: GradientSync) -> str:
         """The start-up line of auto's choice: per bucket size, the algorithm, matrix and measured times."""
@@ -114,7 +117,10 @@ class ReplicaSync:
         scope = f"{self.topology.num_nodes} nodes"
         if self.stages > 1:
             scope += f", each stage's {self.workers // self.stages} replicas"
-        return f"all-reduce auto ({scope}): {chosen}; measured {describe(self.costs, self.topology)}"
+        how = f"{self.device} tensors, {self.transport}"
+        how += ", overlapped with backward" if self.settings.overlap else ""
+        measured = f"; measured {describe(self.costs, self.topology)}" if self.costs is not None else ""
+        return f"all-reduce {self.settings.allreduce} ({scope}; {how}): {chosen}{measured}"
 
 
 def _bucket_choice(b, tuned: dict, topo: Topology, costs: LinkCosts | None,

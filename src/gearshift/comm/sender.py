@@ -17,10 +17,6 @@ import torch.distributed as dist
 
 MIN_BYTES = 256 << 10  # smaller sends go out at once: a thread hop costs more than their copy
 
-_queue: queue.SimpleQueue = queue.SimpleQueue()
-_thread: threading.Thread | None = None
-_lock = threading.Lock()
-
 
 class Sending:
     """A send handed to the sender thread: wait() returns once the send itself has finished (or raises
@@ -41,32 +37,38 @@ class Sending:
         self.work.wait()
 
 
-def isend(tensor: torch.Tensor, dst: int, group=None, tag: int = 0, threaded: bool = True):
-    """dist.isend, from the sender thread when threaded and the message is large; returns something
-    with wait()."""
-    if not threaded or tensor.numel() * tensor.element_size() < MIN_BYTES:
-        return dist.isend(tensor, dst, group=group, tag=tag)
-    _start()
-    s = Sending(tensor, dst, group, tag)
-    _queue.put(s)
-    return s
+class Sender:
+    """One rank's sender thread (started on the first large send), owned by its CommGroups: no module state.
+    min_bytes: smaller sends go out from the caller's thread."""
 
+    def __init__(self, min_bytes: int = MIN_BYTES) -> None:
+        self.min_bytes = min_bytes
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
 
-def _start() -> None:
-    global _thread
-    if _thread is None:
-        with _lock:
-            if _thread is None:
-                _thread = threading.Thread(target=_serve, name="gearshift-sender", daemon=True)
-                _thread.start()
+    def isend(self, tensor: torch.Tensor, dst: int, group=None, tag: int = 0):
+        """dist.isend, from the sender thread when the message is large; returns something with wait()."""
+        if tensor.numel() * tensor.element_size() < self.min_bytes:
+            return dist.isend(tensor, dst, group=group, tag=tag)
+        self._start()
+        s = Sending(tensor, dst, group, tag)
+        self._queue.put(s)
+        return s
 
+    def _start(self) -> None:
+        if self._thread is None:
+            with self._lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._serve, name="gearshift-sender", daemon=True)
+                    self._thread.start()
 
-def _serve() -> None:
-    while True:
-        s = _queue.get()
-        tensor, dst, group, tag = s.args
-        try:
-            s.work = dist.isend(tensor, dst, group=group, tag=tag)
-        except BaseException as exc:  # raised to the rank's own thread by wait()
-            s.error = exc
-        s.issued.set()
+    def _serve(self) -> None:
+        while True:
+            s = self._queue.get()
+            tensor, dst, group, tag = s.args
+            try:
+                s.work = dist.isend(tensor, dst, group=group, tag=tag)
+            except BaseException as exc:  # raised to the rank's own thread by wait()
+                s.error = exc
+            s.issued.set()

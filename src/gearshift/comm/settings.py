@@ -11,6 +11,7 @@ from gearshift.errors import ConfigError
 from gearshift.keys import key
 
 ALLREDUCE = ("auto", "gloo", "ring", "hierarchical", "hierarchical_rs")
+TRANSPORTS = ("collectives", "p2p")
 
 
 @dataclass
@@ -22,9 +23,14 @@ class SyncSettings:
     bucket_mb: float = key(25.0, "gradient bucket size in MiB (one all-reduce per bucket)")
     node_matrix: str = key("auto", 'leaders\' matrix of the hierarchical all-reduce: auto (the cost model picks per '
                                    'bucket) or "RxC", R x C = the nodes the sync spans (prime: 1xN or Nx1)')
-    shm: bool = key(True, "gradient-sync messages between ranks of a node through shared memory (false: TCP)")
-    send_thread: Any = key("auto", "large gradient-sync sends from a second thread: auto (where the machine has "
+    allreduce_transport: str = key("collectives", "how the hierarchical forms run: collectives (reduce, all-reduce, "
+                                                  "broadcast on subgroups: gloo and NCCL) or p2p (point-to-point step "
+                                                  "programs over shared memory and TCP: CPU tensors only)")
+    shm: bool = key(True, "p2p transport: messages between ranks of a node through shared memory (false: TCP)")
+    send_thread: Any = key("auto", "p2p transport: large sends from a second thread: auto (where the machine has "
                                    "two cores per rank), true, false")
+    overlap: bool = key(False, "start each gradient bucket's all-reduce in the last micro-batch's backward, as soon as "
+                               "its gradients are final (the optimizer waits for it); false: after the whole backward")
 
     def check(self) -> None:
         """Raise a ConfigError naming the first key out of range (the node count the matrix must hold is checked
@@ -34,6 +40,9 @@ class SyncSettings:
         if self.bucket_mb <= 0:
             raise ConfigError(f"parallel.bucket_mb: must be > 0, got {self.bucket_mb}")
         parse_matrix(self.node_matrix, "parallel.node_matrix")
+        if self.allreduce_transport not in TRANSPORTS:
+            raise ConfigError(f"parallel.allreduce_transport: {self.allreduce_transport!r} "
+                              f"(allowed: {', '.join(TRANSPORTS)})")
         if self.send_thread != "auto" and not isinstance(self.send_thread, bool):
             raise ConfigError(f"parallel.send_thread: {self.send_thread!r} (allowed: auto, true, false)")
 

@@ -19,7 +19,6 @@ from itertools import accumulate
 import torch
 import torch.distributed as dist
 
-from gearshift.comm import sender
 from gearshift.comm.groups import CommGroups
 from gearshift.comm.shm import staging_plan
 from gearshift.comm.steps import Step
@@ -48,7 +47,7 @@ def run_segments(programs: list[list[Step]], groups: CommGroups | None = None, t
     memory; the offset goes through a doorbell, comm.doorbell) or, without it, over groups.node_group:
     another gloo context with its own I/O thread, so bursts on loopback do not hold up inter-node sockets.
     Where the machine has a core to spare per rank (groups.send_thread), large gloo sends are issued from
-    comm.sender's thread, which copies them into the socket while this one reduces."""
+    the groups' comm.sender.Sender thread, which copies them into the socket while this one reduces."""
     if any(len(p) >= TAG_STRIDE for p in programs):
         raise ValueError(f"run_segments: a program has more than {TAG_STRIDE - 1} steps")
     _Run(programs, groups, trace).run()
@@ -126,8 +125,8 @@ class _Run:
         if st.send.numel():
             if self.plan[k][j] is None:
                 start = st.send.data_ptr()
-                work = sender.isend(st.send, st.dst, group=self.group(st.dst, st.dst < self.me), tag=tag,
-                                    threaded=self.groups is not None and self.groups.send_thread)
+                send = self.groups.sender.isend if self.groups is not None and self.groups.sender else dist.isend
+                work = send(st.send, st.dst, group=self.group(st.dst, st.dst < self.me), tag=tag)
                 self.sending[k].append((start, start + st.send.numel() * st.send.element_size(), work))
             else:
                 if self.plan[k][j] == j:

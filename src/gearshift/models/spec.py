@@ -21,12 +21,15 @@ BUILTIN: dict[str, Callable[[dict], ModelSpec]] = {}  # model.name -> build from
 class ModelSpec:
     """`num_layers` layers run in order, then `loss_fn(output, target)`. `build_layer(i)` returns a fresh
     layer i; the runtime calls it under a RNG seeded from (train.seed, i), so every rank builds the same
-    layer i. `keep_together` lists layer ranges [a, b) that must stay on one device (never cut between)."""
+    layer i. `keep_together` lists layer ranges [a, b) that must stay on one device (never cut between).
+    `names(i, key)`: the model's own name of layer i's state-dict entry `key` (what model.init reads and
+    `gearshift export` writes, e.g. a Hugging Face model's); None: "layers.{i}.{key}", the runtime's."""
 
     num_layers: int
     build_layer: Callable[[int], nn.Module]
     loss_fn: LossFn
     keep_together: list[tuple[int, int]] = field(default_factory=list)
+    names: Callable[[int, str], str] | None = None
 
     def __post_init__(self) -> None:
         n = self.num_layers
@@ -48,6 +51,10 @@ class ModelSpec:
         if not isinstance(layer, nn.Module):
             raise ConfigError(f"model: build_layer({i}) returned {type(layer).__name__}, not an nn.Module")
         return layer
+
+    def own_name(self, i: int, key: str) -> str:
+        """The model's own name of layer i's state-dict entry `key`."""
+        return f"layers.{i}.{key}" if self.names is None else self.names(i, key)
 
     def model(self, seed: int) -> LayeredModel:
         """The whole model in one process (profiling a small model, single-process references)."""

@@ -1,6 +1,6 @@
 """The expert map of one MoE layer: which devices (expert-parallel group ranks) hold a copy of which expert, read
-both ways. Per expert, its holders, in the order the all-to-all deals the expert's tokens to its copies (queue
-position q to holders[q % copies]); per device, the experts it holds. Pure data, held once: the planner decides
+both ways. Per expert, its holders, in the order the all-to-all cuts the expert's queue into its copies' runs
+(planner.placement.split_steps); per device, the experts it holds. Pure data, held once: the planner decides
 maps (planner.placement), the runtime runs them (runtime.experts), checkpoints and metrics.jsonl record them."""
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 The seed rule (SmartMoE, DeepSeek's EPLB): experts in descending load, each to the least-loaded device holding
 fewer than E / N experts. With `replicas` extra slots per device, the N * replicas extra copies go one by one to
 the expert with the highest load per copy (at most one copy per device), and the copies are placed the same way,
-each carrying load / copies. An expert's tokens are split among its copies by queue position (token index):
-position q goes to holders[q % copies], holders in ascending device order, as the all-to-all dispatcher does.
+each carrying load / copies. At each step an expert's tokens are split among its copies by that step's loads
+(split_steps' balance: water-filling over the copies' devices, what the all-to-all dispatcher does each call), or
+evenly by queue position (the `even` split of an EPLB-style baseline).
 Placements of equal predicted time differ by which device gets which set; the new placement's devices are
 relabelled to keep as many experts where they are as possible (fewest moves). A period's placement is made for the
 loads forecast from the last steps' (planner.forecast: where a drifting expert is heading), by next_placement: the
@@ -21,31 +22,113 @@ from gearshift.errors import PlanError
 from gearshift.planner.expert_map import ExpertMap
 from gearshift.planner.forecast import forecast_loads
 from gearshift.schedules.multidir import min_cost_assignment
+from gearshift.words import plural
 
 
 def split(tokens: float, copies: int) -> list[float]:
-    """An expert's tokens over its copies: integer counts by queue position (q % copies), else an even split."""
+    """An expert's tokens over its copies, evenly: integer counts by queue position (q % copies), else equal parts
+    (the `even` split: what an EPLB-style baseline does)."""
     if float(tokens).is_integer():
         n = int(tokens)
         return [(n - j + copies - 1) // copies for j in range(copies)]
     return [tokens / copies] * copies
 
 
-def device_loads(loads: Sequence[float], placement: ExpertMap) -> np.ndarray:
-    """Tokens each device computes for one layer's per-expert `loads`."""
-    out = np.zeros(placement.devices)
+SPLITS = ("balance", "even")
+PASSES = 20  # at most this many rounds of re-pouring every replicated expert (see balanced_split)
+
+
+def _pour(n: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """Water-filling, per row: n[t] tokens over devices at levels[t, :], raising the lowest first to one common
+    level (the lowest of (n + the j lowest levels) / j over j)."""
+    k = levels.shape[1]
+    low = np.sort(levels, axis=1)
+    level = ((n[:, None] + np.cumsum(low, axis=1)) / np.arange(1, k + 1)).min(axis=1)
+    return np.maximum(level[:, None] - levels, 0.0)
+
+
+def _whole(n: np.ndarray, parts: np.ndarray) -> np.ndarray:
+    """`parts` (each row summing to n) in whole tokens: each rounded down, the rest one each to the largest
+    fractions (ties: the first copy)."""
+    down = np.floor(parts + 1e-9)
+    rest = n - down.sum(axis=1)
+    rank = np.argsort(np.argsort(down - parts, axis=1, kind="stable"), axis=1, kind="stable")
+    return (down + (rank < rest[:, None])).astype(np.int64)
+
+
+def split_steps(loads: np.ndarray, placement: ExpertMap, how: str = "balance",
+                passes: int = PASSES) -> list[np.ndarray]:
+    """Per expert, its tokens per copy (holders order) at each step of loads[step, expert]: parts[e][step, j].
+    `even`: by queue position (split). `balance` (what the all-to-all does each call): a single-copy expert's
+    tokens stay where it is; each replicated expert, heaviest first, is water-filled over its copies' devices,
+    then re-poured with the others in place, round after round (block coordinate descent on the devices' sum of
+    squared loads, whose minimum also minimises the busiest device) until no part moves by half a token or
+    `passes` rounds. Deterministic from the loads and the map, so every rank computes the same split; integer loads
+    give whole tokens (rounded by largest fraction)."""
+    x = np.asarray(loads, dtype=np.float64)
+    T = len(x)
+    whole = bool(np.all(x == np.round(x)))
+    if how == "even":
+        out = []
+        for e, h in enumerate(placement.holders):
+            c = len(h)
+            out.append(np.stack([(x[:, e] - j + c - 1) // c for j in range(c)], axis=1) if whole else
+                       np.repeat(x[:, e:e + 1] / c, c, axis=1))
+        return [p.astype(np.int64) for p in out] if whole else out
+    level = np.zeros((T, placement.devices))
+    parts: list[np.ndarray] = []
+    shared = []
     for e, h in enumerate(placement.holders):
-        for d, part in zip(h, split(float(loads[e]), len(h))):
-            out[d] += part
+        if len(h) == 1:
+            level[:, h[0]] += x[:, e]
+            parts.append(x[:, e:e + 1].copy())
+        else:
+            parts.append(np.zeros((T, len(h))))
+            shared.append(e)
+    shared.sort(key=lambda e: (-float(x[:, e].sum()), e))
+    for _ in range(1 + passes):
+        change = 0.0
+        for e in shared:
+            h = list(placement.holders[e])
+            level[:, h] -= parts[e]
+            new = _pour(x[:, e], level[:, h])
+            change = max(change, float(np.abs(new - parts[e]).max()))
+            parts[e] = new
+            level[:, h] += new
+        if change < 0.5:
+            break
+    if whole:
+        return [_whole(x[:, e], p) if p.shape[1] > 1 else p.astype(np.int64) for e, p in enumerate(parts)]
+    return parts
+
+
+def balanced_split(loads: Sequence[float], placement: ExpertMap, passes: int = PASSES) -> list[list[float]]:
+    """Per expert, its tokens per copy (holders order) for one step's per-expert `loads` (split_steps' balance:
+    whole tokens for integer loads)."""
+    return [p[0].tolist() for p in split_steps(np.asarray([loads], dtype=np.float64), placement, "balance", passes)]
+
+
+def step_loads(loads: np.ndarray, placement: ExpertMap, how: str = "balance") -> np.ndarray:
+    """Tokens each device computes at each step of loads[step, expert]: [step, device]."""
+    x = np.asarray(loads)
+    out = np.zeros((len(x), placement.devices))
+    for h, p in zip(placement.holders, split_steps(x, placement, how)):
+        out[:, list(h)] += p
     return out
 
 
-def busiest_over_mean(loads: Sequence[float], placement: ExpertMap) -> float:
+def device_loads(loads: Sequence[float], placement: ExpertMap, how: str = "balance") -> np.ndarray:
+    """Tokens each device computes for one layer's per-expert `loads`, a replicated expert's split over its copies
+    `how`: balance (what the all-to-all does each step) or even (split)."""
+    return step_loads(np.asarray([loads], dtype=np.float64), placement, how)[0]
+
+
+def busiest_over_mean(loads: Sequence[float], placement: ExpertMap, how: str = "balance") -> float:
     """The busiest device's tokens over the mean device's (1.0 = perfectly balanced; nan without tokens)."""
     total = float(np.sum(loads))
     if total <= 0:
         return float("nan")
-    return float(device_loads(loads, placement).max() / (total / placement.devices))
+    return float(device_loads(loads, placement, how).max() / (total / placement.devices))
 
 
 def check_fit(experts: int, devices: int, replicas: int, names: tuple[str, str] = ("devices", "replicas")) -> None:
@@ -97,6 +180,15 @@ def greedy(loads: Sequence[float], devices: int, replicas: int = 0, current: Exp
     if current.copies() == new.copies() and device_loads(load, current).max() <= device_loads(load, new).max():
         return current  # as good as the new one: nothing moves
     return align(new, current)
+
+
+def step_busiest(history: np.ndarray, placement: ExpertMap, shift: np.ndarray | None = None) -> float:
+    """The busiest device's tokens under each step's balanced split, averaged over the steps of history[step,
+    expert], each step's loads moved by `shift` (never below zero; None: as they were)."""
+    x = np.asarray(history, dtype=np.float64)
+    if shift is not None:
+        x = np.maximum(x + shift, 0.0)
+    return float(step_loads(x, placement).max(axis=1).mean())
 
 
 def next_placement(history: np.ndarray, devices: int, replicas: int, current: ExpertMap, ahead: int,
@@ -198,25 +290,27 @@ def decide_placement(step: int, history: dict[int, np.ndarray], current: dict[in
                      groups: int = 1, always: bool = False, forecast: str = "trend") -> PlacementDecision:
     """Place each MoE layer for the next k steps from `history[layer]` (tokens per expert per step, one
     expert-parallel group's, oldest step first; next_placement), and apply the switch rule: a step's expert time is
-    row_cost_s per row of each layer's busiest device, so t1 = the measured step_s corrected by the rows the
-    forecast adds to the current placement's busiest devices, t2 = t1 less row_cost_s times the rows the new
-    placement takes off them; tc = the most bytes one device receives over `bandwidth`, plus the measured fixed cost
+    row_cost_s per row of each layer's busiest device under that step's split (step_busiest: the window's steps,
+    each moved by what the forecast adds), so t1 = the measured step_s corrected by the rows the forecast adds to
+    the current placement's busiest devices, t2 = t1 less row_cost_s times the rows the new placement takes off
+    them; tc = the most bytes one device receives over `bandwidth`, plus the measured fixed cost
     of a switch. `groups` expert-parallel groups move the same copies at once."""
-    new, seen, pred = {}, {}, {}
+    new, shift = {}, {}
     for i in sorted(current):
-        new[i], pred[i] = next_placement(history[i], current[i].devices, replicas, current[i], k, forecast)
-        seen[i] = np.asarray(history[i], dtype=np.float64).mean(axis=0)
+        new[i], pred = next_placement(history[i], current[i].devices, replicas, current[i], k, forecast)
+        shift[i] = pred - np.asarray(history[i], dtype=np.float64).mean(axis=0)
 
-    def busiest(loads: dict[int, np.ndarray], placement: dict[int, ExpertMap]) -> float:
-        return sum(float(device_loads(loads[i], placement[i]).max()) for i in current)
+    def busiest(placement: dict[int, ExpertMap], ahead: bool = True) -> float:
+        return sum(step_busiest(history[i], placement[i], shift[i] if ahead else None) for i in current)
 
-    before, after = busiest(pred, current), busiest(pred, new)
-    total = sum(float(np.sum(pred[i])) / current[i].devices for i in current)
+    before, after = busiest(current), busiest(new)
+    total = sum(float(np.sum(np.asarray(history[i], dtype=np.float64).mean(axis=0) + shift[i])) / current[i].devices
+                for i in current)
     moved = [(i, e, d) for i in sorted(new) for e, d in moves(current[i], new[i])]
     per_device: dict[int, int] = {}
     for _, _, d in moved:
         per_device[d] = per_device.get(d, 0) + 1
-    t1 = step_s + row_cost_s * (before - busiest(seen, current))
+    t1 = step_s + row_cost_s * (before - busiest(current, ahead=False))
     t2 = t1 - row_cost_s * (before - after)
     tc = (max(per_device.values(), default=0) * expert_bytes / bandwidth + fixed_s) if moved else 0.0
     rule = should_switch(t1, t2, k, tc)
@@ -224,9 +318,9 @@ def decide_placement(step: int, history: dict[int, np.ndarray], current: dict[in
     if not moved:
         reason = "the placement is already the best found"
     elif rule:
-        reason = f"{k} steps gain {(t1 - t2) * k:.3g} s > the move's {tc:.3g} s"
+        reason = f"{plural(k, 'step')} gain {(t1 - t2) * k:.3g} s > the move's {tc:.3g} s"
     else:
-        reason = f"{k} steps gain {(t1 - t2) * k:.3g} s <= the move's {tc:.3g} s" + (
+        reason = f"{plural(k, 'step')} gain {(t1 - t2) * k:.3g} s <= the move's {tc:.3g} s" + (
             "; moved anyway (forced)" if always else "")
     ratio = (before / total if total else float("nan"), after / total if total else float("nan"))
     return PlacementDecision(step, t1, t2, tc, k, switch, moved, len(moved) * groups * expert_bytes, row_cost_s,

@@ -5,18 +5,24 @@ from __future__ import annotations
 
 from gearshift.cluster.state import ClusterState
 from gearshift.errors import PlanError
+from gearshift.profile.calibration import Calibration
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.schedules import Op, Schedule
 from gearshift.sim import ScheduleCosts, SimResult, simulate
 
 
 def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Schedule, state: ClusterState,
-             microbatch_size: int | None = None) -> ScheduleCosts:
+             microbatch_size: int | None = None, calibration: Calibration | None = None) -> ScheduleCosts:
     """Stage times = profiled layer times / the speed of the rank holding the stage; transfers = output
     activation bytes of each stage's last layer over the measured links; a rank's STEP = the profiled update
     of its layers, after the clip's job-wide all-reduce (every rank waits for the last); ranks that share a host's cores
     (state.hosts, state.cores) share them in the simulation, as do emulated ranks' duty cycles. `bounds` has
-    one range per stage, or one per slice of a schedule of several pipes (the same cut in every pipe)."""
+    one range per stage, or one per slice of a schedule of several pipes (the same cut in every pipe).
+
+    With a `calibration` (the job's own measurement, profile.calibration), each rank's profiled compute is priced
+    by its fitted line: slope x profiled seconds, plus the intercept as a fixed cost of every forward and
+    backward; a waiting rank uses the calibration's `wait_cpu` of a core where ranks share cores; links without
+    a measured latency take the calibration's."""
     if len(bounds) == schedule.stages_per_pipe < schedule.num_stages:
         bounds = [bounds[s % schedule.stages_per_pipe] for s in range(schedule.num_stages)]
     if bounds[-1][1] != profile.num_layers:
@@ -25,9 +31,15 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
     mb = microbatch_size or profile.microbatch_size
     scale = mb / profile.microbatch_size  # profiled per micro-batch of profile.microbatch_size samples
     place = schedule.placement
-    fwd = [scale * sum(lp.forward_s for lp in profile.layers[a:b]) / state.speeds[place[s]]
+    slope = [1.0] * len(state.speeds)
+    per_op = [0.0] * len(state.speeds)
+    if calibration is not None:
+        for r in range(len(state.speeds)):
+            line = calibration.lines[min(r, len(calibration.lines) - 1)]
+            slope[r], per_op[r] = line.slope, line.intercept / state.speeds[r]
+    fwd = [scale * slope[place[s]] * sum(lp.forward_s for lp in profile.layers[a:b]) / state.speeds[place[s]]
            for s, (a, b) in enumerate(bounds)]
-    bwd = [scale * sum(lp.backward_s for lp in profile.layers[a:b]) / state.speeds[place[s]]
+    bwd = [scale * slope[place[s]] * sum(lp.backward_s for lp in profile.layers[a:b]) / state.speeds[place[s]]
            for s, (a, b) in enumerate(bounds)]
     act = [profile.layers[b - 1].activation_bytes * mb for _, b in bounds]
     act_mem = [scale * sum(lp.peak_activation_bytes for lp in profile.layers[a:b]) for a, b in bounds]
@@ -38,12 +50,32 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
         stepped = {a.stage for a in acts if a.op is Op.STEP}
         stages = [s for s in range(len(bounds)) if place[s] == r] if -1 in stepped else sorted(stepped)
         step[r] = sum(lp.step_s for s in stages for lp in profile.layers[slice(*bounds[s])]) / state.speeds[r]
-    return ScheduleCosts(fwd, bwd, act, state.bandwidth, state.latency, act_mem, params, state.memory,
+    latency, bandwidth = state.latency, state.bandwidth
+    if calibration is not None and state.source != "monitor":  # a job's monitor has its links as probed
+        latency, bandwidth = _links(latency, calibration.latency_s), _links(bandwidth, calibration.bandwidth_Bps)
+    return ScheduleCosts(fwd, bwd, act, bandwidth, latency, act_mem, params, state.memory,
                          step_s=step, step_barrier_s=0.0, host=state.hosts, cores=state.cores, duty=state.duty,
-                         param_bytes=moved)
+                         param_bytes=moved, per_op_s=per_op,
+                         wait_cpu=calibration.wait_cpu if calibration is not None else 0.0)
+
+
+def _links(matrix: list[list[float]], per_link: list[float | None] | None) -> list[list[float]]:
+    """`matrix` with both ways of each pipeline link p <-> p+1 set from `per_link[p]`, or with one value every
+    pair of ranks (one measured link stands for all: this machine's loopback); unchanged where None."""
+    if not per_link:
+        return matrix
+    out = [row[:] for row in matrix]
+    if len(per_link) == 1 and per_link[0] is not None:
+        return [[x if a == b else per_link[0] for b, x in enumerate(row)] for a, row in enumerate(out)]
+    for p in range(len(out) - 1):
+        x = per_link[min(p, len(per_link) - 1)]
+        if x is not None:
+            out[p][p + 1] = out[p + 1][p] = x
+    return out
 
 
 def predict(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Schedule, state: ClusterState,
-            microbatch_size: int | None = None) -> SimResult:
-    """Simulated iteration of `schedule` on `state` (processor-shared where ranks share a host's cores)."""
-    return simulate(schedule, sim_cost(profile, bounds, schedule, state, microbatch_size))
+            microbatch_size: int | None = None, calibration: Calibration | None = None) -> SimResult:
+    """Simulated iteration of `schedule` on `state` (processor-shared where ranks share a host's cores), priced
+    by the job's `calibration` where given (sim_cost)."""
+    return simulate(schedule, sim_cost(profile, bounds, schedule, state, microbatch_size, calibration))

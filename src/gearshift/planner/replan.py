@@ -13,6 +13,7 @@ from gearshift.planner.partition import OPTIMIZER_FACTOR, PartitionResult, parti
 from gearshift.planner.plan import plan_partition
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.schedules import Schedule, peak_in_flight
+from gearshift.words import plural
 
 Predictor = Callable[[PartitionResult, int], float]  # (partition, micro-batches) -> iteration seconds
 
@@ -122,10 +123,10 @@ def decide_replan(profile: ModelProfile, state: ClusterState, old_bounds: Sequen
     elif rel < min_gain:
         apply, reason = False, f"predicted gain {rel:.1%} < {min_gain:.0%} (within measurement noise)"
     elif gain > cost_s:
-        apply, reason = True, (f"gain {gain:.4g} s over {period_steps} steps > migration {cost_s:.4g} s "
-                               f"({len(moved)} layers, {nbytes:.4g} bytes)")
+        apply, reason = True, (f"gain {gain:.4g} s over {plural(period_steps, 'step')} > migration {cost_s:.4g} s "
+                               f"({plural(len(moved), 'layer')}, {nbytes:.4g} bytes)")
     else:
-        apply, reason = False, f"gain {gain:.4g} s over {period_steps} steps <= migration {cost_s:.4g} s"
+        apply, reason = False, f"gain {gain:.4g} s over {plural(period_steps, 'step')} <= migration {cost_s:.4g} s"
     return ReplanDecision(step, measured_inputs(state, S), list(old.bounds), list(new.bounds), old.stage_time_s,
                           new.stage_time_s, gain, cost_s, apply, reason, t_old, t_new, moved, nbytes, rel,
                           schedule.name, fl)

@@ -23,9 +23,11 @@ from gearshift.planner.placement import (
     greedy,
     moves,
     next_placement,
+    step_loads,
 )
 
-POLICIES = ("static", "greedy", "greedy_replicas", "oracle")
+POLICIES = ("static", "greedy", "eplb", "greedy_replicas", "oracle")
+EVEN = ("eplb",)  # policies whose replicated experts' tokens are split evenly over the copies (else balanced)
 
 
 @dataclass
@@ -79,7 +81,6 @@ def _replay_one(policy: str, loads: np.ndarray, devices: int, every: int, replic
                 window: int, forecast: str) -> PolicyReplay:
     steps, layers, E = loads.shape
     current = [ExpertMap.contiguous(E, devices) for _ in range(layers)]
-    ratios = np.full((steps, layers), np.nan)
     dev = np.zeros((steps, layers, devices))
     moved, maps = 0, []
     for start in range(0, steps, every):
@@ -87,40 +88,51 @@ def _replay_one(policy: str, loads: np.ndarray, devices: int, every: int, replic
             seen = loads[max(0, start - window):start, layer] if start else None
             if policy == "greedy" and seen is not None:
                 new = greedy(seen.sum(axis=0), devices, 0, current[layer])
+            elif policy == "eplb" and seen is not None:
+                new = greedy(loads[start - every:start, layer].sum(axis=0), devices, replicas, current[layer])
             elif policy == "greedy_replicas" and seen is not None:
                 new, _ = next_placement(seen, devices, replicas, current[layer], every, forecast)
-            elif policy == "oracle":
-                new = greedy(loads[start:start + every, layer].sum(axis=0), devices, replicas, current[layer])
             else:
                 new = current[layer]
             moved += len(moves(current[layer], new))
             current[layer] = new
         maps.append(list(current))
-        for t in range(start, min(start + every, steps)):
-            for layer in range(layers):
-                dev[t, layer] = device_loads(loads[t, layer], current[layer])
-                ratios[t, layer] = busiest_over_mean(loads[t, layer], current[layer])
+        how = "even" if policy in EVEN else "balance"
+        end = min(start + every, steps)
+        for layer in range(layers):
+            if policy == "oracle":  # placed for each point's own loads
+                for t in range(start, end):
+                    new = greedy(loads[t, layer], devices, replicas, current[layer])
+                    moved += len(moves(current[layer], new))
+                    current[layer] = new
+                    dev[t, layer] = device_loads(loads[t, layer], new, how)
+            else:
+                dev[start:end, layer] = step_loads(loads[start:end, layer], current[layer], how)
+    total = loads.sum(axis=2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = np.where(total > 0, dev.max(axis=2) / (total / devices), np.nan)
     return PolicyReplay(policy, ratios, dev, moved * expert_bytes, moved, maps)
 
 
 def replay_run(loads: np.ndarray, devices: int, decisions: list[dict], first_step: int = 0) -> PolicyReplay:
     """A training run's own placements scored like a policy: loads[step, layer, expert] from step `first_step`,
-    and its "placement" events (metrics.jsonl), each in force from its step on."""
+    and its "placement" events (metrics.jsonl), each in force from its step on; its moved copies are the events'
+    own ("moved": what the console reports), a switch after the last step's included."""
     steps, layers, E = loads.shape
     current = [ExpertMap.contiguous(E, devices) for _ in range(layers)]
     switches = sorted((d["step"], d) for d in decisions if d.get("switch"))
     ratios, dev = np.full((steps, layers), np.nan), np.zeros((steps, layers, devices))
     maps, moved, nbytes = [list(current)], 0, 0
-    for t in range(steps):
-        while switches and switches[0][0] <= first_step + t:
+    for t in range(steps + 1):  # past the last step: the moves of a switch after it count too (as the run's log)
+        while switches and (t == steps or switches[0][0] <= first_step + t):
             d = switches.pop(0)[1]
             new = [ExpertMap.from_devices(devs, E) for _, devs in sorted(d["placements"].items(),
                                                                    key=lambda kv: int(kv[0]))]
-            moved += sum(len(moves(a, b)) for a, b in zip(current, new))
+            moved += len(d["moved"]) if "moved" in d else sum(len(moves(a, b)) for a, b in zip(current, new))
             nbytes += int(d.get("bytes", 0))
             current = new
             maps.append(list(current))
-        for layer in range(layers):
+        for layer in range(layers if t < steps else 0):
             dev[t, layer] = device_loads(loads[t, layer], current[layer])
             ratios[t, layer] = busiest_over_mean(loads[t, layer], current[layer])
     return PolicyReplay("dynamic (as trained)", ratios, dev, nbytes, moved, maps)

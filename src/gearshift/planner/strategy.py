@@ -5,8 +5,10 @@ and schedule.
 A strategy's step: every rank runs its stage's action list (the simulator replays it, bubbles included); a
 stage's forward or backward costs its layers' profiled times (measured at that micro-batch size) over the
 rank's speed, where a MoE layer's time grows by its busiest expert-parallel rank's share of the rows (routing:
-uniform, or the mean shares of a recorded trace) and adds its all-to-alls (forward: counts, dispatch, combine;
-backward: dispatch, combine), each priced alpha per peer plus the bytes the busiest rank sends or receives; at
+uniform, or the mean shares of a recorded trace) and adds its exchanges (forward: an all_reduce of the per-expert
+counts, from which every rank splits a replicated expert's rows over its copies, then the dispatch and combine
+all-to-alls; backward: dispatch, combine), each all-to-all priced alpha per peer plus the bytes the busiest rank
+sends or receives; at
 the end, the dense gradients are all-reduced over the D replicas and each expert's over its D / e copies
 (sim.collectives), then AdamW steps. Ranks that share a host's cores (the local workers) share them in the
 simulator: the D replicas run the same list at the same times, so each pipeline position stands for D workers
@@ -171,7 +173,9 @@ def price(S: int, D: int, e: int, profiles: dict[int, ModelProfile], shape: MoES
         fwd[i] *= load
         bwd[i] *= load
         one = comm.all_to_all(e, moved * row_bytes)
-        a2a_f[i] = comm.all_to_all(e, 8 * shape.experts * e) + 2 * one
+        # the counts: one all_reduce of the (e x E) int64 table over the expert-parallel group, from which every
+        # rank computes the same split of a replicated expert's rows over its copies (comm.alltoall)
+        a2a_f[i] = comm.all_reduce(8 * shape.experts * e, [d * S for d in range(e)]) + 2 * one
         a2a_b[i] = 2 * one
     moe = set(shape.moe_layers)
     expert_bytes = [shape.experts / e * shape.expert_param_bytes if i in moe else 0.0 for i in range(prof.num_layers)]

@@ -10,14 +10,18 @@ import statistics
 from pathlib import Path
 
 from gearshift.errors import DataError
+from gearshift.report.decisions import decision_rows, sig3
 from gearshift.report.plots import (
     busy_figure,
     decision_records,
+    emulated_steps,
     partition_figure,
     png_bytes,
     run_figure,
     step_records,
 )
+from gearshift.report.run_info import RunInfo, read_run_info
+from gearshift.words import plural
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -27,6 +31,17 @@ th { background: #f3f3f3; }
 td.num { text-align: right; }
 code { font-size: 0.85em; }
 img { max-width: 100%; }
+p.job { font-size: 1.05em; background: #f6f8fa; border-left: 4px solid #4a7; padding: 0.5em 0.8em; }
+table.decisions tr.applied td { background: #eef8ee; }
+table.decisions tr.emulated td { background: #f3eefa; font-style: italic; }
+.tag { background: #7a5aa8; color: white; border-radius: 3px; padding: 0 0.35em; font-size: 0.8em;
+       font-style: normal; }
+.swatch { display: inline-block; width: 0.9em; height: 0.9em; border: 1px solid #ccc; vertical-align: middle;
+          margin-left: 0.8em; }
+.swatch.applied { background: #eef8ee; } .swatch.kept { background: white; } .swatch.emulated { background: #f3eefa; }
+p.legend { font-size: 0.85em; color: #555; }
+details summary { cursor: pointer; color: #36c; }
+table.inputs { font-size: 0.85em; margin: 0.3em 0; }
 """
 
 
@@ -56,35 +71,39 @@ def read_run(run_dir: str | Path) -> tuple[list[dict], dict | None]:
     return records, config
 
 
-def summary(records: list[dict]) -> dict:
-    """First and last loss, last validation loss, median tokens/s and bubble (the first step, warm-up, left
-    out when there are others), steps and decisions."""
+def summary(records: list[dict], info: RunInfo | None = None) -> dict:
+    """First and last loss, last validation loss, the unigram entropy where the data has one, median throughput
+    (tokens or samples per second) and bubble (the first step, warm-up, left out when there are others), steps
+    and decisions. Keys name their units."""
+    info = info or RunInfo()
     steps = step_records(records)
     timed = steps[1:] or steps
     decisions = decision_records(records)
     val = [r["val_loss"] for r in steps if "val_loss" in r]
-    return {
+    unit = f" ({info.loss_unit})" if info.loss_unit else ""
+    out = {
         "steps": len(steps),
         "step range": f"{steps[0]['step']} .. {steps[-1]['step']}" if steps else "",
-        "first loss": steps[0]["loss"] if steps else None,
-        "last loss": steps[-1]["loss"] if steps else None,
-        "last validation loss": val[-1] if val else None,
-        "median tokens/s": statistics.median(r["tokens_per_s"] for r in timed) if timed else None,
+        f"first loss{unit}": steps[0]["loss"] if steps else None,
+        f"last loss{unit}": steps[-1]["loss"] if steps else None,
+        f"last validation loss{unit}": val[-1] if val else None,
+    }
+    if info.unigram_entropy is not None:
+        out["unigram entropy (nats; a model that ignores context)"] = info.unigram_entropy
+    out.update({
+        f"median {info.rate}": statistics.median(r["tokens_per_s"] for r in timed) if timed else None,
         "median step time (s)": statistics.median(r["step_time_s"] for r in timed) if timed else None,
         "median bubble fraction": statistics.median(r["bubble_fraction"] for r in timed) if timed else None,
         "decisions": len(decisions),
         "re-plans applied": sum(1 for r in decisions if r.get("event") == "replan" and r.get("apply")),
-    }
+    })
+    if not info.loss_unit:
+        out["loss"] = "the model's own loss function (its unit is the model's)"
+    return out
 
 
 def _fmt(v: object) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:,.4g}" if abs(v) < 1e5 else f"{v:,.0f}"
-    if isinstance(v, (dict, list)):
-        return json.dumps(v, separators=(", ", ": "))
-    return str(v)
+    return sig3(v)
 
 
 def _table(header: list[str], rows: list[list[object]]) -> str:
@@ -97,15 +116,98 @@ def _table(header: list[str], rows: list[list[object]]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def decisions_table(records: list[dict]) -> str:
-    """Every decision record: step, event, applied, reason, and the rest of its fields."""
+def _inputs(inputs: dict) -> str:
+    """A decision's inputs, folded: one row per field, numbers to 3 significant figures (a long list shortened)."""
+    if not inputs:
+        return "-"
     rows = []
-    for r in decision_records(records):
-        rest = {k: v for k, v in r.items() if k not in ("step", "event", "apply", "reason")}
-        rows.append([r.get("step"), r.get("event"), r.get("apply"), r.get("reason"), rest or None])
+    for k, v in inputs.items():
+        text = sig3(v)
+        if len(text) > 300:
+            text = text[:300] + " …"
+        rows.append(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(text)}</td></tr>")
+    return f"<details><summary>inputs</summary><table class=\"inputs\">{''.join(rows)}</table></details>"
+
+
+NB_HYPHEN = "\u2011"  # a hyphen the browser does not break a line at
+
+
+def decisions_table(records: list[dict], config: dict | None = None) -> str:
+    """Every decision (and every emulated change of the job's scenario, marked): step, kind, what changed, the
+    predicted gain, the cost, the reason, and its inputs folded under a details element."""
+    rows = decision_rows(records, config)
     if not rows:
         return "<p>No decisions were recorded.</p>"
-    return _table(["step", "event", "applied", "reason", "details"], rows)
+    head = "".join(f"<th>{h}</th>" for h in ("step", "kind", "what changed", "predicted gain", "cost", "reason",
+                                             "inputs"))
+    body = []
+    for d in rows:
+        cls = "emulated" if d.emulated else "applied" if d.applied else "kept"
+        kind = html.escape(d.kind) + (' <span class="tag">emulated</span>' if d.emulated else "")
+        cells = [f'<td class="num">{html.escape(sig3(d.step))}</td>', f"<td>{kind}</td>",
+                 f"<td>{html.escape(d.changed).replace('-', NB_HYPHEN)}</td>",  # a layer range stays whole
+                 *(f"<td>{html.escape(x)}</td>" for x in (d.gain, d.cost, d.reason)),
+                 f"<td>{_inputs(d.inputs)}</td>"]
+        body.append(f'<tr class="{cls}">' + "".join(cells) + "</tr>")
+    legend = ('<p class="legend"><span class="swatch applied"></span> changed what runs '
+              '<span class="swatch kept"></span> kept <span class="swatch emulated"></span> emulated change '
+              "(emulate.scenario: the job slowed a rank on purpose)</p>")
+    return legend + f'<table class="decisions"><tr>{head}</tr>{"".join(body)}</table>'
+
+
+def job_shape(config: dict | None, info: RunInfo | None = None) -> str:
+    """The job in one line from its config.json: model, data, workers as stages x replicas, schedule and
+    micro-batches, batch, steps, partition, and what is emulated."""
+    if not config:
+        return "The run has no config.json: its job is unknown."
+    m, d, c, p, t = (config.get(k) or {} for k in ("model", "data", "cluster", "parallel", "train"))
+    e = config.get("emulate") or {}
+    name = m.get("name", "gpt")
+    model = name
+    if name in ("gpt", "moe_gpt"):
+        gpt = m.get("gpt") or m
+        shape = [plural(gpt["layers"], "block") if "layers" in gpt else None,
+                 f"width {gpt['width']}" if "width" in gpt else None,
+                 f"{gpt['experts']} experts" if name == "moe_gpt" and "experts" in gpt else None]
+        model += f" ({', '.join(x for x in shape if x)})" if any(shape) else ""
+    workers, stages = c.get("workers"), p.get("stages")
+    parts = [f"model {model}", f"data {d.get('name', 'bytes')}"]
+    if workers and stages:
+        if p.get("schedule") == "multidir":
+            parts.append(f"{plural(workers, 'worker')}: multidir, {p.get('directions')} directions over "
+                         f"{plural(stages, 'stage')}")
+        else:
+            parts.append(f"{plural(workers, 'worker')}: {plural(stages, 'stage')} x "
+                         f"{plural(workers // stages, 'replica')}")
+    if p.get("schedule"):
+        mbs = p.get("microbatches")
+        parts.append(f"schedule {p['schedule']}" + (f", {plural(mbs, 'micro-batch', 'micro-batches')}"
+                                                     if mbs else ""))
+    if p.get("experts", 1) > 1 or p.get("strategy") == "auto":
+        parts.append(f"expert-parallel width {p.get('experts')}, strategy {p.get('strategy', 'fixed')}")
+    if t.get("batch_size"):
+        unit = (info.throughput_unit if info else "samples").replace("tokens", "sequences")
+        parts.append(f"batch {t['batch_size']} {unit}")
+    if t.get("steps"):
+        parts.append(plural(t["steps"], "step"))
+    if isinstance(p.get("partition"), str):
+        parts.append(f"partition {p['partition']}")
+    slow = [f for f in (e.get("slowdown") or []) if f != 1]
+    if slow or e.get("scenario") or e.get("link_bandwidth"):
+        what = []
+        if slow:
+            what.append(f"slowdown {_sig3s(e['slowdown'])}")
+        if e.get("scenario"):
+            what.append(f"{plural(len(e['scenario']), 'scenario change')}")
+        if e.get("link_bandwidth"):
+            what.append(f"links capped at {_sig3s(e['link_bandwidth'])} B/s")
+        parts.append("emulated: " + ", ".join(what))
+    return " · ".join(parts)
+
+
+def _sig3s(v: float | list) -> str:
+    """A number, or a per-rank list of them, to 3 significant figures."""
+    return " / ".join(sig3(float(x)) for x in v) if isinstance(v, list) else sig3(float(v))
 
 
 def config_tables(config: dict | None) -> str:
@@ -128,17 +230,19 @@ def _img(png: bytes, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
 
 
-def render(records: list[dict], config: dict | None, title: str) -> str:
+def render(records: list[dict], config: dict | None, title: str, info: RunInfo | None = None) -> str:
     """The page as HTML text."""
-    figures = [("Loss, throughput and bubbles over steps (decisions marked)", run_figure(records)),
+    info = info or RunInfo.from_config(config)
+    figures = [("Loss, throughput and bubbles over steps (decisions marked)",
+                run_figure(records, info.unigram_entropy, info.loss_label, info.rate, emulated_steps(config))),
                ("Partition over time", partition_figure(records)),
                ("Per-rank busy and bubble time", busy_figure(records))]
-    sections = [f"<h1>{html.escape(title)}</h1>", "<h2>Summary</h2>",
-                _table(["", "value"], [[k, v] for k, v in summary(records).items()])]
+    sections = [f"<h1>{html.escape(title)}</h1>", f'<p class="job">{html.escape(job_shape(config, info))}</p>',
+                "<h2>Summary</h2>", _table(["", "value"], [[k, v] for k, v in summary(records, info).items()])]
     for heading, fig in figures:
         if fig is not None:
             sections += [f"<h2>{html.escape(heading)}</h2>", _img(png_bytes(fig), heading)]
-    sections += ["<h2>Decisions</h2>", decisions_table(records), "<h2>Config</h2>", config_tables(config)]
+    sections += ["<h2>Decisions</h2>", decisions_table(records, config), "<h2>Config</h2>", config_tables(config)]
     return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             f"<style>{_STYLE}</style></head><body>\n" + "\n".join(sections) + "\n</body></html>\n")
 
@@ -148,5 +252,5 @@ def write_report(run_dir: str | Path) -> Path:
     run = Path(run_dir)
     records, config = read_run(run)
     out = run / "report.html"
-    out.write_text(render(records, config, f"Gearshift run: {run}"))
+    out.write_text(render(records, config, f"Gearshift run: {run}", read_run_info(run, config)))
     return out

@@ -47,8 +47,22 @@ def _mark_decisions(axes, records: list[dict], legend_ax=None) -> None:
         legend_ax.legend()
 
 
-def run_figure(records: list[dict], unigram_entropy: float | None = None) -> Figure:
-    """Three panels (loss with validation loss, tokens/s, bubble fraction) over steps, decisions marked."""
+def emulated_steps(config: dict | None) -> list[int]:
+    """The steps at which the job's [emulate] scenario changes a rank (config.json's), for the plots to mark."""
+    steps = []
+    for e in ((config or {}).get("emulate") or {}).get("scenario") or []:
+        step = e.get("step") if isinstance(e, dict) else str(e).split(":")[0]
+        try:
+            steps.append(int(step))
+        except (TypeError, ValueError):
+            continue
+    return sorted(set(steps))
+
+
+def run_figure(records: list[dict], unigram_entropy: float | None = None, loss_label: str = "loss (nats)",
+               rate: str = "tokens/s", emulated: list[int] | None = None) -> Figure:
+    """Three panels (loss with validation loss and the unigram entropy where the data has one, throughput in
+    `rate`, bubble fraction) over steps, decisions marked, and the emulated changes (purple, dotted)."""
     steps = step_records(records)
     xs = [r["step"] for r in steps]
     fig, axes = plt.subplots(3, 1, figsize=(8, 8), sharex=True)
@@ -58,13 +72,19 @@ def run_figure(records: list[dict], unigram_entropy: float | None = None) -> Fig
         axes[0].plot(*zip(*val), "o-", label="validation loss")
     if unigram_entropy is not None:
         axes[0].axhline(unigram_entropy, color="gray", ls="--", label="unigram entropy")
-    axes[0].set_ylabel("nats")
+    axes[0].set_ylabel(loss_label)
     axes[0].legend()
     axes[1].plot(xs, [r["tokens_per_s"] for r in steps], lw=1)
-    axes[1].set_ylabel("tokens/s")
+    axes[1].set_ylabel(rate)
     axes[2].plot(xs, [r["bubble_fraction"] for r in steps], lw=1)
     axes[2].set_ylabel("bubble fraction")
     axes[2].set_xlabel("step")
+    for i, step in enumerate(emulated or []):
+        for ax in axes:
+            ax.axvline(step, color="purple", ls=":", lw=1.5)
+        if i == 0:
+            axes[2].plot([], [], color="purple", ls=":", label="emulated change")
+            axes[2].legend()
     _mark_decisions(axes, records, axes[1])
     fig.tight_layout()
     return fig
@@ -127,8 +147,9 @@ def png_bytes(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def plot_run(records: list[dict], path: str | Path, unigram_entropy: float | None = None) -> Path:
+def plot_run(records: list[dict], path: str | Path, unigram_entropy: float | None = None,
+             loss_label: str = "loss (nats)", rate: str = "tokens/s", emulated: list[int] | None = None) -> Path:
     """run_figure written to `path` (metrics.png)."""
     path = Path(path)
-    path.write_bytes(png_bytes(run_figure(records, unigram_entropy)))
+    path.write_bytes(png_bytes(run_figure(records, unigram_entropy, loss_label, rate, emulated)))
     return path

@@ -16,6 +16,7 @@ from gearshift.cluster.emulate import Emulator
 from gearshift.cluster.state import ClusterState
 from gearshift.models.moe import moe_modules
 from gearshift.planner.replan import FirstPlan, ReplanDecision, decide_replan, first_plan
+from gearshift.profile.calibration import Calibration
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.report.records import Migration, ReplanEvent
 from gearshift.runtime.agree import rank0_decides
@@ -51,6 +52,7 @@ class Adapter:
     probe_bytes: int = 0  # the smallest link probe (a longer message times the bandwidth better)
     link_reset: float = 3.0  # a link sample this many times off its estimate is a changed link: taken as it is
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # where this rank's probes run
+    calibration: Calibration | None = None  # the job's start calibration (set_calibration): prices by its lines
 
     def __post_init__(self) -> None:
         self.monitor = Monitor(dist.get_world_size(), self.alpha, self.link_reset)
@@ -78,22 +80,52 @@ class Adapter:
         if self.emulator is not None:
             self.emulator.transfer_delay(nbytes, waited_s, self.step)
 
+    def set_calibration(self, cal: Calibration) -> None:
+        """Price by the job's calibration from now on: speeds are measured against its lines (Monitor.lined)."""
+        self.calibration = cal
+        self.monitor.lined = True
+
+    def line_s(self, position: int, profiled_s: float, stages: int) -> float:
+        """Seconds the calibration's line (refined by this rank's own measurements) gives one action of
+        `profiled_s`; `profiled_s` itself without a calibration."""
+        if self.calibration is None:
+            return profiled_s
+        return self.monitor.refined(self.calibration, stages).compute_s(position, profiled_s)
+
     def observe(self, rt: PipelineRuntime, rec: StepRecord, mb_size: int) -> None:
-        """Feed this rank's measured compute against the profiled work of its stages."""
+        """Feed this rank's measured compute against the work of its stages: profiled, or with a calibration
+        each action priced by its line (and a point of the line at this micro-batch size)."""
         self.mb_size = mb_size
-        self.monitor.record_step(dist.get_rank(), sum(e - s for label, s, e in rec.events if label == "STEP"))
+        rank = dist.get_rank()
+        self.monitor.record_step(rank, sum(e - s for label, s, e in rec.events if label == "STEP"))
         scale = mb_size / self.profile.microbatch_size
         m = rt.schedule.num_microbatches
-        profiled = sum(scale * m * sum(lp.work_s for lp in self.profile.layers[a:b])
-                       for s, (a, b) in enumerate(rt.bounds) if s in rt.stages)
+        mine = [(a, b) for s, (a, b) in enumerate(rt.bounds) if s in rt.stages]
+        fb = [(scale * sum(lp.forward_s for lp in self.profile.layers[a:b]),
+               scale * sum(lp.backward_s for lp in self.profile.layers[a:b])) for a, b in mine]
+        if self.calibration is None:
+            profiled = sum(m * (f + b) for f, b in fb)
+        else:
+            pos, S = rank % rt.pipe_ranks, rt.pipe_ranks
+            profiled = sum(m * (self.line_s(pos, f, S) + self.line_s(pos, b, S)) for f, b in fb)
         measured = rec.busy_s
         if measured <= 0 or profiled <= 0:
             return
         if self._skip > 0:
             self._skip -= 1
             return
-        self.monitor.record_compute(dist.get_rank(), profiled, measured, mb_size)
+        if self.calibration is not None:
+            actions = 2 * m * len(fb)
+            self.monitor.record_action(rank, mb_size, sum(f + b for f, b in fb) * m / actions, measured / actions)
+        self.monitor.record_compute(rank, profiled, measured, mb_size)
         self.window.append(profiled / measured)
+
+    def calibration_now(self, stages: int) -> Calibration | None:
+        """After pipeline_state (rank 0 decides from it): the calibration, its lines refined from every rank's
+        measurements as merged; None without one."""
+        if self.calibration is None:
+            return None
+        return (self.merged or self.monitor).refined(self.calibration, stages)
 
     def settle_speed(self) -> None:
         """Set this rank's speed from the period's samples and start a new period: their median (robust to the

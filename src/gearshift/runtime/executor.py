@@ -19,6 +19,8 @@ from torch import Tensor, nn
 
 from gearshift.cluster.device import stream_sync
 from gearshift.runtime.links import LinkGroups
+from gearshift.runtime.precision import FP32, Precision
+from gearshift.runtime.recompute import recomputed
 from gearshift.runtime.stage import ActivationMeter, SavedForward, StageState
 from gearshift.runtime.transport import ACT, GRAD, PAR, RED, Transport
 from gearshift.schedules.action import Action, Op, Schedule
@@ -29,7 +31,7 @@ class StepRecord:
     """What one step did on this rank: per-action timings (seconds from step start), losses, bytes."""
 
     events: list[tuple[str, float, float]] = field(default_factory=list)
-    losses: list[float] = field(default_factory=list)  # unscaled loss per micro-batch (last stage only)
+    losses: list[Tensor] = field(default_factory=list)  # unscaled loss per micro-batch (last stage), on the device
     compute_s: dict[int, float] = field(default_factory=dict)  # stage -> measured F+B seconds
     sent_bytes: dict[int, int] = field(default_factory=dict)  # peer -> bytes sent
     recv_wait_s: dict[int, float] = field(default_factory=dict)  # peer -> seconds blocked receiving
@@ -80,6 +82,7 @@ class _Plan:
     labels: list[str]
     recvs: list[int]
     ahead: list[int]
+    last_backward: dict[int, int]  # index of each stage's last B in the list -> the stage
 
 
 @dataclass(slots=True)
@@ -93,6 +96,7 @@ class _Step:
     on_sync: Callable[[], None] | None
     on_step: Callable[[], None] | None
     t0: float
+    on_last_backward: Callable[[int], None] | None = None
 
     def event(self, i: int, stage: int, start: float, end: float) -> None:
         self.rec.events.append((self.plan.labels[i], start - self.t0, end - self.t0))
@@ -178,8 +182,12 @@ class PipelineExecutor:
         measure_memory: bool = True,
         device: torch.device | str = "cpu",
         links: LinkGroups | None = None,
+        precision: Precision = FP32,
+        recompute: frozenset[int] = frozenset(),
     ):
         self.schedule = schedule
+        self.precision = precision  # autocast of a stage's compute, dtype of what crosses stages
+        self.recompute = recompute  # stages whose backward runs their forward again (runtime.recompute)
         self.device = torch.device(device)
         self.sync = stream_sync(self.device)  # None on the CPU: its ops are done when they return
         self.rank = rank  # rank inside the schedule (0..num_ranks-1)
@@ -222,7 +230,9 @@ class PipelineExecutor:
             next_compute[i] = i if actions[i].op.is_compute else next_compute[i + 1]
         ahead = [next_compute[min(next_compute[i + 1] + 1, n)] for i in range(n)]
         recvs = [i for i, a in enumerate(actions) if a.op.is_p2p_recv]
-        return _Plan(actions, [table[a.op] for a in actions], [a.label for a in actions], recvs, ahead)
+        last = {a.stage: i for i, a in enumerate(actions) if a.op is Op.BACKWARD}
+        return _Plan(actions, [table[a.op] for a in actions], [a.label for a in actions], recvs, ahead,
+                     {i: s for s, i in last.items()})
 
     # ---- one step -----------------------------------------------------------------------------------
     def run(
@@ -234,10 +244,13 @@ class PipelineExecutor:
         forward_only: bool = False,
         phase: str = "steady",
         batch: int = 0,
+        on_last_backward: Callable[[int], None] | None = None,
     ) -> StepRecord:
         """Execute the action list once. `inputs`/`targets` are the micro-batches (pipe g's micro-batch j at
         g * M + j; used by first and last stages). With `forward_only`, backward and its transfers are
-        skipped (evaluation). A window runs `phase` of batch number `batch` (its ids map to slots by batch)."""
+        skipped (evaluation). A window runs `phase` of batch number `batch` (its ids map to slots by batch).
+        on_last_backward(stage) runs just before each stage's last backward of the list (gradient sync
+        overlapped with it arms its hooks there)."""
         num_ids = self.num_ids
         shift = ((batch - 1) * self.schedule.num_microbatches) % num_ids if self.window else 0
         if not self.window:
@@ -246,7 +259,7 @@ class PipelineExecutor:
         rec = StepRecord()
         self.act_meter.begin()
         self.transport.start(plan.actions, plan.recvs, shift, rec.sent_bytes, rec.recv_wait_s)
-        step = _Step(plan, rec, inputs, targets, on_sync, on_step, time.perf_counter())
+        step = _Step(plan, rec, inputs, targets, on_sync, on_step, time.perf_counter(), on_last_backward)
         for i, (a, handle) in enumerate(zip(plan.actions, plan.handlers)):
             handle(self, step, i, a, (a.mb + shift) % num_ids if a.mb >= 0 else 0)
         self.transport.finish(keep_in_flight=self.window and phase != "drain" and not forward_only)
@@ -270,9 +283,12 @@ class PipelineExecutor:
 
     # ---- handlers: one per op -----------------------------------------------------------------------
     def _output(self, mod: nn.Module, x: Tensor, target: Tensor | None) -> Tensor:
-        """The stage's output, or its loss on a last stage."""
-        out = mod(x)
-        return out if target is None else self.loss_fn(out, target)
+        """The stage's output as it leaves the stage (precision.wire), or its loss on a last stage."""
+        with self.precision.autocast(self.device):
+            out = mod(x)
+            if target is not None:
+                return self.loss_fn(out, target)
+        return self.precision.wire(out)
 
     def _forward(self, step: _Step, i: int, a: Action, slot: int) -> None:
         """F (training): the forward of a micro-batch, kept for its backward; its output to the next stage."""
@@ -282,9 +298,14 @@ class PipelineExecutor:
         else:  # a fresh leaf (a received input aliases a pooled buffer)
             x = st.inputs.pop(slot).detach().requires_grad_(True)
         mod = self.stages[a.stage]
-        out = self._output(mod, x, step.targets[st.input_base + a.mb] if st.last else None)
+        target = step.targets[st.input_base + a.mb] if st.last else None
+        if a.stage in self.recompute:  # only the input is kept (counted by the memory hook)
+            out = recomputed(self._output, mod, x, target)
+            self.act_meter.keep(x)
+        else:
+            out = self._output(mod, x, target)
         if st.last:
-            step.rec.losses.append(float(out.detach()))
+            step.rec.losses.append(out.detach())  # read once per step (mean_loss), not once per micro-batch
             out = out / self.loss_div
         elif st.next_local:
             self.stage_states[a.stage + 1].inputs[slot] = out.detach()
@@ -298,7 +319,7 @@ class PipelineExecutor:
         with torch.no_grad():
             out = self._output(mod, x, step.targets[st.input_base + a.mb] if st.last else None)
         if st.last:
-            step.rec.losses.append(float(out))
+            step.rec.losses.append(out)
         elif st.next_local:
             self.stage_states[a.stage + 1].inputs[slot] = out.detach()
         else:
@@ -309,6 +330,8 @@ class PipelineExecutor:
         previous stage, or kept until its send."""
         st = self.stage_states[a.stage]
         fwd = st.saved.pop(slot)
+        if step.on_last_backward is not None and i in step.plan.last_backward:
+            step.on_last_backward(a.stage)
         if st.last:
             fwd.output.backward()
         else:

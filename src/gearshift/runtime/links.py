@@ -11,14 +11,24 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from gearshift.schedules import Schedule
+from gearshift.schedules import Action, Op, Schedule
 from gearshift.schedules.validate import _comm_key
 
-Channel = tuple[int, int, str, int]  # (sending rank, receiving rank, "act" or "grad", sending stage)
+Channel = tuple[int, int, str, int]  # (sending rank, receiving rank, "act", "grad", "red" or "par", sending stage)
+_SLICE_KIND = {Op.REDUCE: "red", Op.RECV_RED: "red", Op.SEND_PAR: "par", Op.RECV_PAR: "par"}
+
+
+def _slice_key(schedule: Schedule, a: Action, rank: int) -> tuple:
+    """(kind, sending stage, src rank, dst rank) of a slice message (multidir's update: a gradient to the
+    optimizer holder, new parameters back), equal for a send and its receive."""
+    if a.op.is_slice_send:
+        return _SLICE_KIND[a.op], a.stage, rank, a.peer
+    return _SLICE_KIND[a.op], schedule.stage_on(a.peer, schedule.slice_of(a.stage)), a.peer, rank
 
 
 def _messages(schedule: Schedule) -> tuple[dict[Channel, list[int]], dict[Channel, list[int]]]:
-    """Per channel, the micro-batches in the order the sender sends them and the receiver receives them."""
+    """Per channel, the micro-batches in the order the sender sends them and the receiver receives them (a slice
+    message counts as micro-batch -1: one per batch)."""
     sent: dict[Channel, list[int]] = {}
     received: dict[Channel, list[int]] = {}
     for r, acts in enumerate(schedule.actions):
@@ -26,12 +36,25 @@ def _messages(schedule: Schedule) -> tuple[dict[Channel, list[int]], dict[Channe
             if a.op.is_stage_send or a.op.is_stage_recv:
                 kind, stage, mb, src, dst = _comm_key(a, r)
                 (sent if a.op.is_stage_send else received).setdefault((src, dst, kind, stage), []).append(mb)
+            elif (a.op.is_slice_send and a.peer >= 0) or a.op.is_slice_recv:
+                kind, stage, src, dst = _slice_key(schedule, a, r)
+                (sent if a.op.is_slice_send else received).setdefault((src, dst, kind, stage), []).append(-1)
     return sent, received
 
 
 def channels(schedule: Schedule) -> list[Channel]:
     """The channels a schedule's transfers use (schedule ranks), sorted."""
     return sorted(_messages(schedule)[0])
+
+
+def stream(schedule: Schedule) -> Schedule:
+    """What runs one message after another: the schedule, or a window (multidir async) unrolled into first
+    step, steady windows and drain (a window's list starts mid-stream: the previous batch's tails)."""
+    if not schedule.window:
+        return schedule
+    from gearshift.schedules.multidir import unroll
+
+    return unroll(schedule)
 
 
 def check_in_order(schedule: Schedule) -> None:
@@ -59,7 +82,7 @@ class LinkGroups:
         group's communicator when both ends first use it, each end waiting for the other: opened lazily, a
         receive posted ahead would wait for a peer that is itself waiting on this rank's next send. Here every
         rank opens its channels in one order, the same on every rank, so each pair meets."""
-        check_in_order(schedule)
+        check_in_order(stream(schedule))
         pipe_ranks, new = schedule.num_ranks, []
         for d in range(replicas):
             for src, dst, kind, stage in channels(schedule):
@@ -76,5 +99,6 @@ class LinkGroups:
                 dist.recv(tiny, src, group=self.groups[key])
 
     def group(self, src: int, dst: int, kind: str, stage: int) -> dist.ProcessGroup:
-        """The group carrying `stage`'s `kind` ("act" or "grad") from global rank `src` to global rank `dst`."""
+        """The group carrying `stage`'s `kind` ("act", "grad", or a slice's "red", "par") from global rank `src` to
+        global rank `dst`."""
         return self.groups[(src, dst, kind, stage)]

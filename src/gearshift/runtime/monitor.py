@@ -5,9 +5,12 @@ gathering."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 
 from gearshift.cluster.state import ClusterState
+from gearshift.profile.calibration import Calibration
+from gearshift.profile.fit import theil_sen
 
 
 @dataclass
@@ -45,6 +48,11 @@ class Monitor:
         # than its profile at that size says (a cost per op the one-process profile lacks), so the speed
         # measured at one size misprices another
         self.size_speeds: dict[tuple[int, int], Ewma] = {}
+        # With a calibration (lined), speeds are measured against its fitted lines, which price every size; the
+        # lines are refined from the job's own compute once it has run at two or more sizes:
+        # (rank, micro-batch size) -> (profiled seconds per action, Ewma of measured seconds per action)
+        self.lined = False
+        self.action_points: dict[tuple[int, int], tuple[float, Ewma]] = {}
 
     def record_compute(self, rank: int, profiled_s: float, measured_s: float, size: int | None = None) -> None:
         """One compute measurement: effective speed = profiled time / measured time (profiled at micro-batch
@@ -64,12 +72,38 @@ class Monitor:
             else:
                 at.update(x, self.alpha)
 
+    def record_action(self, rank: int, size: int, profiled_s: float, measured_s: float) -> None:
+        """One step's mean forward or backward action at micro-batch `size`: its profiled and measured seconds
+        (a point of the rank's line, see refined)."""
+        if profiled_s <= 0 or measured_s <= 0:
+            return
+        at = self.action_points.get((rank, size))
+        if at is None:
+            self.action_points[(rank, size)] = (profiled_s, Ewma(measured_s))
+        else:
+            at[1].update(measured_s, self.alpha)
+
+    def refined(self, calibration: Calibration, stages: int) -> Calibration:
+        """`calibration` with each pipeline position's line refitted (Theil-Sen) from the actions its ranks
+        measured while training, where they ran at two or more micro-batch sizes; the calibration's line
+        elsewhere (a size not run yet is priced from a fitted line, never from the speed at another size)."""
+        lines = list(calibration.lines)
+        for p in range(min(stages, len(lines))):
+            pts = [(x, e.value) for (r, _), (x, e) in sorted(self.action_points.items()) if r % stages == p]
+            if len({round(x, 12) for x, _ in pts}) >= 2:
+                lines[p] = theil_sen([x for x, _ in pts], [y for _, y in pts])
+        return dataclasses.replace(calibration, lines=lines,
+                                   meta={**calibration.meta, "refined": lines != list(calibration.lines)})
+
     def speed_at(self, rank: int, size: int, running: int) -> float | None:
-        """`rank`'s speed at micro-batch size `size` while `running` is the size it runs: its speed as last
-        measured at `size`, moved as far as its current speed has from the last measurement at `running`; its
-        current speed where either size has no measurement yet. A size not run since a rank changed speed
-        keeps its old measurement until it runs again."""
+        """`rank`'s speed at micro-batch size `size` while `running` is the size it runs. Lined (speeds against
+        a calibration's lines, which price the size): its current speed. Else its speed as last measured at
+        `size`, moved as far as its current speed has from the last measurement at `running`; its current speed
+        where either size has no measurement yet. A size not run since a rank changed speed keeps its old
+        measurement until it runs again."""
         cur = self.speed(rank)
+        if self.lined:
+            return cur
         a, b = self.size_speeds.get((rank, size)), self.size_speeds.get((rank, running))
         if cur is None or a is None or b is None or b.value <= 0:
             return cur
@@ -153,6 +187,8 @@ class Monitor:
             "reset_ratio": self.reset_ratio,
             "steps": [None if e is None else [e.value, e.samples] for e in self.steps],
             "size_speeds": [[r, n, e.value, e.samples] for (r, n), e in sorted(self.size_speeds.items())],
+            "lined": self.lined,
+            "action_points": [[r, n, x, e.value, e.samples] for (r, n), (x, e) in sorted(self.action_points.items())],
         }
 
     @classmethod
@@ -169,6 +205,9 @@ class Monitor:
             m.steps[r] = None if x is None else Ewma(x[0], x[1])
         for r, size, v, n in d.get("size_speeds", []):
             m.size_speeds[(r, size)] = Ewma(v, n)
+        m.lined = d.get("lined", False)
+        for r, size, x, v, n in d.get("action_points", []):
+            m.action_points[(r, size)] = (x, Ewma(v, n))
         return m
 
 
@@ -190,6 +229,10 @@ def merge(dicts: list[dict]) -> Monitor:
     for r in range(out.num_ranks):
         out.speeds[r] = _combine([p.speeds[r] for p in parts if r < p.num_ranks and p.speeds[r] is not None])
         out.steps[r] = _combine([p.steps[r] for p in parts if r < p.num_ranks and p.steps[r] is not None])
+    out.lined = any(p.lined for p in parts)
+    for key in sorted({k for p in parts for k in p.action_points}):
+        pts = [p.action_points[key] for p in parts if key in p.action_points]
+        out.action_points[key] = (pts[0][0], _combine([e for _, e in pts]))
     for table in ("links", "latencies", "size_speeds"):
         mine = getattr(out, table)
         for key in sorted({k for p in parts for k in getattr(p, table)}):

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from gearshift.optim import OptimConfig, adamw, clip_coef
 from gearshift.runtime.executor import PipelineExecutor, StepRecord
+from gearshift.runtime.links import LinkGroups
 from gearshift.runtime.pipeline import StepResult, forward_only, mean_loss
 from gearshift.schedules import Op, Schedule, validate
 
@@ -49,6 +50,8 @@ class MultiDirRuntime:
         optim: OptimConfig,
         after_compute: Callable[[int, Op, float, float | None], None] | None = None,
         after_recv: Callable[[int, int, float], None] | None = None,
+        device: torch.device | str = "cpu",
+        links: bool | None = None,
     ):
         validate(schedule)
         P, D = schedule.stages_per_pipe, schedule.num_pipes
@@ -56,7 +59,9 @@ class MultiDirRuntime:
         if self.world != P or len(slice_bounds) != P:
             raise ValueError(f"multidir: {P} pipeline ranks and {len(slice_bounds)} slices for {self.world} workers")
         self.pipe_ranks, self.replicas, self.replica, self.pipe_rank = P, 1, 0, self.rank
-        self.device = torch.device("cpu")  # CPU tensors over gloo (train.env places multidir jobs there)
+        self.device = torch.device(device)  # layers built on the CPU (the same initialisation), then moved
+        # NCCL matches messages by order: a group per channel (pipeline messages and each slice's update)
+        self.links = LinkGroups() if (dist.get_backend() == "nccl" if links is None else links) else None
         self.experts = None  # no expert parallelism under multidir (config validation refuses it)
         self.schedule, self.directions, self.optim_cfg = schedule, D, optim
         self.window = schedule.window
@@ -65,11 +70,11 @@ class MultiDirRuntime:
         mine = schedule.stages_of(self.rank)
         self.opt_stage = next(s for s in mine if s < P)
         a, b = self.slice_bounds[self.opt_stage]
-        self.layers = {i: build_layer(i) for i in range(a, b)}  # the optimizer's copy (global layer index)
+        self.layers = {i: build_layer(i).to(self.device) for i in range(a, b)}  # the optimizer's copy, by global index
         self.master = nn.Sequential(*[self.layers[i] for i in range(a, b)])
         self.optimizer = adamw(self.master.parameters(), optim)
         self._params = list(self.master.parameters())
-        self._gflat = torch.zeros(sum(p.numel() for p in self._params))
+        self._gflat = torch.zeros(sum(p.numel() for p in self._params), device=self.device)
         off = 0
         for p in self._params:  # the optimizer reads its gradient from one flat buffer
             p.grad = self._gflat[off:off + p.numel()].view_as(p)
@@ -79,7 +84,7 @@ class MultiDirRuntime:
         for s in mine:
             lo, hi = self.bounds[s]
             first = copy.deepcopy(self.master) if s == self.opt_stage else nn.Sequential(
-                *[build_layer(i) for i in range(lo, hi)])
+                *[build_layer(i) for i in range(lo, hi)]).to(self.device)
             self._copies[s] = [first] + [copy.deepcopy(first) for _ in range(copies - 1)]
         self.stages = {s: c[0] for s, c in self._copies.items()}  # what each stage's next forward runs on
         self.version = {s: 0 for s in mine}  # updates installed on each stage
@@ -87,12 +92,16 @@ class MultiDirRuntime:
             p.numel() for p in self._copies[s][0].parameters()) for s in mine}
         self.p2p = dist.new_group(list(range(self.world)))  # pipeline and update messages, apart from the loop's
         self.norm_group = dist.new_group(list(range(self.world)))
+        if self.links is not None:
+            self.links.ensure(schedule, 1, self.device)  # collective: every channel's group, opened in one order
         self._mb_size = 1
         meta = lambda stage: act_meta(self.bounds[stage][0], self._mb_size)  # noqa: E731
         self.executor = PipelineExecutor(schedule, self.rank, self.stages, loss_fn, meta, after_compute=after_compute,
-                                         group=self.p2p, after_recv=after_recv, update=self)
+                                         group=self.p2p, after_recv=after_recv, update=self, device=self.device,
+                                         links=self.links)
         self.eval_executor = PipelineExecutor(forward_only(schedule), self.rank, self.stages, loss_fn, meta,
-                                              group=self.p2p, after_recv=after_recv)
+                                              group=self.p2p, after_recv=after_recv, device=self.device,
+                                              links=self.links)
         self.batch = 0  # batches started
         self.grad_norm = float("nan")
         self._norm: tuple[object, Tensor] | None = None
@@ -158,6 +167,7 @@ class MultiDirRuntime:
     def _split(self, x: Tensor, y: Tensor) -> tuple[list[Tensor], list[Tensor]]:
         """Direction g's 1/D of the batch, cut into M micro-batches each: direction g's micro-batch j at g * M + j."""
         D, M = self.directions, self.schedule.num_microbatches
+        x, y = x.to(self.device), y.to(self.device)  # the CPU's own tensors as they are
         self._mb_size = x.shape[0] // (D * M)
         return list(x.chunk(D * M)), list(y.chunk(D * M))
 
@@ -179,7 +189,7 @@ class MultiDirRuntime:
         self._lr.pop(self.batch - 2, None)
         self._pending = self.window
         self.batch += 1
-        return StepResult(mean_loss(rec.losses), self.grad_norm, rec)
+        return StepResult(mean_loss(rec.losses, self.device), self.grad_norm, rec)
 
     def drain(self) -> StepRecord | None:
         """Finish the last batch (its backwards and update): a flush. Collective."""
@@ -196,7 +206,7 @@ class MultiDirRuntime:
     def evaluate(self, x: Tensor, y: Tensor) -> float:
         self.drain()
         xs, ys = self._split(x, y)
-        return mean_loss(self.eval_executor.run(xs, ys, forward_only=True).losses)
+        return mean_loss(self.eval_executor.run(xs, ys, forward_only=True).losses, self.device)
 
     # ---- state by global name -----------------------------------------------------------------
     def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
@@ -207,13 +217,14 @@ class MultiDirRuntime:
         """(parameters and buffers, AdamW state) of the slice this rank steps, keyed by global name; every
         layer once in the job. Drains an async pipeline first (collective)."""
         self.drain()
-        model = {f"layers.{i}.{n}": t.detach().clone() for i in sorted(self.layers)
+        model = {f"layers.{i}.{n}": t.detach().to("cpu", copy=True) for i in sorted(self.layers)
                  for n, t in self.layers[i].state_dict().items()}
         optim = {}
         for name, p in self.named_parameters():
             st = self.optimizer.state.get(p)
             if st:
-                optim[name] = {k: v.detach().clone() if torch.is_tensor(v) else torch.tensor(v) for k, v in st.items()}
+                optim[name] = {k: v.detach().to("cpu", copy=True) if torch.is_tensor(v) else torch.tensor(v)
+                               for k, v in st.items()}
         return model, optim
 
     def saved_state(self) -> tuple[dict[str, Tensor], dict[str, dict[str, Tensor]]]:
@@ -233,7 +244,8 @@ class MultiDirRuntime:
             layer.load_state_dict(own(i))
         for name, p in self.named_parameters():
             if name in optim:
-                self.optimizer.state[p] = {k: v.clone() for k, v in optim[name].items()}
+                self.optimizer.state[p] = {k: v.to("cpu" if k == "step" else p.device, copy=True)
+                                           for k, v in optim[name].items()}
         for s, copies in self._copies.items():
             lo, _ = self.bounds[s]
             for m in copies:

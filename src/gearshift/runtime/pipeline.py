@@ -18,6 +18,9 @@ from gearshift.optim import OptimConfig, adamw, clip_coef
 from gearshift.runtime.executor import PipelineExecutor, StepRecord
 from gearshift.runtime.experts import ExpertShards, MoEStats
 from gearshift.runtime.links import LinkGroups
+from gearshift.runtime.precision import FP32, Precision
+from gearshift.runtime.recompute import stages_to_recompute
+from gearshift.runtime.shares import share_rows
 from gearshift.schedules import Op, Schedule, make_schedule, validate
 
 
@@ -37,9 +40,15 @@ def forward_only(schedule: Schedule) -> Schedule:
     return Schedule("forward", g.num_stages, g.num_microbatches, g.placement, acts, stages_per_pipe=g.stages_per_pipe)
 
 
-def mean_loss(losses: list[float], device: torch.device | str = "cpu") -> float:
-    """Mean of every rank's micro-batch losses (collective; reduced on `device`, as NCCL needs)."""
-    t = torch.tensor([sum(losses), float(len(losses))], dtype=torch.float64, device=device)
+def mean_loss(losses: list[Tensor | float], device: torch.device | str = "cpu", weight: float = 1.0) -> float:
+    """Mean of every rank's micro-batch losses, each of this rank's weighing `weight` (its micro-batch size, where
+    replicas' differ) (collective; reduced on `device`, as NCCL needs): the losses stay on the device until this one
+    read per step."""
+    t = torch.zeros(2, dtype=torch.float64, device=device)
+    for x in losses:
+        t[0] += x.double() if torch.is_tensor(x) else float(x)
+    t[0] *= weight
+    t[1] = float(len(losses)) * weight
     dist.all_reduce(t)
     return float(t[0] / t[1]) if t[1] > 0 else float("nan")
 
@@ -49,7 +58,9 @@ class PipelineRuntime:
 
     `build_layer(i)` returns global layer i, freshly initialised; only this rank's layers are built, on the CPU
     (the same initialisation whatever the device), then moved to `device`. `links`: a process group per
-    direction of each pipeline link (runtime.links); None: where the backend matches messages by order (NCCL)."""
+    direction of each pipeline link (runtime.links); None: where the backend matches messages by order (NCCL).
+    `precision` (runtime.precision), `recompute` (parallel.recompute: none or all of this rank's stages) and
+    `shares` (one weight per replica: its share of each batch, gradients averaged by samples; None: equal)."""
 
     def __init__(
         self,
@@ -66,8 +77,12 @@ class PipelineRuntime:
         experts: ExpertShards | None = None,
         device: torch.device | str = "cpu",
         links: bool | None = None,
+        precision: Precision = FP32,
+        recompute: str = "none",
+        shares: list[float] | None = None,
     ):
         validate(schedule)
+        self.precision, self.recompute = precision, recompute
         self.device = torch.device(device)
         self.links = LinkGroups() if (dist.get_backend() == "nccl" if links is None else links) else None
         self.rank = dist.get_rank()
@@ -77,6 +92,7 @@ class PipelineRuntime:
             raise ValueError(f"world size {self.world} is not a multiple of the pipeline's {self.pipe_ranks} ranks")
         self.replicas = self.world // self.pipe_ranks
         self.replica, self.pipe_rank = divmod(self.rank, self.pipe_ranks)
+        self.shares = list(shares) if shares is not None else [1.0] * self.replicas
         self.build_layer, self.loss_fn, self.act_meta_fn = build_layer, loss_fn, act_meta
         self.optim_cfg, self.after_compute, self.after_recv = optim, after_compute, after_recv
         self.grad_sync_factory = grad_sync_factory
@@ -137,17 +153,19 @@ class PipelineRuntime:
 
     def _build_executors(self) -> None:
         """The executors of this rank's action list (training) and of its forward half (evaluation)."""
+        def meta(stage: int) -> tuple[tuple[int, ...], torch.dtype]:
+            return self.precision.wire_meta(self.act_meta_fn(self.bounds[stage][0], self._mb_size))
+
         self.executor = PipelineExecutor(
-            self.schedule, self.pipe_rank, self.stages, self.loss_fn,
-            lambda stage: self.act_meta_fn(self.bounds[stage][0], self._mb_size),
+            self.schedule, self.pipe_rank, self.stages, self.loss_fn, meta,
             rank_offset=self.replica * self.pipe_ranks, after_compute=self._compute_hook(), after_recv=self.after_recv,
-            device=self.device, links=self.links,
+            device=self.device, links=self.links, precision=self.precision,
+            recompute=stages_to_recompute(self.recompute, list(self.stages)),
         )
         self.eval_executor = PipelineExecutor(
-            forward_only(self.schedule), self.pipe_rank, self.stages, self.loss_fn,
-            lambda stage: self.act_meta_fn(self.bounds[stage][0], self._mb_size),
+            forward_only(self.schedule), self.pipe_rank, self.stages, self.loss_fn, meta,
             rank_offset=self.replica * self.pipe_ranks, after_recv=self.after_recv, device=self.device,
-            links=self.links,
+            links=self.links, precision=self.precision,
         )
 
     def _compute_hook(self) -> Callable[[int, Op, float, float | None], None] | None:
@@ -184,13 +202,29 @@ class PipelineRuntime:
         return [(f"layers.{i}.{n}", p) for i in sorted(self.layers) for n, p in self.layers[i].named_parameters()]
 
     # ---- one step -----------------------------------------------------------------------------
+    @property
+    def microbatch_size(self) -> int:
+        """Samples in each of this replica's micro-batches in the last step (replicas' differ with uneven shares)."""
+        return self._mb_size
+
+    def share_rows(self, batch: int) -> list[int]:
+        """Rows of a `batch` each replica takes (its share, in whole micro-batches of the schedule)."""
+        m = self.schedule.num_microbatches
+        if self.shares == [1.0] * self.replicas:
+            return [batch // self.replicas] * self.replicas
+        return share_rows(self.shares, batch // m * m, m)
+
     def _split(self, x: Tensor, y: Tensor) -> tuple[list[Tensor], list[Tensor]]:
-        """This replica's rows of the global batch, on this rank's device, cut into the schedule's micro-batches."""
+        """This replica's rows of the global batch (its share), on this rank's device, cut into the schedule's
+        micro-batches. Each micro-batch's loss is scaled by the replica's share of the batch, so the averaged
+        gradient is the mean over every sample of the batch, as one process has it."""
         x, y = x.to(self.device), y.to(self.device)  # the CPU's own tensors as they are
-        rows = x.shape[0] // self.replicas
-        xs, ys = x[self.replica * rows:(self.replica + 1) * rows], y[self.replica * rows:(self.replica + 1) * rows]
+        split = self.share_rows(x.shape[0])
+        rows, start = split[self.replica], sum(split[:self.replica])
+        xs, ys = x[start:start + rows], y[start:start + rows]
         m = self.schedule.num_microbatches
         self._mb_size = rows // m
+        self.executor.loss_div = m * self.schedule.num_pipes * x.shape[0] / (rows * self.replicas)
         return list(xs.chunk(m)), list(ys.chunk(m))
 
     def step(self, x: Tensor, y: Tensor, lr: float) -> StepResult:
@@ -213,9 +247,15 @@ class PipelineRuntime:
 
         if self.experts is not None:
             self.experts.clock.take()  # all-to-alls since the last step (evaluation) are no step's compute
-        rec = self.executor.run(xs, ys, on_sync=on_sync, on_step=on_step)
+        arm = getattr(self._grad_sync, "arm", None)  # gradient sync overlapped with each stage's last backward
+
+        def on_last_backward(stage: int) -> None:
+            arm(list(self.stages[stage].parameters()))
+
+        rec = self.executor.run(xs, ys, on_sync=on_sync, on_step=on_step,
+                                on_last_backward=on_last_backward if arm is not None else None)
         moe = self.experts.loads(self.layers) if self.experts is not None else None
-        return StepResult(mean_loss(rec.losses, self.device), norm[0], rec, moe)
+        return StepResult(mean_loss(rec.losses, self.device, self._mb_size), norm[0], rec, moe)
 
     def _clip(self) -> float:
         """Clip by the global gradient norm of the whole model (all stages), as clip_grad_norm_ would."""
@@ -239,7 +279,7 @@ class PipelineRuntime:
     def evaluate(self, x: Tensor, y: Tensor) -> float:
         xs, ys = self._split(x, y)
         rec = self.eval_executor.run(xs, ys, forward_only=True)
-        return mean_loss(rec.losses, self.device)
+        return mean_loss(rec.losses, self.device, self._mb_size)
 
     # ---- state by global name -----------------------------------------------------------------
     def state(self) -> tuple[dict[str, Tensor], dict[str, dict[str, Tensor]]]:

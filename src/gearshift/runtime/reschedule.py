@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from functools import partial
 
 from gearshift.cluster.state import ClusterState
+from gearshift.planner.predict import predict
 from gearshift.planner.replan import measured_inputs
 from gearshift.planner.schedule_choice import decide, label, links_moved, price
+from gearshift.profile.calibration import Calibration
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.report.records import ScheduleEvent
 from gearshift.runtime.adapt import Adapter
@@ -56,7 +59,8 @@ class ScheduleSwitcher:
         forced = self.forced.get(step)
         rec = rank0_decides(lambda: self._decide(state, bounds, step, "forced" if forced else "start", forced,
                                                  adapter.merged.step_overhead() or 0.0,
-                                                 adapter.size_states(self.stages, step, list(self.profiles))))
+                                                 adapter.size_states(self.stages, step, list(self.profiles)),
+                                                 adapter.calibration_now(self.stages)))
         self._adopt(rec, adapter, step)
         return rec
 
@@ -82,7 +86,8 @@ class ScheduleSwitcher:
         trigger = "forced" if forced else "period" if due else "step time moved"
         rec = rank0_decides(lambda: self._decide(state, rt.bounds, nxt, trigger, forced,
                                                  adapter.merged.step_overhead() or 0.0,
-                                                 adapter.size_states(rt.pipe_ranks, nxt, list(self.profiles))))
+                                                 adapter.size_states(rt.pipe_ranks, nxt, list(self.profiles)),
+                                                 adapter.calibration_now(rt.pipe_ranks)))
         if rec is None:  # cued, but no link moved: keep watching from here
             self.times, self._skip = [], 0
             return None
@@ -101,10 +106,12 @@ class ScheduleSwitcher:
 
     def _decide(self, state: ClusterState, bounds: list[tuple[int, int]], step: int, trigger: str,
                 forced: tuple[int, int] | None = None, overhead_s: float = 0.0,
-                by_size: dict[int, ClusterState] | None = None) -> ScheduleEvent | None:
+                by_size: dict[int, ClusterState] | None = None,
+                calibration: Calibration | None = None) -> ScheduleEvent | None:
         """Rank 0: the decision record (metrics.jsonl "schedule" event) under `state` (`by_size`: the speeds
         measured at each micro-batch size), each candidate's step time with the measured `overhead_s` after its
-        pipeline drains; None when the step time moved but no link did."""
+        pipeline drains, priced by the job's `calibration` where there is one; None when the step time moved but
+        no link did."""
         S = self.stages
         now = measured_inputs(state, S)
         moved = []
@@ -116,9 +123,11 @@ class ScheduleSwitcher:
         if trigger == "step time moved" and not moved:
             return None
         cands = price(self.profiles, bounds, state, self.batch, self.memory, step_overhead_s=overhead_s,
-                      states=by_size)
+                      states=by_size, predictor=partial(predict, calibration=calibration))
         rec = ScheduleEvent(decide(cands, state, step, self.current, self.margin, self.memory), trigger, overhead_s,
                             tuple(forced) if forced is not None else None, moved)
+        if calibration is not None:  # what the candidates were priced by: the job's calibration, as refined
+            rec.choice.extra["calibration"] = calibration.to_dict()
         if by_size:
             rec.speeds_by_size = {str(n): [round(x, 4) for x in st.speeds] for n, st in sorted(by_size.items())}
         if self.times:  # the running choice, since it was made

@@ -70,6 +70,7 @@ class ActivationMeter:
         self.held = 0  # bytes saved by forwards whose backward has not run
         self.peak = 0
         self._ptrs: dict[int, set[int]] = {}  # module id -> storages of its parameters and buffers
+        self._seen: dict[int, int] | None = None  # storages the forward being counted saved
 
     def begin(self) -> None:
         """A step starts: its peak starts at what the previous step left held (a window's batch in flight)."""
@@ -87,12 +88,23 @@ class ActivationMeter:
                 seen[st.data_ptr()] = st.nbytes()
             return t
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, _keep):
-            fn(*args)
+        self._seen = seen
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(pack, _keep):
+                fn(*args)
+        finally:
+            self._seen = None
         state.act_bytes[slot] = nbytes = sum(seen.values())
         self.held += nbytes
         if self.held > self.peak:
             self.peak = self.held
+
+    def keep(self, t: Tensor) -> None:
+        """Count `t` as saved by the forward being counted (a recomputed stage keeps its input itself, outside
+        autograd's saved tensors); nothing when no forward is being counted."""
+        if self._seen is not None:
+            st = t.untyped_storage()
+            self._seen[st.data_ptr()] = st.nbytes()
 
     def release(self, state: StageState, slot: int) -> None:
         """The backward of `state`'s micro-batch `slot` ran: what its forward saved is free."""

@@ -15,7 +15,7 @@ from gearshift.schedules.action import Action, Op, Schedule
 
 ACT, GRAD, RED, PAR = range(4)  # message kinds: a stage's activation or input gradient, a slice's gradient or update
 _RECV_KIND = {Op.RECV_ACT: ACT, Op.RECV_GRAD: GRAD, Op.RECV_RED: RED, Op.RECV_PAR: PAR}
-_CHANNEL = ("act", "grad")  # the link channel (runtime.links) of a stage message
+_CHANNEL = ("act", "grad", "red", "par")  # the link channel (runtime.links) of each kind of message
 
 
 class Transport:
@@ -121,7 +121,7 @@ class Transport:
 
     def _group(self, src: int, dst: int, kind: int, stage: int) -> dist.ProcessGroup | None:
         """The group of a message of `kind` that stage `stage` sends from schedule rank `src` to `dst`."""
-        if self.links is None or kind > GRAD:
+        if self.links is None:
             return self.group
         return self.links.group(src + self.offset, dst + self.offset, _CHANNEL[kind], stage)
 

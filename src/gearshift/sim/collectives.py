@@ -353,6 +353,23 @@ def choose(size_bytes: float, ranks_per_node: list[int] | tuple[int, int], costs
     return next(a for a, t in zip(cands, times) if t <= best * (1 + margin))
 
 
+def why(size_bytes: float, ranks_per_node: list[int] | tuple[int, int], costs: LinkCosts | None = None,
+        candidates: tuple[str, ...] = ALGORITHMS, margin: float = AUTO_MARGIN,
+        matrix: tuple[int, int] | None = None) -> str:
+    """The rule behind choose()'s pick, in words: the fastest, or the simpler form within `margin` of the
+    fastest (named, with its predicted ms), and hierarchical_rs left out for unequal nodes."""
+    _, _, uniform = _shape(ranks_per_node)
+    cands = [a for a in candidates if a != "hierarchical_rs" or uniform] or list(candidates)
+    times = {a: predict(a, size_bytes, ranks_per_node, costs, matrix) for a in cands}
+    fastest = min(times, key=times.get)
+    pick = choose(size_bytes, ranks_per_node, costs, candidates, margin, matrix)
+    left_out = "; hierarchical_rs needs equal ranks per node" if len(cands) < len(candidates) else ""
+    if pick == fastest or times[pick] <= times[fastest]:
+        return "the fastest" + left_out
+    return (f"within {margin:.0%} of the fastest, {fastest} (+{times[pick] / times[fastest] - 1:.1%}): the simpler "
+            f"form{left_out}")
+
+
 def _shape(ranks_per_node: list[int] | tuple[int, int]) -> tuple[int, int, bool]:
     if isinstance(ranks_per_node, tuple):
         nodes, per = ranks_per_node

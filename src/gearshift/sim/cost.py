@@ -16,7 +16,12 @@ class ScheduleCosts:
     Compute times are a rank's own when it has a core to itself. Ranks that share a host's cores (`host`,
     `cores`) share them by processor sharing: while k of a host's ranks compute, each runs at
     min(1, cores / k) of its speed. `duty[r]` is the duty-cycle emulation's slowdown f: after each compute
-    that took t, rank r sleeps (f - 1) t without holding a core."""
+    that took t, rank r sleeps (f - 1) t without holding a core.
+
+    Beside each stage's work: `per_op_s[r]`, a fixed cost of every forward and backward on rank r (dispatch,
+    autograd, cold caches: the intercept of the job's calibration), and `wait_cpu`, the share of a core that a
+    rank uses while it waits (a blocked receive, the clip's barrier) on a host whose ranks share cores: while k
+    of a host's ranks compute and w wait, each computing rank runs at min(1, cores / (k + wait_cpu * w))."""
 
     forward_s: list[float]
     backward_s: list[float]
@@ -33,6 +38,8 @@ class ScheduleCosts:
     cores: list[float] | None = None  # per host: cores its ranks share; None: unlimited
     duty: list[float] | None = None  # per rank: duty-cycle slowdown (compute, then sleep (f - 1) x as long)
     param_bytes: list[float] = field(default_factory=list)  # per stage: what a slice's update moves; [] = 0
+    per_op_s: float | list[float] = 0.0  # fixed cost of each F and B: one for every rank, or one per rank
+    wait_cpu: float = 0.0  # cores a waiting rank uses on a shared host (0: waiting is free)
 
     @classmethod
     def uniform(
@@ -59,6 +66,10 @@ class ScheduleCosts:
     def step_times(self, num_ranks: int) -> list[float]:
         """Optimizer step time per rank."""
         return list(self.step_s) if isinstance(self.step_s, list) else [self.step_s] * num_ranks
+
+    def op_times(self, num_ranks: int) -> list[float]:
+        """Fixed cost of each forward and backward, per rank."""
+        return list(self.per_op_s) if isinstance(self.per_op_s, list) else [self.per_op_s] * num_ranks
 
     def oversubscribed(self) -> bool:
         """Whether some host has more ranks than cores (so compute times depend on what runs at once)."""
@@ -88,7 +99,8 @@ class ScheduleCosts:
                     f"ScheduleCosts.{name}: has {len(xs)} entries, expected {num_stages} (one per stage)"
                 )
         per_rank = {"memory_bytes": self.memory_bytes, "sync_s": self.sync_s, "host": self.host,
-                    "duty": self.duty, "step_s": self.step_s if isinstance(self.step_s, list) else None}
+                    "duty": self.duty, "step_s": self.step_s if isinstance(self.step_s, list) else None,
+                    "per_op_s": self.per_op_s if isinstance(self.per_op_s, list) else None}
         for name, xs in per_rank.items():
             if xs is not None and len(xs) != num_ranks:
                 raise ValueError(
@@ -97,6 +109,8 @@ class ScheduleCosts:
         if (self.host is None) != (self.cores is None):
             raise ValueError("ScheduleCosts.host, ScheduleCosts.cores: give both (ranks on hosts, cores per host) "
                              "or neither")
+        if not 0.0 <= self.wait_cpu <= 1.0:
+            raise ValueError(f"ScheduleCosts.wait_cpu: a waiting rank uses 0..1 of a core, got {self.wait_cpu}")
         if self.cores is not None and any(not c > 0 for c in self.cores):
             raise ValueError(f"ScheduleCosts.cores: every host needs > 0 cores, got {self.cores}")
         if self.host is not None and any(not 0 <= h < len(self.cores) for h in self.host):

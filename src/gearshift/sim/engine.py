@@ -141,7 +141,7 @@ def _compile(schedule: Schedule, cost: ScheduleCosts) -> _Program:
     link = [0] * n
     mem = [0.0] * n
     fwd, bwd, nbytes, act_mem = cost.forward_s, cost.backward_s, cost.act_bytes, cost.act_mem_bytes
-    sync, step = cost.sync_s, cost.step_times(num_ranks)
+    sync, step, per_op = cost.sync_s, cost.step_times(num_ranks), cost.op_times(num_ranks)
     pbytes = cost.param_bytes or [0.0] * num_stages
     seen: dict[tuple, int] = {}  # (kind, stage, peer, rank) -> occurrences so far (update messages pair in order)
     updates: dict[tuple, list[int]] = {}
@@ -151,7 +151,7 @@ def _compile(schedule: Schedule, cost: ScheduleCosts) -> _Program:
     for g, k, s, mb, r, p in zip(range(n), kind, stage, mbs, ranks, peer):
         i = s * m + mb
         if k == _F:
-            dur[g] = fwd[s]
+            dur[g] = fwd[s] + per_op[r]
             mem[g] = act_mem[s]
             if s % stages_per_pipe:
                 if placement[s - 1] == r:
@@ -160,7 +160,7 @@ def _compile(schedule: Schedule, cost: ScheduleCosts) -> _Program:
                     d = slot[ras + i]
                     dep1[g] = d if d >= 0 and ranks[d] == r else _NEVER
         elif k == _B:
-            dur[g] = bwd[s]
+            dur[g] = bwd[s] + per_op[r]
             mem[g] = -act_mem[s]
             dep2[g] = carried(slot[fs + i], mb)
             if dep2[g] == _NONE:
@@ -358,7 +358,9 @@ def _run_shared(prog: _Program, cost: ScheduleCosts) -> _Replay:
     """Processor-shared hosts: a global clock orders every start and finish of a compute (or STEP). A
     compute joins its host when it starts and ends when the host's virtual time (the work each of its k
     computing ranks has done, at min(1, cores / k) per second) has grown by its work; an emulated rank then
-    sleeps without a core. Sends, receives and SYNC need no core and run inside advance()."""
+    sleeps without a core. Sends, receives and SYNC need no core and run inside advance(); with
+    `cost.wait_cpu`, a rank that neither computes nor sleeps is waiting and takes that share of a core from
+    its host's computing ranks."""
     rp = _Replay(prog, cost, shared=True)
     kind, dur, host, cores, gate = prog.kind, prog.dur, cost.host, cost.cores, rp.gate
     start, end, took, clock, pc, slow = rp.start, rp.end, rp.took, rp.clock, rp.pc, rp.slow
@@ -377,8 +379,15 @@ def _run_shared(prog: _Program, cost: ScheduleCosts) -> _Replay:
         vtime[h] += (t - vat[h]) * rate[h]
         vat[h] = t
 
+    wait_cpu = cost.wait_cpu
+    members = [[r for r in range(len(host)) if host[r] == h] for h in range(len(cores))]
+    busy = bytearray(len(host))  # rank computing now
+    asleep = [0.0] * len(host)  # until when a rank sleeps its emulated slowdown (no core)
+
     def rerate(h: int) -> None:
         k = len(running[h])
+        if wait_cpu and k:  # ranks that neither compute nor sleep wait, using wait_cpu of a core each
+            k += wait_cpu * sum(1 for r in members[h] if not busy[r] and asleep[r] <= now)
         rate[h] = 1.0 if k <= cores[h] else cores[h] / k
 
     rp.wake = wake
@@ -399,6 +408,9 @@ def _run_shared(prog: _Program, cost: ScheduleCosts) -> _Replay:
                 end[g] = began + (now - began) * slow[r]
                 took[g] = end[g] - began
             rp.done[g] = 1
+            busy[r], asleep[r] = 0, end[g]
+            if wait_cpu:
+                rerate(fin_h)
             for w in rp.waiters.pop(g, []):
                 wake(now, w)
             pc[r], clock[r] = g + 1, end[g]
@@ -407,6 +419,10 @@ def _run_shared(prog: _Program, cost: ScheduleCosts) -> _Replay:
         if not ready:
             break
         now, r = heapq.heappop(ready)
+        if wait_cpu and asleep[r] and asleep[r] <= now:  # its sleep ended: it waits (or computes) from now
+            asleep[r] = 0.0
+            catch_up(host[r], now)
+            rerate(host[r])
         g = rp.advance(r)
         if g < 0:
             continue
@@ -418,6 +434,7 @@ def _run_shared(prog: _Program, cost: ScheduleCosts) -> _Replay:
         if kind[g] <= _B or not gate.on or g in prog.depn:
             start[g] = now
         heapq.heappush(running[h], (vtime[h] + dur[g], g, r, now))
+        busy[r] = 1
         rerate(h)
     return rp
 

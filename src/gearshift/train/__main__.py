@@ -1,4 +1,4 @@
-"""Worker entry point: `python -m gearshift.train [CONFIG] [--section.key=value ...] [--resume]`.
+"""Worker entry point: `python -m gearshift.train [CONFIG] [--section.key=value ...] [--resume[=PATH]]`.
 
 This is what `torchrun --nproc-per-node N -m gearshift.train CONFIG` runs on each process: the job has
 as many workers as torchrun started; `main` carries torch.distributed.elastic's `@record`, so a failure
@@ -39,8 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     if "-h" in argv or "--help" in argv:
         print(f"{__doc__}\nThe config keys and their defaults: gearshift train --help")
         return 0
-    resume = "--resume" in argv
-    argv = [a for a in argv if a != "--resume"]
+    resume: bool | str = False  # --resume: the newest good checkpoint; --resume=PATH: that one
+    for a in [a for a in argv if a == "--resume" or a.startswith("--resume=")]:
+        resume = a.split("=", 1)[1] if "=" in a else True
+        argv.remove(a)
     forcing = None
     if "--forcing" in argv:  # the local launcher's, beside --from-json
         i = argv.index("--forcing")

@@ -117,6 +117,12 @@ def measure_start(cfg: JobConfig, adapter: Adapter, spec: ModelSpec, data: JobDa
     """Before training (collective): this rank's speed and its pipeline's links, both ways."""
     stages = cfg.parallel.stages
     replica, pipe_rank = divmod(dist.get_rank(), stages)
+    if cfg.adapt.calibrate:
+        from gearshift.train.calibration import calibrate_ranks
+
+        bounds = uniform_bounds(adapter.profile.num_layers, stages)[pipe_rank]
+        adapter.set_calibration(calibrate_ranks(cfg, spec, data, adapter.profile, adapter.profiles, bounds, stages,
+                                                adapter.device))
     adapter.seed_speed(_probe_speed(cfg, adapter, pipe_rank, spec, data))
     adapter.measure_links(stages, pipe_rank, replica)
     adapter.start_measured = True
@@ -147,6 +153,7 @@ def _probe_speed(cfg: JobConfig, adapter: Adapter, pipe_rank: int, spec: ModelSp
     with cpu:
         layers = torch.nn.Sequential(*[build(i) for i in range(a, b)])
     x, layers = x.to(adapter.device), layers.to(adapter.device)
-    prof = adapter.profile
-    profiled = adapter.mb_size / prof.microbatch_size * sum(lp.work_s for lp in prof.layers[a:b])
+    prof, scale = adapter.profile, adapter.mb_size / adapter.profile.microbatch_size
+    fwd, bwd = (scale * sum(getattr(lp, k) for lp in prof.layers[a:b]) for k in ("forward_s", "backward_s"))
+    profiled = adapter.line_s(pipe_rank, fwd, cfg.parallel.stages) + adapter.line_s(pipe_rank, bwd, cfg.parallel.stages)
     return probe_speed(layers, x, profiled, adapter.after_compute)

@@ -22,6 +22,7 @@ from gearshift.runtime.agree import rank0_decides
 from gearshift.runtime.experts import ExpertShards
 from gearshift.runtime.multidir import MultiDirRuntime
 from gearshift.runtime.pipeline import PipelineRuntime
+from gearshift.runtime.precision import Precision, check_precision
 from gearshift.schedules import Schedule, make_schedule
 from gearshift.train.config import JobConfig
 from gearshift.train.datasets import JobData
@@ -93,9 +94,9 @@ def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None, a
                   links: bool | None = None) -> PipelineRuntime | MultiDirRuntime:
     """This rank's pipeline runtime for the job (the partition and schedule from the config unless given) on the
     job's device; only this rank's layers are built. A MoE model's experts as `experts` places them, else
-    contiguously. links: a group per link direction (PipelineRuntime; None: on NCCL). For parallel.schedule =
-    multidir, `bounds` is one range per slice (the same cut in every direction), and the direction orders
-    balance the slices' activation bytes from the job's profile (multidir_profile)."""
+    contiguously. links: a group per channel (link direction, kind of message; None: on NCCL). For
+    parallel.schedule = multidir, `bounds` is one range per slice (the same cut in every direction), and the
+    direction orders balance the slices' activation bytes from the job's profile (multidir_profile)."""
     t = cfg.train
     spec = spec or job_model(cfg)
     build, act_meta = layer_factory(cfg, spec, data)
@@ -107,12 +108,16 @@ def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None, a
             profile = multidir_profile(cfg, adapter)
             bounds = bounds or multidir_slices(cfg, spec, profile)
             schedule = schedule or job_schedule(cfg, slice_act_bytes(profile, bounds))
-        rt = MultiDirRuntime(build, spec.loss_fn, bounds, schedule, act_meta, optim, **hooks)
+        rt = MultiDirRuntime(build, spec.loss_fn, bounds, schedule, act_meta, optim, **hooks, device=job_device(cfg),
+                             links=links)
     else:
         device = job_device(cfg)
+        check_precision(t.precision, device)
+        shares = cfg.parallel.shares if isinstance(cfg.parallel.shares, list) else None  # measured: equal at first
         rt = PipelineRuntime(build, spec.loss_fn, bounds or resolve_partition(cfg, spec), schedule or job_schedule(cfg),
                              act_meta, optim, **hooks, grad_sync_factory=grad_sync(cfg, device),
-                             experts=experts or expert_shards(cfg), device=device, links=links)
+                             experts=experts or expert_shards(cfg), device=device, links=links,
+                             precision=Precision(t.precision), recompute=cfg.parallel.recompute, shares=shares)
     spec.release()
     return rt
 

@@ -4,10 +4,13 @@ its first holder) into one directory, and on load every rank reads just the laye
 number of workers or the partition that wrote them. A directory is written under a temporary name and renamed
 once complete (rank 0, after every rank's part is written), so a crash leaves the old checkpoints and no half.
 Beside the tensors, `meta.pt` holds the step, every rank's RNG state, the partition, the job's fingerprint
-(`--resume` refuses a checkpoint written by another job) and a MoE job's expert->rank map and placement state.
-Tensors are saved from the CPU and placed on each rank's device on load: a checkpoint written on GPUs resumes on
-CPUs and back. Checkpoints of the earlier format (one `step_N.pt` file holding the whole job, gathered on rank 0)
-are still read, so old runs resume."""
+(`--resume` refuses a checkpoint written by another job) and a MoE job's expert->rank map and placement state
+(the loads it forecasts from), so a resumed run holds the experts where the interrupted one did and decides as it
+would have. Tensors are saved from the CPU and placed on each rank's device on load: a checkpoint written on GPUs
+resumes on CPUs and back. Checkpoints of the earlier format (one `step_N.pt` file holding the whole job, gathered
+on rank 0) are still read, so old runs resume. `--resume` takes the newest checkpoint that loads (a corrupt or
+truncated newer one is skipped, and said so); `--resume=PATH` takes that one. Only the newest
+train.keep_checkpoints are kept."""
 
 from __future__ import annotations
 
@@ -24,11 +27,18 @@ from gearshift.errors import DataError
 from gearshift.planner.expert_map import ExpertMap
 from gearshift.runtime.pipeline import PipelineRuntime
 from gearshift.train.config import JobConfig
+from gearshift.train.env import under_torchrun
 
 FORMAT = 3  # a DCP directory and meta.pt
 OLD_FORMAT = 2  # one torch.save file holding the whole job
 _NAME = re.compile(r"^step_(\d+)(\.pt)?$")
 META = "meta.pt"
+Resume = bool | str  # False: a fresh run; True: the newest good checkpoint in output.dir; a path: that checkpoint
+
+
+class CorruptCheckpoint(DataError):
+    """A checkpoint that does not load (corrupt, truncated, or not Gearshift's): --resume skips it for an older
+    one; a checkpoint of another job is a plain DataError and is never skipped."""
 
 
 def checkpoint_dir(out_dir: str | Path) -> Path:
@@ -61,13 +71,50 @@ def save_checkpoint(path: Path, payload: dict) -> None:
     os.replace(tmp, path)
 
 
-def latest_checkpoint(out_dir: str | Path) -> Path | None:
-    """The checkpoint with the highest step in `out_dir/checkpoints`, or None."""
+def checkpoints(out_dir: str | Path) -> list[Path]:
+    """The checkpoints in `out_dir/checkpoints`, newest (highest step) first."""
     d = checkpoint_dir(out_dir)
     if not d.is_dir():
-        return None
+        return []
     found = [(int(m.group(1)), p) for p in d.iterdir() if (m := _NAME.match(p.name))]
-    return max(found)[1] if found else None
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def latest_checkpoint(out_dir: str | Path) -> Path | None:
+    """The checkpoint with the highest step in `out_dir/checkpoints`, or None."""
+    found = checkpoints(out_dir)
+    return found[0] if found else None
+
+
+def prune_checkpoints(out_dir: str | Path, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` checkpoints (0: keep every one); returns those deleted."""
+    old = checkpoints(out_dir)[keep:] if keep > 0 else []
+    for p in old:
+        _remove(p)
+    return old
+
+
+def later_than(out_dir: str | Path, step: int) -> list[Path]:
+    """The checkpoints in `out_dir` past `step`, newest first."""
+    return [p for p in checkpoints(out_dir) if int(_NAME.match(p.name).group(1)) > step]
+
+
+def drop_after(out_dir: str | Path, step: int) -> list[Path]:
+    """A run resumed at `step` rewrites what came after it (metrics.jsonl drops those steps too): delete the
+    checkpoints past it (an abandoned continuation, or corrupt ones skipped), so that --resume and
+    train.keep_checkpoints see this run's own (find_resumable's line names them); returns those deleted."""
+    later = later_than(out_dir, step)
+    for p in later:
+        _remove(p)
+    return later
+
+
+def _remove(path: Path) -> None:
+    """Delete a checkpoint: a directory, or an old-format file."""
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _flatten(model: dict, optim: dict) -> dict:
@@ -124,10 +171,11 @@ def load_checkpoint(path: Path, fingerprint: dict) -> dict:
     try:
         ck = torch.load(path if old else path / META, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unpickling failure means the file is unusable
-        raise DataError(f"checkpoint {path}: corrupt or not a Gearshift checkpoint ({type(e).__name__})") from None
+        raise CorruptCheckpoint(f"checkpoint {path}: corrupt or not a Gearshift checkpoint ({type(e).__name__})") \
+            from None
     if not isinstance(ck, dict) or ck.get("format") != (OLD_FORMAT if old else FORMAT):
-        raise DataError(f"checkpoint {path}: not a Gearshift checkpoint (format {OLD_FORMAT} file or format "
-                        f"{FORMAT} directory expected)")
+        raise CorruptCheckpoint(f"checkpoint {path}: not a Gearshift checkpoint (format {OLD_FORMAT} file or format "
+                                f"{FORMAT} directory expected)")
     if not old:
         ck["path"] = str(path)  # the tensors stay on disk until each rank reads its own (Checkpointer.restore)
     saved = ck.get("job", {})
@@ -138,19 +186,51 @@ def load_checkpoint(path: Path, fingerprint: dict) -> dict:
     return ck
 
 
-def find_resumable(cfg: JobConfig) -> tuple[Path, dict]:
-    """The latest checkpoint in output.dir, loaded and checked against the job."""
-    path = latest_checkpoint(cfg.output.dir)
-    if path is None:
+def find_resumable(cfg: JobConfig, resume: Resume = True) -> tuple[Path, dict, str | None]:
+    """The checkpoint to resume (`resume` a path: that one; else the newest in output.dir that loads), loaded and
+    checked against the job, and a line saying which newer ones in output.dir were skipped as unreadable or will be
+    replaced (drop_after) by the run that continues from it (None: none)."""
+    fp = job_fingerprint(cfg)
+    if isinstance(resume, str):
+        path = Path(resume)
+        if not path.exists():
+            raise DataError(f"--resume={resume}: no such checkpoint")
+        ck = load_checkpoint(path, fp)
+        later = later_than(cfg.output.dir, int(ck["step"]))
+        note = None if not later else (f"gearshift: --resume={resume}: continuing from step {ck['step']}; this run "
+                                       f"replaces the later checkpoints {', '.join(p.name for p in later)}")
+        return path, ck, note
+    found = checkpoints(cfg.output.dir)
+    if not found:
         raise DataError(f"--resume: no checkpoint in {checkpoint_dir(cfg.output.dir)}")
-    return path, load_checkpoint(path, job_fingerprint(cfg))
+    skipped: list[tuple[Path, CorruptCheckpoint]] = []
+    for path in found:
+        try:
+            ck = load_checkpoint(path, fp)
+        except CorruptCheckpoint as e:
+            skipped.append((path, e))
+            continue
+        note = None if not skipped else (
+            f"gearshift: --resume: skipped {', '.join(p.name for p, _ in skipped)} (corrupt or truncated); resuming "
+            f"from {path.name} (--resume=PATH picks another)")
+        return path, ck, note
+    raise skipped[0][1]  # none loads: the newest one's error says what is wrong
+
+
+def completed(cfg: JobConfig, ck: dict) -> str | None:
+    """The line for a resumed run that has nothing left to do (its checkpoint is at train.steps or past), or None."""
+    step = int(ck["step"])
+    if step < cfg.train.steps:
+        return None
+    return (f"gearshift: {cfg.output.dir} is already complete at step {step} (train.steps = {cfg.train.steps}); "
+            "raise train.steps to train on")
 
 
 class Checkpointer:
     """Saves the job every train.checkpoint_every steps, at the end and when asked to stop; resumes it."""
 
-    def __init__(self, cfg: JobConfig):
-        self.cfg = cfg
+    def __init__(self, cfg: JobConfig, resume: Resume = False):
+        self.cfg, self.resume = cfg, resume
         self._resumed: dict | None = None
 
     def due(self, step: int, end: int) -> bool:
@@ -166,7 +246,9 @@ class Checkpointer:
     def resumed(self) -> dict:
         """The checkpoint --resume continues from (read once)."""
         if self._resumed is None:
-            self._resumed = find_resumable(self.cfg)[1]
+            _, self._resumed, note = find_resumable(self.cfg, self.resume or True)
+            if note and under_torchrun() and dist.get_rank() == 0:  # else `gearshift train` said it
+                print(note, flush=True)
         return self._resumed
 
     def restore(self, rt: PipelineRuntime) -> int:
@@ -217,6 +299,7 @@ class Checkpointer:
             })
             shutil.rmtree(path, ignore_errors=True)
             os.replace(tmp, path)
+            prune_checkpoints(self.cfg.output.dir, self.cfg.train.keep_checkpoints)
         dist.barrier()
         return path
 

@@ -44,13 +44,12 @@ def load_job(path: str | None, overrides: list[str]) -> JobConfig:
 
 def job_device_choice(cfg: JobConfig, local_world: int | None = None) -> DeviceChoice:
     """This rank's device and backend (gearshift.cluster.device.choose_here: cluster.device, cluster.backend, the
-    local rank, and the process group's backend once joined; multidir runs on the CPU). Outside a launched job
+    local rank, and the process group's backend once joined). Outside a launched job
     (`gearshift profile`, `plan`) the ranks on this machine are the config's, so auto picks what the job's
     workers would."""
     if local_world is None and "LOCAL_WORLD_SIZE" not in os.environ:
         local_world = cfg.cluster.ranks_per_node or cfg.cluster.workers
-    device = "cpu" if cfg.parallel.schedule == "multidir" else cfg.cluster.device  # multidir: CPU tensors, gloo
-    return choose_here(device, cfg.cluster.backend, local_world=local_world)
+    return choose_here(cfg.cluster.device, cfg.cluster.backend, local_world=local_world)
 
 
 def job_device(cfg: JobConfig) -> torch.device:

@@ -72,8 +72,8 @@ def _kill(procs: list[subprocess.Popen]) -> None:
 
 class _Stopping:
     """The launcher's SIGTERM / SIGINT handling: the first signal asks every worker to stop after its current
-    step with a checkpoint (SIGTERM to each); workers still running `grace_s` later, or after a second signal,
-    are killed."""
+    step with a checkpoint (the same signal to each, so that each names the signal the job received); workers still
+    running `grace_s` later, or after a second signal, are killed."""
 
     def __init__(self, procs: list[subprocess.Popen], grace_s: float):
         self.procs, self.grace_s = procs, grace_s
@@ -91,7 +91,7 @@ class _Stopping:
         self.signum, self.deadline = signum, time.time() + self.grace_s
         print(f"\ngearshift: {signal.Signals(signum).name}: stopping the workers after their current step, with a "
               f"checkpoint (a second signal stops them at once)", file=sys.stderr, flush=True)
-        _signal_all(self.procs, signal.SIGTERM)
+        _signal_all(self.procs, signum)
 
     def overdue(self) -> bool:
         return time.time() > self.deadline
@@ -103,7 +103,7 @@ class _Stopping:
 
 def launch(
     cfg: JobConfig,
-    resume: bool = False,
+    resume: bool | str = False,
     env: dict[str, str] | None = None,
     testbed=None,
     quiet: bool = False,
@@ -125,6 +125,10 @@ def launch(
     job_device_choice(cfg, local_world=cfg.cluster.ranks_per_node or cfg.cluster.workers)
     if brings_own(cfg):  # the built-ins always fit
         check_job(cfg)
+    if cfg.model.init and not resume:  # the weights file against the whole model: one line for what does not fit
+        from gearshift.train.init_weights import check_init
+
+        check_init(cfg.model.init, job_model(cfg), cfg.train.seed)
     if forcing:
         forcing.check(cfg, job_model(cfg))
     note = prepare_run_dir(cfg, resume)
@@ -135,7 +139,9 @@ def launch(
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = run_dir / "config.json"
     cfg_path.write_text(json.dumps(cfg.to_dict(), indent=1))
-    cmd = [sys.executable, "-m", "gearshift.train", "--from-json", str(cfg_path)] + (["--resume"] if resume else [])
+    cmd = [sys.executable, "-m", "gearshift.train", "--from-json", str(cfg_path)]
+    if resume:  # a path: the checkpoint the command line checked, so that every worker loads that one
+        cmd.append(f"--resume={resume}" if isinstance(resume, str) else "--resume")
     if forcing:
         forcing.save(run_dir / "forcing.json")
         cmd += ["--forcing", str(run_dir / "forcing.json")]

@@ -16,14 +16,23 @@ from gearshift.train.config import JobConfig
 LayerMeta = tuple[tuple[int, ...], torch.dtype]  # (shape without the batch dimension, dtype)
 
 
-def layer_inputs(spec: ModelSpec, x: Tensor, y: Tensor, seed: int) -> list[LayerMeta]:
+def layer_inputs(spec: ModelSpec, x: Tensor, y: Tensor, seed: int, targets: Tensor | None = None) -> list[LayerMeta]:
     """(shape without batch, dtype) of each layer's input, from running the layers and the loss on a sample
     batch (x, y): on the meta device (nothing allocated) or, where a layer cannot run there, on the CPU one
-    layer at a time. A layer or loss that fails on what it gets is one line naming it."""
+    layer at a time. Then the loss on values, on the CPU: the last layer's output (random values of its shape)
+    against `targets` (a batch of the data's targets; default y), so that a target the head cannot take (a class
+    past its width) fails here too. A layer or loss that fails on what it gets is one line naming it."""
     try:
-        return _run_layers(spec, x.to("meta"), y.to("meta"), seed, torch.device("meta"))
+        metas, out = _run_layers(spec, x.to("meta"), y.to("meta"), seed, torch.device("meta"))
     except Exception:  # noqa: BLE001 - some layer cannot run on meta: the CPU pass finds the shapes, or the error
-        return _run_layers(spec, x, y, seed, contextlib.nullcontext())
+        metas, out = _run_layers(spec, x, y, seed, contextlib.nullcontext())
+    targets = y if targets is None else targets
+    shape, dtype = out
+    values = torch.randn((targets.shape[0], *shape)).to(dtype) if dtype.is_floating_point else \
+        torch.zeros((targets.shape[0], *shape), dtype=dtype)
+    with torch.no_grad():
+        _loss(spec, values, targets)
+    return metas
 
 
 def _first_line(e: BaseException) -> str:
@@ -31,7 +40,22 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
-def _run_layers(spec: ModelSpec, x: Tensor, y: Tensor, seed: int, where) -> list[LayerMeta]:
+def _loss(spec: ModelSpec, out: Tensor, y: Tensor) -> Tensor:
+    """spec.loss_fn(out, y); a failure or a loss that is not a scalar is one line naming the loss and the shapes."""
+    fn = spec.loss_fn
+    name = getattr(fn, "__name__", type(fn).__name__)
+    try:
+        loss = fn(out, y)
+    except Exception as e:  # noqa: BLE001
+        raise ConfigError(f"model: the loss {name} fails on the last layer's output {tuple(out.shape)} ({out.dtype}) "
+                          f"and the data's targets {tuple(y.shape)} ({y.dtype}): {_first_line(e)}") from None
+    if not isinstance(loss, Tensor) or loss.numel() != 1:
+        raise ConfigError(f"model: the loss {name} must be a scalar tensor, got {getattr(loss, 'shape', type(loss))}")
+    return loss
+
+
+def _run_layers(spec: ModelSpec, x: Tensor, y: Tensor, seed: int, where) -> tuple[list[LayerMeta], LayerMeta]:
+    """Each layer's input, and the last layer's output, as (shape without batch, dtype)."""
     batch = x.shape[0]
     metas: list[LayerMeta] = []
     with torch.no_grad():
@@ -52,14 +76,8 @@ def _run_layers(spec: ModelSpec, x: Tensor, y: Tensor, seed: int, where) -> list
                 raise ConfigError(f"{name} returns shape {tuple(out.shape)}, whose first dimension is not the batch "
                                   f"({batch}): layers take and return batch-first tensors")
             x = out
-        try:
-            loss = spec.loss_fn(x, y)
-        except Exception as e:  # noqa: BLE001
-            raise ConfigError(f"model: the loss fails on the last layer's output {tuple(x.shape)} ({x.dtype}) and "
-                              f"the data's targets {tuple(y.shape)} ({y.dtype}): {_first_line(e)}") from None
-    if not isinstance(loss, Tensor) or loss.numel() != 1:
-        raise ConfigError(f"model: the loss must be a scalar tensor, got {getattr(loss, 'shape', type(loss))}")
-    return metas
+        _loss(spec, x, y)
+    return metas, (tuple(x.shape[1:]), x.dtype)
 
 
 def act_meta_fn(metas: list[LayerMeta]):

@@ -17,7 +17,7 @@ from gearshift.runtime.agree import AnyRank
 from gearshift.runtime.reschedule import describe as describe_schedule
 from gearshift.train.adaptation import build_adapter, build_switcher, plan_start, start_schedule
 from gearshift.train.build import build_runtime, expert_shards, job_model, lr_at, moe_config
-from gearshift.train.checkpoint import Checkpointer
+from gearshift.train.checkpoint import Checkpointer, Resume, completed, drop_after
 from gearshift.train.config import JobConfig
 from gearshift.train.datasets import JobData, job_data
 from gearshift.train.evaluation import Evaluator
@@ -28,6 +28,7 @@ from gearshift.train.moe_trace import FILENAME, MoETrace
 from gearshift.train.placement import Placer
 from gearshift.train.progress import Progress, print_summary
 from gearshift.train.rundir import prepare_run_dir, write_config
+from gearshift.train.shares import MeasuredShares
 from gearshift.train.snapshot import Snapshots, go_on_from
 from gearshift.train.step_stats import StepStats
 from gearshift.train.stop import StopRequest
@@ -35,16 +36,22 @@ from gearshift.train.strategy import resolve_auto
 from gearshift.train.tracing import Tracer
 
 
-def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None,
+def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = None,
           forcing: Forcing | None = None, snapshots: Snapshots | None = None, restarted: bool = False) -> dict:
-    """Run the job; returns the summary (on every rank). `forcing`: a test's or benchmark's decisions.
-    `snapshots`: where every rank copies its state (train.snapshot_every); `restarted`: the elastic agent
-    restarted this group after a failure, so the job goes on from the newest copy (or checkpoint)."""
+    """Run the job; returns the summary (on every rank). `resume`: True (the newest good checkpoint) or a
+    checkpoint's path. `forcing`: a test's or benchmark's decisions. `snapshots`: where every rank copies its
+    state (train.snapshot_every); `restarted`: the elastic agent restarted this group after a failure, so the job
+    goes on from the newest copy (or checkpoint)."""
     rank = dist.get_rank()
-    ckpt = Checkpointer(cfg)
+    ckpt = Checkpointer(cfg, resume)
     if restarted:
         resume = go_on_from(cfg, ckpt, snapshots)
+    if resume and (done := completed(cfg, ckpt.resumed())):  # nothing left to run: every rank returns here
+        if rank == 0:
+            print(done, flush=True)
+        return {"complete": True, "start_step": int(ckpt.resumed()["step"]), "stopped": False}
     cfg, strategy = resolve_auto(cfg)  # parallel.strategy = "auto": the pool's best (collective)
+    ckpt.cfg = cfg  # the strategy chosen (the checkpoint read stays: the job's model and data are the same)
     t, out = cfg.train, Path(cfg.output.dir)
     if rank == 0:
         note = prepare_run_dir(cfg, resume or restarted)
@@ -78,8 +85,15 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None,
     start = ckpt.restore(rt) if resume else 0
     if forcing:
         forcing.arm(rt, out)
+    if resume and rank == 0:  # the checkpoints past the one resumed are this run's to write (said when found)
+        drop_after(out, start)
+    if cfg.model.init and not resume:  # pretrained weights, each rank its own layers
+        from gearshift.train.init_weights import load_init
+
+        load_init(rt, cfg.model.init, spec, t.seed)
     log = MetricsLog(out / "metrics.jsonl", resume_step=start if resume else None) if rank == 0 else None
-    bar = Progress(t.steps, start, enabled=rank == 0 and cfg.output.progress)
+    bar = Progress(t.steps, start, enabled=rank == 0 and cfg.output.progress,
+                   rate="tok/s" if data.tokens_per_sample > 1 else "samples/s")
     trace = MoETrace(out / FILENAME, rt.experts.moe_layers, rt.experts.experts, start if resume else None) \
         if rank == 0 and cfg.output.moe_trace and rt.experts is not None else None
     moves = bool(forcing and forcing.move_experts)
@@ -105,6 +119,7 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None,
     per_part = t.batch_size // cfg.batch_parts
     history: list[StepMetrics] = []
     stats, any_stop = StepStats(rt.device), AnyRank(rt.device)  # the step's collectives, made once
+    shares = MeasuredShares(cfg) if cfg.parallel.shares == "measured" else None
     wall0 = time.perf_counter()
     stopped = False
     for step in range(start, end):
@@ -118,10 +133,12 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None,
         if snapshots and snapshots.due(step + 1):  # before the stats: a finished step has every rank's copy
             snapshots.write(rt.state(), step + 1, rank, dist.get_world_size(), {"bounds": [list(b) for b in rt.bounds]})
         if adapter:
-            adapter.observe(rt, res.record, per_part // rt.schedule.num_microbatches)
+            adapter.observe(rt, res.record, getattr(rt, "microbatch_size", per_part // rt.schedule.num_microbatches))
         speed = adapter.monitor.speed(rank) if adapter else None
         rec = stats(step, res.loss, res.grad_norm, lr, res.record, rt.bounds, tokens, speed)
         stopped = any_stop(stop is not None and stop.requested)  # every rank stops after the same step
+        if shares and (note := shares.after_step(rt, step, rec)):
+            bar.note(note)
         if res.moe is not None:
             rec = dataclasses.replace(rec, **res.moe.record())
             if trace:
@@ -161,6 +178,7 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None,
     if trace:
         trace.save()
     summary = _summary(cfg, history, start, time.perf_counter() - wall0, data)
+    summary["throughput_unit"] = "tokens" if data.tokens_per_sample > 1 else "samples"
     if switcher:
         summary["schedule_runs"] = switcher.runs
     if placer:
@@ -170,9 +188,13 @@ def train(cfg: JobConfig, resume: bool = False, stop: StopRequest | None = None,
         if log:
             log.close()
             from gearshift.report.html import write_report
-            from gearshift.report.plots import plot_run
+            from gearshift.report.plots import emulated_steps, plot_run
+            from gearshift.report.run_info import RunInfo
 
-            plot_run(read_metrics(log.path), out / "metrics.png", summary["unigram_entropy"])
+            info = RunInfo.of_job(cfg.model.name, data.tokens_per_sample, summary["unigram_entropy"])
+            info.write(out)
+            plot_run(read_metrics(log.path), out / "metrics.png", info.unigram_entropy, info.loss_label, info.rate,
+                     emulated_steps(cfg.to_dict()))
             if placer:
                 from gearshift.report.placement_plots import plot_run_placement
 
@@ -192,7 +214,7 @@ def _summary(cfg: JobConfig, history: list[StepMetrics], start: int, wall_s: flo
         return statistics.median(xs) if xs else float("nan")
 
     return {
-        "steps": cfg.train.steps, "start_step": start, "wall_s": wall_s,
+        "steps": cfg.train.steps, "start_step": start, "end_step": start + len(history), "wall_s": wall_s,
         "first_loss": history[0].loss if history else float("nan"),
         "final_loss": history[-1].loss if history else float("nan"),
         "val_loss": next((h.val_loss for h in reversed(history) if h.val_loss is not None), None),

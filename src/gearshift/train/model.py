@@ -11,6 +11,7 @@ from gearshift.train.datasets import JobData, job_data
 from gearshift.train.layout import LayerMeta, layer_inputs
 
 SAMPLE_BATCH = 2  # samples run through the layers to find activation shapes (2: the batch dimension shows)
+LOSS_BATCH = 256  # at most this many of the first step's targets go through the loss (a label past the head fails)
 
 
 def job_model(cfg: JobConfig) -> ModelSpec:
@@ -30,9 +31,10 @@ def brings_own(cfg: JobConfig) -> bool:
 
 def check_job(cfg: JobConfig, spec: ModelSpec | None = None, data: JobData | None = None) -> list[LayerMeta]:
     """Import the model and the data and run the layers and the loss on a sample batch (on the meta device
-    where they can): every one-line error a worker would hit at start, here first. Returns the shape and
-    dtype of each layer's input."""
+    where they can), then the loss on the first step's targets (on the CPU: their values): every one-line error a
+    worker would hit at start, here first. Returns the shape and dtype of each layer's input."""
     spec = spec or job_model(cfg)
     data = data or job_data(cfg)
     x, y = data.sample(SAMPLE_BATCH, cfg.train.seed)
-    return layer_inputs(spec, x, y, cfg.train.seed)
+    _, targets = data.sample(min(cfg.train.batch_size, LOSS_BATCH), cfg.train.seed)  # the first step's targets
+    return layer_inputs(spec, x, y, cfg.train.seed, targets)

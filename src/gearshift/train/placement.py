@@ -21,6 +21,12 @@ from gearshift.train.build import moe_config
 from gearshift.train.config import JobConfig
 
 
+def placement_due(step: int, every: int, steps: int) -> bool:
+    """Whether a placement decision follows `step`: every `every` steps, but not after the job's last step (no
+    step would run on what it moved)."""
+    return every > 0 and (step + 1) % every == 0 and step + 1 < steps
+
+
 class Placer:
     """One rank's side of expert placement (built on every rank when moe.every > 0). `always`: move at every decision
     whatever the switch rule says (a test's or benchmark's Forcing.move_experts; the rule's t1, t2 and tc are still
@@ -31,6 +37,7 @@ class Placer:
     def __init__(self, cfg: JobConfig, rt: PipelineRuntime, always: bool = False):
         m, mc = cfg.moe, moe_config(cfg)
         self.every, self.window, self.replicas, self.always = m.every, m.window or m.every, m.replicas, always
+        self.steps = cfg.train.steps
         self.forecast = m.forecast
         self.shards = rt.experts
         self.groups = self.shards.replicas // self.shards.width
@@ -82,7 +89,7 @@ class Placer:
 
     def maybe_place(self, rt: PipelineRuntime, step: int) -> PlacementEvent | None:
         """After `step`: decide (rank 0) and switch (every rank) if due. Collective."""
-        if not self.every or (step + 1) % self.every:
+        if not placement_due(step, self.every, self.steps):
             return None
         if self.bandwidth is None:
             self.bandwidth = probe_bandwidth(self.shards, self.expert_bytes)

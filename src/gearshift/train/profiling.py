@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,9 +14,11 @@ import torch
 from gearshift.models.spec import ModelSpec
 from gearshift.profile import ModelProfile
 from gearshift.profile.profiler import profile_spec
+from gearshift.runtime.precision import Precision
 from gearshift.train.config import JobConfig
 from gearshift.train.datasets import JobData
 from gearshift.train.env import job_device
+from gearshift.train.layout import act_meta_fn
 
 
 def microbatch_size(cfg: JobConfig) -> int:
@@ -27,7 +30,8 @@ def profile_job(cfg: JobConfig, repeats: int = 5, warmup: int = 2, data: JobData
                 device: torch.device | None = None) -> ModelProfile:
     """Per-layer times and bytes of the job's model for one of its micro-batches (or one of `size` samples),
     on one thread, layer by layer (each built, measured and dropped), on `device` (default: the job's,
-    cluster.device); the model's keep_together becomes the profile's no_cut."""
+    cluster.device); the model's keep_together becomes the profile's no_cut. Under train.precision = bf16 the
+    layers run under autocast (their times and saved bytes are bf16's) and what a cut sends is priced in bf16."""
     from gearshift.train.datasets import job_data
     from gearshift.train.model import brings_own, check_job, job_model
 
@@ -38,10 +42,23 @@ def profile_job(cfg: JobConfig, repeats: int = 5, warmup: int = 2, data: JobData
         if brings_own(cfg):  # a model and data that do not fit: one line, not a traceback
             check_job(cfg, spec, data)
         x, y = data.sample(size or microbatch_size(cfg), cfg.train.seed)
-        return profile_spec(spec, cfg.train.seed, x, y, repeats=repeats, warmup=warmup,
-                            device=job_device(cfg) if device is None else device)
+        device = job_device(cfg) if device is None else device
+        precision = Precision(cfg.train.precision)
+        with precision.autocast(device):
+            prof = profile_spec(spec, cfg.train.seed, x, y, repeats=repeats, warmup=warmup, device=device)
+        return wire_priced(prof, precision, act_meta_fn(check_job(cfg, spec, data))) if precision.mixed else prof
     finally:
         torch.set_num_threads(threads)
+
+
+def wire_priced(prof: ModelProfile, precision: Precision, act_meta) -> ModelProfile:
+    """`prof` with each layer's output bytes per sample as they cross a cut (`precision.wire_meta` of the next
+    layer's input, `act_meta(layer, batch)`) and its dtype named."""
+    layers = list(prof.layers)
+    for i in range(len(layers) - 1):
+        shape, dtype = precision.wire_meta(act_meta(i + 1, 1))
+        layers[i] = replace(layers[i], activation_bytes=math.prod(shape) * dtype.itemsize)
+    return replace(prof, layers=layers, dtype="bfloat16" if precision.mixed else prof.dtype)
 
 
 def profile_sizes(cfg: JobConfig, sizes: list[int], cache: str = "", passes: int = 1, repeats: int = 3,
@@ -88,5 +105,5 @@ def model_key(cfg: JobConfig, device: torch.device | None = None) -> str:
     what = {"device": (device or torch.device("cpu")).type, "model": cfg.model.name, "table": cfg.model.table(),
             "data": cfg.data.name, "seq_len": cfg.data.seq_len,
             "data_table": cfg.data.table() if cfg.data.name not in ("bytes", "text") else {},
-            "torch": torch.__version__}
+            "torch": torch.__version__, "precision": cfg.train.precision}
     return hashlib.sha1(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:12]

@@ -6,12 +6,13 @@ import os
 
 import torch.distributed as dist
 
+from gearshift.train.checkpoint import Resume
 from gearshift.train.config import JobConfig
 from gearshift.train.forcing import Forcing
 from gearshift.train.worker import init_distributed, restart_count, run_as_worker
 
 
-def run_worker(cfg: JobConfig, resume: bool, forcing: Forcing | None = None) -> None:
+def run_worker(cfg: JobConfig, resume: Resume, forcing: Forcing | None = None) -> None:
     """Run the job in this process; report a failure to the launcher and re-raise it. SIGTERM or SIGINT
     stops the job after the current step, with a checkpoint. `forcing`: a test's or benchmark's decisions.
     Under the elastic agent (the local launcher, torchrun) each rank copies its state into host memory every

@@ -1,9 +1,12 @@
 """The run directory: a fresh run never mixes with an old one (the old run is moved aside, or the run is
-refused, per output.existing), and every run leaves its config beside its results."""
+refused, per output.existing; only the newest output.keep_runs moved aside are kept), and every run leaves its
+config beside its results."""
 
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import time
 from pathlib import Path
 
@@ -39,7 +42,28 @@ def prepare_run_dir(cfg: JobConfig, resume: bool) -> str | None:
         aside = out.with_name(f"{out.name}.{stamp}-{n}")
     out.rename(aside)
     out.mkdir(parents=True)
-    return f"gearshift: {out} held another run: moved it to {aside}"
+    note = f"gearshift: {out} held another run: moved it to {aside}"
+    removed = prune_runs(out, cfg.output.keep_runs)
+    if removed:
+        note += (f"; deleted {len(removed)} older run{'s' if len(removed) > 1 else ''} moved aside "
+                 f"(output.keep_runs = {cfg.output.keep_runs})")
+    return note
+
+
+def runs_aside(out: Path) -> list[Path]:
+    """The runs moved aside from `out` (`out.STAMP` and `out.STAMP-N`), newest first."""
+    name = re.compile(rf"^{re.escape(out.name)}\.(\d{{8}}-\d{{6}})(?:-(\d+))?$")
+    found = [(m.group(1), int(m.group(2) or 1), p) for p in out.parent.iterdir() if p.is_dir()
+             and (m := name.match(p.name))]
+    return [p for *_, p in sorted(found, reverse=True)]
+
+
+def prune_runs(out: Path, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` runs moved aside from `out` (0: keep every one); returns those deleted."""
+    old = runs_aside(out)[keep:] if keep > 0 else []
+    for p in old:
+        shutil.rmtree(p)
+    return old
 
 
 def _started(out: Path) -> float:

@@ -111,6 +111,19 @@ def job_pool(cfg: JobConfig, profiles: dict[int, ModelProfile], comm: CommCosts,
                          p.k, cores, slowdown, shares, opt_s_per_byte)
 
 
+def price_job(cfg: JobConfig, profile: ModelProfile, comm: CommCosts, shares: list[list[float]] | None = None,
+              bounds: list[tuple[int, int]] | None = None) -> Strategy:
+    """The job's own strategy (its stages, replicas, expert-parallel width, micro-batches, schedule; auto: kFkB at
+    its microbatches and k) priced as the pool prices each, from `profile` at the job's micro-batch size."""
+    from gearshift.planner.strategy import price
+
+    state, cores, slowdown = _cluster(cfg, comm)
+    p = cfg.parallel
+    return price(p.stages, cfg.replicas, p.experts, {profile.microbatch_size: profile}, moe_shape(cfg), state, comm,
+                 cfg.train.batch_size, p.microbatches, "kfkb" if p.schedule == "auto" else p.schedule, p.k, cores,
+                 slowdown, shares, bounds=bounds)
+
+
 def with_strategy(cfg: JobConfig, s: Strategy) -> JobConfig:
     """A copy of the job set to strategy `s` (stages, expert-parallel width, partition), validated."""
     cfg = copy.deepcopy(cfg)

@@ -51,8 +51,16 @@ class Tracer:
         if self.adapter is not None:
             state = self.adapter.base.resized(rt.pipe_ranks)
             state.speeds = [self.adapter.monitor.speed(r) or state.speeds[r] for r in range(rt.pipe_ranks)]
-            return predict(self.adapter.profile, list(rt.bounds), rt.schedule, state, mb)
+            return predict(self._priced(self.adapter.profile, rt), list(rt.bounds), rt.schedule, state, mb)
         profile = profile_job(self.cfg, repeats=3, warmup=1, data=self.data, spec=self.spec, size=mb)
         state = local_pipeline_state(dist.get_world_size(), rt.pipe_ranks,
                                      self.cfg.emulate.slowdowns(dist.get_world_size()))
-        return predict(profile, list(rt.bounds), rt.schedule, state, mb)
+        return predict(self._priced(profile, rt), list(rt.bounds), rt.schedule, state, mb)
+
+    def _priced(self, profile, rt: PipelineRuntime):
+        """The profile as the job runs it: with parallel.recompute = all, every stage recomputed."""
+        if self.cfg.parallel.recompute == "none":
+            return profile
+        from gearshift.planner.recompute import recomputed
+
+        return recomputed(profile, list(rt.bounds))

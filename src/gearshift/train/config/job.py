@@ -42,7 +42,8 @@ class JobConfig:
         d = {f.name: flat(getattr(self, f.name)) for f in dataclasses.fields(self)}
         for sec in ("model", "data"):
             obj = getattr(self, sec)
-            d[sec] = {"name": obj.name, **obj.table()}
+            always = {k: getattr(obj, k) for k in getattr(type(obj), "ALWAYS_KEYS", ()) if getattr(obj, k)}
+            d[sec] = {"name": obj.name, **obj.table(), **always}
         return d
 
     @property
@@ -80,14 +81,24 @@ def validate(cfg: JobConfig) -> JobConfig:
     info = cfg.model.layer_info()
     if info is not None:
         check_layers(cfg, *info)
+    per_part = t.batch_size // max(cfg.batch_parts, 1)
+    if p.microbatch_size:  # the size is the job's: the count follows the replicas
+        check(t.batch_size % cfg.batch_parts == 0 and per_part % p.microbatch_size == 0,
+              f"parallel.microbatch_size: must divide the batch of each of the {cfg.batch_parts} "
+              f"{'direction(s)' if p.schedule == 'multidir' else 'replica(s)'} (train.batch_size {t.batch_size} / "
+              f"{cfg.batch_parts} = {per_part}), got {p.microbatch_size}")
+        p.microbatches = per_part // p.microbatch_size
     if p.schedule == "multidir":
         _check_multidir(cfg)
-    per_part = t.batch_size // max(cfg.batch_parts, 1)
+    check(p.sync.allreduce_transport != "p2p" or (c.device != "cuda" and c.backend != "nccl"),
+          f"parallel.allreduce_transport: p2p carries CPU tensors over gloo only, got device {c.device!r} with backend "
+          f"{c.backend!r} (allowed with CUDA or NCCL: collectives)")
     check(t.batch_size % cfg.batch_parts == 0 and per_part % p.microbatches == 0,
           f"train.batch_size: must split evenly over {cfg.batch_parts} "
           f"{'direction(s)' if p.schedule == 'multidir' else 'replica(s)'} x parallel.microbatches "
           f"({p.microbatches}), got {t.batch_size}")
     _check_experts(cfg)
+    _check_options(cfg)
     _check_seq_len(cfg)
     check(-1 <= cfg.output.trace_step < t.steps,
           f"output.trace_step: must be -1 (the last step) or in 0..{t.steps - 1} (train.steps - 1), "
@@ -129,6 +140,25 @@ def check_ranges(ranges: Any, stages: int, n_layers: int, no_cut: list[int] = ()
                           "(keep_together)")
 
 
+def _check_options(cfg: JobConfig) -> None:
+    """train.precision, parallel.recompute and parallel.shares: for the pipelines of PipelineRuntime; shares: one
+    per replica."""
+    p = cfg.parallel
+    if p.schedule == "multidir":
+        check(cfg.train.precision == "fp32", f"train.precision: {cfg.train.precision!r} does not apply to "
+                                             "parallel.schedule = multidir (allowed there: fp32)")
+        check(p.recompute == "none", f"parallel.recompute: {p.recompute!r} does not apply to parallel.schedule = "
+                                     "multidir (allowed there: none)")
+        check(p.shares == "equal", f"parallel.shares: {p.shares!r} does not apply to parallel.schedule = multidir "
+                                   "(allowed there: equal)")
+    check(p.recompute == "none" or cfg.model.name != "moe_gpt",
+          f"parallel.recompute: {p.recompute!r} does not apply to model.name = \"moe_gpt\" (its routing counts and "
+          "expert all-to-alls run once per forward; allowed there: none)")
+    if isinstance(p.shares, list):
+        check(len(p.shares) == cfg.replicas, f"parallel.shares: expected one weight per replica ({cfg.replicas} = "
+                                             f"cluster.workers / parallel.stages), got {len(p.shares)}")
+
+
 def _check_multidir(cfg: JobConfig) -> None:
     """multidir: every worker in every direction, 2..stages/2 directions, >= stages micro-batches each."""
     p, w = cfg.parallel, cfg.cluster.workers
@@ -143,9 +173,6 @@ def _check_multidir(cfg: JobConfig) -> None:
                                      "(allowed: uniform = equal compute time, params, [[start, end], ...])")
     check(p.experts == 1 and p.strategy == "fixed", "parallel.experts: expert parallelism does not apply to "
                                                     "parallel.schedule = multidir (allowed: 1, strategy fixed)")
-    check(cfg.cluster.device != "cuda" and cfg.cluster.backend != "nccl",
-          f"cluster.device: multidir runs on the CPU over gloo, got device {cfg.cluster.device!r} with backend "
-          f"{cfg.cluster.backend!r} (allowed with multidir: device auto or cpu, backend auto or gloo)")
 
 
 def _check_experts(cfg: JobConfig) -> None:

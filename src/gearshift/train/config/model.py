@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from gearshift.errors import ConfigError
 from gearshift.imports import is_import_path
@@ -29,11 +29,16 @@ def check(cond: bool, msg: str) -> None:
 class ModelConfig:
     """The model: the built-in byte-level GPT (vocabulary 256), or any layered model by import path."""
 
+    ALWAYS_KEYS: ClassVar[tuple[str, ...]] = ("init",)  # keys of [model] whatever the model (not passed to it)
+
     name: str = key("gpt", 'gpt (the built-in byte-level GPT), moe_gpt (the GPT with mixture-of-experts blocks) or '
                            '"package.module:function", called with the [model] table as a dict, returning a '
                            "ModelSpec, a LayeredModel or (nn.Sequential, loss_fn)")
     gpt: MoEConfig = embed(MoEConfig)
     options: dict[str, Any] = key({}, "model.KEY = value for any other KEY: passed to a model given by import path")
+    init: str = key("", 'weights to start from: a torch.save state dict, a .safetensors file or a local Hugging Face '
+                        'model directory, in the model\'s own names (each rank reads its layers); "" = the '
+                        "model's own initialisation (a resumed run starts from its checkpoint)")
 
     def table(self) -> dict[str, Any]:
         """The [model] table without `name`: what the model function (or the GPT) is built from. A built-in's keys
@@ -62,6 +67,7 @@ class ModelConfig:
     def check(self) -> None:
         """The name, moe_gpt's keys set only for moe_gpt, and a built-in's shape (a model by import path is
         imported and checked where it is built)."""
+        check(not self.init or Path(self.init).exists(), f"model.init: {self.init} does not exist")
         if is_import_path(self.name):
             return
         check(self.name in BUILT_IN_MODELS, f"model.name: unknown model {self.name!r} (allowed: "

@@ -12,6 +12,8 @@ from gearshift.errors import ConfigError, UserError
 from gearshift.keys import key
 from gearshift.paths import check_dir, check_input_file, read_json
 from gearshift.planner.forecast import FORECASTS
+from gearshift.runtime.precision import PRECISIONS
+from gearshift.runtime.recompute import RECOMPUTE
 from gearshift.train.config.fields import embed
 from gearshift.train.config.model import check
 
@@ -23,6 +25,7 @@ UPDATES = ("flush", "async")
 PARTITIONS = ("uniform", "params", "adaptive")
 EXISTING = ("move", "refuse")
 STRATEGIES = ("fixed", "auto")
+SHARES = ("equal", "measured")
 
 
 @dataclass
@@ -98,7 +101,10 @@ class ParallelConfig:
                                 "links, chosen again as they change; microbatches and k are then only where the job "
                                 "starts measuring)")
     microbatches: int = key(8, "micro-batches per step (per replica; multidir: per direction); must divide the "
-                               "replica's batch")
+                               "replica's batch (more replicas: smaller micro-batches; see microbatch_size)")
+    microbatch_size: int = key(0, "samples per micro-batch, kept as the replicas change (microbatches is then the "
+                                  "replica's batch / this; BatchNorm-like layers and MoE expert capacity depend on "
+                                  "it); 0 = parallel.microbatches decides")
     k: int = key(1, "kfkb: forwards (then backwards) per group; 1 = 1F1B, >= microbatches = GPipe")
     partition: Any = key("uniform", "uniform | params | adaptive (the DP's plan from the spec or a measurement at "
                                     "the start, re-planned every adapt.every steps) | [[start, end], ...] per stage")
@@ -113,12 +119,20 @@ class ParallelConfig:
     strategy: str = key("fixed", "fixed (parallel.stages and experts as given) or auto (moe_gpt: the fastest "
                                  "strategy of the pool the performance model prices, as `gearshift plan --moe` "
                                  "prints it; sets stages, experts and partition)")
+    recompute: str = key("none", "activation recomputation: none (every forward keeps what its backward needs) or all "
+                                 "(each stage keeps only its input per micro-batch and runs its forward again in "
+                                 "the backward: less memory, one more forward)")
+    shares: Any = key("equal", "each replica's share of a batch: equal, measured (in proportion to each replica's "
+                               "measured speed, after the first step) or [w0, w1, ...] one weight > 0 per replica; "
+                               "whole micro-batches each, gradients averaged by samples")
 
     def check(self) -> None:
         """Each key's range; the layer ranges of an explicit partition are checked against the model."""
         check(self.stages >= 1, f"parallel.stages: must be >= 1, got {self.stages}")
         check(self.schedule in SCHEDULES, f"parallel.schedule: {self.schedule!r} (allowed: {', '.join(SCHEDULES)})")
         check(self.microbatches >= 1, f"parallel.microbatches: must be >= 1, got {self.microbatches}")
+        check(self.microbatch_size >= 0,
+              f"parallel.microbatch_size: must be >= 0 (0 = parallel.microbatches decides), got {self.microbatch_size}")
         check(self.k >= 1, f"parallel.k: must be >= 1, got {self.k}")
         check(self.update in UPDATES, f"parallel.update: {self.update!r} (allowed: {', '.join(UPDATES)})")
         self.sync.check()
@@ -127,6 +141,14 @@ class ParallelConfig:
                   f"parallel.partition: {self.partition!r} (allowed: {', '.join(PARTITIONS)} or [[start, end], ...])")
         check(self.strategy in STRATEGIES, f"parallel.strategy: {self.strategy!r} (allowed: {', '.join(STRATEGIES)})")
         check(self.experts >= 1, f"parallel.experts: must be >= 1, got {self.experts}")
+        check(self.recompute in RECOMPUTE,
+              f"parallel.recompute: {self.recompute!r} (allowed: {', '.join(RECOMPUTE)})")
+        sh = self.shares
+        if isinstance(sh, list):
+            check(all(isinstance(w, (int, float)) and not isinstance(w, bool) and w > 0 for w in sh),
+                  f"parallel.shares: every weight must be a number > 0, got {sh!r}")
+        else:
+            check(sh in SHARES, f"parallel.shares: {sh!r} (allowed: {', '.join(SHARES)} or [w0, w1, ...])")
 
 
 @dataclass
@@ -150,8 +172,14 @@ class TrainConfig:
                                  "the worker) every this many steps, for a restarted worker to go on from; 0 = off")
     stop_after: int = key(0, "end this run after this many steps, with a checkpoint (as a preemption would); "
                               "0 = run to steps")
+    keep_checkpoints: int = key(3, "checkpoints kept in output.dir/checkpoints: the newest this many (older ones are "
+                                   "deleted as each is written); 0 = every one")
+    precision: str = key("fp32", "fp32, or bf16: compute under autocast in bfloat16 with float32 master weights, "
+                                 "gradient reduction and optimizer state; activations cross stages in bfloat16")
 
     def check(self) -> None:
+        check(self.precision in PRECISIONS,
+              f"train.precision: {self.precision!r} (allowed: {', '.join(PRECISIONS)})")
         check(self.batch_size >= 1, f"train.batch_size: must be >= 1, got {self.batch_size}")
         check(self.steps >= 1, f"train.steps: must be >= 1, got {self.steps}")
         check(self.lr > 0, f"train.lr: must be > 0, got {self.lr}")
@@ -168,6 +196,8 @@ class TrainConfig:
               f"train.checkpoint_every: must be >= 0 (0 = end only), got {self.checkpoint_every}")
         check(self.snapshot_every >= 0, f"train.snapshot_every: must be >= 0 (0 = off), got {self.snapshot_every}")
         check(self.stop_after >= 0, f"train.stop_after: must be >= 0 (0 = run to train.steps), got {self.stop_after}")
+        check(self.keep_checkpoints >= 0,
+              f"train.keep_checkpoints: must be >= 0 (0 = every one), got {self.keep_checkpoints}")
 
 
 @dataclass
@@ -177,6 +207,8 @@ class OutputConfig:
     dir: str = key("runs/default", "run directory")
     existing: str = key("move", "a fresh run into a directory that holds another run: move (it aside, and say "
                                 "where) or refuse")
+    keep_runs: int = key(5, "output.existing = move: runs kept aside beside output.dir, the newest this many (older "
+                            "ones are deleted, and said so); 0 = every one")
     trace: bool = key(True, "write trace.json (Perfetto): one step's measured timeline beside the simulator's")
     trace_step: int = key(-1, "the step to trace; -1 = the last")
     progress: bool = key(True, "progress bar and summary on the console")
@@ -188,6 +220,7 @@ class OutputConfig:
         check(bool(self.dir), "output.dir: must not be empty")
         check_dir(self.dir, "output.dir", ConfigError)
         check(self.existing in EXISTING, f"output.existing: {self.existing!r} (allowed: {', '.join(EXISTING)})")
+        check(self.keep_runs >= 0, f"output.keep_runs: must be >= 0 (0 = every one), got {self.keep_runs}")
 
 
 @dataclass
@@ -206,6 +239,9 @@ class AdaptConfig:
                                        "faster by this fraction")
     profiles: str = key("", "directory of per-micro-batch-size profiles (read if there, written when measured); "
                             '"" = profile at start')
+    calibrate: bool = key(True, "when the job measures its ranks before training, also time each stage whole at "
+                                "two micro-batch sizes and price compute by the fitted line (a fixed cost per "
+                                "forward or backward beside the profile); false = by the profile alone")
 
     def check(self) -> None:
         """Each key's range, and that adapt.profile is a profile (its layers are checked against the model)."""

@@ -79,8 +79,9 @@ def _apply_free_form(obj: Any, sec: str, table: dict, keys: dict) -> None:
         if is_import_path(was) and not is_import_path(obj.name):
             table, obj.options = {**obj.options, **table}, {}
     fields = [k for k in keys if k != "options"]
+    always = getattr(type(obj), "ALWAYS_KEYS", ())  # keys of the section whatever the model or dataset
     for name, value in table.items():
-        if is_import_path(obj.name):
+        if is_import_path(obj.name) and name not in always:
             obj.options[name] = value
         elif name not in fields:
             raise ConfigError(f"{sec}.{name}: unknown key (allowed in [{sec}]: {', '.join(fields)}; other keys need "

@@ -1,0 +1,178 @@
+"""How close the simulator's step time is to the measured one over a grid of job shapes: context {32, 64, 128,
+256} x samples per micro-batch {1, 2, 4, 8} x stages {2, 4} x schedule {gpipe, 1f1b, kfkb K=2}, plus multidir
+(flush). Each point: profile the job in this process, calibrate it (profile.calibration: every stage timed
+whole at a few micro-batch sizes, a Theil-Sen line against the profile), predict its step (`gearshift
+simulate`'s path: the local cores as measured with the job's workers, the emulated duty cycle), run it for a
+few steps and compare the median step (first steps left out). The prediction without the calibration is kept
+beside it. `--points N --seed S` runs a seeded sample of the grid (the default job, context 128 with 4
+samples per micro-batch on 4 stages, 1F1B, is always in it); `--emulate F` slows every rank F times (duty
+cycle); `--repeat` measures the first point twice (A/A)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import time
+from pathlib import Path
+
+import harness
+from gearshift.cluster.cores import effective_cores
+from gearshift.cluster.state import local_pipeline_state
+from gearshift.planner.predict import predict
+from gearshift.train.build import equal_time_slices, job_schedule, slice_act_bytes
+from gearshift.train.calibration import calibrate_local
+from gearshift.train.config import load_config
+from gearshift.train.layout import resolve_partition
+from gearshift.train.loopback import local_link_costs
+from gearshift.train.model import job_model
+from gearshift.train.profiling import fastest_layers, microbatch_size, profile_job
+
+CONTEXTS, SAMPLES, STAGES = (32, 64, 128, 256), (1, 2, 4, 8), (2, 4)
+SCHEDULES = ("gpipe", "1f1b", "kfkb")  # kfkb with K = 2
+DEFAULT = (128, 4, 4, "1f1b")
+
+
+def grid() -> list[tuple[int, int, int, str]]:
+    """Every (context, samples per micro-batch, stages, schedule), multidir (flush) at each context and size on 4
+    stages."""
+    pts = [(c, n, s, k) for c in CONTEXTS for n in SAMPLES for s in STAGES for k in SCHEDULES]
+    return pts + [(c, n, 4, "multidir") for c in CONTEXTS for n in SAMPLES]
+
+
+def sample(points: int, seed: int, moe: bool = False) -> list[tuple[int, int, int, str]]:
+    """The default job first, then a seeded sample of the rest (multidir shares its draw with the others); with
+    `moe`, the 2-stage x 2-expert MoE row (context 64, 2 samples per micro-batch) last."""
+    rest = [p for p in grid() if p != DEFAULT]
+    pts = [DEFAULT] + random.Random(seed).sample(rest, min(points - 1, len(rest)))
+    return pts + ([(64, 2, 2, "moe")] if moe else [])
+
+
+def job_args(ctx: int, n: int, stages: int, kind: str, emulate: float, steps: int) -> list[str]:
+    """The point's `gearshift train` overrides: m = 2 x stages micro-batches of n samples (multidir: per
+    direction), one replica."""
+    m = 2 * stages
+    batch = n * m * (2 if kind == "multidir" else 1)
+    args = [f"--model.context={ctx}", f"--train.batch_size={batch}", f"--parallel.microbatches={m}",
+            f"--parallel.stages={stages}", f"--cluster.workers={stages}", f"--train.steps={steps}",
+            "--train.warmup_steps=1", *harness.QUIET]
+    args.append(f"--parallel.schedule={kind}")
+    if kind == "kfkb":
+        args.append("--parallel.k=2")
+    if kind == "multidir":
+        args += ["--parallel.directions=2", "--parallel.update=flush"]
+    if kind == "moe":  # 2 stages x 2 experts: 4 workers, 4 experts per MoE layer
+        args = [x for x in args if not x.startswith(("--parallel.stages", "--cluster.workers", "--parallel.schedule"))]
+        args += ["--model.name=moe_gpt", "--model.experts=4", "--parallel.experts=2", "--parallel.stages=2",
+                 "--cluster.workers=4", "--parallel.schedule=1f1b"]
+    if emulate != 1.0:
+        args.append(harness.slowdown([emulate] * (4 if kind == "moe" else stages)))
+    return args
+
+
+_LINKS: dict = {}
+
+
+def links_once(nbytes: int) -> dict:
+    """This machine's loopback (testing.local_link_costs), measured once per run with the first point's message
+    size (a spawn of two processes per point would double the benchmark's time)."""
+    if not _LINKS:
+        _LINKS.update(local_link_costs(nbytes))
+    return dict(_LINKS)
+
+
+def predictions(args: list[str]) -> dict:
+    """The point's predicted step, with and without the calibration, and the calibration's figures."""
+    cfg = load_config(None, args)
+    spec = job_model(cfg)
+    prof = fastest_layers([profile_job(cfg, repeats=3, warmup=1, spec=spec) for _ in range(2)])
+    p = cfg.parallel
+    bounds = equal_time_slices(prof, p.stages) if p.schedule == "multidir" else resolve_partition(cfg, spec)
+    schedule = job_schedule(cfg, slice_act_bytes(prof, bounds))
+    cores = effective_cores(cfg.cluster.workers)
+    state = local_pipeline_state(cfg.cluster.workers, p.stages, cfg.emulate.slowdowns(cfg.cluster.workers), cores=cores)
+    cal = calibrate_local(cfg, prof, bounds, spec, links=links_once)
+    mb = microbatch_size(cfg)
+    return {"predicted_step_s": predict(prof, bounds, schedule, state, mb, cal).iteration_s,
+            "predicted_uncalibrated_s": predict(prof, bounds, schedule, state, mb).iteration_s,
+            "effective_cores": round(cores, 3), "calibration_s": round(cal.seconds, 3),
+            "per_op_ms": [round(ln.intercept * 1e3, 4) for ln in cal.lines],
+            "slope": [round(ln.slope, 4) for ln in cal.lines],
+            "fit_residual": [round(ln.residual, 4) for ln in cal.lines], "fit_method": cal.lines[0].method,
+            "latency_us": [round(x * 1e6, 1) for x in cal.latency_s or []], "wait_cpu": round(cal.wait_cpu, 3)}
+
+
+def measure(point: tuple, a, work: Path, name: str) -> dict:
+    ctx, n, stages, kind = point
+    args = job_args(ctx, n, stages, kind, a.emulate, a.steps)
+    load0 = os.getloadavg()[0]
+    pred = predictions(args)
+    run = harness.run_job(name, args, work, nice=0)
+    meas = run.median("step_time_s", lo=a.skip)
+    row = {"context": ctx, "microbatch_samples": n, "stages": stages,
+           "schedule": {"kfkb": "kfkb K=2", "multidir": "multidir flush", "moe": "moe 2 experts 1f1b"}.get(kind, kind),
+           "emulated": a.emulate != 1.0, "measured_step_s": meas, **pred,
+           "load_1min": [round(load0, 2), round(os.getloadavg()[0], 2)]}
+    row["error"] = row["predicted_step_s"] / meas - 1
+    row["error_uncalibrated"] = row["predicted_uncalibrated_s"] / meas - 1
+    return row
+
+
+def summary(rows: list[dict], key: str) -> dict:
+    errs = [abs(r[key]) for r in rows]
+    return {"median_abs": statistics.median(errs), "worst_abs": max(errs)} if errs else {}
+
+
+def main() -> None:
+    p = harness.parser(__doc__, "sim_accuracy")
+    p.add_argument("--points", type=int, default=24, help="grid points to run (a seeded sample; the grid has "
+                                                         f"{len(grid())})")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sample")
+    p.add_argument("--emulate", type=float, default=1.0, help="duty-cycle slowdown on every rank (1: none)")
+    p.add_argument("--steps", type=int, default=6, help="steps per job")
+    p.add_argument("--skip", type=int, default=2, help="first steps left out of the measured median")
+    p.add_argument("--repeat", action="store_true", help="measure the first point twice (A/A)")
+    p.add_argument("--keep", default="", help="keep run directories here (default: a temp dir)")
+    p.add_argument("--merge", action="store_true", help="keep the rows of --out measured the other way (quiet or "
+                                                        "emulated), so that one file holds both runs")
+    p.add_argument("--moe", action="store_true", help="add the 2-stage x 2-expert MoE row (the simulator prices "
+                                                      "no all-to-all here: a row to see how far off that is)")
+    a = p.parse_args()
+    work = harness.workdir("sim_accuracy", a.keep)
+    pts = sample(a.points, a.seed, a.moe)
+    rows, t0 = [], time.perf_counter()
+    for i, pt in enumerate(pts):
+        rows.append(measure(pt, a, work, f"p{i}"))
+        r = rows[-1]
+        print(f"  {pt}: measured {r['measured_step_s']:.4f} predicted {r['predicted_step_s']:.4f} "
+              f"({r['error']:+.1%}; uncalibrated {r['error_uncalibrated']:+.1%}) load {r['load_1min']}", flush=True)
+    aa = None
+    if a.repeat:
+        again = measure(pts[0], a, work, "aa")
+        aa = {"point": list(pts[0]), "measured_step_s": [rows[0]["measured_step_s"], again["measured_step_s"]],
+              "ratio": again["measured_step_s"] / rows[0]["measured_step_s"]}
+    out = {"rows": rows, "sample": {"points": len(pts), "seed": a.seed, "grid": len(grid()), "steps": a.steps,
+                                    "skip": a.skip},
+           "calibrated": summary(rows, "error"), "uncalibrated": summary(rows, "error_uncalibrated"),
+           "default_job_error": rows[0]["error"], "aa": aa, "wall_s": time.perf_counter() - t0}
+    if a.merge and Path(a.out).is_file():  # the other run's rows and summaries stay beside this one's
+        prev = json.loads(Path(a.out).read_text())
+        other = "quiet" if a.emulate != 1.0 else "emulated"
+        out["rows"] = [r for r in prev.get("rows", []) if r["emulated"] != (a.emulate != 1.0)] + rows
+        prev_quiet = (prev.get("machine") or {}).get("emulation") is None
+        top_is_other = prev_quiet == (other == "quiet")  # the summaries at prev's top level are the other run's
+        out[other] = {k: prev.get(k) for k in ("calibrated", "uncalibrated", "default_job_error", "aa", "sample",
+                                                "machine")} if top_is_other else prev.get(other)
+    emulation = f"duty-cycle x{a.emulate:g} on every rank" if a.emulate != 1.0 else None
+    path = harness.write_results("sim_accuracy", out, a.out, emulation)
+    cal, unc, dflt = out["calibrated"], out["uncalibrated"], abs(out["default_job_error"])
+    harness.goals_table({"median |pred/meas - 1|": (cal["median_abs"], "<= 0.10", cal["median_abs"] <= 0.10),
+                         "worst |pred/meas - 1|": (cal["worst_abs"], "<= 0.20", cal["worst_abs"] <= 0.20),
+                         "default job": (dflt, "<= 0.10", dflt <= 0.10),
+                         "uncalibrated median": (unc["median_abs"], "-", None)})
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""The hierarchical all-reduce forms composed from torch.distributed collectives on subgroups, so the same
+calls run on gloo (CPU tensors) and NCCL (CUDA tensors):
+
+- leader form: reduce inside each node to its leader (the rank nearest the card), all-reduce of the
+  leaders along the rows of the R x C node matrix then along its columns, broadcast back inside the node;
+- reduce-scatter form (equal nodes): reduce-scatter inside the node (local rank l keeps shard l),
+  all-reduce of shard l among the local-rank-l peers of every node, rows then columns, all-gather back.
+
+Each form is a generator of async work handles: the caller waits on one before the next is issued
+(`run`), or steps it as handles complete (`Pending`, gradient sync overlapped with backward). On NCCL a
+wait only orders the streams, so a form issues all its collectives at once.
+
+The subgroups (`MatrixGroups`) are made once per CommGroups, for every node matrix a user may pin, and kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from gearshift.cluster.topology import Topology, matrix_shapes
+
+FORMS = ("hierarchical", "hierarchical_rs")
+
+
+@dataclass
+class MatrixGroups:
+    """This rank's row and column groups of the node matrix, per (shape, local rank): local rank None is the
+    leaders' matrix (leader form), l the matrix of the local-rank-l peers (reduce-scatter form). A row or
+    column of one node has no group (None): nothing to add."""
+
+    rows: dict[tuple[tuple[int, int], int | None], object | None] = field(default_factory=dict)
+    cols: dict[tuple[tuple[int, int], int | None], object | None] = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, topology: Topology, members: list[int], me: int) -> MatrixGroups:
+        """Collective over the whole job (every rank calls it in the same order, members or not): one
+        dist.new_group per distinct set of two or more ranks that is a row or column of some matrix."""
+        made: dict[tuple[int, ...], object] = {}
+        out = cls()
+        index = members.index(me) if me in members else None
+        locals_ = [None] + (list(range(topology.ranks_per_node[0])) if topology.uniform else [])
+        for shape in matrix_shapes(topology.num_nodes):
+            grid_nodes = topology.node_grid(shape)
+            for lr in locals_:
+                def rank_at(node: int, lr: int | None = lr) -> int:
+                    return topology.leader(node) if lr is None else topology.ranks_of(node)[lr]
+
+                grid = [[rank_at(nd) for nd in row] for row in grid_nodes]
+                lines = {"rows": grid, "cols": [list(col) for col in zip(*grid, strict=True)]}
+                for kind, sets in lines.items():
+                    for line in sets:
+                        ranks = tuple(members[i] for i in line)
+                        if len(ranks) > 1 and ranks not in made:
+                            made[ranks] = dist.new_group(list(ranks))
+                        if index is not None and index in line:
+                            getattr(out, kind)[(shape, lr)] = made.get(ranks) if len(ranks) > 1 else None
+        return out
+
+
+def _wait(work) -> None:
+    if work is not None:
+        work.wait()
+
+
+def leader_form(flat: torch.Tensor, groups, shape: tuple[int, int]) -> Iterator[object]:
+    """Reduce to the node's leader, leaders' all-reduce by rows then columns, broadcast from the leader.
+    `groups` is a comm.groups.CommGroups (node group, this rank's roles, its MatrixGroups)."""
+    topo, rank = groups.topology, groups.rank
+    node = topo.node[rank]
+    leader = groups.global_rank(topo.leader(node))
+    several = len(groups.node_ranks) > 1
+    if topo.num_nodes == 1:
+        yield dist.all_reduce(flat, group=groups.node_group, async_op=True)
+        return
+    if several:
+        yield dist.reduce(flat, dst=leader, group=groups.node_group, async_op=True)
+    if groups.is_leader:
+        for line in (groups.matrix_groups.rows.get((shape, None)), groups.matrix_groups.cols.get((shape, None))):
+            if line is not None:
+                yield dist.all_reduce(flat, group=line, async_op=True)
+    if several:
+        yield dist.broadcast(flat, src=leader, group=groups.node_group, async_op=True)
+
+
+def rs_form(flat: torch.Tensor, groups, shape: tuple[int, int]) -> Iterator[object]:
+    """Reduce-scatter inside the node (local rank l keeps shard l of the message padded to a multiple of the
+    node's ranks), shard l all-reduced among the local-rank-l peers by rows then columns, all-gather inside
+    the node. Uneven nodes run the leader form."""
+    topo, rank = groups.topology, groups.rank
+    if not topo.uniform or topo.num_nodes == 1:
+        yield from leader_form(flat, groups, shape)
+        return
+    per, lr = topo.ranks_per_node[0], topo.local_rank[rank]
+    n = flat.numel()
+    width = -(-n // per)
+    buf = flat if width * per == n else torch.zeros(width * per, dtype=flat.dtype, device=flat.device)
+    if buf is not flat:
+        buf[:n].copy_(flat)
+    shard = buf[lr * width:(lr + 1) * width] if per == 1 else torch.empty(width, dtype=flat.dtype, device=flat.device)
+    if per > 1:
+        yield dist.reduce_scatter_single(shard, buf, group=groups.node_group, async_op=True)
+    for line in (groups.matrix_groups.rows.get((shape, lr)), groups.matrix_groups.cols.get((shape, lr))):
+        if line is not None:
+            yield dist.all_reduce(shard, group=line, async_op=True)
+    if per > 1:
+        yield dist.all_gather_single(buf, shard, group=groups.node_group, async_op=True)
+    if buf is not flat:
+        yield None  # the gather has finished (the caller waited): copy the sum back
+        flat.copy_(buf[:n])
+
+
+def form(algorithm: str, flat: torch.Tensor, groups, shape: tuple[int, int]) -> Iterator[object]:
+    """The generator of `algorithm` ("hierarchical" or "hierarchical_rs") on `flat`."""
+    if algorithm not in FORMS:
+        raise ValueError(f"no composed form for {algorithm!r} (allowed: {', '.join(FORMS)})")
+    return (leader_form if algorithm == "hierarchical" else rs_form)(flat, groups, shape)
+
+
+def run(steps: Iterator[object]) -> None:
+    """Run a form to the end: each handle waited on before the next collective is issued."""
+    for work in steps:
+        _wait(work)
+
+
+class Pending:
+    """A form started and stepped as its handles complete (on NCCL every collective is issued at once: a
+    wait there only orders streams). `then` runs once the last handle has completed, inside wait()."""
+
+    def __init__(self, steps: Iterator[object], eager: bool, then=None) -> None:
+        self.steps, self.eager, self.then, self.work, self.done = steps, eager, then, None, False
+        self.advance()
+
+    def advance(self) -> None:
+        """Issue the next collectives whose inputs are ready, without blocking (except on NCCL's stream order)."""
+        while not self.done and (self.work is None or self.eager or self.work.is_completed()):
+            if self.eager:
+                _wait(self.work)
+            try:
+                self.work = next(self.steps)
+            except StopIteration:
+                self.done = True
+
+    def wait(self) -> None:
+        """Finish the form, then run `then`."""
+        while not self.done:
+            _wait(self.work)
+            try:
+                self.work = next(self.steps)
+            except StopIteration:
+                self.done = True
+        _wait(self.work)
+        self.work = None
+        if self.then is not None:
+            then, self.then = self.then, None
+            then()

@@ -1,0 +1,32 @@
+"""Gradient sync overlapped with backward, priced: what a SYNC action costs when each bucket's all-reduce starts
+as soon as its gradients are final in the stage's last backward (comm.buckets.GradientSync with overlap) instead
+of after it. A separate function that fills ScheduleCosts.sync_s, so the engine prices SYNC as it always has."""
+
+from __future__ import annotations
+
+
+def exposed_sync_s(bucket_s: list[float], bucket_bytes: list[float], last_backward_s: float,
+                   tail_s: float = 0.0) -> float:
+    """Seconds the sync still runs after the last backward ends. Buckets are in parameter order; their gradients
+    become final in reverse order, at the share of the backward their bytes (and all later buckets') take; the
+    buckets' all-reduces run one after another, each from when it is ready or the previous one ends, whichever
+    is later (GradientSync starts them in that order). tail_s: time after the backward's compute that the rank
+    spends before its SYNC anyway (the duty-cycle emulation's sleep), which hides sync too. A backward of zero:
+    the whole sync."""
+    if len(bucket_s) != len(bucket_bytes):
+        raise ValueError(f"exposed_sync_s: {len(bucket_s)} bucket times for {len(bucket_bytes)} buckets")
+    total = sum(bucket_bytes)
+    if total <= 0 or last_backward_s <= 0:
+        return sum(bucket_s)
+    ready, end = 0.0, 0.0
+    for t, nbytes in zip(reversed(bucket_s), reversed(bucket_bytes), strict=True):
+        ready += last_backward_s * nbytes / total
+        end = max(end, ready) + t
+    return max(0.0, end - last_backward_s - tail_s)
+
+
+def sync_s(bucket_s: list[float], bucket_bytes: list[float], last_backward_s: float, overlap: bool,
+           tail_s: float = 0.0) -> float:
+    """What a rank's SYNC action costs: the buckets' all-reduces one after another, or (overlap) what of them the
+    last backward (and the tail after it) does not hide."""
+    return exposed_sync_s(bucket_s, bucket_bytes, last_backward_s, tail_s) if overlap else sum(bucket_s)

@@ -1,0 +1,54 @@
+"""`gearshift export`: one consolidated state dict of a run's model from its latest checkpoint, in the model's own
+names (ModelSpec.own_name: what plain PyTorch or `transformers` loads), as safetensors or a torch.save file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from gearshift.errors import DataError
+from gearshift.train.checkpoint import latest_checkpoint, load_checkpoint, read_tensors
+from gearshift.train.config import JobConfig, config_from_dict
+from gearshift.train.model import job_model
+
+FORMATS = ("safetensors", "torch")
+
+
+def run_config(run_dir: str | Path) -> JobConfig:
+    """The job a run directory holds (RUN_DIR/config.json, as it ran)."""
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        raise DataError(f"export: {run_dir} is not a run directory (no config.json)")
+    return config_from_dict(json.loads(path.read_text()))
+
+
+def consolidated(run_dir: str | Path) -> tuple[dict[str, Tensor], Path]:
+    """The model of the run's latest checkpoint in its own names, and that checkpoint's path."""
+    cfg = run_config(run_dir)
+    path = latest_checkpoint(run_dir)
+    if path is None:
+        raise DataError(f"export: no checkpoint in {Path(run_dir) / 'checkpoints'}")
+    ck = load_checkpoint(path, {})
+    model = ck["model"] if "model" in ck else read_tensors(path)[0]  # a DCP directory: read every layer here
+    spec = job_model(cfg)
+    out: dict[str, Tensor] = {}
+    for name, t in model.items():
+        _, i, key = name.split(".", 2)  # "layers.{i}.{key}", the runtime's global name
+        out[spec.own_name(int(i), key)] = t.contiguous()
+    return out, path
+
+
+def export_run(run_dir: str | Path, out: str | Path, fmt: str = "safetensors") -> tuple[Path, int]:
+    """Write the run's model to `out` in `fmt`; returns (the checkpoint exported, tensors written)."""
+    state, path = consolidated(run_dir)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "safetensors":
+        from safetensors.torch import save_file
+
+        save_file({k: v.clone() for k, v in state.items()}, str(out), metadata={"format": "pt"})
+    else:
+        torch.save(state, out)
+    return path, len(state)

@@ -1,0 +1,101 @@
+"""`gearshift simulate` beside a run: it predicts the run's own job (its config.json) and the (m, K) and partition
+that ran (metrics.jsonl), names that job in its title, and refuses a config of another job in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gearshift.cli.simulate_run import job_title, segments, the_job
+from gearshift.errors import ConfigError
+from gearshift.train.config import load_config
+
+TINY = ["--model.layers=2", "--model.width=32", "--model.heads=2", "--model.context=16", "--train.batch_size=16",
+        "--data.max_bytes=100000", "--parallel.microbatches=2"]
+
+
+def _run(out, job: list[str], schedule_events: dict[int, list[int]] = (), steps: int = 6) -> None:
+    """A run's files as training writes them: config.json, and metrics.jsonl with a step line each (step i took
+    (i + 1) / 8 s) and a "schedule" event where the (m, K) changed."""
+    cfg = load_config(None, [*job, f"--output.dir={out}"])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg.to_dict()))
+    lines = []
+    for i in range(steps):
+        if i in dict(schedule_events):
+            lines.append({"event": "schedule", "step": i, "chosen": dict(schedule_events)[i]})
+        lines.append({"step": i, "step_time_s": (i + 1) / 8, "bubble_fraction": 0.25,
+                      "partition": [[0, 2], [2, 4]]})
+    (out / "metrics.jsonl").write_text("".join(json.dumps(d) + "\n" for d in lines))
+
+
+AUTO = [*TINY, "--cluster.workers=2", "--parallel.stages=2", "--parallel.schedule=auto"]
+MULTIDIR = [*TINY, "--parallel.schedule=multidir", "--parallel.microbatches=4", "--model.layers=6"]
+
+
+def test_the_run_s_own_job_and_the_m_k_that_ran(tmp_path):
+    out = tmp_path / "run"
+    _run(out, AUTO, {0: [2, 1], 3: [8, 3]})
+    cfg, has_run = the_job(None, [f"--output.dir={out}"])  # no config: the run's
+    assert has_run and cfg.parallel.schedule == "auto" and cfg.cluster.workers == 2
+    segs = segments(cfg, out, [(0, 2), (2, 4)])
+    assert [(s.m, s.k, s.steps) for s in segs] == [(2, 1, [0, 1, 2]), (8, 3, [3, 4, 5])]
+    assert segs[0].step_s == [2 / 8, 3 / 8] and segs[1].step_s == [5 / 8, 6 / 8]  # each segment's first step warms up
+    assert segs[1].label() == "m=8 K=3, steps 3-5"
+    cfg2, _ = the_job(None, [f"--output.dir={out}", "--train.steps=99", "--train.lr=0.1"])  # nothing predicted moves
+    assert cfg2.parallel.schedule == "auto"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--cluster.workers=2", "--parallel.stages=2"], r"parallel.schedule is 'auto' there but '1f1b' here"),
+    (["--parallel.schedule=auto", "--cluster.workers=2", "--parallel.stages=2", "--model.layers=3"],
+     r"model.layers is 2 there but 3 here"),
+])
+def test_another_job_s_config_is_refused_in_one_line(tmp_path, args, message):
+    out = tmp_path / "run"
+    _run(out, AUTO)
+    job = tmp_path / "job.toml"
+    job.write_text("")
+    with pytest.raises(ConfigError, match=rf"^output.dir: .*run holds a run of another job: {message} \(simulate "
+                                          r"predicts the run in output.dir"):
+        the_job(str(job), [*TINY, *args, f"--output.dir={out}"])
+    with pytest.raises(ConfigError, match="cluster.workers is 2 there but 4 here"):  # overrides on the run's config
+        the_job(None, [f"--output.dir={out}", "--parallel.stages=4", "--cluster.workers=4"])
+
+
+def test_the_title_names_the_job():
+    assert job_title(load_config(None, MULTIDIR)) == ("gpt, 4 workers, multidir: 2 directions over 4 stages, update "
+                                                      "flush, 4 micro-batches of 2 per direction")
+    assert job_title(load_config(None, [*TINY, "--cluster.workers=1", "--parallel.stages=1"])) == \
+        "gpt, 1 worker, 1 stage x 1 replica, 1f1b, 2 micro-batches of 8"
+    moe = load_config(None, [*TINY, "--model.name=moe_gpt", "--model.experts=4", "--parallel.stages=2",
+                             "--parallel.experts=2"])
+    assert job_title(moe).startswith("moe_gpt (4 experts, top-2, over 2 ranks), 4 workers, 2 stages x 2 replicas")
+
+
+def test_simulate_names_the_run_s_job_and_predicts_each_m_k(tmp_path, gearshift, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    prof = tmp_path / "profile.json"
+    r = gearshift("profile", *AUTO, f"--output.dir={tmp_path}", "--out", str(prof), "--repeats", "1", "--warmup", "0")
+    assert r.returncode == 0, r.stderr
+    auto, md = tmp_path / "auto", tmp_path / "md"
+    _run(auto, AUTO, {0: [2, 1], 3: [8, 3]})
+    r = gearshift("simulate", f"--output.dir={auto}", "--profile", str(prof))
+    assert r.returncode == 0, r.stderr
+    assert f"{auto}: gpt, 2 workers, 2 stages x 1 replica, auto" in r.stdout
+    for label in ("m=2 K=1, steps 0-2", "m=8 K=3, steps 3-5"):
+        assert f"{label}: predicted" in r.stdout and f"{label}: measured" in r.stdout
+    _run(md, MULTIDIR)
+    prof6 = tmp_path / "profile6.json"
+    r = gearshift("profile", *MULTIDIR, f"--output.dir={tmp_path}", "--out", str(prof6), "--repeats", "1",
+                  "--warmup", "0")
+    assert r.returncode == 0, r.stderr
+    r = gearshift("simulate", f"--output.dir={md}", "--profile", str(prof6))
+    assert r.returncode == 0, r.stderr
+    assert "multidir: 2 directions over 4 stages" in r.stdout and "measured" in r.stdout
+    job = tmp_path / "job.toml"
+    job.write_text("")
+    r = gearshift("simulate", str(job), *TINY, f"--output.dir={md}", "--profile", str(prof))  # a 1F1B job's config
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "another job: model.layers is 6 there but 2 here" in r.stderr

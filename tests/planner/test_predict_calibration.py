@@ -1,0 +1,93 @@
+"""A calibration reaches the simulator: each rank's compute priced by its fitted line (slope x profiled, plus a
+fixed cost per forward and backward), a waiting rank's core on shared hosts, and every micro-batch size of a
+schedule choice priced from the line, including sizes the job has not run."""
+
+from functools import partial
+
+import pytest
+
+from gearshift.cluster.state import local_cluster
+from gearshift.planner.predict import predict, sim_cost
+from gearshift.planner.schedule_choice import price
+from gearshift.profile.calibration import Calibration
+from gearshift.profile.fit import LineFit
+from gearshift.runtime.monitor import Monitor
+from gearshift.schedules import make_schedule
+
+BOUNDS = [(0, 2), (2, 4)]
+
+
+def cal(slope: float, per_op: float, stages: int = 2, wait_cpu: float = 0.0) -> Calibration:
+    return Calibration([LineFit(slope, per_op, method="theil-sen")] * stages, wait_cpu=wait_cpu)
+
+
+def test_the_line_prices_each_action(make_profile):
+    prof = make_profile([0.3] * 4)  # 0.1 s forward + 0.2 s backward per layer
+    sch = make_schedule("gpipe", 2, 4)
+    state = local_cluster(2, cores=2)
+    cost = sim_cost(prof, BOUNDS, sch, state, calibration=cal(1.5, 0.01))
+    assert cost.forward_s == pytest.approx([0.3, 0.3]) and cost.backward_s == pytest.approx([0.6, 0.6])
+    assert cost.per_op_s == pytest.approx([0.01, 0.01])
+    plain = predict(prof, BOUNDS, sch, state).iteration_s
+    lined = predict(prof, BOUNDS, sch, state, calibration=cal(1.5, 0.01)).iteration_s
+    # GPipe on 2 unshared ranks: (m + S - 1) stage-times of F+B
+    assert plain == pytest.approx(5 * 0.6, rel=1e-3)
+    assert lined == pytest.approx(5 * (1.5 * 0.6 + 0.02), rel=1e-3)
+
+
+def test_a_slower_device_pays_its_fixed_cost_slower_too(make_profile):
+    prof = make_profile([0.3] * 4)
+    state = local_cluster(2, cores=2)
+    state.speeds = [1.0, 0.5]
+    cost = sim_cost(prof, BOUNDS, make_schedule("1f1b", 2, 4), state, calibration=cal(1.0, 0.01))
+    assert cost.per_op_s == pytest.approx([0.01, 0.02])
+
+
+def test_wait_cpu_reaches_shared_hosts(make_profile):
+    prof = make_profile([0.3] * 8)
+    bounds = [(0, 2), (2, 4), (4, 6), (6, 8)]
+    sch = make_schedule("1f1b", 4, 8)
+    state = local_cluster(4, cores=2)
+    free = predict(prof, bounds, sch, state, calibration=cal(1.0, 0.0, 4)).iteration_s
+    busy = predict(prof, bounds, sch, state, calibration=cal(1.0, 0.0, 4, wait_cpu=0.5)).iteration_s
+    assert sim_cost(prof, bounds, sch, state, calibration=cal(1.0, 0.0, 4, 0.5)).wait_cpu == 0.5
+    assert busy > free * 1.05
+
+
+def test_schedule_choice_prices_every_size_from_the_line(make_profile):
+    """Each candidate at its micro-batch size: the size's profile through the fitted line. A one-stage pipeline
+    has no bubble, so a candidate's step is m x (slope x (F + B) + 2 x per-op cost) at its size."""
+    batch = 8
+    profiles = {n: make_profile([0.3 * n / 8] * 2, microbatch_size=n) for n in (1, 2, 4, 8)}
+    line = cal(1.2, 0.005, 1)
+    state = local_cluster(1)
+    cands = price(profiles, [(0, 2)], state, batch, predictor=partial(predict, calibration=line))
+    for c in cands:
+        work = 2 * 0.3 * c.microbatch_size / 8
+        assert c.predicted_s == pytest.approx(c.m * (1.2 * work + 2 * 0.005), rel=1e-6)
+    best = min(cands, key=lambda c: c.predicted_s)
+    assert best.m == 1  # the fixed cost per action makes many small micro-batches the slowest
+
+
+def test_a_size_not_run_is_priced_from_the_line_not_the_speed_at_another_size():
+    m = Monitor(1, alpha=1.0)
+    m.lined = True
+    m.record_compute(0, profiled_s=1.0, measured_s=2.0, size=4)  # against the line: half as fast as it says
+    m.record_compute(0, profiled_s=1.0, measured_s=1.0, size=1)
+    m.record_compute(0, profiled_s=1.0, measured_s=2.0, size=4)
+    assert m.speed_at(0, 1, running=4) == pytest.approx(0.5)  # the line prices size 1: the speed is the device's
+    m.lined = False
+    assert m.speed_at(0, 1, running=4) == pytest.approx(1.0)  # unlined: the speed last measured at size 1
+
+
+def test_the_monitor_refines_the_line_once_two_sizes_ran():
+    base = cal(1.0, 0.0, 1)
+    m = Monitor(1)
+    m.record_action(0, 4, 0.004, 0.006)
+    assert m.refined(base, 1).lines == base.lines  # one size: the calibration's line
+    m.record_action(0, 1, 0.001, 0.0025)
+    line = m.refined(base, 1).lines[0]
+    assert (line.slope, line.intercept) == (pytest.approx(1.1667, rel=1e-3), pytest.approx(0.0013333, rel=1e-3))
+    assert line(0.002) == pytest.approx(0.0036667, rel=1e-3)  # a size between, priced from the refitted line
+    back = Monitor.from_dict(m.to_dict())
+    assert back.refined(base, 1).lines[0] == line
