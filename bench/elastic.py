@@ -160,10 +160,9 @@ def main() -> None:
         goals["gearshift rejoin_s"] = (max(rejoins), "<= 15")
     met = harness.goals(goals)
     harness.goals_table(met)
-    path = harness.write_results("elastic", {"rows": rows, "goals": met, "tokens_per_s_fresh": fresh,
+    harness.write_results("elastic", {"rows": rows, "goals": met, "tokens_per_s_fresh": fresh,
                                                   "tokens_per_s_fresh_on_3": fresh3, "args": args,
                                                   "peer_lost_faults": "none: torchrun's group has a fixed size"}, a.out)
-    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
