@@ -3,6 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+CORES ?= $(shell nproc 2>/dev/null || echo 2)
 
 .PHONY: setup train test test-fast lint bench clean
 
@@ -21,12 +22,14 @@ train: $(STAMP)
 	echo "gearshift and torchrun are in $(BIN): run '. $(BIN)/activate' in your shell (or call $(BIN)/gearshift)"; \
 	exit $$rc
 
+# In-process tests on every core (pytest-xdist), then the multi-process ones one at a time (each starts its own ranks).
 test: $(STAMP)
-	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests -n $(CORES) -m "not multiprocess and not testbed" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests -m "multiprocess or testbed" $(PYTEST_ARGS)
 
 # The suite without multi-process and testbed tests: under a minute.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest tests -m "not multiprocess and not testbed and not browser and not subprocess" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests -n $(CORES) -m "not multiprocess and not testbed and not browser and not subprocess" $(PYTEST_ARGS)
 
 # ruff, then the import contracts in pyproject.toml ([tool.importlinter]: layers, pure planning, no cycles).
 lint: $(STAMP)

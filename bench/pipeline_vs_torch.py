@@ -27,15 +27,17 @@ WORLD = 4
 
 
 class TorchPipeline:
-    """This rank's stages of a torch.distributed.pipelining schedule `cls` (stage s: layers bounds[s] on rank
-    owner[s]), with our optimizer step."""
+    """This rank's stages of a torch.distributed.pipelining schedule (`cls`) over the job's GPT layers (stage s:
+    layers bounds[s], on rank owner[s]), with the same optimizer step as ours. `wrap(s, module)`, where given,
+    wraps stage s's module (bench/schedules_vs_torch.py: the duty-cycle emulation)."""
 
-    def __init__(self, cfg, group, cls, bounds: list, owner, microbatches: int):
+    def __init__(self, cfg, group, cls, bounds: list, owner, microbatches: int, wrap=None):
         self.rank, self.group, self.cfg = dist.get_rank(), group, cfg
         gcfg, t, S = gpt_config(cfg), cfg.train, len(bounds)
         mine = [s for s in range(S) if owner[s] == self.rank]
         mods = [nn.Sequential(*[build_layer(gcfg, i, seed=t.seed) for i in range(*bounds[s])]) for s in mine]
-        stages = [PipelineStage(m, s, S, torch.device("cpu"), group=group) for m, s in zip(mods, mine)]
+        run = [wrap(s, m) if wrap else m for m, s in zip(mods, mine)]
+        stages = [PipelineStage(m, s, S, torch.device("cpu"), group=group) for m, s in zip(run, mine)]
         self.schedule = cls(stages if len(stages) > 1 else stages[0], n_microbatches=microbatches, loss_fn=gpt_loss)
         self.first, self.last = 0 in mine, S - 1 in mine  # feeds the inputs / computes the loss
         self.params = params = [p for m in mods for p in m.parameters()]

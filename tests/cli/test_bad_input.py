@@ -18,7 +18,7 @@ CASES = [
     (["train", "--train.steps=0"], "train.steps: must be >= 1"),
     (["train", "--train.lr=-1"], "train.lr: must be > 0"),
     (["train", "--parallel.schedule=zigzag"],
-     "parallel.schedule: 'zigzag' (allowed: gpipe, 1f1b, kfkb, multidir, auto)"),
+     "parallel.schedule: 'zigzag' (allowed: gpipe, 1f1b, kfkb, zb1p, interleaved, zbv, multidir, auto)"),
     (["train", "--cluster.memory_gb=[1, 2]"], "cluster.memory_gb: expected one value > 0 per rank (4 workers)"),
     (["train", "--cluster.memory_gb=-1"], "cluster.memory_gb: must be >= 0"),
     # what tests and benchmarks force is not a user's key (gearshift.train.forcing)

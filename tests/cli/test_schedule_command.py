@@ -22,8 +22,14 @@ def test_table_pick_what_if_and_memory(tmp_path, gearshift):
     rec = json.loads(r.stdout)
     assert rec["measured"]["link_bandwidth"] == [1e6] and rec["measured"]["link_latency"] == [0.02]
     fits = [c for c in rec["candidates"] if c["fits"]]
-    assert len(rec["candidates"]) == 1 + 2 + 4 + 8 and fits == rec["candidates"]
+    kfkb = [c for c in rec["candidates"] if "kind" not in c]
+    zb = [c for c in rec["candidates"] if c.get("kind") == "zb1p"]
+    assert len(kfkb) == 1 + 2 + 4 + 8 and len(zb) == 4 and fits == rec["candidates"]  # every m of zb1p beside
     assert rec["predicted_s"] == min(c["predicted_s"] for c in fits)
+    # the kinds auto does not switch to, priced on their own cut: 2 stages per rank, both kinds, every m
+    other = rec["other_kinds"]
+    assert sorted({c["kind"] for c in other}) == ["interleaved", "zbv"] and len(other) == 8
+    assert all(len(c["bounds"]) == 4 and c["predicted_s"] > 0 for c in other)
 
     peaks = sorted(max(c["peak_memory"]) for c in rec["candidates"])
     limit = (peaks[len(peaks) // 2] + 1) / 1e9
@@ -31,7 +37,7 @@ def test_table_pick_what_if_and_memory(tmp_path, gearshift):
     rec = json.loads(r.stdout)
     over = [c for c in rec["candidates"] if not c["fits"]]
     assert over and all(max(c["peak_memory"]) > limit * 1e9 for c in over)
-    chosen = next(c for c in rec["candidates"] if [c["m"], c["k"]] == rec["chosen"])
+    chosen = next(c for c in rec["candidates"] if [c["m"], c["k"], *[c.get("kind")][:"kind" in c]] == rec["chosen"])
     assert chosen["fits"] and max(chosen["peak_memory"]) <= limit * 1e9
 
     r = gearshift("schedule", *job, "--cluster.memory_gb=1e-6")

@@ -119,7 +119,8 @@ def _profile(n: int = 2) -> ModelProfile:
 
 def test_period_speed_is_median_of_samples_after_warmup(one_rank) -> None:
     ad = Adapter(_profile(), ClusterState.from_spec(ClusterSpec.uniform(1)), every=4)
-    rt = SimpleNamespace(bounds=[(0, 2)], stages={0}, schedule=SimpleNamespace(num_microbatches=1))
+    rt = SimpleNamespace(bounds=[(0, 2)], stages={0}, pipe_rank=0,
+                         schedule=SimpleNamespace(num_microbatches=1, actions=[[]]))
     for busy in (100.0, 2.0, 4.0, 1e3, 4.0):  # profiled work = 2 s; the first step is warm-up, 1e3 a burst
         ad.observe(rt, SimpleNamespace(busy_s=busy, events=[]), mb_size=1)
     assert ad.window == [1.0, 0.5, 0.002, 0.5]

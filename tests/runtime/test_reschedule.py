@@ -75,3 +75,14 @@ def test_step_time_cue() -> None:
     assert sw._cued()
     sw.change = 0.0
     assert not sw._cued()  # off
+
+
+def test_a_zb1p_key_names_its_schedule() -> None:
+    """auto's keys: (m, K) of kFkB, (m, 1, "zb1p") of zb1p, on the same one-stage-per-rank placement (so a
+    running job switches between them with set_schedule)."""
+    from gearshift.runtime.reschedule import ScheduleSwitcher
+
+    sw = ScheduleSwitcher({}, 8, 4)
+    zb, kf = sw.schedule((4, 1, "zb1p")), sw.schedule((4, 2))
+    assert (zb.name, zb.num_microbatches, kf.name, kf.params) == ("zb1p", 4, "kfkb", {"k": 2})
+    assert zb.placement == kf.placement == [0, 1, 2, 3]

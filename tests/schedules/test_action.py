@@ -24,9 +24,11 @@ def test_every_op_has_its_kinds():
     """What counts as compute, a send, a receive or an update, for every op (the validator, the simulator and the
     executor all read these): REDUCE and SEND_PAR are point-to-point sends, though not a stage's."""
     expected = {
-        "is_compute": {Op.FORWARD, Op.BACKWARD},
+        "is_compute": {Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT},
+        "is_backward": {Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT},
         "is_forward_half": {Op.FORWARD, Op.SEND_ACT, Op.RECV_ACT},
-        "is_per_microbatch": {Op.FORWARD, Op.BACKWARD, Op.SEND_ACT, Op.RECV_ACT, Op.SEND_GRAD, Op.RECV_GRAD},
+        "is_per_microbatch": {Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT, Op.SEND_ACT,
+                              Op.RECV_ACT, Op.SEND_GRAD, Op.RECV_GRAD},
         "is_stage_send": {Op.SEND_ACT, Op.SEND_GRAD},
         "is_stage_recv": {Op.RECV_ACT, Op.RECV_GRAD},
         "is_slice_send": {Op.REDUCE, Op.SEND_PAR},
@@ -37,6 +39,8 @@ def test_every_op_has_its_kinds():
     }
     for name, ops in expected.items():
         assert {op for op in Op if getattr(op, name)} == ops, name
+    assert {op for op in Op if op.makes_input_grad} == {Op.BACKWARD, Op.BACKWARD_INPUT}
+    assert {op for op in Op if op.frees_activations} == {Op.BACKWARD, Op.BACKWARD_WEIGHT}
     kinds = {name for name in vars(Op) if name.startswith("is_")}
     assert kinds == set(expected), "a kind of op without its expected members here"
     plain = {op for op in Op if not any(getattr(op, name) for name in expected)}

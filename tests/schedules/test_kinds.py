@@ -11,8 +11,9 @@ from gearshift.schedules.kinds import KINDS, ScheduleKind
 
 
 def test_every_kind_is_registered_and_an_unknown_name_lists_them():
-    assert list(KINDS) == ["gpipe", "1f1b", "kfkb", "multidir"]
-    with pytest.raises(ScheduleError, match="^schedule name: 'zigzag' is not one of gpipe, 1f1b, kfkb, multidir$"):
+    assert list(KINDS) == ["gpipe", "1f1b", "kfkb", "multidir", "zb1p", "interleaved", "zbv"]
+    names = "gpipe, 1f1b, kfkb, multidir, zb1p, interleaved, zbv"
+    with pytest.raises(ScheduleError, match=f"^schedule name: 'zigzag' is not one of {names}$"):
         make_schedule("zigzag", 2, 2)
 
 

@@ -71,7 +71,7 @@ def test_compute_on_wrong_rank():
 
 def test_backward_before_forward():
     sch = edited(make_schedule("gpipe", 1, 2), 0, swap(Action(Op.FORWARD, 0, 1), Action(Op.BACKWARD, 0, 1)))
-    with pytest.raises(ScheduleError, match="backward before its forward: B1@s0"):
+    with pytest.raises(ScheduleError, match=r"backward before its forward \(a BW: before its BI\): B1@s0"):
         validate(sch)
 
 

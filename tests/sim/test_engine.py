@@ -127,7 +127,7 @@ def test_engine_codes_follow_the_op_kinds():
 
     code = engine._CODE
     assert set(code) == set(Op)
-    assert {op for op in Op if code[op] <= engine._B} == {op for op in Op if op.is_compute}
+    assert {op for op in Op if code[op] <= engine._BW} == {op for op in Op if op.is_compute}
     assert {op for op in Op if code[op] < engine._SYNC} == {op for op in Op if op.is_per_microbatch}
     assert {op for op in Op if code[op] in engine._SENDS} == {Op.SEND_ACT, Op.SEND_GRAD, Op.REDUCE, Op.SEND_PAR}
     assert {op for op in Op if code[op] in engine._RECVS} == {Op.RECV_ACT, Op.RECV_GRAD, Op.RECV_RED, Op.RECV_PAR}

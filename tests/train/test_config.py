@@ -110,12 +110,16 @@ def _model(name: str, **shape) -> ModelConfig:
     (DataConfig(name="csv"), "data.name: unknown data 'csv' (allowed: bytes, text or 'package.module:function')"),
     (ClusterConfig(workers=0), "cluster.workers: must be in 1..64, got 0"),
     (ClusterConfig(workers=4, ranks_per_node=3), "cluster.ranks_per_node: must divide cluster.workers (4), got 3"),
-    (ParallelConfig(schedule="zigzag"), "parallel.schedule: 'zigzag' (allowed: gpipe, 1f1b, kfkb, multidir, auto)"),
+    (ParallelConfig(schedule="zigzag"),
+     "parallel.schedule: 'zigzag' (allowed: gpipe, 1f1b, kfkb, zb1p, interleaved, zbv, multidir, auto)"),
     (ParallelConfig(sync=SyncSettings(bucket_mb=0.0)), "parallel.bucket_mb: must be > 0, got 0.0"),
     (ParallelConfig(strategy="best"), "parallel.strategy: 'best' (allowed: fixed, auto)"),
     (TrainConfig(lr=3e-4, min_lr=1e-3), "train.min_lr: must be in [0, train.lr], got 0.001"),
     (OutputConfig(existing="keep"), "output.existing: 'keep' (allowed: move, refuse)"),
     (AdaptConfig(alpha=0.0), "adapt.alpha: must be in (0, 1], got 0.0"),
+    (AdaptConfig(schedule_kinds=["kfkb", "zbv"]),
+     "adapt.schedule_kinds: ['kfkb', 'zbv'] (allowed: a non-empty list of kfkb, zb1p)"),
+    (ParallelConfig(virtual_stages=0), "parallel.virtual_stages: must be >= 1, got 0"),
     (MoEPlacementConfig(window=-1), "moe.window: must be >= 0, got -1"),
 ])
 def test_each_section_checks_its_own_keys(section, message):
@@ -124,6 +128,25 @@ def test_each_section_checks_its_own_keys(section, message):
     with pytest.raises(ConfigError) as e:
         section.check()
     assert str(e.value) == message
+
+
+def test_virtual_stages_cut_the_model_and_refuse_what_they_cannot_run():
+    """interleaved and zbv cut the model into stages x per-rank ranges; the adaptive DP (one stage per rank) and
+    split backwards under expert parallelism are refused in one line."""
+    tiny = ["--model.layers=2", "--cluster.workers=2", "--parallel.stages=2"]
+    cfg = load_config(None, [*tiny, "--parallel.schedule=interleaved", "--parallel.virtual_stages=2"])
+    assert cfg.parallel.model_stages == 4
+    with pytest.raises(ConfigError, match=r"^parallel.stages: more stages x 3 per rank \(6\) than layers \(4 "):
+        load_config(None, [*tiny, "--parallel.schedule=interleaved", "--parallel.virtual_stages=3"])
+    with pytest.raises(ConfigError, match="^parallel.partition: adaptive plans one stage per rank, not "
+                                          "parallel.schedule = zbv"):
+        load_config(None, [*tiny, "--parallel.schedule=zbv", "--parallel.partition=adaptive"])
+    with pytest.raises(ConfigError, match="^parallel.partition: expected 4 ranges"):
+        load_config(None, [*tiny, "--parallel.schedule=zbv", "--parallel.partition=[[0, 2], [2, 4]]"])
+    with pytest.raises(ConfigError, match="^parallel.experts: expert parallelism does not apply to "
+                                          "parallel.schedule = zb1p"):
+        load_config(None, ["--model.name=moe_gpt", "--cluster.workers=4", "--parallel.stages=2",
+                           "--parallel.experts=2", "--parallel.schedule=zb1p"])
 
 
 def test_the_emulation_section_checks_against_the_workers():

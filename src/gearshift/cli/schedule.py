@@ -14,8 +14,8 @@ from gearshift.cli.config_help import add_config_help
 from gearshift.cluster.spec import load_spec
 from gearshift.cluster.state import ClusterState, local_pipeline_state
 from gearshift.cluster.testbed import parse_rate
-from gearshift.errors import UsageError
-from gearshift.planner.schedule_choice import choose, splits
+from gearshift.errors import PlanError, UsageError
+from gearshift.planner.schedule_choice import KINDS, Candidate, choose, describe_key, price, splits
 from gearshift.train.config import load_config
 
 
@@ -91,9 +91,10 @@ def run(args: argparse.Namespace) -> int:
     bounds = resolve_partition(cfg, spec)
     profiles = profile_sizes(cfg, [batch // m for m in (ms or splits(batch))], cfg.adapt.profiles, spec=spec)
     memory = memory_limit(cfg)
-    choice = choose(profiles, bounds, state, batch, memory, ms=ms)
+    choice = choose(profiles, bounds, state, batch, memory, ms=ms, kinds=cfg.adapt.schedule_kinds)
+    others = other_kinds(profiles, bounds, state, batch, memory, ms, cfg)
     if args.json:
-        print(json.dumps(choice.to_dict(), indent=1))
+        print(json.dumps({**choice.to_dict(), "other_kinds": [c.to_dict() for c in others]}, indent=1))
         return 0
     bw = state.bandwidth[0][1] if S > 1 else float("inf")
     links = "no links" if S == 1 else \
@@ -105,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         t.add_column(col, justify="left" if col in ("", "schedule", "peak memory per rank (MB)") else "right",
                      no_wrap=True)
     tokens = cfg.train.batch_size * profiles[batch // (ms or splits(batch))[0]].seq_len
-    for c in choice.candidates:
+    for c in choice.candidates + others:
         mem = " / ".join(f"{x / 1e6:.3g}" for x in c.peak_memory)
         mark = "*" if c.key == choice.chosen else ""
         if not c.fits:
@@ -118,7 +119,24 @@ def run(args: argparse.Namespace) -> int:
         console.width = 140
     console.print(t)
     best = choice.best
-    print(f"auto runs m={best.m} K={best.k} ({best.name}, micro-batches of {best.microbatch_size}): "
+    print(f"auto runs {describe_key(best.key)} ({best.name}, micro-batches of {best.microbatch_size}): "
           f"{choice.reason}")
+    if others:
+        print(f"{', '.join(sorted({c.kind for c in others}))}: priced on stages cut for them (parallel.schedule = "
+              "interleaved or zbv runs them; auto chooses among adapt.schedule_kinds)")
     return 0
+
+
+def other_kinds(profiles: dict, bounds: list, state: ClusterState, batch: int, memory: list[float] | None,
+                ms: list[int] | None, cfg) -> list[Candidate]:
+    """The kinds auto does not switch to (several stages per rank), priced the same way for the table; a kind the
+    model has too few layers for is left out."""
+    out: list[Candidate] = []
+    for kind in (k for k in KINDS if k not in cfg.adapt.schedule_kinds):
+        try:
+            out += price(profiles, bounds, state, batch, memory, ms, kinds=(kind,),
+                         virtual_stages=cfg.parallel.virtual_stages)
+        except PlanError:
+            continue
+    return out
 

@@ -15,8 +15,9 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
              microbatch_size: int | None = None, calibration: Calibration | None = None) -> ScheduleCosts:
     """Stage times = profiled layer times / the speed of the rank holding the stage; transfers = output
     activation bytes of each stage's last layer over the measured links; a rank's STEP = the profiled update
-    of its layers, after the clip's job-wide all-reduce (every rank waits for the last); ranks that share a host's cores
-    (state.hosts, state.cores) share them in the simulation, as do emulated ranks' duty cycles. `bounds` has
+    of its layers, after the clip's job-wide all-reduce (every rank waits for the last); a split backward's BI and
+    BW = its layers' profiled BI and BW; ranks that share a host's cores (state.hosts, state.cores) share them in
+    the simulation, as do emulated ranks' duty cycles. `bounds` has
     one range per stage, or one per slice of a schedule of several pipes (the same cut in every pipe).
 
     With a `calibration` (the job's own measurement, profile.calibration), each rank's profiled compute is priced
@@ -41,6 +42,13 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
            for s, (a, b) in enumerate(bounds)]
     bwd = [scale * slope[place[s]] * sum(lp.backward_s for lp in profile.layers[a:b]) / state.speeds[place[s]]
            for s, (a, b) in enumerate(bounds)]
+    # a split backward: BI and BW as profiled; a pipe's first stage has no input gradient, its BW is a whole backward
+    frac = [0.0 if schedule.is_first(s) or not sum(lp.backward_s for lp in profile.layers[a:b]) else
+            sum(lp.input_grad_s for lp in profile.layers[a:b]) / sum(lp.backward_s for lp in profile.layers[a:b])
+            for s, (a, b) in enumerate(bounds)]
+    wgt = [bwd[s] if schedule.is_first(s) else
+           scale * slope[place[s]] * sum(lp.weight_grad_s for lp in profile.layers[a:b]) / state.speeds[place[s]]
+           for s, (a, b) in enumerate(bounds)]
     act = [profile.layers[b - 1].activation_bytes * mb for _, b in bounds]
     act_mem = [scale * sum(lp.peak_activation_bytes for lp in profile.layers[a:b]) for a, b in bounds]
     params = [4.0 * sum(lp.param_bytes for lp in profile.layers[a:b]) for a, b in bounds]
@@ -55,7 +63,7 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
         latency, bandwidth = _links(latency, calibration.latency_s), _links(bandwidth, calibration.bandwidth_Bps)
     return ScheduleCosts(fwd, bwd, act, bandwidth, latency, act_mem, params, state.memory,
                          step_s=step, step_barrier_s=0.0, host=state.hosts, cores=state.cores, duty=state.duty,
-                         param_bytes=moved, per_op_s=per_op,
+                         param_bytes=moved, per_op_s=per_op, input_fraction=frac, weight_s=wgt,
                          wait_cpu=calibration.wait_cpu if calibration is not None else 0.0)
 
 

@@ -1,7 +1,8 @@
 """Network-aware schedule choice (`parallel.schedule = "auto"`): every even split of a replica's batch into m
-micro-batches, and for each every K of kFkB (K = 1 is 1F1B, K = m GPipe) whose activations fit each rank's
-memory, priced by simulating its action lists under the links as measured; the fastest is run, and a running
-choice gives way only to one predicted faster by a margin."""
+micro-batches, and for each every K of kFkB (K = 1 is 1F1B, K = m GPipe) and the other kinds asked for (zb1p:
+split backwards at 1F1B's memory; interleaved and zbv: several stages per rank, cut by planner.virtual), each
+with its peak memory against each rank's limit, priced by simulating its action lists under the links as
+measured; the fastest is run, and a running choice gives way only to one predicted faster by a margin."""
 
 from __future__ import annotations
 
@@ -13,11 +14,15 @@ from gearshift.cluster.state import ClusterState
 from gearshift.errors import PlanError
 from gearshift.planner.predict import predict
 from gearshift.planner.replan import measured_inputs
+from gearshift.planner.virtual import virtual_bounds
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.schedules import Schedule, make_schedule
 from gearshift.sim import SimResult
 
 INF = float("inf")
+KINDS = ("kfkb", "zb1p", "interleaved", "zbv")  # what price() can list
+SWITCHABLE = ("kfkb", "zb1p")  # kinds on one stage per rank: a running job switches among them at a step boundary
+TITLES = {"zb1p": "ZB1P", "interleaved": "Interleaved", "zbv": "ZBV"}
 TIE = 1e-9  # relative: predictions this close are a tie (broken by memory)
 Predictor = Callable[[ModelProfile, list[tuple[int, int]], Schedule, ClusterState, int], SimResult]
 
@@ -46,23 +51,46 @@ class Candidate:
     fits: bool
     predicted_s: float = INF
     bubble: float = 1.0
+    kind: str = "kfkb"  # or another of KINDS (k is then 1)
+    virtual_stages: int = 1  # stages per rank (interleaved, zbv)
+    bounds: list | None = None  # the layer ranges it was priced with, where they are not the job's (virtual stages)
 
     @property
-    def key(self) -> tuple[int, int]:
-        return (self.m, self.k)
+    def key(self) -> tuple:
+        """(m, K) for kFkB, (m, 1, kind) for the other kinds."""
+        return (self.m, self.k) if self.kind == "kfkb" else (self.m, self.k, self.kind)
 
     @property
     def name(self) -> str:
-        return label(self.m, self.k)
+        if self.kind == "kfkb":
+            return label(self.m, self.k)
+        return TITLES[self.kind] + (f" v={self.virtual_stages}" if self.kind == "interleaved" else "")
 
     def schedule(self, num_stages: int) -> Schedule:
-        return make_schedule("kfkb", num_stages, self.m, k=self.k)
+        return key_schedule(self.key, num_stages, self.virtual_stages)
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        if self.kind == "kfkb":  # kFkB's line as it always was
+            for extra in ("kind", "virtual_stages", "bounds"):
+                d.pop(extra)
+        elif d["bounds"] is None:
+            d.pop("bounds")
         d["predicted_s"] = None if self.predicted_s == INF else self.predicted_s
         d["name"] = self.name
         return d
+
+
+def key_schedule(key: Sequence, num_ranks: int, virtual_stages: int = 2) -> Schedule:
+    """The schedule a candidate's key names: (m, K) of kFkB or (m, 1, kind)."""
+    m, k, *kind = key
+    return make_schedule(kind[0] if kind else "kfkb", num_ranks, m, k=k, virtual_stages=virtual_stages)
+
+
+def describe_key(key: Sequence) -> str:
+    """"m=4 K=2" or "m=4 zb1p": a key in messages."""
+    m, k, *kind = key
+    return f"m={m} {kind[0]}" if kind else f"m={m} K={k}"
 
 
 @dataclass
@@ -100,13 +128,17 @@ class ScheduleChoice:
 def price(profiles: Mapping[int, ModelProfile], bounds: Sequence[tuple[int, int]], state: ClusterState, batch: int,
           memory: Sequence[float] | None = None, ms: Sequence[int] | None = None,
           predictor: Predictor = predict, step_overhead_s: float = 0.0,
-          states: Mapping[int, ClusterState] | None = None) -> list[Candidate]:
+          states: Mapping[int, ClusterState] | None = None, kinds: Sequence[str] = ("kfkb",),
+          virtual_stages: int = 2) -> list[Candidate]:
     """Every (m, K) for a replica's `batch`, each simulated under `state` (one device per stage) with the
     profile measured at its micro-batch size (`profiles[size]`); `states[size]`, where given, replaces
     `state` for that size (the speeds measured at it). `memory` caps each rank (bytes; None: no
     cap, K runs to m); a candidate over it is kept, marked not fitting, and is never chosen. `ms` restricts
     the splits (each must divide the batch). `step_overhead_s`, the time a step spends after the pipeline
-    drains (the gradient-norm all-reduce and the optimizer, as measured), is added to every prediction."""
+    drains (the gradient-norm all-reduce and the optimizer, as measured), is added to every prediction. `kinds`
+    (of KINDS) are what is listed: kfkb every K, each other kind one candidate per m: zb1p on `bounds`,
+    interleaved (`virtual_stages` per rank) and zbv on ranges cut for their stages at the ranks' speeds
+    (planner.virtual)."""
     bounds = [tuple(b) for b in bounds]
     S = len(bounds)
     all_ms = splits(batch)
@@ -126,7 +158,7 @@ def price(profiles: Mapping[int, ModelProfile], bounds: Sequence[tuple[int, int]
         st = copy.deepcopy((states or {}).get(mb, state))
         st.memory = cap
         seen: set = set()
-        for k in range(1, m + 1):
+        for k in range(1, m + 1 if "kfkb" in kinds else 1):
             sch = make_schedule("kfkb", S, m, k=k)
             acts = tuple(tuple(a) for a in sch.actions)
             if acts in seen:  # the same action lists as a smaller K: nothing new to run
@@ -135,6 +167,18 @@ def price(profiles: Mapping[int, ModelProfile], bounds: Sequence[tuple[int, int]
             res = predictor(prof, bounds, sch, st, mb)
             out.append(Candidate(m, k, mb, list(res.peak_act_mem), res.fits_memory,
                                  res.iteration_s + step_overhead_s if res.fits_memory else INF, res.bubble_fraction))
+        for kind in kinds:
+            if kind == "kfkb":
+                continue
+            if kind not in KINDS:
+                raise PlanError(f"schedule choice: kind {kind!r} (allowed: {', '.join(KINDS)})")
+            sch = make_schedule(kind, S, m, virtual_stages=virtual_stages)
+            v = sch.num_stages // S
+            cut = bounds if v == 1 else virtual_bounds(prof, st.speeds[:S], sch.placement)
+            res = predictor(prof, cut, sch, st, mb)
+            out.append(Candidate(m, 1, mb, list(res.peak_act_mem), res.fits_memory,
+                                 res.iteration_s + step_overhead_s if res.fits_memory else INF, res.bubble_fraction,
+                                 kind, v, None if v == 1 else [list(b) for b in cut]))
     return out
 
 
@@ -155,24 +199,25 @@ def decide(candidates: list[Candidate], state: ClusterState, step: int = 0, curr
         f"{len(candidates)} candidates"
     if current is None:
         return ScheduleChoice(step, candidates, best.key, None, True,
-                              f"fastest predicted of {n}: {best.name} m={best.m} K={best.k} "
+                              f"fastest predicted of {n}: {best.name} {describe_key(best.key)} "
                               f"{best.predicted_s:.4g} s/step", measured, lim)
     cur = next((c for c in candidates if c.key == tuple(current)), None)
     if cur is None or not cur.fits:
         return ScheduleChoice(step, candidates, best.key, tuple(current), True,
-                              f"m={current[0]} K={current[1]} no longer fits in memory", measured, lim)
+                              f"{describe_key(current)} no longer fits in memory", measured, lim)
     gain = (cur.predicted_s - best.predicted_s) / cur.predicted_s if cur.predicted_s > 0 else 0.0
     if best.key == cur.key:
         return ScheduleChoice(step, candidates, cur.key, cur.key, False,
-                              f"m={cur.m} K={cur.k} is still the fastest predicted ({cur.predicted_s:.4g} s/step)",
+                              f"{describe_key(cur.key)} is still the fastest predicted ({cur.predicted_s:.4g} s/step)",
                               measured, lim)
     if gain <= margin:
         return ScheduleChoice(step, candidates, cur.key, cur.key, False,
-                              f"kept m={cur.m} K={cur.k}: m={best.m} K={best.k} predicted {gain:.1%} faster "
+                              f"kept {describe_key(cur.key)}: {describe_key(best.key)} predicted {gain:.1%} faster "
                               f"(<= margin {margin:.0%})", measured, lim)
     return ScheduleChoice(step, candidates, best.key, cur.key, True,
-                          f"m={best.m} K={best.k} predicted {best.predicted_s:.4g} s/step against "
-                          f"{cur.predicted_s:.4g} for m={cur.m} K={cur.k} ({gain:.1%} faster > margin {margin:.0%})",
+                          f"{describe_key(best.key)} predicted {best.predicted_s:.4g} s/step against "
+                          f"{cur.predicted_s:.4g} for {describe_key(cur.key)} ({gain:.1%} faster > margin "
+                          f"{margin:.0%})",
                           measured, lim)
 
 
@@ -190,9 +235,12 @@ def _nothing_fits(candidates: list[Candidate], memory: Sequence[float] | None) -
 def choose(profiles: Mapping[int, ModelProfile], bounds: Sequence[tuple[int, int]], state: ClusterState, batch: int,
            memory: Sequence[float] | None = None, step: int = 0, current: tuple[int, int] | None = None,
            margin: float = 0.0, ms: Sequence[int] | None = None, predictor: Predictor = predict,
-           step_overhead_s: float = 0.0, states: Mapping[int, ClusterState] | None = None) -> ScheduleChoice:
-    """price() then decide(): the schedule to run under `state` (`states`: per micro-batch size, see price)."""
-    cands = price(profiles, bounds, state, batch, memory, ms, predictor, step_overhead_s, states)
+           step_overhead_s: float = 0.0, states: Mapping[int, ClusterState] | None = None,
+           kinds: Sequence[str] = ("kfkb",), virtual_stages: int = 2) -> ScheduleChoice:
+    """price() then decide(): the schedule to run under `state` (`states`: per micro-batch size, `kinds`: see
+    price)."""
+    cands = price(profiles, bounds, state, batch, memory, ms, predictor, step_overhead_s, states, kinds,
+                  virtual_stages)
     ch = decide(cands, state, step, current, margin, memory)
     ch.extra["step_overhead_s"] = step_overhead_s
     return ch

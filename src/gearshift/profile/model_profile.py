@@ -19,6 +19,18 @@ class LayerProfile:
     activation_bytes: int  # output activation bytes per sample (what a pipeline sends)
     peak_activation_bytes: int  # memory held for backward per micro-batch
     step_s: float = 0.0  # median update of its parameters (norm, clip, AdamW step): once a batch
+    backward_input_s: float = -1.0  # median BI of a split backward (its input's gradient); < 0: not measured
+    backward_weight_s: float = -1.0  # median BW of a split backward (its parameters' gradients); < 0: not measured
+
+    @property
+    def input_grad_s(self) -> float:
+        """A split backward's BI time for this layer: as measured, else half its backward."""
+        return self.backward_input_s if self.backward_input_s >= 0 else 0.5 * self.backward_s
+
+    @property
+    def weight_grad_s(self) -> float:
+        """A split backward's BW time for this layer: as measured, else the rest of its backward."""
+        return self.backward_weight_s if self.backward_weight_s >= 0 else self.backward_s - self.input_grad_s
 
     @property
     def work_s(self) -> float:

@@ -11,6 +11,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 from torch import Tensor, nn
+from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 from gearshift.cluster.device import stream_wait
 from gearshift.models.gpt import estimate_flops
@@ -102,6 +103,15 @@ def profile_layer(layer: nn.Module, x: Tensor, loss: Callable[[Tensor], Tensor] 
     forward_s = _median_time(forward, repeats, warmup, device)
     needs_backward = forward().requires_grad  # a layer with no parameters on integer input has none
     backward_s = _median_time(backward, repeats, warmup, device, setup=forward) if needs_backward else 0.0
+
+    # a split backward as the runtime runs it (BI, then BW from the gradients BI left next to the weights)
+    def split_input(out: Tensor) -> list:
+        return stage_backward_input([out], None, [inp], layer.parameters())[1]
+
+    has_input_grad = needs_backward and inp.requires_grad
+    input_s = _median_time(split_input, repeats, warmup, device, setup=forward) if has_input_grad else 0.0
+    weight_s = _median_time(lambda groups: stage_backward_weight(layer.parameters(), groups), repeats, warmup, device,
+                            setup=lambda: split_input(forward())) if has_input_grad else backward_s
     peak = saved_activation_bytes(forward, _storage_ptrs(layer))
     with torch.no_grad():
         out = layer(x)
@@ -115,6 +125,8 @@ def profile_layer(layer: nn.Module, x: Tensor, loss: Callable[[Tensor], Tensor] 
         activation_bytes=out.numel() * out.element_size() // batch,
         peak_activation_bytes=peak,
         step_s=update_time(layer, repeats, warmup, device),
+        backward_input_s=input_s,
+        backward_weight_s=weight_s,
     )
     return lp, out
 

@@ -145,9 +145,10 @@ class ScheduleEvent:
         d = self.choice.to_dict()
         d["step_overhead_s"] = self.step_overhead_s
         if self.forced is not None:
-            m, k = d["chosen"]
+            m, k, *kind = d["chosen"]
+            would = f"m={m} {kind[0]}" if kind else f"m={m} K={k}"
             d.update(chosen=list(self.chosen), switch=self.switch, would_choose=d["chosen"],
-                     reason=f"forced (the choice would be m={m} K={k})", predicted_s=self.predicted_s)
+                     reason=f"forced (the choice would be {would})", predicted_s=self.predicted_s)
         d["trigger"] = self.trigger
         d["links_moved"] = self.links_moved
         if self.speeds_by_size is not None:

@@ -93,16 +93,19 @@ class Adapter:
         return self.monitor.refined(self.calibration, stages).compute_s(position, profiled_s)
 
     def observe(self, rt: PipelineRuntime, rec: StepRecord, mb_size: int) -> None:
-        """Feed this rank's measured compute against the work of its stages: profiled, or with a calibration
-        each action priced by its line (and a point of the line at this micro-batch size)."""
+        """Feed this rank's measured compute against the work of its stages: profiled (a split backward as its BI
+        and BW), or with a calibration each action priced by its line (and a point of the line at this micro-batch
+        size)."""
         self.mb_size = mb_size
         rank = dist.get_rank()
         self.monitor.record_step(rank, sum(e - s for label, s, e in rec.events if label == "STEP"))
         scale = mb_size / self.profile.microbatch_size
         m = rt.schedule.num_microbatches
-        mine = [(a, b) for s, (a, b) in enumerate(rt.bounds) if s in rt.stages]
+        mine = [(s, a, b) for s, (a, b) in enumerate(rt.bounds) if s in rt.stages]
+        split = {a.stage for a in rt.schedule.actions[rt.pipe_rank] if a.op is Op.BACKWARD_INPUT}
         fb = [(scale * sum(lp.forward_s for lp in self.profile.layers[a:b]),
-               scale * sum(lp.backward_s for lp in self.profile.layers[a:b])) for a, b in mine]
+               scale * sum(lp.input_grad_s + lp.weight_grad_s if s in split and not rt.schedule.is_first(s)
+                           else lp.backward_s for lp in self.profile.layers[a:b])) for s, a, b in mine]
         if self.calibration is None:
             profiled = sum(m * (f + b) for f, b in fb)
         else:

@@ -16,6 +16,7 @@ from typing import Protocol
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 from gearshift.cluster.device import stream_sync
 from gearshift.runtime.links import LinkGroups
@@ -342,6 +343,43 @@ class PipelineExecutor:
         elif not st.first:
             st.in_grads[slot] = fwd.input.grad
 
+    def _backward_input(self, step: _Step, i: int, a: Action, slot: int) -> None:
+        """BI: the gradient of the stage's input only, to the previous stage at once. torch's split backward
+        (pipelining._backward) keeps, for BW, the gradients reaching the nodes next to the weights, so BW does not
+        run the input-gradient chain again; an output that is a view (which it would detach in place) keeps the
+        whole graph instead. A pipe's first stage has no input gradient: its whole backward is BW."""
+        st = self.stage_states[a.stage]
+        fwd = st.saved[slot]
+        grad = None if st.last else st.out_grads.pop(slot)
+        if st.first:
+            st.w_grads[slot] = grad
+            return
+        if fwd.output._base is None:
+            (gx,), groups = stage_backward_input([fwd.output], None if grad is None else [grad], [fwd.input],
+                                                 fwd.module.parameters())
+            st.w_grads[slot] = groups
+        else:
+            (gx,) = torch.autograd.grad(fwd.output, (fwd.input,), grad, retain_graph=True)
+            st.w_grads[slot] = grad
+        if st.prev_local:
+            self.stage_states[a.stage - 1].out_grads[slot] = gx
+        else:
+            st.in_grads[slot] = gx
+
+    def _backward_weight(self, step: _Step, i: int, a: Action, slot: int) -> None:
+        """BW: the parameters' gradients of a micro-batch whose BI ran, added to .grad; what its forward saved is
+        freed with the graph."""
+        st = self.stage_states[a.stage]
+        fwd = st.saved.pop(slot)
+        kept = st.w_grads.pop(slot)
+        if isinstance(kept, list):  # BI's param groups: from the nodes next to the weights
+            stage_backward_weight(fwd.module.parameters(), kept)
+        else:  # the output's gradient (None: a loss): the whole backward, into the parameters only
+            params = [p for p in fwd.module.parameters() if p.requires_grad]
+            if params:
+                fwd.output.backward(kept, inputs=params)
+        self.act_meter.release(st, slot)
+
     def _send_act(self, step: _Step, i: int, a: Action, slot: int) -> None:
         """SA (training): the output goes; the forward stays for its backward."""
         self.transport.send(self.stage_states[a.stage].saved[slot].output.detach(), a, ACT, slot)
@@ -393,7 +431,8 @@ class PipelineExecutor:
         """BARRIER: nothing to run (a step boundary for validation and prediction)."""
 
     _HANDLERS: dict[Op, Handler] = {
-        Op.FORWARD: _forward, Op.BACKWARD: _backward, Op.SEND_ACT: _send_act, Op.RECV_ACT: _recv_act,
+        Op.FORWARD: _forward, Op.BACKWARD: _backward, Op.BACKWARD_INPUT: _backward_input,
+        Op.BACKWARD_WEIGHT: _backward_weight, Op.SEND_ACT: _send_act, Op.RECV_ACT: _recv_act,
         Op.SEND_GRAD: _send_grad, Op.RECV_GRAD: _recv_grad, Op.SYNC: _sync_grads, Op.STEP: _step,
         Op.REDUCE: _reduce, Op.RECV_RED: _recv_reduce, Op.NORM: _norm, Op.SEND_PAR: _send_params,
         Op.RECV_PAR: _recv_params, Op.BARRIER: _barrier,

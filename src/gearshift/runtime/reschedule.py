@@ -1,7 +1,7 @@
-"""Schedule choice while training (parallel.schedule = "auto"): the (m, K) to start with, priced under the
-links as probed before the first step; re-priced every `every` steps, and between periods when the step time
-moves by more than `change` (a cue to probe the links: re-priced when one moved that much from what the
-running choice was priced with); a switch when the predicted gain beats `margin`, at a step boundary on every
+"""Schedule choice while training (parallel.schedule = "auto"): the (m, K) of kFkB, or the m of zb1p, to start
+with, priced under the links as probed before the first step; re-priced every `every` steps, and between periods
+when the step time moves by more than `change` (a cue to probe the links: re-priced when one moved that much from
+what the running choice was priced with); a switch when the predicted gain beats `margin`, at a step boundary on every
 rank. Rank 0 decides from every rank's gathered measurements and broadcasts the decision."""
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from functools import partial
 from gearshift.cluster.state import ClusterState
 from gearshift.planner.predict import predict
 from gearshift.planner.replan import measured_inputs
-from gearshift.planner.schedule_choice import decide, label, links_moved, price
+from gearshift.planner.schedule_choice import decide, describe_key, key_schedule, label, links_moved, price
 from gearshift.profile.calibration import Calibration
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.report.records import ScheduleEvent
 from gearshift.runtime.adapt import Adapter
 from gearshift.runtime.agree import rank0_decides
 from gearshift.runtime.pipeline import PipelineRuntime
-from gearshift.schedules import Schedule, make_schedule
+from gearshift.schedules import Schedule
 
 
 @dataclass
@@ -38,6 +38,7 @@ class ScheduleSwitcher:
     margin: float = 0.05
     forced: dict[int, tuple[int, int]] = field(default_factory=dict)
     window: int = 3  # steps whose median step time is compared (the first ones after a decision, the last ones)
+    kinds: tuple[str, ...] = ("kfkb",)  # of schedule_choice.SWITCHABLE: what is priced (adapt.schedule_kinds)
 
     def __post_init__(self) -> None:
         self.current: tuple[int, int] | None = None
@@ -47,9 +48,9 @@ class ScheduleSwitcher:
         self._skip = 1
         self.runs: list[dict] = []  # what ran: {"m", "k", "from_step"}
 
-    def schedule(self, key: tuple[int, int] | None = None) -> Schedule:
-        m, k = key or self.current
-        return make_schedule("kfkb", self.stages, m, k=k)
+    def schedule(self, key: tuple | None = None) -> Schedule:
+        """The schedule of a key: (m, K) of kFkB, or (m, 1, kind) of another kind on one stage per rank."""
+        return key_schedule(key or self.current, self.stages)
 
     # ---- decisions (collective) ---------------------------------------------------------------
     def start(self, adapter: Adapter, bounds: list[tuple[int, int]], step: int = 0) -> ScheduleEvent:
@@ -123,7 +124,7 @@ class ScheduleSwitcher:
         if trigger == "step time moved" and not moved:
             return None
         cands = price(self.profiles, bounds, state, self.batch, self.memory, step_overhead_s=overhead_s,
-                      states=by_size, predictor=partial(predict, calibration=calibration))
+                      states=by_size, predictor=partial(predict, calibration=calibration), kinds=self.kinds)
         rec = ScheduleEvent(decide(cands, state, step, self.current, self.margin, self.memory), trigger, overhead_s,
                             tuple(forced) if forced is not None else None, moved)
         if calibration is not None:  # what the candidates were priced by: the job's calibration, as refined
@@ -139,7 +140,7 @@ class ScheduleSwitcher:
         """Take the decision on this rank: the running (m, K), what it was priced with, a fresh window."""
         key = rec.chosen
         if key != self.current:
-            self.runs.append({"m": key[0], "k": key[1], "from_step": step})
+            self.runs.append({"m": key[0], "k": key[1], "from_step": step, **({"kind": key[2]} if key[2:] else {})})
             adapter.use_microbatch(self.batch // key[0])
         self.current, self.priced, self.predicted_s = key, rec.choice.measured, rec.predicted_s
         self.times, self._skip = [], 1
@@ -147,11 +148,11 @@ class ScheduleSwitcher:
 
 def describe(rec: dict) -> str:
     """One console line about a schedule decision."""
-    m, k = rec["chosen"]
+    m, k, *kind = rec["chosen"]
     n = len(rec["candidates"])
     fit = sum(1 for c in rec["candidates"] if c["fits"])
     batch = rec["candidates"][0]["m"] * rec["candidates"][0]["microbatch_size"]
-    what = f"m={m} K={k} ({label(m, k)}, micro-batches of {batch // m})"
+    what = f"{describe_key(rec['chosen'])} ({kind[0] if kind else label(m, k)}, micro-batches of {batch // m})"
     pred = f"predicted {rec['predicted_s']:.3f} s/step" if rec.get("predicted_s") else "not priced"
     cands = f"{fit} of {n} candidates fit" if fit < n else f"{n} candidates"
     if rec["current"] is None:

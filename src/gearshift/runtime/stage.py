@@ -30,7 +30,7 @@ class StageState:
     output (input gradient) straight to that stage's inputs (output gradients)."""
 
     __slots__ = ("index", "first", "last", "input_base", "next_local", "prev_local", "inputs", "out_grads", "saved",
-                 "in_grads", "act_bytes")
+                 "in_grads", "w_grads", "act_bytes")
 
     def __init__(self, schedule: Schedule, index: int):
         M, place = schedule.num_microbatches, schedule.placement
@@ -48,6 +48,7 @@ class StageState:
         self.out_grads: dict[int, Tensor] = {}  # received or handed back by the next stage
         self.saved: dict[int, SavedForward] = {}
         self.in_grads: dict[int, Tensor] = {}  # kept until their send is posted
+        self.w_grads: dict[int, object] = {}  # what a BI leaves its BW: param groups, or the output's gradient
         self.act_bytes: dict[int, int] = {}  # bytes each forward saved for its backward (when measured)
 
     @staticmethod

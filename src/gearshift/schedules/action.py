@@ -12,10 +12,16 @@ class Op(str, Enum):
     Multi-directional pipelines add the update of a slice held by several ranks: REDUCE (a holder's
     gradient of the slice goes to the slice's optimizer holder), RECV_RED, NORM (the global gradient norm,
     a collective of every rank), STEP(stage) (clip and step the slice), SEND_PAR / RECV_PAR (the new
-    parameters go back to the other holders, who install them as the slice's next version)."""
+    parameters go back to the other holders, who install them as the slice's next version).
+
+    Zero-bubble schedules split a backward in two: BACKWARD_INPUT (the gradient of the stage's input, which the
+    previous stage waits for) and BACKWARD_WEIGHT (the gradients of its parameters, which nothing waits for
+    until SYNC, so they fill bubbles); a (stage, micro-batch) runs either B or BI then BW."""
 
     FORWARD = "F"
     BACKWARD = "B"
+    BACKWARD_INPUT = "BI"  # input gradient only (sent upstream at once); the weight part waits for BW
+    BACKWARD_WEIGHT = "BW"  # parameter gradients of a micro-batch whose BI ran; frees what its forward saved
     SEND_ACT = "SA"
     RECV_ACT = "RA"
     SEND_GRAD = "SG"
@@ -31,8 +37,23 @@ class Op(str, Enum):
 
     @property
     def is_compute(self) -> bool:
-        """F or B: runs a stage's module on a micro-batch."""
+        """F, B, BI or BW: runs a stage's module (or its backward) on a micro-batch."""
         return self in COMPUTE_OPS
+
+    @property
+    def is_backward(self) -> bool:
+        """B, BI or BW: a part of a micro-batch's backward."""
+        return self in BACKWARD_OPS
+
+    @property
+    def makes_input_grad(self) -> bool:
+        """B or BI: produces the gradient a stage sends to the previous one (SEND_GRAD's producer)."""
+        return self in INPUT_GRAD_OPS
+
+    @property
+    def frees_activations(self) -> bool:
+        """B or BW: the micro-batch's saved activations are free after it."""
+        return self in FREEING_OPS
 
     @property
     def is_forward_half(self) -> bool:
@@ -82,7 +103,10 @@ class Op(str, Enum):
 
 
 # The kinds of ops, defined here once: the validator, the simulator and the executor read these.
-COMPUTE_OPS = frozenset({Op.FORWARD, Op.BACKWARD})
+COMPUTE_OPS = frozenset({Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT})
+BACKWARD_OPS = frozenset({Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT})
+INPUT_GRAD_OPS = frozenset({Op.BACKWARD, Op.BACKWARD_INPUT})
+FREEING_OPS = frozenset({Op.BACKWARD, Op.BACKWARD_WEIGHT})
 STAGE_SENDS = frozenset({Op.SEND_ACT, Op.SEND_GRAD})
 STAGE_RECVS = frozenset({Op.RECV_ACT, Op.RECV_GRAD})
 SLICE_SENDS = frozenset({Op.REDUCE, Op.SEND_PAR})

@@ -33,7 +33,7 @@ def kfkb(num_stages: int, num_microbatches: int, k: int, placement: list[int] | 
 def make_schedule(
     name: str, num_stages: int, num_microbatches: int, k: int = 1, placement: list[int] | None = None,
     stages_per_pipe: int | None = None, directions: int = 2, update: str = "flush",
-    slice_bytes: list[float] | None = None,
+    slice_bytes: list[float] | None = None, virtual_stages: int = 2,
 ) -> Schedule:
     """Build a schedule of the kind `name` (schedules.kinds); raises ScheduleError (a ValueError) naming the
     bad field.
@@ -41,10 +41,12 @@ def make_schedule(
     "multidir" builds `directions` pipelines over num_stages ranks (gearshift.schedules.multidir), in orders
     that balance `slice_bytes` (activation bytes per micro-batch of each slice; None: equal); the others run
     num_stages stages in pipes of `stages_per_pipe` (default: one pipe), each pipe its own num_microbatches
-    micro-batches."""
+    micro-batches. "zb1p", "interleaved" and "zbv" (gearshift.schedules.zerobubble) take num_stages as the
+    number of ranks and build 1, `virtual_stages` or 2 stages per rank (unless `placement` names every stage's
+    rank)."""
     return kind_named(name).build(num_stages, num_microbatches, k=k, placement=placement,
                                   stages_per_pipe=stages_per_pipe, directions=directions, update=update,
-                                  slice_bytes=slice_bytes)
+                                  slice_bytes=slice_bytes, virtual_stages=virtual_stages)
 
 
 def _pipeline(name: str, num_stages: int, num_microbatches: int, k: int = 1, placement: list[int] | None = None,
@@ -162,8 +164,8 @@ def _tails(orders: list[list[tuple[Op, int]]], stages_per_pipe: int,
 
 
 def with_comm(compute: list[Action], placement: list[int], stages_per_pipe: int | None = None) -> list[Action]:
-    """Insert receives just before and sends just after each compute whose neighbour in its pipe is on
-    another rank."""
+    """Insert receives just before and sends just after each compute (but BW, which moves nothing) whose
+    neighbour in its pipe is on another rank."""
     stages_per_pipe = stages_per_pipe or len(placement)
     out: list[Action] = []
     for a in compute:
@@ -175,6 +177,8 @@ def with_comm(compute: list[Action], placement: list[int], stages_per_pipe: int 
             out.append(a)
             if has_next and placement[s + 1] != me:
                 out.append(Action(Op.SEND_ACT, s, mb, placement[s + 1]))
+        elif a.op is Op.BACKWARD_WEIGHT:  # nothing goes in or out
+            out.append(a)
         else:
             if has_next and placement[s + 1] != me:
                 out.append(Action(Op.RECV_GRAD, s, mb, placement[s + 1]))

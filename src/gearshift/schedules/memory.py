@@ -7,8 +7,8 @@ from gearshift.schedules.action import Op, Schedule
 
 
 def peak_in_flight(schedule: Schedule) -> list[int]:
-    """Per stage, the most micro-batches whose forward has run and whose backward has not, in the order its
-    rank runs them (what the simulator's memory peak counts; taken from the action lists alone)."""
+    """Per stage, the most micro-batches whose forward has run and whose backward (B, or a split one's BW) has
+    not, in the order its rank runs them (what the simulator's memory peak counts; from the action lists alone)."""
     held = [0] * schedule.num_stages
     peak = [0] * schedule.num_stages
     for acts in schedule.actions:
@@ -16,6 +16,6 @@ def peak_in_flight(schedule: Schedule) -> list[int]:
             if a.op is Op.FORWARD:
                 held[a.stage] += 1
                 peak[a.stage] = max(peak[a.stage], held[a.stage])
-            elif a.op is Op.BACKWARD:
+            elif a.op.frees_activations:
                 held[a.stage] -= 1
     return peak

@@ -12,7 +12,7 @@ _SHOW = 6  # at most this many items in one message
 
 
 def validate(schedule: Schedule) -> None:
-    """Raise ScheduleError unless every (stage, mb) runs F then B once on its rank, every send has its
+    """Raise ScheduleError unless every (stage, mb) runs F then B (or BI then BW) once on its rank, every send has its
     receive, each rank ends its compute with its kind's update (schedules.kinds: SYNC then STEP; for
     multi-directional pipelines each slice's update once per batch, in order, and no forward on weights
     more than one version stale), and the lists run to completion. A window (a step without a flush) is
@@ -71,7 +71,8 @@ def _check_shape(sch: Schedule) -> None:
 
 
 def _check_compute(sch: Schedule) -> None:
-    """Each (stage, mb) forward and backward exactly once, on the stage's rank, F before B."""
+    """Each (stage, mb) forward exactly once and its backward exactly once, whole (B) or split (BI then BW),
+    on the stage's rank, in the order F, B (F, BI, BW)."""
     seen: Counter = Counter()
     pos: dict[tuple[Op, int, int], int] = {}
     wrong = []
@@ -84,25 +85,24 @@ def _check_compute(sch: Schedule) -> None:
                     wrong.append(f"{a} on rank {r} (stage {a.stage} is on rank {sch.placement[a.stage]})")
     if wrong:
         _fail("compute on the wrong rank", wrong)
-    want = [
-        (op, s, m)
-        for op in (Op.FORWARD, Op.BACKWARD)
-        for s in range(sch.num_stages)
-        for m in range(sch.num_microbatches)
-    ]
-    missing = [f"{op.value}{m}@s{s}" for op, s, m in want if seen[(op, s, m)] == 0]
+    pairs = [(s, m) for s in range(sch.num_stages) for m in range(sch.num_microbatches)]
+    B, BI, BW = Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT
+    missing = [f"F{m}@s{s}" for s, m in pairs if seen[(Op.FORWARD, s, m)] == 0]
+    missing += [f"{'BW' if seen[(BI, s, m)] else 'BI' if seen[(BW, s, m)] else 'B'}{m}@s{s}" for s, m in pairs
+                if not seen[(B, s, m)] and not (seen[(BI, s, m)] and seen[(BW, s, m)])]
     if missing:
         _fail("missing compute", missing)
     dup = [f"{op.value}{m}@s{s} x{c}" for (op, s, m), c in seen.items() if c > 1]
+    dup += [f"B{m}@s{s} and BI/BW" for s, m in pairs if seen[(B, s, m)] and (seen[(BI, s, m)] or seen[(BW, s, m)])]
     if dup:
         _fail("duplicated compute", dup)
-    early = [
-        f"B{m}@s{s}"
-        for _, s, m in want[len(want) // 2 :]
-        if pos[(Op.BACKWARD, s, m)] < pos[(Op.FORWARD, s, m)]
-    ]
+    early = []
+    for s, m in pairs:
+        chain = [Op.FORWARD] + ([B] if seen[(B, s, m)] else [BI, BW])
+        at = [pos[(op, s, m)] for op in chain]
+        early += [f"{op.value}{m}@s{s}" for op, x, y in zip(chain[1:], at, at[1:]) if y < x]
     if early:
-        _fail("backward before its forward", early)
+        _fail("backward before its forward (a BW: before its BI)", early)
 
 
 def _comm_key(a: Action, rank: int) -> tuple:
@@ -150,8 +150,9 @@ def _check_comm(sch: Schedule) -> None:
                 )
                 continue
             if a.op.is_stage_send:
-                producer = (Op.FORWARD if kind == "act" else Op.BACKWARD, src_stage, mb)
-                if producer not in done:
+                producers = [(Op.FORWARD, src_stage, mb)] if kind == "act" else \
+                    [(Op.BACKWARD, src_stage, mb), (Op.BACKWARD_INPUT, src_stage, mb)]
+                if not any(p in done for p in producers):
                     bad.append(f"{a} on rank {r} precedes the compute that produces it")
                 sends[key] += 1
             else:
@@ -173,7 +174,7 @@ def _describe(key: tuple) -> str:
 
 
 def _check_sync_step(sch: Schedule) -> None:
-    """One SYNC and one STEP per rank; SYNC after the rank's last backward, STEP after SYNC."""
+    """One SYNC and one STEP per rank; SYNC after the rank's last backward (B, BI or BW), STEP after SYNC."""
     for r, acts in enumerate(sch.actions):
         ops = [a.op for a in acts]
         if ops.count(Op.SYNC) != 1 or ops.count(Op.STEP) != 1:
@@ -182,7 +183,7 @@ def _check_sync_step(sch: Schedule) -> None:
                 f"{ops.count(Op.SYNC)} and {ops.count(Op.STEP)}"
             )
         sync, step = ops.index(Op.SYNC), ops.index(Op.STEP)
-        last_b = max((i for i, op in enumerate(ops) if op is Op.BACKWARD), default=-1)
+        last_b = max((i for i, op in enumerate(ops) if op.is_backward), default=-1)
         if not last_b < sync < step:
             raise ScheduleError(f"rank {r}: SYNC must follow the last backward and precede STEP")
 

@@ -38,6 +38,8 @@ class ScheduleCosts:
     cores: list[float] | None = None  # per host: cores its ranks share; None: unlimited
     duty: list[float] | None = None  # per rank: duty-cycle slowdown (compute, then sleep (f - 1) x as long)
     param_bytes: list[float] = field(default_factory=list)  # per stage: what a slice's update moves; [] = 0
+    input_fraction: float | list[float] = 0.5  # of a split backward, BI's share of backward_s
+    weight_s: list[float] | None = None  # per stage: a split backward's BW; None: backward_s less BI
     per_op_s: float | list[float] = 0.0  # fixed cost of each F and B: one for every rank, or one per rank
     wait_cpu: float = 0.0  # cores a waiting rank uses on a shared host (0: waiting is free)
 
@@ -62,6 +64,18 @@ class ScheduleCosts:
             latency=[[latency] * num_ranks for _ in range(num_ranks)],
             act_mem_bytes=[act_mem] * num_stages,
         )
+
+    def input_grad_s(self) -> list[float]:
+        """Per stage: the time of a split backward's BI (input gradient); its BW takes backward_s less this."""
+        fr = self.input_fraction
+        fracs = list(fr) if isinstance(fr, list) else [fr] * len(self.backward_s)
+        return [b * f for b, f in zip(self.backward_s, fracs)]
+
+    def weight_grad_s(self) -> list[float]:
+        """Per stage: the time of a split backward's BW (parameter gradients)."""
+        if self.weight_s is not None:
+            return list(self.weight_s)
+        return [b - i for b, i in zip(self.backward_s, self.input_grad_s())]
 
     def step_times(self, num_ranks: int) -> list[float]:
         """Optimizer step time per rank."""
@@ -93,6 +107,10 @@ class ScheduleCosts:
             per_stage["param_mem_bytes"] = self.param_mem_bytes
         if self.param_bytes:
             per_stage["param_bytes"] = self.param_bytes
+        if isinstance(self.input_fraction, list):
+            per_stage["input_fraction"] = self.input_fraction
+        if self.weight_s is not None:
+            per_stage["weight_s"] = self.weight_s
         for name, xs in per_stage.items():
             if len(xs) != num_stages:
                 raise ValueError(

@@ -28,10 +28,12 @@ from itertools import accumulate, compress
 from gearshift.schedules.action import Action, Op, Schedule
 from gearshift.sim.cost import INF, ScheduleCosts
 
-_F, _B, _SA, _RA, _SG, _RG, _SYNC, _STEP, _RED, _RR, _NORM, _SP, _RP, _BAR = range(14)
+_F, _B, _BI, _BW, _SA, _RA, _SG, _RG, _SYNC, _STEP, _RED, _RR, _NORM, _SP, _RP, _BAR = range(16)
 _CODE = {
     Op.FORWARD: _F,
     Op.BACKWARD: _B,
+    Op.BACKWARD_INPUT: _BI,
+    Op.BACKWARD_WEIGHT: _BW,
     Op.SEND_ACT: _SA,
     Op.RECV_ACT: _RA,
     Op.SEND_GRAD: _SG,
@@ -45,7 +47,7 @@ _CODE = {
     Op.RECV_PAR: _RP,
     Op.BARRIER: _BAR,
 }
-# The codes follow Op's order: compute first (k <= _B), then the stage transfers (k < _SYNC: per micro-batch).
+# The codes follow Op's order: compute first (k <= _BW), then the stage transfers (k < _SYNC: per micro-batch).
 _SENDS = tuple(_CODE[op] for op in Op if op.is_p2p_send)
 _RECVS = tuple(_CODE[op] for op in Op if op.is_p2p_recv)
 _SLICE_MSGS = tuple(_CODE[op] for op in Op if op.is_slice_send or op.is_slice_recv)
@@ -114,7 +116,8 @@ def _compile(schedule: Schedule, cost: ScheduleCosts) -> _Program:
     peer = [a.peer for a in flat]
     n = len(flat)
 
-    # slot[(kind * S + stage) * M + mb] = index of the first such action (F/B/SA/RA/SG/RG), else _NEVER
+    # slot[(kind * S + stage) * M + mb] = index of the first such action (F/B/SA/RA/SG/RG), else _NEVER; a BI
+    # takes B's row (either makes the stage's input gradient)
     num_stages = schedule.num_stages
     used = [(s, mb) for k, s, mb in zip(kind, stage, mbs) if k < _SYNC]
     if any(not (0 <= s < num_stages and mb >= 0) for s, mb in used):
@@ -122,10 +125,10 @@ def _compile(schedule: Schedule, cost: ScheduleCosts) -> _Program:
     if any(not 0 <= s < num_stages for k, s in zip(kind, stage) if k in _SLICE_MSGS):
         raise ValueError("simulate: an update action has a stage out of range (run validate first)")
     m = max((mb for _, mb in used), default=0) + 1
-    slot = [_NEVER] * (6 * num_stages * m)
+    slot = [_NEVER] * (_SYNC * num_stages * m)
     for g, k, s, mb in zip(range(n), kind, stage, mbs):
         if k < _SYNC:
-            i = (k * num_stages + s) * m + mb
+            i = ((_B if k == _BI else k) * num_stages + s) * m + mb
             if slot[i] == _NEVER:
                 slot[i] = g
     fs, bs, sas, ras, sgs, rgs = (k * num_stages * m for k in (_F, _B, _SA, _RA, _SG, _RG))
@@ -141,6 +144,7 @@ def _compile(schedule: Schedule, cost: ScheduleCosts) -> _Program:
     link = [0] * n
     mem = [0.0] * n
     fwd, bwd, nbytes, act_mem = cost.forward_s, cost.backward_s, cost.act_bytes, cost.act_mem_bytes
+    bwd_in, bwd_w = cost.input_grad_s(), cost.weight_grad_s()
     sync, step, per_op = cost.sync_s, cost.step_times(num_ranks), cost.op_times(num_ranks)
     pbytes = cost.param_bytes or [0.0] * num_stages
     seen: dict[tuple, int] = {}  # (kind, stage, peer, rank) -> occurrences so far (update messages pair in order)
@@ -159,9 +163,14 @@ def _compile(schedule: Schedule, cost: ScheduleCosts) -> _Program:
                 else:
                     d = slot[ras + i]
                     dep1[g] = d if d >= 0 and ranks[d] == r else _NEVER
-        elif k == _B:
-            dur[g] = bwd[s] + per_op[r]
+        elif k == _BW:  # after its BI, on the same rank; frees what the forward saved
+            dur[g] = bwd_w[s] + per_op[r]
             mem[g] = -act_mem[s]
+            d = slot[bs + i]
+            dep1[g] = d if d >= 0 and ranks[d] == r and kind[d] == _BI else _NEVER
+        elif k == _B or k == _BI:
+            dur[g] = (bwd[s] if k == _B else bwd_in[s]) + per_op[r]
+            mem[g] = -act_mem[s] if k == _B else 0.0
             dep2[g] = carried(slot[fs + i], mb)
             if dep2[g] == _NONE:
                 carried_mem[r] += act_mem[s]
@@ -292,8 +301,8 @@ class _Replay:
                     if end[x] > t:
                         t = end[x]
             k = kind[g]
-            if k <= _B or k == _STEP:
-                if k <= _B:
+            if k <= _BW or k == _STEP:
+                if k <= _BW:
                     if d >= 0 and end[d] > t:
                         t = end[d]
                     if d2 >= 0 and end[d2] > t:
@@ -311,7 +320,7 @@ class _Replay:
                 if self.shared:
                     found = g
                     break
-                if k <= _B:
+                if k <= _BW:
                     start[g] = t
                     self.took[g] = dur[g] * self.slow[r]
                     t += self.took[g]
@@ -404,7 +413,7 @@ def _run_shared(prog: _Program, cost: ScheduleCosts) -> _Replay:
             _, g, r, began = heapq.heappop(running[fin_h])
             rerate(fin_h)
             end[g] = now
-            if kind[g] <= _B:  # the emulation sleeps (f - 1) x the time it computed
+            if kind[g] <= _BW:  # the emulation sleeps (f - 1) x the time it computed
                 end[g] = began + (now - began) * slow[r]
                 took[g] = end[g] - began
             rp.done[g] = 1
@@ -431,7 +440,7 @@ def _run_shared(prog: _Program, cost: ScheduleCosts) -> _Replay:
             continue
         h = host[r]
         catch_up(h, now)
-        if kind[g] <= _B or not gate.on or g in prog.depn:
+        if kind[g] <= _BW or not gate.on or g in prog.depn:
             start[g] = now
         heapq.heappush(running[h], (vtime[h] + dur[g], g, r, now))
         busy[r] = 1
@@ -450,7 +459,7 @@ def _result(schedule: Schedule, cost: ScheduleCosts, prog: _Program, tm: _Replay
     for r in range(num_ranks):
         lo, hi = offs[r], pc[r]
         timelines.append(list(zip(flat[lo:hi], tm.start[lo:hi], tm.end[lo:hi])))
-        is_comp = [k <= _B for k in kind[lo:hi]]
+        is_comp = [k <= _BW for k in kind[lo:hi]]
         busy.append(sum(compress(tm.took[lo:hi], is_comp)))
         held = max(accumulate(compress(prog.mem[lo:hi], is_comp), initial=prog.carried[r]))
         acts.append(held)

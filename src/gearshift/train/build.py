@@ -71,7 +71,7 @@ def job_schedule(cfg: JobConfig, slice_bytes: list[float] | None = None) -> Sche
     slice_act_bytes) and, under update = async, the steady window."""
     p = cfg.parallel
     return make_schedule("kfkb" if p.schedule == "auto" else p.schedule, p.stages, p.microbatches, k=p.k,
-                         directions=p.directions, update=p.update,
+                         directions=p.directions, update=p.update, virtual_stages=p.virtual_stages,
                          slice_bytes=slice_bytes if p.schedule == "multidir" else None)
 
 

@@ -93,7 +93,8 @@ def act_meta_fn(metas: list[LayerMeta]):
 def resolve_partition(cfg: JobConfig, spec: ModelSpec) -> list[tuple[int, int]]:
     """The stage bounds the config asks for: explicit ranges (config validation refuses ones that cut what the
     model keeps together), or uniform / by parameters with each cut on a no-cut boundary moved to the nearest
-    allowed one (planner.baselines.snap_bounds). Adaptive plans are made from the profile before the runtime
+    allowed one (planner.baselines.snap_bounds). One range per model stage (parallel.model_stages: interleaved and
+    zbv run several per rank). Adaptive plans are made from the profile before the runtime
     is built (train.adaptation); uniform is only their stand-in here."""
     p, n = cfg.parallel, spec.num_layers
     if isinstance(p.partition, list):
@@ -101,5 +102,5 @@ def resolve_partition(cfg: JobConfig, spec: ModelSpec) -> list[tuple[int, int]]:
     if p.partition == "params":
         with torch.device("meta"):  # sizes without allocating
             sizes = [sum(q.numel() for q in spec.layer(i, cfg.train.seed).parameters()) for i in range(n)]
-        return snap_bounds(params_bounds(sizes, p.stages), spec.no_cut())
-    return snap_bounds(uniform_bounds(n, p.stages), spec.no_cut())
+        return snap_bounds(params_bounds(sizes, p.model_stages), spec.no_cut())
+    return snap_bounds(uniform_bounds(n, p.model_stages), spec.no_cut())

@@ -90,6 +90,7 @@ def validate(cfg: JobConfig) -> JobConfig:
         p.microbatches = per_part // p.microbatch_size
     if p.schedule == "multidir":
         _check_multidir(cfg)
+    _check_zero_bubble(cfg)
     check(p.sync.allreduce_transport != "p2p" or (c.device != "cuda" and c.backend != "nccl"),
           f"parallel.allreduce_transport: p2p carries CPU tensors over gloo only, got device {c.device!r} with backend "
           f"{c.backend!r} (allowed with CUDA or NCCL: collectives)")
@@ -111,12 +112,14 @@ def check_layers(cfg: JobConfig, num_layers: int, layers_are: str, no_cut: list[
     a layer in `no_cut`): enough layers and cuts for the stages, explicit partition ranges, adapt.profile's
     layers. validate() runs it for a built-in model, train.build.job_model for one given by import path."""
     p = cfg.parallel
-    check(p.stages <= num_layers, f"parallel.stages: more stages ({p.stages}) than layers ({num_layers} {layers_are})")
+    S = p.model_stages
+    what = "stages" if S == p.stages else f"stages x {p.per_rank} per rank"
+    check(S <= num_layers, f"parallel.stages: more {what} ({S}) than layers ({num_layers} {layers_are})")
     cuts = num_layers - 1 - len(no_cut)
-    check(p.stages - 1 <= cuts, f"parallel.stages: {p.stages} stages need {p.stages - 1} cuts, but the model's "
-                                f"keep_together leaves {cuts} places to cut")
+    check(S - 1 <= cuts, f"parallel.stages: {S} {what} need {S - 1} cuts, but the model's "
+                         f"keep_together leaves {cuts} places to cut")
     if not isinstance(p.partition, str):
-        check_ranges(p.partition, p.stages, num_layers, no_cut)
+        check_ranges(p.partition, S, num_layers, no_cut)
     if cfg.adapt.profile:
         read_profile(cfg.adapt.profile, "adapt.profile", num_layers, ConfigError, layers_are)
 
@@ -138,6 +141,25 @@ def check_ranges(ranges: Any, stages: int, n_layers: int, no_cut: list[int] = ()
     for k in sorted(set(no_cut) & {a for a, _ in ranges}):
         raise ConfigError(f"{where}: cuts between layers {k - 1} and {k}, which the model keeps together "
                           "(keep_together)")
+
+
+def _check_zero_bubble(cfg: JobConfig) -> None:
+    """interleaved and zbv: the partition is given or uniform (the adaptive DP plans one stage per rank);
+    split backwards (zb1p, zbv): no expert parallelism (its all-to-all would run in both halves), recomputation or
+    overlapped sync."""
+    p = cfg.parallel
+    if p.per_rank > 1 or p.schedule == "zbv":
+        check(p.partition != "adaptive", f"parallel.partition: adaptive plans one stage per rank, not "
+                                         f"parallel.schedule = {p.schedule} (allowed: uniform, params, "
+                                         "[[start, end], ...])")
+    if p.schedule in ("zb1p", "zbv"):
+        check(p.experts == 1 and p.strategy == "fixed", f"parallel.experts: expert parallelism does not apply to "
+                                                        f"parallel.schedule = {p.schedule} (allowed: 1, strategy "
+                                                        "fixed)")
+        check(p.recompute == "none", f"parallel.recompute: {p.recompute!r} does not apply to parallel.schedule = "
+                                     f"{p.schedule} (a split backward would recompute in both halves; allowed: none)")
+        check(not p.sync.overlap, f"parallel.overlap: does not apply to parallel.schedule = {p.schedule} (its "
+                                  "weight gradients do not pass the hooks that start the sync; allowed: false)")
 
 
 def _check_options(cfg: JobConfig) -> None:

@@ -20,7 +20,8 @@ from gearshift.train.config.model import check
 if TYPE_CHECKING:
     from gearshift.profile.model_profile import ModelProfile
 
-SCHEDULES = ("gpipe", "1f1b", "kfkb", "multidir", "auto")
+SCHEDULES = ("gpipe", "1f1b", "kfkb", "zb1p", "interleaved", "zbv", "multidir", "auto")
+AUTO_KINDS = ("kfkb", "zb1p")  # what parallel.schedule = auto switches among (planner.schedule_choice.SWITCHABLE)
 UPDATES = ("flush", "async")
 PARTITIONS = ("uniform", "params", "adaptive")
 EXISTING = ("move", "refuse")
@@ -95,7 +96,10 @@ class ParallelConfig:
     """How the model is split, scheduled and synchronised."""
 
     stages: int = key(4, "pipeline stages; cluster.workers / stages data-parallel replicas of the pipeline")
-    schedule: str = key("1f1b", "pipeline schedule: gpipe, 1f1b, kfkb, multidir (parallel.directions pipelines "
+    schedule: str = key("1f1b", "pipeline schedule: gpipe, 1f1b, kfkb, zb1p (1F1B's memory, each backward split into "
+                                "input and weight gradients, the weight gradients filling the bubbles), interleaved "
+                                "(parallel.virtual_stages stages per rank, looping), zbv (two stages per rank in a V, "
+                                "split backwards), multidir (parallel.directions pipelines "
                                 "over the same ranks in different orders, optimizer state held once), or auto (the "
                                 "split into micro-batches and K of kFkB chosen by simulation under the measured "
                                 "links, chosen again as they change; microbatches and k are then only where the job "
@@ -106,6 +110,8 @@ class ParallelConfig:
                                   "replica's batch / this; BatchNorm-like layers and MoE expert capacity depend on "
                                   "it); 0 = parallel.microbatches decides")
     k: int = key(1, "kfkb: forwards (then backwards) per group; 1 = 1F1B, >= microbatches = GPipe")
+    virtual_stages: int = key(2, "interleaved: model stages per rank (stage j on rank j mod parallel.stages); the "
+                                 "partition then has parallel.stages x virtual_stages ranges")
     partition: Any = key("uniform", "uniform | params | adaptive (the DP's plan from the spec or a measurement at "
                                     "the start, re-planned every adapt.every steps) | [[start, end], ...] per stage")
     sync: SyncSettings = embed(SyncSettings)
@@ -126,6 +132,16 @@ class ParallelConfig:
                                "measured speed, after the first step) or [w0, w1, ...] one weight > 0 per replica; "
                                "whole micro-batches each, gradients averaged by samples")
 
+    @property
+    def per_rank(self) -> int:
+        """Model stages each rank runs: virtual_stages (interleaved), 2 (zbv), else 1."""
+        return {"interleaved": self.virtual_stages, "zbv": 2}.get(self.schedule, 1)
+
+    @property
+    def model_stages(self) -> int:
+        """Stages the model is cut into (ranges of parallel.partition): stages x per_rank."""
+        return self.stages * self.per_rank
+
     def check(self) -> None:
         """Each key's range; the layer ranges of an explicit partition are checked against the model."""
         check(self.stages >= 1, f"parallel.stages: must be >= 1, got {self.stages}")
@@ -134,6 +150,7 @@ class ParallelConfig:
         check(self.microbatch_size >= 0,
               f"parallel.microbatch_size: must be >= 0 (0 = parallel.microbatches decides), got {self.microbatch_size}")
         check(self.k >= 1, f"parallel.k: must be >= 1, got {self.k}")
+        check(self.virtual_stages >= 1, f"parallel.virtual_stages: must be >= 1, got {self.virtual_stages}")
         check(self.update in UPDATES, f"parallel.update: {self.update!r} (allowed: {', '.join(UPDATES)})")
         self.sync.check()
         if isinstance(self.partition, str):
@@ -239,6 +256,10 @@ class AdaptConfig:
                                        "faster by this fraction")
     profiles: str = key("", "directory of per-micro-batch-size profiles (read if there, written when measured); "
                             '"" = profile at start')
+    schedule_kinds: list[Any] = key(["kfkb", "zb1p"], "parallel.schedule = auto: the schedule kinds priced beside "
+                                                      "each split into micro-batches: kfkb (every K), zb1p (split "
+                                                      "backwards); both run one stage per rank, so a running job "
+                                                      "switches between them at a step boundary")
     calibrate: bool = key(True, "when the job measures its ranks before training, also time each stage whole at "
                                 "two micro-batch sizes and price compute by the fitted line (a fixed cost per "
                                 "forward or backward beside the profile); false = by the profile alone")
@@ -247,6 +268,9 @@ class AdaptConfig:
         """Each key's range, and that adapt.profile is a profile (its layers are checked against the model)."""
         check(self.every >= 0, f"adapt.every: must be >= 0 (0 = never), got {self.every}")
         check(0 < self.alpha <= 1, f"adapt.alpha: must be in (0, 1], got {self.alpha}")
+        check(isinstance(self.schedule_kinds, list) and bool(self.schedule_kinds)
+              and all(k in AUTO_KINDS for k in self.schedule_kinds),
+              f"adapt.schedule_kinds: {self.schedule_kinds!r} (allowed: a non-empty list of {', '.join(AUTO_KINDS)})")
         if self.profile:
             read_profile(self.profile, "adapt.profile")
         check(self.link_change >= 0, f"adapt.link_change: must be >= 0 (0 = off), got {self.link_change}")

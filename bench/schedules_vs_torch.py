@@ -1,0 +1,197 @@
+"""Zero-bubble and interleaved schedules, Gearshift's against torch.distributed.pipelining's: 4 gloo workers, the
+same GPT, batches and AdamW/clip, duty-cycle emulation (x slowdown on every rank), stepped in rotating order.
+
+`even`: equal stage times (equal-time cuts, every rank slowed alike). `uneven`: rank speeds 1 / 0.6 / 0.3 / 0.3;
+Gearshift's partition is the DP's at those speeds (interleaved and zbv: planner.virtual's cut), torch's stays even.
+torch's compute is slowed by a wrapper around each stage module (sleep after its forward, and before its backward
+at twice the forward's time: all of a split backward's sleep falls on its input half). `auto` is the choice
+planner.schedule_choice makes among kFkB and zb1p from the profile at the emulated speeds, run fixed."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed import pipelining as pp
+from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
+
+import harness
+from gearshift.cluster.state import local_pipeline_state
+from gearshift.planner.partition import partition_dp
+from gearshift.planner.predict import predict
+from gearshift.planner.schedule_choice import SWITCHABLE, choose
+from gearshift.planner.virtual import virtual_bounds
+from gearshift.testing import spawn
+from gearshift.train.adaptation import build_adapter
+from gearshift.train.build import build_runtime, equal_time_slices, job_model, job_schedule, lr_at, slice_act_bytes
+from gearshift.train.config import load_config
+from gearshift.train.datasets import job_data
+from pipeline_vs_torch import TorchPipeline
+
+WORLD = 4
+SPEEDS = {"even": [1.0] * WORLD, "uneven": [1.0, 0.6, 0.3, 0.3]}
+OURS = ("1f1b", "zb1p", "interleaved", "zbv", "multidir", "auto")
+TORCH = ("1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+
+
+class _SleepBack(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, s: float):
+        ctx.s = s
+        return x.clone()  # not a view: torch's split backward detaches stage outputs in place
+
+    @staticmethod
+    def backward(ctx, g):
+        time.sleep(ctx.s)
+        return g, None
+
+
+class Slowed(nn.Module):
+    """A torch stage module under the duty cycle f: sleeps (f - 1) x its forward's time after it, and (f - 1) x
+    twice that when its output's gradient arrives."""
+
+    def __init__(self, inner: nn.Module, f: float):
+        super().__init__()
+        self.inner, self.f = inner, f
+
+    def forward(self, x):
+        t0 = time.perf_counter()
+        out = self.inner(x)
+        t = time.perf_counter() - t0
+        time.sleep((self.f - 1) * t)
+        return _SleepBack.apply(out, 2 * (self.f - 1) * t) if out.requires_grad else out
+
+
+def factors(a: argparse.Namespace, split: str) -> list[float]:
+    return [a.slowdown / s for s in SPEEDS[split]]
+
+
+def overrides(a: argparse.Namespace, schedule: str, bounds: list, split: str, profile: str, m: int, k: int = 1):
+    multi = schedule == "multidir"
+    return [*harness.job_overrides(a, "layers", "width", "heads", "context", "batch", "max_bytes"),
+            f"--cluster.workers={WORLD}", f"--parallel.stages={WORLD}", f"--parallel.schedule={schedule}",
+            f"--parallel.microbatches={m // 2 if multi else m}", f"--parallel.k={k}", harness.partition(bounds),
+            "--train.warmup_steps=2", f"--train.steps={a.warmup + a.steps + 1}", f"--adapt.profile={profile}",
+            "--adapt.every=0", harness.slowdown(factors(a, split)), "--emulate.basis=wall"]
+
+
+def plans(a: argparse.Namespace, profile, path: str) -> dict:
+    """(schedule/split) -> config overrides and the simulator's prediction, for every Gearshift row."""
+    n, inf, mb = profile.num_layers, float("inf"), a.batch // a.micro
+    out = {}
+    for split, speeds in SPEEDS.items():
+        dp = partition_dp([lp.work_s for lp in profile.layers], [0.0] * n, [0.0] * n, speeds,
+                          [[inf] * WORLD] * WORLD, [[0.0] * WORLD] * WORLD)
+        cut4 = [list(b) for b in (equal_time_slices(profile, WORLD) if split == "even" else dp.bounds)]
+        state = local_pipeline_state(WORLD, WORLD, factors(a, split))
+        for s in OURS:
+            name, m, k = s, a.micro, 1
+            if s == "auto":
+                best = choose({mb: profile}, [tuple(b) for b in cut4], state, a.batch, ms=[a.micro],
+                              kinds=SWITCHABLE).best
+                name, k = best.kind, best.k
+            if s in ("interleaved", "zbv"):
+                place = generate_stage_to_rank_mapping(WORLD, 2 * WORLD, style="loop" if s == "interleaved" else "v")
+                cut = equal_time_slices(profile, 2 * WORLD) if split == "even" else \
+                    virtual_bounds(profile, speeds, [place[i] for i in range(2 * WORLD)])
+            else:
+                cut = equal_time_slices(profile, WORLD) if s == "multidir" else cut4
+            cut = [list(b) for b in cut]
+            ov = overrides(a, name, cut, split, path, m, k)
+            sch = job_schedule(load_config(None, ov), slice_act_bytes(profile, cut) if s == "multidir" else None)
+            res = predict(profile, [tuple(cut[i % len(cut)]) for i in range(sch.num_stages)], sch, state, mb)
+            ran = f"{name} K={k}" if name == "kfkb" else name
+            out[f"{s}/{split}"] = {"overrides": ov, "predicted_step_s": res.iteration_s, "cut": cut,
+                                   "ran": f"auto: {ran}" if s == "auto" else ran}
+    return out
+
+
+def _worker(rank: int, world: int, a: argparse.Namespace, plan: dict, torch_cuts: dict) -> dict:
+    cfgs = {key: load_config(None, p["overrides"]) for key, p in plan.items()}
+    c0 = next(iter(cfgs.values()))
+    data = job_data(c0)
+    adapters = {key: build_adapter(cfg, data, job_model(cfg)) for key, cfg in cfgs.items()}  # the emulation
+    runners: dict = {key: build_runtime(cfgs[key], adapter=adapters[key], data=data) for key in cfgs}
+    group = dist.new_group(list(range(world)))  # torch's messages never share a channel with ours
+    for split in SPEEDS:
+        f = factors(a, split)
+        for t in TORCH:
+            one = t == "1F1B"
+            cut = torch_cuts[1 if one else 2]
+            owner = list(range(WORLD)) if one else \
+                generate_stage_to_rank_mapping(WORLD, 2 * WORLD, style="loop" if "Interleaved" in t else "v")
+            runners[f"torch:{t}/{split}"] = TorchPipeline(c0, group, getattr(pp, f"Schedule{t}"), cut, owner,
+                                                          a.micro, wrap=lambda s, m, o=owner, f=f: Slowed(m, f[o[s]]))
+
+    def emulate(key: str, step: int) -> None:
+        if adapters.get(key) is not None:
+            adapters[key].step = step
+
+    res = harness.interleave(runners, a.warmup + a.steps, a.warmup,
+                             lambda step: data.batch(step, c0.train.batch_size, c0.train.seed),
+                             lambda key, step: lr_at(step, c0), emulate)
+    return {k: {"times": r["times"], "losses": r["losses"],
+                "peak": [x.peak_act_bytes for x in r["records"] if x is not None]} for k, r in res.items()}
+
+
+def summarise(a: argparse.Namespace, results: list[dict], plan: dict) -> dict:
+    tokens, r0 = a.batch * a.context, results[0]
+    rows = []
+    for key, r in r0.items():
+        system, sched = ("torch", key[6:]) if key.startswith("torch:") else ("gearshift", key)
+        sched, split = sched.split("/")
+        med = statistics.median(r["times"])
+        peaks = [max(res[key]["peak"]) for res in results if res[key]["peak"]]
+        p = plan.get(key, {})
+        rows.append({"system": system, "schedule": sched, "split": split, "tokens_per_s": tokens / med,
+                     "peak_act_bytes": max(peaks) if peaks else None, "predicted_step_s": p.get("predicted_step_s"),
+                     "measured_step_s": med, "ran": p.get("ran", sched), "final_loss": r["losses"][-1]})
+    by = {(r["system"], r["schedule"], r["split"]): r for r in rows}
+
+    def tps(system: str, s: str, split: str) -> float:
+        return by[(system, s, split)]["tokens_per_s"]
+
+    best_torch = {sp: max(tps("torch", t, sp) for t in TORCH) for sp in SPEEDS}
+    sim_err = max(abs(r["predicted_step_s"] / r["measured_step_s"] - 1) for r in rows if r["system"] == "gearshift")
+    return {"rows": rows, "goals": harness.goals({
+        "zb1p / 1f1b even": (tps("gearshift", "zb1p", "even") / tps("gearshift", "1f1b", "even"), ">= 1.1"),
+        "auto / torch best even": (tps("gearshift", "auto", "even") / best_torch["even"], ">= 1.0"),
+        "auto / torch best uneven": (tps("gearshift", "auto", "uneven") / best_torch["uneven"], ">= 1.3"),
+        "simulator error, worst Gearshift row": (sim_err, "<= 0.15")})}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    a = harness.parser(__doc__, "schedules_vs_torch", {"warmup": 1, "steps": 2, "layers": 6, "width": 64,
+                                                       "context": 64},
+                       layers=10, width=128, heads=4, context=128, batch=16, micro=8, max_bytes=500_000, steps=8,
+                       warmup=2, slowdown=4.0).parse_args(argv)
+    work = harness.workdir("schedules_vs_torch")
+    path = Path(work) / "profile.json"
+    cfg = load_config(None, overrides(a, "1f1b", [[0, 1], [1, 2], [2, 3], [3, a.layers + 2]], "even", "", a.micro))
+    profile = harness.robust_profile(cfg, 2 if a.quick else 3, path)
+    plan = plans(a, profile, str(path))
+    torch_cuts = {v: [list(b) for b in equal_time_slices(profile, v * WORLD)] for v in (1, 2)}
+    out = summarise(a, spawn(_worker, WORLD, a, plan, torch_cuts, timeout_s=3600), plan)
+    out["config"] = {"world": WORLD, "slowdown": a.slowdown, "speeds": SPEEDS, "layers": a.layers, "width": a.width,
+                     "context": a.context, "batch": a.batch, "microbatches": a.micro, "timed_steps": a.steps,
+                     "cuts": {k: v["cut"] for k, v in plan.items()}, "torch_cuts": torch_cuts,
+                     "wall_s": harness.elapsed()}
+    harness.write_results("schedules_vs_torch", out, a.out,
+                          emulation=f"duty cycle: emulate.slowdown {a.slowdown:g} / speed per rank")
+    harness.table("schedules vs torch.distributed.pipelining",
+                  ("split", "system", "schedule", "tokens/s", "measured s", "predicted s", "peak act MB"),
+                  [(r["split"], r["system"], r["ran"], f"{r['tokens_per_s']:,.0f}", f"{r['measured_step_s']:.3f}",
+                    f"{r['predicted_step_s']:.3f}" if r["predicted_step_s"] else "",
+                    f"{r['peak_act_bytes'] / 1e6:.2f}" if r["peak_act_bytes"] else "")
+                   for r in sorted(out["rows"], key=lambda r: (r["split"], r["system"]))], left=3)
+    harness.goals_table(out["goals"])
+    return out
+
+
+if __name__ == "__main__":
+    main()
