@@ -167,11 +167,10 @@ def main() -> None:
     emulation = f"duty-cycle x{a.emulate:g} on every rank" if a.emulate != 1.0 else None
     path = harness.write_results("sim_accuracy", out, a.out, emulation)
     cal, unc, dflt = out["calibrated"], out["uncalibrated"], abs(out["default_job_error"])
-    harness.goals_table({"median |pred/meas - 1|": (cal["median_abs"], "<= 0.10", cal["median_abs"] <= 0.10),
+    harness.goals_table(harness.goals({"median |pred/meas - 1|": (cal["median_abs"], "<= 0.10", cal["median_abs"] <= 0.10),
                          "worst |pred/meas - 1|": (cal["worst_abs"], "<= 0.20", cal["worst_abs"] <= 0.20),
                          "default job": (dflt, "<= 0.10", dflt <= 0.10),
-                         "uncalibrated median": (unc["median_abs"], "-", None)})
-    print(f"wrote {path}")
+                         "uncalibrated median": (unc["median_abs"], "-", None)}))
 
 
 if __name__ == "__main__":

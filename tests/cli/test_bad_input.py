@@ -70,7 +70,7 @@ CASES = [
     (["train", "--train.steps"], "--train.steps: expected --train.steps=VALUE"),
     (["profile", "--model.layers", "8"], "--model.layers: expected --model.layers=VALUE (got a space"),
     (["train", "job.toml", "extra.toml"], "unexpected argument 'extra.toml': one config file"),
-    (["train", "--resume=yes"], "--resume=yes: no such checkpoint file"),
+    (["train", "--resume=yes"], "--resume=yes: no such checkpoint"),
     # the config file
     (["train", "no/such/config.toml"], "config: file not found: no/such/config.toml"),
     (["train", "adir"], "config: adir is a directory, not a file"),

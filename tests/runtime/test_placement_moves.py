@@ -20,7 +20,7 @@ from gearshift.planner.placement import greedy
 from gearshift.runtime.placement import move_experts
 from gearshift.testing import spawn
 from gearshift.train.build import build_runtime, lr_at
-from gearshift.train.checkpoint import checkpoint_path
+from gearshift.train.checkpoint import checkpoint_path, read_checkpoint
 from gearshift.train.datasets import job_data
 from gearshift.train.forcing import Forcing
 from gearshift.train.loop import train
@@ -112,7 +112,7 @@ def test_moves_and_replicas_equal_training_without_them(tmp_path) -> None:
     assert decisions[0]["move"]["bytes"] > 0 and decisions[0]["bytes"] > 0
     summary = results[0]["summary"]
     assert summary["placement_decisions"] == 3 and summary["placement_switches"] == sum(d["switch"] for d in decisions)
-    ck = torch.load(checkpoint_path(tmp_path / "loop", STEPS), map_location="cpu", weights_only=True)
+    ck = read_checkpoint(checkpoint_path(tmp_path / "loop", STEPS))
     assert set(ck["model"]) == set(ref_params)
     for name, ref in ref_params.items():
         torch.testing.assert_close(ck["model"][name], ref, rtol=1e-5, atol=PARAM_ATOL, msg=f"{name} differs (loop)")

@@ -15,7 +15,7 @@ import torch
 from conftest import TINY
 from gearshift.errors import DataError
 from gearshift.train.checkpoint import (
-    FORMAT,
+    OLD_FORMAT,
     checkpoint_path,
     checkpoints,
     completed,
@@ -23,6 +23,7 @@ from gearshift.train.checkpoint import (
     job_fingerprint,
     latest_checkpoint,
     prune_checkpoints,
+    read_checkpoint,
     save_checkpoint,
 )
 from gearshift.train.config import load_config
@@ -39,7 +40,7 @@ def _losses(out: Path) -> list[float]:
 
 
 def _final(out: Path) -> dict:
-    ck = torch.load(latest_checkpoint(out), weights_only=True)
+    ck = read_checkpoint(latest_checkpoint(out))
     assert ck["step"] == 10
     return ck
 
@@ -80,7 +81,7 @@ def test_corrupt_and_mismatched_checkpoints_are_clear_errors(tmp_path):
     assert r.returncode == 2
     assert "corrupt or not a Gearshift checkpoint" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     job = job_fingerprint(load_config(None, [*TINY, "--model.layers=3"]))
-    save_checkpoint(out / "checkpoints" / "step_0000006.pt", {"format": FORMAT, "step": 6, "job": job})
+    save_checkpoint(out / "checkpoints" / "step_0000006.pt", {"format": OLD_FORMAT, "step": 6, "job": job})
     r = _train(out, "--resume")
     assert r.returncode == 2 and "model.layers is 3 in the checkpoint but 2 in the config" in r.stderr
     r = _train(tmp_path / "empty", "--resume")
@@ -105,7 +106,7 @@ def test_a_fresh_run_moves_the_old_one_aside_and_resume_refuses_another_jobs_che
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("run.")]
     assert len(aside) == 1 and f"moved it to {aside[0]}" in r.stdout
     assert [json.loads(ln)["step"] for ln in (out / "metrics.jsonl").read_text().splitlines()] == [0, 1]
-    assert len(list((aside[0] / "checkpoints").glob("*.pt"))) == 2
+    assert len(list((aside[0] / "checkpoints").glob("step_*"))) == 2
     r = _train(out, *one, "--resume")
     assert r.returncode == 2 and "train.seed is 1 in the checkpoint but 0 in the config" in r.stderr, r.stderr
     r = _train(out, *one, "--train.seed=1", "--output.existing=refuse")
@@ -113,15 +114,16 @@ def test_a_fresh_run_moves_the_old_one_aside_and_resume_refuses_another_jobs_che
 
 
 def _fake(cfg, step: int) -> Path:
-    path = checkpoint_path(cfg.output.dir, step)
-    save_checkpoint(path, {"format": FORMAT, "step": step, "job": job_fingerprint(cfg)})
+    """An old-format checkpoint file (the whole job in one file: what --resume still reads)."""
+    path = checkpoint_path(cfg.output.dir, step).with_suffix(".pt")
+    save_checkpoint(path, {"format": OLD_FORMAT, "step": step, "job": job_fingerprint(cfg)})
     return path
 
 
 def test_resume_skips_a_corrupt_or_truncated_newest_checkpoint_and_a_path_picks_one(tmp_path):
     cfg = load_config(None, [*TINY, f"--output.dir={tmp_path}"])
     good = [_fake(cfg, s) for s in (5, 10)]
-    truncated, corrupt = _fake(cfg, 15), checkpoint_path(tmp_path, 20)
+    truncated, corrupt = _fake(cfg, 15), checkpoint_path(tmp_path, 20).with_suffix(".pt")
     truncated.write_bytes(truncated.read_bytes()[:40])
     corrupt.write_bytes(b"not a checkpoint")
     path, ck, note = find_resumable(cfg)
@@ -134,7 +136,7 @@ def test_resume_skips_a_corrupt_or_truncated_newest_checkpoint_and_a_path_picks_
                          "step_0000015.pt, step_0000010.pt")
     with pytest.raises(DataError, match="corrupt or not a Gearshift checkpoint"):
         find_resumable(cfg, str(corrupt))
-    with pytest.raises(DataError, match="--resume=.*nope.pt: no such checkpoint file"):
+    with pytest.raises(DataError, match="--resume=.*nope.pt: no such checkpoint"):
         find_resumable(cfg, str(tmp_path / "nope.pt"))
     other = load_config(None, [*TINY, f"--output.dir={tmp_path}", "--train.seed=1"])
     with pytest.raises(DataError, match="train.seed is 0 in the checkpoint but 1"):  # another job: never skipped
@@ -166,12 +168,13 @@ def test_resume_from_the_command_line_skips_a_corrupt_checkpoint_keeps_three_and
     out = tmp_path / "run"
     one = ["--cluster.workers=1", "--parallel.stages=1", "--train.checkpoint_every=1"]
     assert _train(out, *one, "--train.steps=4").returncode == 0
-    assert [p.name for p in checkpoints(out)] == ["step_0000004.pt", "step_0000003.pt", "step_0000002.pt"]
-    checkpoint_path(out, 4).write_bytes(checkpoint_path(out, 4).read_bytes()[:100])  # truncated
+    assert [p.name for p in checkpoints(out)] == ["step_0000004", "step_0000003", "step_0000002"]
+    meta = checkpoint_path(out, 4) / "meta.pt"
+    meta.write_bytes(meta.read_bytes()[:100])  # truncated
     r = _train(out, *one, "--train.steps=5", "--resume")
     assert r.returncode == 0, r.stderr
-    assert "skipped step_0000004.pt (corrupt or truncated); resuming from step_0000003.pt" in r.stdout
-    assert r.stdout.count("step_0000004.pt") == 1  # one line: the skip, not its deletion too
+    assert "skipped step_0000004 (corrupt or truncated); resuming from step_0000003 " in r.stdout
+    assert r.stdout.count("step_0000004") == 1  # one line: the skip, not its deletion too
     assert [json.loads(ln)["step"] for ln in (out / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2, 3, 4]
     assert "3 -> 5 " in r.stdout  # the summary: the steps this run ran
     r = _train(out, *one, "--train.steps=5", "--resume")
@@ -179,10 +182,10 @@ def test_resume_from_the_command_line_skips_a_corrupt_checkpoint_keeps_three_and
     assert "nan" not in r.stdout
     r = _train(out, *one, "--train.steps=5", f"--resume={checkpoint_path(out, 3)}")
     assert r.returncode == 0 and "already complete" not in r.stdout, r.stderr
-    assert "continuing from step 3; this run replaces the later checkpoints step_0000005.pt, step_0000004.pt" \
+    assert "continuing from step 3; this run replaces the later checkpoints step_0000005, step_0000004" \
         in r.stdout
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 5
-    assert [p.name for p in checkpoints(out)] == ["step_0000005.pt", "step_0000004.pt", "step_0000003.pt"]
+    assert [p.name for p in checkpoints(out)] == ["step_0000005", "step_0000004", "step_0000003"]
 
 
 def test_a_moe_checkpoint_gives_back_its_expert_placement_where_it_fits(tmp_path):
@@ -192,8 +195,9 @@ def test_a_moe_checkpoint_gives_back_its_expert_placement_where_it_fits(tmp_path
     moe = ["--model.name=moe_gpt", "--model.experts=8", "--parallel.stages=1", f"--output.dir={tmp_path}"]
     cfg = load_config(None, moe + ["--parallel.experts=4"])
     holders = [[0, 1], [1], [2], [3], [0], [1, 2], [2, 3], [3, 0]]
-    save_checkpoint(checkpoint_path(tmp_path, 5), {"format": FORMAT, "step": 5, "job": job_fingerprint(cfg),
-                                                   "experts": {"width": 4, "experts": 8, "holders": {"3": holders}}})
+    save_checkpoint(checkpoint_path(tmp_path, 5).with_suffix(".pt"), {
+        "format": OLD_FORMAT, "step": 5, "job": job_fingerprint(cfg),
+        "experts": {"width": 4, "experts": 8, "holders": {"3": holders}}})
     got = Checkpointer(cfg).expert_placements(8, 4)
     assert got == {3: ExpertMap(tuple(tuple(h) for h in holders), 4)}
     assert Checkpointer(load_config(None, moe + ["--parallel.experts=2"])).expert_placements(8, 2) is None

@@ -1,14 +1,18 @@
 """Worker entry point: `python -m gearshift.train [CONFIG] [--section.key=value ...] [--resume[=PATH]]`.
 
 This is what `torchrun --nproc-per-node N -m gearshift.train CONFIG` runs on each process: the job has
-as many workers as torchrun started. The local launcher (`gearshift train`) runs it too, handing over the
-resolved config with `--from-json` (and a test's or benchmark's decisions with `--forcing`: train.forcing)."""
+as many workers as torchrun started; `main` carries torch.distributed.elastic's `@record`, so a failure
+leaves its traceback in the agent's error file. The local launcher (`gearshift train`) runs the same agent
+(train.elastic) on this entry, handing over the resolved config with `--from-json` (and a test's or
+benchmark's decisions with `--forcing`: train.forcing)."""
 
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
+
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from gearshift.errors import UsageError, UserError
 from gearshift.train.config import JobConfig, check_override_spelling, config_from_dict
@@ -29,6 +33,7 @@ def _config(argv: list[str]) -> JobConfig:
     return load_job(path, overrides)
 
 
+@record
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:

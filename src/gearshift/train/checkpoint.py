@@ -1,16 +1,23 @@
-"""Checkpoints keyed by global layer index (independent of the partition that wrote them), written
-atomically (temp file, fsync, rename) and loaded with `torch.load(weights_only=True)`. A checkpoint carries
-its job's fingerprint, and `--resume` refuses one written by another job. Tensors are saved from the CPU and
-loaded onto it, then placed on each rank's device: a checkpoint written on GPUs resumes on CPUs and back. A MoE
-job's checkpoint also carries its expert->rank map and the expert placement's state (the loads it forecasts
-from), so a resumed run holds the experts where the interrupted one did and decides as it would have.
-`--resume` takes the newest checkpoint that loads (a corrupt or truncated newer one is skipped, and said so);
-`--resume=PATH` takes that one. Only the newest train.keep_checkpoints are kept."""
+"""Checkpoints through torch.distributed.checkpoint (DCP), keyed by global layer name (independent of the
+partition that wrote them): every rank writes its own layers and their AdamW state (replica 0's; an expert from
+its first holder) into one directory, and on load every rank reads just the layers it now holds, whatever the
+number of workers or the partition that wrote them. A directory is written under a temporary name and renamed
+once complete (rank 0, after every rank's part is written), so a crash leaves the old checkpoints and no half.
+Beside the tensors, `meta.pt` holds the step, every rank's RNG state, the partition, the job's fingerprint
+(`--resume` refuses a checkpoint written by another job) and a MoE job's expert->rank map and placement state
+(the loads it forecasts from), so a resumed run holds the experts where the interrupted one did and decides as it
+would have. Tensors are saved from the CPU and placed on each rank's device on load: a checkpoint written on GPUs
+resumes on CPUs and back. Checkpoints of the earlier format (one `step_N.pt` file holding the whole job, gathered
+on rank 0) are still read, so old runs resume. `--resume` takes the newest checkpoint that loads (a corrupt or
+truncated newer one is skipped, and said so); `--resume=PATH` takes that one. Only the newest
+train.keep_checkpoints are kept."""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -22,14 +29,16 @@ from gearshift.runtime.pipeline import PipelineRuntime
 from gearshift.train.config import JobConfig
 from gearshift.train.env import under_torchrun
 
-FORMAT = 2
-_NAME = re.compile(r"^step_(\d+)\.pt$")
+FORMAT = 3  # a DCP directory and meta.pt
+OLD_FORMAT = 2  # one torch.save file holding the whole job
+_NAME = re.compile(r"^step_(\d+)(\.pt)?$")
+META = "meta.pt"
 Resume = bool | str  # False: a fresh run; True: the newest good checkpoint in output.dir; a path: that checkpoint
 
 
 class CorruptCheckpoint(DataError):
-    """A checkpoint file that does not load (corrupt, truncated, or not Gearshift's): --resume skips it for an
-    older one; a checkpoint of another job is a plain DataError and is never skipped."""
+    """A checkpoint that does not load (corrupt, truncated, or not Gearshift's): --resume skips it for an older
+    one; a checkpoint of another job is a plain DataError and is never skipped."""
 
 
 def checkpoint_dir(out_dir: str | Path) -> Path:
@@ -37,7 +46,8 @@ def checkpoint_dir(out_dir: str | Path) -> Path:
 
 
 def checkpoint_path(out_dir: str | Path, step: int) -> Path:
-    return checkpoint_dir(out_dir) / f"step_{step:07d}.pt"
+    """The directory of the checkpoint after `step` steps."""
+    return checkpoint_dir(out_dir) / f"step_{step:07d}"
 
 
 def job_fingerprint(cfg: JobConfig) -> dict:
@@ -51,7 +61,7 @@ def job_fingerprint(cfg: JobConfig) -> dict:
 
 
 def save_checkpoint(path: Path, payload: dict) -> None:
-    """Write `payload` to `path` atomically: a crash leaves the old file or the new one, never half."""
+    """Write `payload` to the file `path` atomically: a crash leaves the old file or the new one, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     with open(tmp, "wb") as f:
@@ -80,7 +90,7 @@ def prune_checkpoints(out_dir: str | Path, keep: int) -> list[Path]:
     """Delete all but the newest `keep` checkpoints (0: keep every one); returns those deleted."""
     old = checkpoints(out_dir)[keep:] if keep > 0 else []
     for p in old:
-        p.unlink(missing_ok=True)
+        _remove(p)
     return old
 
 
@@ -95,21 +105,79 @@ def drop_after(out_dir: str | Path, step: int) -> list[Path]:
     train.keep_checkpoints see this run's own (find_resumable's line names them); returns those deleted."""
     later = later_than(out_dir, step)
     for p in later:
-        p.unlink(missing_ok=True)
+        _remove(p)
     return later
+
+
+def _remove(path: Path) -> None:
+    """Delete a checkpoint: a directory, or an old-format file."""
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _flatten(model: dict, optim: dict) -> dict:
+    """One flat DCP state dict: model/NAME and optim/NAME/KEY (AdamW's exp_avg, exp_avg_sq, step)."""
+    flat = {f"model/{k}": v for k, v in model.items()}
+    flat.update({f"optim/{name}/{k}": v for name, st in optim.items() for k, v in st.items()})
+    return flat
+
+
+def _unflatten(flat: dict) -> tuple[dict, dict]:
+    model, optim = {}, {}
+    for key, v in flat.items():
+        kind, _, rest = key.partition("/")
+        if kind == "model":
+            model[rest] = v
+        else:
+            name, _, k = rest.rpartition("/")
+            optim.setdefault(name, {})[k] = v
+    return model, optim
+
+
+def read_tensors(path: Path, layers: set[int] | None = None) -> tuple[dict, dict]:
+    """(model, optim) of a DCP checkpoint, keyed by global name: the given layers' (None: all). Collective when
+    the process group is up (every rank reads its own layers); without one, this process reads alone."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    meta = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    prefixes = tuple(f"layers.{i}." for i in sorted(layers)) if layers is not None else ("",)
+    want = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in meta.items()
+            if isinstance(m, TensorStorageMetadata) and k.partition("/")[2].startswith(prefixes)}
+    with warnings.catch_warnings():  # read alone on purpose when no group is up: no warning about it
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(want, checkpoint_id=str(path), no_dist=not dist.is_initialized())
+    return _unflatten(want)
+
+
+def read_checkpoint(path: Path) -> dict:
+    """A whole checkpoint in one dict (model, optim and the metadata), in this process: for tests and tools."""
+    path = Path(path)
+    if path.is_file():
+        return torch.load(path, map_location="cpu", weights_only=True)
+    ck = torch.load(path / META, map_location="cpu", weights_only=True)
+    ck["model"], ck["optim"] = read_tensors(path)
+    return ck
 
 
 def load_checkpoint(path: Path, fingerprint: dict) -> dict:
     """Read and check a checkpoint; a corrupt one, or one of another job, is a DataError naming what differs.
     Loaded on the CPU (RNG states must be CPU tensors); PipelineRuntime.load_state moves each tensor to its
     parameter's device."""
+    old = path.is_file()  # the earlier format: the whole job in one file
     try:
-        ck = torch.load(path, map_location="cpu", weights_only=True)
+        ck = torch.load(path if old else path / META, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unpickling failure means the file is unusable
         raise CorruptCheckpoint(f"checkpoint {path}: corrupt or not a Gearshift checkpoint ({type(e).__name__})") \
             from None
-    if not isinstance(ck, dict) or ck.get("format") != FORMAT:
-        raise CorruptCheckpoint(f"checkpoint {path}: not a Gearshift checkpoint (format {FORMAT} expected)")
+    if not isinstance(ck, dict) or ck.get("format") != (OLD_FORMAT if old else FORMAT):
+        raise CorruptCheckpoint(f"checkpoint {path}: not a Gearshift checkpoint (format {OLD_FORMAT} file or format "
+                                f"{FORMAT} directory expected)")
+    if not old:
+        ck["path"] = str(path)  # the tensors stay on disk until each rank reads its own (Checkpointer.restore)
     saved = ck.get("job", {})
     for key, value in fingerprint.items():
         if saved.get(key) != value:
@@ -125,8 +193,8 @@ def find_resumable(cfg: JobConfig, resume: Resume = True) -> tuple[Path, dict, s
     fp = job_fingerprint(cfg)
     if isinstance(resume, str):
         path = Path(resume)
-        if not path.is_file():
-            raise DataError(f"--resume={resume}: no such checkpoint file")
+        if not path.exists():
+            raise DataError(f"--resume={resume}: no such checkpoint")
         ck = load_checkpoint(path, fp)
         later = later_than(cfg.output.dir, int(ck["step"]))
         note = None if not later else (f"gearshift: --resume={resume}: continuing from step {ck['step']}; this run "
@@ -170,6 +238,11 @@ class Checkpointer:
         every = self.cfg.train.checkpoint_every
         return bool(every and step % every == 0) or step == end
 
+    def use(self, ck: dict) -> None:
+        """Resume from `ck` (a checkpoint's contents, or train.snapshot's merged in-memory copy) instead of the
+        newest checkpoint on disk."""
+        self._resumed = ck
+
     def resumed(self) -> dict:
         """The checkpoint --resume continues from (read once)."""
         if self._resumed is None:
@@ -181,7 +254,10 @@ class Checkpointer:
     def restore(self, rt: PipelineRuntime) -> int:
         """Load the checkpoint into this rank's layers; returns the step to resume at."""
         ck = self.resumed()
-        rt.load_state(ck["model"], ck["optim"])
+        if "model" in ck:  # an old-format file, or an in-memory copy: the whole job at hand
+            rt.load_state(ck["model"], ck["optim"])
+        else:  # collective: every rank reads the layers it holds now
+            rt.load_state(*read_tensors(Path(ck["path"]), set(rt.layers)))
         rank = dist.get_rank()
         if len(ck["rng"]) == dist.get_world_size():
             torch.set_rng_state(ck["rng"][rank])
@@ -199,25 +275,30 @@ class Checkpointer:
         return {int(i): ExpertMap(tuple(tuple(h) for h in holders), width) for i, holders in saved["holders"].items()}
 
     def save(self, rt: PipelineRuntime, step: int, placer_state: dict | None = None) -> Path:
-        """Gather every layer (from replica 0; experts from their first holders) and its AdamW state on rank 0
-        and write one checkpoint (collective); with experts, their placement and `placer_state` (Placer.state)."""
-        model, optim = rt.saved_state()  # CPU tensors: gather_object pickles them
-        cuda_rng = torch.cuda.get_rng_state(rt.device) if rt.device.type == "cuda" else None
-        parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-        dist.gather_object((model, optim, torch.get_rng_state(), cuda_rng), parts, dst=0)
+        """Write one checkpoint (collective): every rank its layers (replica 0's; experts from their first
+        holders) through DCP, rank 0 the metadata with every rank's RNG state; with experts, their placement and
+        `placer_state` (Placer.state). Written under a temporary name, renamed once whole."""
+        import torch.distributed.checkpoint as dcp
+
         path = checkpoint_path(self.cfg.output.dir, step)
-        if dist.get_rank() == 0:
-            all_model, all_optim = {}, {}
-            for m, o, _, _ in parts:
-                all_model.update(m)
-                all_optim.update(o)
-            save_checkpoint(path, {
-                "format": FORMAT, "step": step, "model": all_model, "optim": all_optim,
-                "rng": [r for _, _, r, _ in parts], "cuda_rng": [c for _, _, _, c in parts],
-                "job": job_fingerprint(self.cfg),
-                "data": {"seed": self.cfg.train.seed, "next_step": step}, "bounds": [list(b) for b in rt.bounds],
-                **_expert_state(rt, placer_state),
+        tmp = path.with_name(f".{path.name}.tmp")
+        rank = dist.get_rank()
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        dist.barrier()
+        dcp.save(_flatten(*rt.saved_state()), checkpoint_id=str(tmp))
+        cuda_rng = torch.cuda.get_rng_state(rt.device) if rt.device.type == "cuda" else None
+        rngs = [None] * dist.get_world_size() if rank == 0 else None
+        dist.gather_object((torch.get_rng_state(), cuda_rng), rngs, dst=0)
+        if rank == 0:
+            save_checkpoint(tmp / META, {
+                "format": FORMAT, "step": step, "rng": [r for r, _ in rngs], "cuda_rng": [c for _, c in rngs],
+                "job": job_fingerprint(self.cfg), "data": {"seed": self.cfg.train.seed, "next_step": step},
+                "bounds": [list(b) for b in rt.bounds], **_expert_state(rt, placer_state),
             })
+            shutil.rmtree(path, ignore_errors=True)
+            os.replace(tmp, path)
             prune_checkpoints(self.cfg.output.dir, self.cfg.train.keep_checkpoints)
         dist.barrier()
         return path

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from gearshift.errors import DataError
-from gearshift.train.checkpoint import latest_checkpoint, load_checkpoint
+from gearshift.train.checkpoint import latest_checkpoint, load_checkpoint, read_tensors
 from gearshift.train.config import JobConfig, config_from_dict
 from gearshift.train.model import job_model
 
@@ -32,9 +32,10 @@ def consolidated(run_dir: str | Path) -> tuple[dict[str, Tensor], Path]:
     if path is None:
         raise DataError(f"export: no checkpoint in {Path(run_dir) / 'checkpoints'}")
     ck = load_checkpoint(path, {})
+    model = ck["model"] if "model" in ck else read_tensors(path)[0]  # a DCP directory: read every layer here
     spec = job_model(cfg)
     out: dict[str, Tensor] = {}
-    for name, t in ck["model"].items():
+    for name, t in model.items():
         _, i, key = name.split(".", 2)  # "layers.{i}.{key}", the runtime's global name
         out[spec.own_name(int(i), key)] = t.contiguous()
     return out, path

@@ -14,23 +14,73 @@ from gearshift.errors import ConfigError
 from gearshift.models.spec import ModelSpec
 from gearshift.train.config import JobConfig, check_ranges
 
+KILL_POINTS = ("boundary", "forward", "allreduce", "migration")
+
 
 @dataclass
 class Forcing:
     """`partitions`: step -> the stage bounds applied before it (a live migration; runtime.adapt.Adapter).
     `schedules`: step -> (m, k), m micro-batches in groups of k from that step on (runtime.reschedule).
-    `move_experts`: expert placement moves at every decision, whatever the switch rule says (train.placement)."""
+    `move_experts`: expert placement moves at every decision, whatever the switch rule says (train.placement).
+    `kills`: (rank, step, where) faults: that rank SIGKILLs itself during that step, `where` one of KILL_POINTS;
+    the i-th kill fires in the group the elastic agent started i-th (after i restarts), so a restarted group
+    does not kill itself again. Each kill appends a line (rank, step, where, time) to RUN_DIR/.launch/kills.jsonl,
+    and a kill listed in `lost` (by index) also to RUN_DIR/.launch/lost.jsonl: its worker is gone for good (its host
+    went away), so the launcher re-plans the job onto the workers left (train.survivors)."""
 
     partitions: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     schedules: dict[int, tuple[int, int]] = field(default_factory=dict)
     move_experts: bool = False
+    kills: list[tuple[int, int, str]] = field(default_factory=list)
+    lost: list[int] = field(default_factory=list)  # the kills (by index) whose worker does not come back
+    now: int = field(default=-1, repr=False)  # the step running (set by the loop; where the hooks look)
 
     def __post_init__(self) -> None:  # keys and values as JSON gives them back: steps as ints, tuples
         self.partitions = {int(s): [tuple(b) for b in bounds] for s, bounds in self.partitions.items()}
         self.schedules = {int(s): tuple(mk) for s, mk in self.schedules.items()}
+        self.kills = [(int(r), int(s), str(w)) for r, s, w in self.kills]
 
     def __bool__(self) -> bool:
-        return bool(self.partitions or self.schedules or self.move_experts)
+        return bool(self.partitions or self.schedules or self.move_experts or self.kills)
+
+    def maybe_kill(self, step: int, where: str, out: Path) -> None:
+        """SIGKILL this process if a kill is due here (see `kills`)."""
+        import os
+        import signal
+        import time
+
+        import torch.distributed as dist
+
+        from gearshift.train.worker import restart_count
+
+        for i, (rank, at, point) in enumerate(self.kills):
+            if (at, point, rank, i) == (step, where, dist.get_rank(), restart_count()):
+                line = json.dumps({"rank": rank, "step": step, "where": where, "time": time.time()}) + "\n"
+                for name in ("kills.jsonl", "lost.jsonl") if i in self.lost else ("kills.jsonl",):
+                    with open(Path(out) / ".launch" / name, "a") as f:
+                        f.write(line)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    def arm(self, rt, out: Path) -> None:
+        """Put the kill points inside a step on `rt`: its first layer's forward, its gradient sync, its next
+        re-layout (a migration, between the exchange of layers and their loading)."""
+        if not self.kills:
+            return
+        first = rt.layers[min(rt.layers)]
+        first.register_forward_pre_hook(lambda *_: self.maybe_kill(self.now, "forward", out))
+        if rt._grad_sync is not None:
+            sync = rt._grad_sync
+
+            def sync_then() -> None:
+                self.maybe_kill(self.now, "allreduce", out)
+                sync()
+            rt._grad_sync = sync_then
+        set_layout = rt.set_layout
+
+        def relayout(*args, **kwargs) -> None:
+            self.maybe_kill(self.now, "migration", out)
+            set_layout(*args, **kwargs)
+        rt.set_layout = relayout
 
     def check(self, cfg: JobConfig, spec: ModelSpec) -> None:
         """Each forced partition a partition of `spec`'s layers over the stages, each forced (m, k) a split of the
@@ -41,6 +91,10 @@ class Forcing:
             raise ConfigError("Forcing.partitions: re-partitioning does not apply to parallel.schedule = multidir")
         if self.schedules and multidir:
             raise ConfigError("Forcing.schedules: kFkB switches do not apply to parallel.schedule = multidir")
+        for rank, step, where in self.kills:
+            if where not in KILL_POINTS or rank < 0:  # a rank past the job's size: one of a larger group's
+                raise ConfigError(f"Forcing.kills: ({rank}, {step}, {where!r}): a rank >= 0 and one of "
+                                  f"{', '.join(KILL_POINTS)}")
         for step, bounds in sorted(self.partitions.items()):
             where = f"Forcing.partitions[{step}]"
             if step < 0:
@@ -62,7 +116,8 @@ class Forcing:
         path.write_text(json.dumps({"partitions": {str(s): [list(b) for b in bounds]
                                                    for s, bounds in self.partitions.items()},
                                     "schedules": {str(s): list(mk) for s, mk in self.schedules.items()},
-                                    "move_experts": self.move_experts}))
+                                    "move_experts": self.move_experts, "kills": [list(k) for k in self.kills],
+                                    "lost": self.lost}))
 
     @classmethod
     def load(cls, path: str | Path) -> Forcing:

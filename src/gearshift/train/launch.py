@@ -1,6 +1,7 @@
-"""Local launcher: a small torchrun for one machine. Starts N worker processes (gloo on 127.0.0.1, one
-thread each), stops them all within seconds when any fails and shows the failing rank's error, and on
-SIGTERM or SIGINT lets them stop after a checkpoint."""
+"""Local launcher: checks the job, prepares its run directory and starts its N workers through the elastic
+agent (train.elastic: what torchrun runs; restarts, error files). `run_ranks`, a small spawner that stops all
+workers within seconds when any fails, remains for what the agent cannot start: ranks inside the testbed's
+network namespaces, and the measuring tools' one-shot ranks (gearshift allreduce, the strategy pool)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import copy
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +20,7 @@ from pathlib import Path
 
 from gearshift.imports import is_import_path, path_of
 from gearshift.train.config import JobConfig, validate
+from gearshift.train.elastic import free_port, run_elastic, run_id
 from gearshift.train.env import job_device_choice
 from gearshift.train.forcing import Forcing
 from gearshift.train.model import brings_own, check_job, job_model
@@ -41,13 +42,6 @@ class WorkerFailure:
         lines = [ln for ln in self.error.strip().splitlines() if ln.strip()]
         last = lines[-1] if lines else f"exited with code {self.returncode} (no Python error: killed?)"
         return f"rank {self.rank} failed: {last}"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _read_failure(rank: int, rc: int, err_file: Path) -> WorkerFailure:
@@ -151,9 +145,18 @@ def launch(
     if forcing:
         forcing.save(run_dir / "forcing.json")
         cmd += ["--forcing", str(run_dir / "forcing.json")]
-    with traffic(cfg, testbed, quiet):
-        return run_ranks(cmd, n, cfg.cluster.ranks_per_node or n, run_dir, testbed, env, quiet,
-                         cfg.cluster.stop_grace_s)
+    if testbed is not None:  # each node's ranks inside its namespace: the launcher's own spawner
+        with traffic(cfg, testbed, quiet):
+            return run_ranks(cmd, n, cfg.cluster.ranks_per_node or n, run_dir, testbed, env, quiet,
+                             cfg.cluster.stop_grace_s)
+    from gearshift.train.snapshot import Snapshots, drop, snapshot_root
+
+    rid = run_id()
+    try:
+        return run_elastic(cmd[1:], n, run_dir, env, quiet, cfg.cluster.stop_grace_s, cfg.cluster.max_restarts, rid,
+                           _Survivors(cfg, cfg_path, Snapshots(snapshot_root(rid, cfg.output.dir), 1), quiet))
+    finally:
+        drop(snapshot_root(rid, cfg.output.dir))  # the in-memory copies die with the job
 
 
 def traffic(cfg: JobConfig, testbed, quiet: bool = False) -> contextlib.AbstractContextManager:
@@ -254,3 +257,49 @@ def _watch(procs: list[subprocess.Popen], run_dir: Path, quiet: bool, stopping: 
                 print("gearshift: workers did not stop in time; killed", file=sys.stderr)
             return 128 + stopping.signum
         time.sleep(0.05)
+
+
+class _Survivors:
+    """Before each restart of the agent's group: the size of the next group. Workers lost for good (listed in
+    RUN_DIR/.launch/lost.jsonl: their host went away) are not waited for: the job is re-planned onto the workers
+    left (train.survivors) and its config rewritten for the next group; when no layout fits, the newest in-memory
+    copy becomes a checkpoint and the job stops with one line (train.elastic.NoLayout). Workers back (lines in
+    RUN_DIR/.launch/back.jsonl: their host came back) grow the job again, up to its own layout, at a step
+    boundary (train.elastic: the agent restarts the group larger)."""
+
+    def __init__(self, cfg: JobConfig, cfg_path: Path, snapshots, quiet: bool):
+        self.full, self.cfg, self.cfg_path, self.snapshots, self.quiet = cfg, cfg, cfg_path, snapshots, quiet
+        self.lost = self.back = 0
+
+    def _count(self, name: str) -> int:
+        path = self.cfg_path.parent / name
+        return len(path.read_text().splitlines()) if path.is_file() else 0
+
+    def grows(self) -> bool:
+        """Whether a lost worker is back (a line in RUN_DIR/.launch/back.jsonl: its host came back)."""
+        return self._count("back.jsonl") > self.back and self.cfg.cluster.workers < self.full.cluster.workers
+
+    def __call__(self, now: int) -> int:
+        from gearshift.errors import PlanError
+        from gearshift.train.elastic import NoLayout
+        from gearshift.train.snapshot import to_checkpoint
+        from gearshift.train.survivors import survivors_job
+
+        lost, back = self._count("lost.jsonl"), self._count("back.jsonl")
+        if (lost, back) == (self.lost, self.back):
+            return now
+        gone = (lost - self.lost) - (back - self.back)
+        self.lost, self.back = lost, back
+        try:
+            self.cfg = survivors_job(self.full, min(now - gone, self.full.cluster.workers))
+        except PlanError as e:
+            path = to_checkpoint(self.cfg, self.snapshots)
+            raise NoLayout(f"{e}: stopped; " + (f"wrote the last finished step to {path} (--resume continues)"
+                                                if path else "no in-memory copy to write")) from None
+        self.cfg_path.write_text(json.dumps(self.cfg.to_dict(), indent=1))
+        if not self.quiet:
+            what = f"{gone} worker{'s' if gone > 1 else ''} lost for good" if gone > 0 else "workers back"
+            print(f"gearshift: {what}: re-planned onto "
+                  f"{self.cfg.cluster.workers} ({self.cfg.parallel.stages} stages x {self.cfg.replicas} replicas)",
+                  file=sys.stderr, flush=True)
+        return self.cfg.cluster.workers

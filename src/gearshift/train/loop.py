@@ -30,6 +30,7 @@ from gearshift.train.placement import Placer
 from gearshift.train.progress import Progress, print_summary
 from gearshift.train.rundir import prepare_run_dir, write_config
 from gearshift.train.shares import MeasuredShares
+from gearshift.train.snapshot import Snapshots, go_on_from
 from gearshift.train.step_stats import StepStats
 from gearshift.train.stop import StopRequest
 from gearshift.train.strategy import resolve_auto
@@ -37,11 +38,15 @@ from gearshift.train.tracing import Tracer
 
 
 def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = None,
-          forcing: Forcing | None = None) -> dict:
+          forcing: Forcing | None = None, snapshots: Snapshots | None = None, restarted: bool = False) -> dict:
     """Run the job; returns the summary (on every rank). `resume`: True (the newest good checkpoint) or a
-    checkpoint's path. `forcing`: a test's or benchmark's decisions."""
+    checkpoint's path. `forcing`: a test's or benchmark's decisions. `snapshots`: where every rank copies its
+    state (train.snapshot_every); `restarted`: the elastic agent restarted this group after a failure, so the job
+    goes on from the newest copy (or checkpoint)."""
     rank = dist.get_rank()
     ckpt = Checkpointer(cfg, resume)
+    if restarted:
+        resume = go_on_from(cfg, ckpt, snapshots)
     if resume and (done := completed(cfg, ckpt.resumed())):  # nothing left to run: every rank returns here
         if rank == 0:
             print(done, flush=True)
@@ -50,7 +55,7 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
     ckpt.cfg = cfg  # the strategy chosen (the checkpoint read stays: the job's model and data are the same)
     t, out = cfg.train, Path(cfg.output.dir)
     if rank == 0:
-        note = prepare_run_dir(cfg, resume)
+        note = prepare_run_dir(cfg, resume or restarted)
         if note:
             print(note, flush=True)
         write_config(cfg)
@@ -65,6 +70,8 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
     bounds, plan = None, None
     if resume and cfg.parallel.partition == "adaptive":  # continue from the partition that was learned
         bounds = [tuple(b) for b in ckpt.resumed().get("bounds", [])] or None
+        if bounds and len(bounds) != cfg.parallel.stages:  # written by another layout (fewer workers left)
+            bounds = None
     if bounds is None and cfg.parallel.partition == "adaptive":  # the DP's plan, before any layer is built
         plan = plan_start(cfg, adapter, spec, data, switcher is not None)
         bounds = [tuple(b) for b in plan.bounds]
@@ -78,6 +85,8 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
         experts = expert_shards(cfg, ckpt.expert_placements(mc.experts, cfg.parallel.experts))
     rt = build_runtime(cfg, bounds, adapter, spec, data, switcher.schedule() if switcher else None, experts)
     start = ckpt.restore(rt) if resume else 0
+    if forcing:
+        forcing.arm(rt, out)
     if resume and rank == 0:  # the checkpoints past the one resumed are this run's to write (said when found)
         drop_after(out, start)
     if cfg.model.init and not resume:  # pretrained weights, each rank its own layers
@@ -120,10 +129,14 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
         if step in changes:  # the cause of what the next records show
             log.write(EnvironmentEvent(step, changes[step]))
         x, y = data.batch(step, t.batch_size, t.seed)
+        if forcing:
+            forcing.now = step
         lr = lr_at(step, cfg)
         if adapter:
             adapter.begin_step(rt, step)
         res = rt.step(x, y, lr)
+        if snapshots and snapshots.due(step + 1):  # before the stats: a finished step has every rank's copy
+            snapshots.write(rt.state(), step + 1, rank, dist.get_world_size(), {"bounds": [list(b) for b in rt.bounds]})
         if adapter:
             adapter.observe(rt, res.record, getattr(rt, "microbatch_size", per_part // rt.schedule.num_microbatches))
         speed = adapter.monitor.speed(rank) if adapter else None
@@ -168,6 +181,8 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
                 bar.note(_describe(placed.to_dict()))
         if ckpt.due(step + 1, end) or stopped:
             path = ckpt.save(rt, step + 1, placer.state() if placer else None)
+        if forcing:
+            forcing.maybe_kill(step, "boundary", out)
         if stopped:
             break
     bar.close()

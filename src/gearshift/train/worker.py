@@ -44,7 +44,19 @@ def init_distributed(cfg: JobConfig) -> None:
     chosen = job_device_choice(cfg)
     if chosen.device.type == "cuda":
         torch.cuda.set_device(chosen.device)
-    dist.init_process_group(chosen.backend, timeout=datetime.timedelta(seconds=cfg.cluster.timeout_s))
+    timeout = datetime.timedelta(seconds=cfg.cluster.timeout_s)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # The agent's store outlives a restart and still holds the dead group's addresses under the keys a new
+        # group reads: each group the agent starts keeps its keys under its own prefix (a group after a loss has a
+        # new restart count, one grown back a new size).
+        world = os.environ["WORLD_SIZE"]
+        store = dist.PrefixStore(f"/gearshift/attempt_{restart_count()}_world_{world}", dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]),
+            is_master=False, timeout=timeout))
+        dist.init_process_group(chosen.backend, store=store, rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
+    else:
+        dist.init_process_group(chosen.backend, timeout=timeout)
     if dist.get_rank() == 0 and (chosen.note or chosen.device.type == "cuda"):
         n = dist.get_world_size()
         said = f"training on CUDA with NCCL ({n} rank{'s' if n > 1 else ''}, rank 0 on {chosen.device})" \
@@ -52,23 +64,40 @@ def init_distributed(cfg: JobConfig) -> None:
         print(f"gearshift: {'; '.join(s for s in (said, chosen.note) if s)}", flush=True)
 
 
+def restart_count() -> int:
+    """How many times the elastic agent has restarted this job's workers (0: the first start)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def _write_json(path: str, obj: dict) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)
+
+
 def run_as_worker(body: Callable[[], None]) -> None:
-    """Run body() as one rank of a launcher (train.launch.run_ranks) or of torchrun: exit when the launcher
-    is gone, and leave a failure's traceback in GEARSHIFT_ERROR_FILE for the launcher to show once. Bad
-    input (a UserError) is one line and exit code 2, from rank 0 alone under torchrun."""
+    """Run body() as one rank of the elastic agent (train.elastic, torchrun) or of train.launch.run_ranks: exit
+    when the launcher is gone. Under the agent a failure propagates to `@record` (the agent's error file); bad
+    input (a UserError) is one line in GEARSHIFT_USER_ERROR_FILE and exit code 2 (a restarted group that finds
+    it there stops at once: the input is as bad as before). Under run_ranks a failure's traceback goes to
+    GEARSHIFT_ERROR_FILE for the launcher to show once. From rank 0 alone under torchrun."""
     _watch_parent()
     torch.set_num_threads(1)
+    user_file = os.environ.get("GEARSHIFT_USER_ERROR_FILE")
+    if user_file and restart_count() > 0 and os.path.isfile(user_file):
+        raise SystemExit(2)
     try:
         body()
     except BaseException as e:
         err = os.environ.get("GEARSHIFT_ERROR_FILE")
         user = str(e) if isinstance(e, UserError) else None
+        if user_file and user is not None:
+            _write_json(user_file, {"rank": os.environ.get("RANK", "?"), "user_error": user})
+            raise SystemExit(2) from None
         if err:
-            tmp = f"{err}.tmp"
-            with open(tmp, "w") as f:
-                json.dump({"rank": os.environ.get("RANK", "?"), "error": traceback.format_exc(),
-                           "user_error": user, "time": time.time()}, f)
-            os.replace(tmp, err)
+            _write_json(err, {"rank": os.environ.get("RANK", "?"), "error": traceback.format_exc(),
+                              "user_error": user, "time": time.time()})
             raise SystemExit(2 if user else 1) from None  # the launcher shows the error once
         if user is not None:
             if os.environ.get("RANK", "0") == "0":

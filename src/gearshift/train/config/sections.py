@@ -43,6 +43,8 @@ class ClusterConfig:
     bandwidth: str = key("1gbit", "testbed per-host link rate (tc syntax: 200mbit, 1gbit, ...)")
     stop_grace_s: float = key(60.0, "after SIGTERM / SIGINT, seconds the workers get to finish their step and "
                                     "checkpoint before they are killed")
+    max_restarts: int = key(3, "times the elastic agent restarts the workers after one fails (they go on from "
+                               "train.snapshot_every's in-memory copy); 0 = a failed worker ends the job")
     memory_gb: float | list[float] = key(0.0, "memory per rank in GB that parallel.schedule = auto keeps parameters, "
                                               "optimizer state and activations within (one for all or one per "
                                               "rank); 0 = the cluster spec's, or no limit")
@@ -60,6 +62,7 @@ class ClusterConfig:
         check_pair(self.device, self.backend)  # whether this machine has CUDA is checked where the workers start
         check(self.timeout_s > 0, f"cluster.timeout_s: must be > 0, got {self.timeout_s}")
         check(self.stop_grace_s > 0, f"cluster.stop_grace_s: must be > 0, got {self.stop_grace_s}")
+        check(self.max_restarts >= 0, f"cluster.max_restarts: must be >= 0, got {self.max_restarts}")
         if self.spec:
             check_input_file(self.spec, "cluster.spec", ConfigError)
         _check_rate(self.bandwidth)
@@ -182,6 +185,8 @@ class TrainConfig:
     eval_every: int = key(100, "validation loss every this many steps (and at the end); 0 = off")
     eval_batches: int = key(4, "validation batches per evaluation")
     checkpoint_every: int = key(25, "checkpoint every this many steps (and at the end); 0 = at the end only")
+    snapshot_every: int = key(1, "copy each rank's layers and optimizer state into host memory (/dev/shm, outside "
+                                 "the worker) every this many steps, for a restarted worker to go on from; 0 = off")
     stop_after: int = key(0, "end this run after this many steps, with a checkpoint (as a preemption would); "
                               "0 = run to steps")
     keep_checkpoints: int = key(3, "checkpoints kept in output.dir/checkpoints: the newest this many (older ones are "
@@ -206,6 +211,7 @@ class TrainConfig:
         check(self.eval_batches >= 1, f"train.eval_batches: must be >= 1, got {self.eval_batches}")
         check(self.checkpoint_every >= 0,
               f"train.checkpoint_every: must be >= 0 (0 = end only), got {self.checkpoint_every}")
+        check(self.snapshot_every >= 0, f"train.snapshot_every: must be >= 0 (0 = off), got {self.snapshot_every}")
         check(self.stop_after >= 0, f"train.stop_after: must be >= 0 (0 = run to train.steps), got {self.stop_after}")
         check(self.keep_checkpoints >= 0,
               f"train.keep_checkpoints: must be >= 0 (0 = every one), got {self.keep_checkpoints}")

@@ -1,0 +1,94 @@
+"""Losing workers: a worker killed mid-step (in a forward, in a layer migration; rank 0 too, one loss after the
+other) is restarted by the elastic agent with the whole group, which goes on from the in-memory copies: every
+finished step is kept, the step in flight is redone, and the losses equal those of the run without faults."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from conftest import TINY
+from gearshift.testing import spawn
+from gearshift.train.config import load_config
+from gearshift.train.forcing import Forcing
+from gearshift.train.launch import launch
+
+pytestmark = pytest.mark.multiprocess
+
+JOB = [*TINY, "--cluster.workers=2", "--parallel.stages=2", "--train.steps=4", "--train.checkpoint_every=0",
+       "--train.warmup_steps=1"]
+
+
+def _steps(out) -> list[dict]:
+    return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "event" not in r]
+
+
+def test_killed_workers_go_on_from_memory_with_the_same_losses(tmp_path, capfd):
+    move = [(0, 1), (1, 4)]  # before step 2, layer 1 moves to stage 1: rank 1 dies in that migration
+    faults = Forcing(partitions={2: move}, kills=[(1, 1, "migration"), (0, 2, "forward")])
+    assert launch(load_config(None, [*JOB, f"--output.dir={tmp_path / 'faults'}"]), quiet=True, forcing=faults) == 0
+    said = capfd.readouterr().out
+    assert said.count("restarted: going on from the in-memory copy") == 2 and "0 finished steps to replay" in said
+    kills = (tmp_path / "faults" / ".launch" / "kills.jsonl").read_text().splitlines()
+    assert [(k["rank"], k["where"]) for k in map(json.loads, kills)] == [(1, "migration"), (0, "forward")]
+    spawn(_plain, 1, str(tmp_path / "plain"))  # the run without faults, on one rank (depth does not change the math)
+    got, want = _steps(tmp_path / "faults"), _steps(tmp_path / "plain")
+    assert [r["step"] for r in got] == [0, 1, 2, 3]  # each step once: none lost, none logged twice
+    assert max(abs(a["loss"] - b["loss"]) for a, b in zip(got, want)) <= 1e-5
+
+
+def _plain(rank: int, world: int, out: str, *more: str) -> None:
+    from gearshift.train.loop import train
+
+    train(load_config(None, [*JOB, "--cluster.workers=1", "--parallel.stages=1", f"--output.dir={out}", *more]))
+
+
+def test_workers_lost_for_good_shrink_the_job_then_stop_it_with_a_checkpoint(tmp_path, capfd):
+    """Rank 1 is lost for good at step 1: the job is re-planned onto the one worker left (1 stage) and goes on from
+    the in-memory copies; that worker is lost at step 3: no layout fits none, so the job stops with one line after
+    writing the last finished step as a checkpoint, and --resume finishes it. Losses equal the run without faults."""
+    out = tmp_path / "lost"
+    faults = Forcing(kills=[(1, 1, "forward"), (0, 3, "forward")], lost=[0, 1])
+    job = load_config(None, [*JOB, "--train.steps=5", f"--output.dir={out}"])
+    assert launch(job, quiet=True, forcing=faults) == 1
+    err = capfd.readouterr().err
+    assert "no layout of the job fits the 0 workers left" in err and "step_0000003.pt (--resume continues)" in err
+    assert json.loads((out / ".launch" / "config.json").read_text())["parallel"]["stages"] == 1  # the shrunk job
+    one = load_config(None, [*JOB, "--train.steps=5", "--cluster.workers=1", "--parallel.stages=1",
+                             f"--output.dir={out}"])
+    assert launch(one, resume=True, quiet=True) == 0
+    spawn(_plain, 1, str(tmp_path / "plain"), "--train.steps=5")
+    got, want = _steps(out), _steps(tmp_path / "plain")
+    assert [r["step"] for r in got] == [0, 1, 2, 3, 4]
+    assert max(abs(a["loss"] - b["loss"]) for a, b in zip(got, want)) <= 1e-5
+
+
+def test_a_worker_back_grows_the_job_again_with_the_same_losses(tmp_path):
+    """Rank 1 is lost for good at step 1 (the job goes on with 1 stage), and is back once step 3 is finished: the
+    job grows back to 2 stages at a step boundary, from the in-memory copies. Each step once, the same losses."""
+    out = tmp_path / "back"
+
+    def host_comes_back() -> None:
+        while True:
+            try:
+                done = max(r["step"] for r in _steps(out))
+                small = json.loads((out / ".launch" / "config.json").read_text())["cluster"]["workers"] == 1
+            except (OSError, ValueError, KeyError):
+                done, small = -1, False
+            if small and done >= 3:
+                (out / ".launch" / "back.jsonl").write_text("{}\n")
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=host_comes_back, daemon=True).start()
+    job = load_config(None, [*JOB, "--train.steps=16", f"--output.dir={out}"])
+    assert launch(job, quiet=True, forcing=Forcing(kills=[(1, 1, "forward")], lost=[0])) == 0
+    spawn(_plain, 1, str(tmp_path / "plain"), "--train.steps=16")
+    got, want = _steps(out), _steps(tmp_path / "plain")
+    ranks = [len(r["busy_s"]) for r in got]
+    assert [r["step"] for r in got] == list(range(16))
+    assert ranks[0] == 2 and 1 in ranks and ranks[-1] == 2  # 2 workers, then 1, then 2 again
+    assert max(abs(a["loss"] - b["loss"]) for a, b in zip(got, want)) <= 1e-5
