@@ -5,7 +5,6 @@ models and data that do not import, build or fit as one line and exit 2 before a
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -13,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from gearshift.cli.main import main as cli_main
 from gearshift.errors import ConfigError
 from gearshift.train.forcing import Forcing
 
@@ -75,24 +73,6 @@ def test_a_forced_partition_that_does_not_fit_the_model_is_one_line_before_any_w
                                           r"got 6$"):
         gearshift.launch(cfg, forcing=Forcing(partitions={4: [(0, 2), (2, 6)]}))
     assert not (tmp_path / "run").exists()
-
-
-@pytest.mark.multiprocess
-def test_hf_gpt2_example_trains_as_a_4_stage_pipeline_and_profiles_and_plans(tmp_path, monkeypatch, capsys):
-    pytest.importorskip("transformers")
-    out, prof = tmp_path / "hf", tmp_path / "profile.json"
-    r = _gs("train", *HF, "--train.steps=2", f"--output.dir={out}")
-    assert r.returncode == 0, r.stderr[-3000:]
-    recs = _records(out)
-    assert len(recs) == 2 and recs[0]["partition"] == [[0, 1], [1, 2], [2, 3], [3, 4]]
-    assert abs(recs[0]["loss"] - math.log(256)) < 0.5  # random init: about uniform over bytes
-    monkeypatch.chdir(ROOT)  # profile and plan in this process (the job file's path is the repository's)
-    assert cli_main(["profile", *HF, "--out", str(prof), "--repeats", "2", "--warmup", "1"]) == 0
-    assert [lp["name"] for lp in json.loads(prof.read_text())["layers"]] == \
-        ["0:Embeddings", "1:Block", "2:Block", "3:Head"]
-    capsys.readouterr()
-    assert cli_main(["plan", *HF, "--profile", str(prof)]) == 0
-    assert "adaptive vs baselines" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("args, message", [
