@@ -9,7 +9,6 @@ are fast, so there is little to hide."""
 from __future__ import annotations
 
 import statistics
-import time
 
 import harness
 from gearshift.cluster.state import local_pipeline_state
@@ -85,7 +84,6 @@ def main() -> None:
     cfg = load_config(None, [x for x in base if not x.startswith("--cluster.testbed")])
     profile = harness.robust_profile(cfg, 3, work / "profile.json")
     base.append(f"--adapt.profile={work / 'profile.json'}")
-    t0 = time.perf_counter()
     times: dict[str, list[float]] = {m: [] for m in MODES}
     tokens: dict[str, list[float]] = {m: [] for m in MODES}
 
@@ -127,7 +125,6 @@ def main() -> None:
                                       "bandwidth": a.bandwidth, "slowdown": a.slowdown, "bucket_mb": a.bucket_mb},
                           out=a.out, emulation="" if a.loopback else f"network namespaces, {a.bandwidth} per host; "
                           f"duty cycle x{a.slowdown} on every rank")
-    print(f"wrote {a.out} in {time.perf_counter() - t0:.0f}s")
 
 
 if __name__ == "__main__":

@@ -101,9 +101,8 @@ def main() -> None:
                   [(r["system"], r["precision"], f"{r['loss']:.4f}", f"{r['loss_vs_fp32']:.4f}",
                     "" if r["sent_bytes_per_step"] is None else f"{r['sent_bytes_per_step']:.0f}",
                     f"{r['tokens_per_s']:.0f}") for r in rows], left=2)
-    out = harness.write_results("precision", {"rows": rows, "steps": a.steps, "tail": a.tail,
+    harness.write_results("precision", {"rows": rows, "steps": a.steps, "tail": a.tail,
                                               "wall_s": time.perf_counter() - t0}, a.out)
-    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

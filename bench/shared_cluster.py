@@ -142,11 +142,10 @@ def main() -> None:
               f"gearshift {report[name]['gearshift_over_oracle']:.3f}x oracle, "
               f"{report[name]['gearshift_over_best_static']:.3f}x best_static; reaction "
               f"{rows[-4]['reaction_steps']} steps, {len(applied)} moves", flush=True)
-    out = harness.write_results("shared_cluster", {
+    harness.write_results("shared_cluster", {
         "rows": rows, "summary": report, "traces": a.traces, "steps": a.steps, "base_slowdown": a.base,
         "segment": seg, "model": {"layers": a.layers, "width": a.width, "context": a.context, "batch": a.batch},
         "wall_s": time.perf_counter() - t_start}, a.out, emulation=f"duty cycle x{a.base:g} on every rank + trace")
-    print(f"wrote {out}")
     print(json.dumps(report, indent=1))
 
 

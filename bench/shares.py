@@ -42,10 +42,9 @@ def main() -> None:
     harness.table("parallel.shares: 2 replicas x 2 stages, replica speeds 1 and 0.5", ("shares", "tokens/s", "step s",
                   "x equal"), [(r["shares"], f"{r['tokens_per_s']:.0f}", f"{r['step_s']:.3f}", f"{r['vs_equal']:.2f}")
                                for r in rows], left=1)
-    out = harness.write_results("shares", {"rows": rows, "steps": a.steps, "skip": a.skip,
+    harness.write_results("shares", {"rows": rows, "steps": a.steps, "skip": a.skip,
                                            "wall_s": time.perf_counter() - t0}, a.out,
                                 emulation=f"emulate.slowdown {slow} (duty cycle)")
-    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
