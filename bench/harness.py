@@ -276,11 +276,13 @@ def table(title: str, columns: Sequence[str], rows: Sequence[Sequence], left: in
     (console or make_console()).print(t)
 
 
-def goals_table(goals: dict[str, dict], title: str = "goals", console: Any = None) -> None:
-    """Print `goals`' output as a table (a value None prints n/a; met None prints nothing)."""
+def goals_table(figures: dict[str, dict | tuple], title: str = "goals", console: Any = None) -> None:
+    """Print goals as a table: `goals`' output, or its input tuples (a value None prints n/a; met None prints
+    nothing)."""
+    rows = {k: v if isinstance(v, dict) else goals({k: v})[k] for k, v in figures.items()}
     def fmt(v: Any) -> str:
         return "n/a" if v is None else v if isinstance(v, str) else f"{v:.3f}"
 
     marks = {True: "[green]yes", False: "[red]no"}
     table(title, ("goal", "value", "target", "met"), [(k, fmt(d["value"]), d["goal"], marks.get(d["met"], ""))
-                                                      for k, d in goals.items()], left=1, console=console)
+                                                      for k, d in rows.items()], left=1, console=console)

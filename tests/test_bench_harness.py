@@ -109,3 +109,9 @@ def test_interleave_rotates_the_order_and_times_after_the_warmup():
         assert out["ours"]["losses"] == [0.0, 10.0, 20.0] and out["theirs"]["losses"] == [0.5, 1.5, 2.5]
         assert len(out["ours"]["times"]) == len(out["theirs"]["cpu"]) == 2
         assert out["ours"]["records"] == [{"lr": 0.5}] * 2 and out["theirs"]["records"] == [None, None]
+
+
+def test_goals_table_prints_goals_output_or_its_input_tuples(capsys):
+    harness.goals_table({"a": (1.2, ">= 1.1"), "b": {"value": 0.5, "goal": "<= 0.4", "met": False}})
+    out = capsys.readouterr().out
+    assert "1.200" in out and "0.500" in out and "yes" in out and "no" in out
