@@ -65,7 +65,7 @@ def run(name: str, args: list[str], work: Path, force: Forcing, back: int | None
     out = work / name
     path = work / f"{name}.forcing.json"
     force.save(path)
-    p = subprocess.Popen([sys.executable, "-c", harness._FORCED, str(path), *args, f"--output.dir={out}"],
+    p = subprocess.Popen([sys.executable, "-c", harness._FORCED, str(path), "train", *args, f"--output.dir={out}"],
                          cwd=harness.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     said: list[str] = []
     reader = threading.Thread(target=lambda: said.extend(p.stdout), daemon=True)
