@@ -44,6 +44,9 @@ class WorkerFailure:
         return f"rank {self.rank} failed: {last}"
 
 
+FAILURE_GRACE_S = 3.0  # how long the other ranks may take to report their own errors after one fails
+
+
 def _read_failure(rank: int, rc: int, err_file: Path) -> WorkerFailure:
     if err_file.is_file():
         try:
@@ -234,6 +237,11 @@ def _watch(procs: list[subprocess.Popen], run_dir: Path, quiet: bool, stopping: 
         codes = [p.poll() for p in procs]
         bad = [r for r, c in enumerate(codes) if c not in (None, 0)]
         if bad and stopping.signum is None:
+            # the rank that failed first may still be writing its error while a peer's connection error
+            # (its consequence) has already ended that peer: a moment for each to report, then stop the rest
+            grace = time.monotonic() + FAILURE_GRACE_S
+            while any(p.poll() is None for p in procs) and time.monotonic() < grace:
+                time.sleep(0.05)
             _kill(procs)
             failures = [
                 _read_failure(r, procs[r].returncode, run_dir / f"error-rank{r}.json")
