@@ -93,10 +93,11 @@ def run(name: str, args: list[str], work: Path, force: Forcing, back: int | None
             "back_t": back_t}
 
 
-def recovery(progress: list[tuple[float, int, int]], since: float, ranks: int = 0) -> float | None:
-    """Seconds from `since` to the end of the next finished step (newer than the newest then; with `ranks`, the
-    first step run by that many ranks)."""
-    before = max((s for t, s, _ in progress if t <= since), default=-1)
+def recovery(progress: list[tuple[float, int, int]], since: float, ranks: int = 0, killed: int = -1) -> float | None:
+    """Seconds from `since` to the end of the next finished step (newer than the newest then and than the step
+    `killed` was in, whose record may land just after the kill; with `ranks`, the first step run by that many
+    ranks)."""
+    before = max([s for t, s, _ in progress if t <= since] + [killed])
     return next((t - since for t, s, r in progress if t > since and s > before and (not ranks or r == ranks)), None)
 
 
@@ -105,7 +106,7 @@ def row(fault: str, system: str, res: dict, ref: list[dict]) -> dict:
     last = max(k["step"] for k in res["kills"])
     after = [steps[s]["tokens_per_s"] for s in steps if s > last + 1 and len(steps[s]["busy_s"]) ==
              len(res["steps"][-1]["busy_s"])]  # on the group that finished the run
-    rec = [recovery(res["progress"], k["time"]) for k in res["kills"]]
+    rec = [recovery(res["progress"], k["time"], killed=k["step"]) for k in res["kills"]]
     return {"fault": fault, "system": system, "at_step": [k["step"] for k in res["kills"]],
             "recovery_s": max((r for r in rec if r is not None), default=None),
             "lost_steps": sum(int(n) for n in REPLAY.findall(res["said"])),
