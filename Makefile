@@ -22,10 +22,10 @@ train: $(STAMP)
 	echo "gearshift and torchrun are in $(BIN): run '. $(BIN)/activate' in your shell (or call $(BIN)/gearshift)"; \
 	exit $$rc
 
-# In-process tests on every core (pytest-xdist), then the multi-process ones one at a time (each starts its own ranks).
+# Tests on every core (pytest-xdist), then the testbed's and those that race the clock one at a time.
 test: $(STAMP)
-	$(BIN)/python -m pytest tests -n $(CORES) -m "not multiprocess and not testbed" $(PYTEST_ARGS)
-	$(BIN)/python -m pytest tests -m "multiprocess or testbed" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests -n $(CORES) -m "not testbed and not serial" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests -m "testbed or serial" $(PYTEST_ARGS)
 
 # The suite without multi-process and testbed tests: under a minute.
 test-fast: $(STAMP)

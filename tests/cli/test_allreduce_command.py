@@ -14,6 +14,8 @@ from gearshift.cli.allreduce import parse_sizes
 from gearshift.cluster.testbed import is_root
 from gearshift.errors import ConfigError
 
+pytestmark = pytest.mark.serial  # races the clock: `make test` runs it alone
+
 SPEC = """
 [types.GPU]
 speed = 1.0

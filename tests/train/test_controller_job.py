@@ -15,7 +15,7 @@ from gearshift.train.datasets import job_data
 from gearshift.train.forcing import Forcing
 from gearshift.train.launch import launch
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.serial]
 
 STEPS = 5
 JOB = [

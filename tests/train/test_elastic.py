@@ -16,7 +16,7 @@ from gearshift.train.config import load_config
 from gearshift.train.forcing import Forcing
 from gearshift.train.launch import launch
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.serial]
 
 JOB = [*TINY, "--cluster.workers=2", "--parallel.stages=2", "--train.steps=4", "--train.checkpoint_every=0",
        "--train.warmup_steps=1"]

@@ -16,7 +16,7 @@ from conftest import TINY
 from gearshift.train.config import load_config
 from gearshift.train.launch import run_ranks
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.serial]
 
 
 def _gearshift(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
