@@ -86,3 +86,35 @@ def spawn(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float = 180
     if len(results) < world:
         raise RuntimeError(f"workers did not finish in {timeout_s}s (got {sorted(results)})")
     return [results[r] for r in range(world)]
+
+
+def reference_training(cfg: Any, steps: int, autocast: bool = False) -> tuple[list[float], dict[str, Any]]:
+    """Plain single-process training of the job's model on its batches (AdamW, the job's LR schedule and clip;
+    under CPU autocast in bfloat16 with `autocast`): what distributed runs are checked against. Returns the
+    losses and the final state dict."""
+    import contextlib
+
+    import torch
+
+    from gearshift.train.build import job_model, lr_at
+    from gearshift.train.datasets import job_data
+
+    torch.set_num_threads(1)
+    model, t = job_model(cfg).model(cfg.train.seed), cfg.train
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    other = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
+                             {"params": other, "weight_decay": 0.0}], lr=t.lr, betas=(t.beta1, t.beta2))
+    data, losses = job_data(cfg), []
+    for step in range(steps):
+        x, y = data.batch(step, t.batch_size, t.seed)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, cfg)
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext():
+            loss = model.loss(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -12,8 +12,8 @@ import torch
 from placement import on_device_only
 
 from gearshift.schedules import make_schedule
-from gearshift.testing import spawn
-from gearshift.train.build import build_runtime, job_model, lr_at
+from gearshift.testing import reference_training, spawn
+from gearshift.train.build import build_runtime, lr_at
 from gearshift.train.config import load_config
 from gearshift.train.datasets import job_data
 
@@ -58,26 +58,7 @@ def _run_pipeline(rank: int, world: int, runs: list) -> list:
 
 def _reference(cfg) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Plain single-process training of the same model on the same batches."""
-    torch.set_num_threads(1)
-    model = job_model(cfg).model(cfg.train.seed)
-    t = cfg.train
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    other = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
-                             {"params": other, "weight_decay": 0.0}], lr=t.lr, betas=(t.beta1, t.beta2))
-    data = job_data(cfg)
-    losses = []
-    for step in range(STEPS):
-        x, y = data.batch(step, t.batch_size, t.seed)
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, cfg)
-        opt.zero_grad()
-        loss = model.loss(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
-        opt.step()
-        losses.append(float(loss.detach()))
-    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return reference_training(cfg, STEPS)
 
 
 def _check(results: list, runs: list, world: int) -> None:

@@ -9,9 +9,8 @@ import json
 import pytest
 import torch
 
-from gearshift.train.build import job_model, lr_at
+from gearshift.testing import reference_training
 from gearshift.train.config import load_config
-from gearshift.train.datasets import job_data
 from gearshift.train.forcing import Forcing
 from gearshift.train.launch import launch
 
@@ -46,26 +45,7 @@ JOB = [
 def _reference(cfg) -> list[float]:
     """Plain single-process training of the same model on the same batches."""
     torch.manual_seed(0)
-    model, t = job_model(cfg).model(cfg.train.seed), cfg.train
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    other = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": t.weight_decay}, {"params": other, "weight_decay": 0.0}],
-        lr=t.lr,
-        betas=(t.beta1, t.beta2),
-    )
-    data, losses = job_data(cfg), []
-    for step in range(STEPS):
-        x, y = data.batch(step, t.batch_size, t.seed)
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, cfg)
-        opt.zero_grad()
-        loss = model.loss(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
-        opt.step()
-        losses.append(float(loss.detach()))
-    return losses
+    return reference_training(cfg, STEPS)[0]
 
 
 def test_a_detected_change_moves_layers_and_switches_schedule_in_one_exact_decision(tmp_path) -> None:
