@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -33,6 +34,9 @@ def _config(argv: list[str]) -> JobConfig:
     return load_job(path, overrides)
 
 
+QUIET_RANK_GRACE_S = 15.0  # how long a rank that does not report a config error waits before exiting
+
+
 @record
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -54,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = _config(argv)
     except UserError as e:  # every rank reads the same config: one line per machine, no traceback
         if reports_config_errors():
-            print(f"gearshift.train: error: {e}", file=sys.stderr)
+            print(f"gearshift.train: error: {e}", file=sys.stderr, flush=True)
+        else:  # let the machine's reporter print first: torchrun stops the others once one process exits
+            time.sleep(QUIET_RANK_GRACE_S)
         return 2
     from gearshift.train.run import run_worker
 
