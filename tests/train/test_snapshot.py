@@ -3,6 +3,7 @@ step every rank of the writing group finished; a step some rank never copied is 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from gearshift.train.snapshot import Snapshots
@@ -27,9 +28,37 @@ def test_copies_round_trip_merged_from_the_newest_complete_step(tmp_path):
         assert torch.equal(ck["model"][f"layers.{rank}.weight"], model[f"layers.{rank}.weight"])
         got = ck["optim"][f"layers.{rank}.weight"]
         assert torch.equal(got["exp_avg"], optim[f"layers.{rank}.weight"]["exp_avg"]) and int(got["step"]) == 2
-    # each rank keeps its two newest copies: the memory a run holds does not grow with its steps
+    # each rank keeps its two newest copies in two slots: the memory a run holds does not grow with its steps
     assert sorted(p.name for p in (tmp_path / "shm").iterdir() if ".rank0." in p.name) == [
-        "step0000002.world2.rank0.pt", "step0000003.world2.rank0.pt"]
+        "step0000002.world2.rank0.slot0.json", "step0000003.world2.rank0.slot1.json",
+        "world2.rank0.slot0.bin", "world2.rank0.slot1.bin"]
+
+
+class _Unreadable:
+    """A tensor's shape and size, whose bytes cannot be read: the copy stops there, as a killed rank's would."""
+
+    dtype, shape, device = torch.float32, (2, 3), torch.device("cpu")
+
+    def numel(self) -> int:
+        return 6
+
+    def element_size(self) -> int:
+        return 4
+
+
+def test_a_copy_cut_off_half_way_is_not_taken_for_whole(tmp_path):
+    snaps = Snapshots(tmp_path / "shm", every=1)
+    for step in (1, 2):
+        for rank in (0, 1):
+            snaps.write(_state(rank, step), step, rank, 2, {})
+    model, optim = _state(1, 3)
+    with pytest.raises(TypeError):  # step 3 goes into the slot step 1 used: it had started to overwrite it
+        snaps.write(({**model, "layers.1.bias": _Unreadable()}, optim), 3, 1, 2, {})
+    snaps.write(_state(0, 3), 3, 0, 2, {})
+    assert not list((tmp_path / "shm").glob("step0000001.world2.rank1.*"))  # its copy stopped counting first
+    assert snaps.newest() == 2
+    ck = snaps.load(2)
+    assert torch.equal(ck["model"]["layers.1.weight"], _state(1, 2)[0]["layers.1.weight"])
 
 
 def test_no_complete_copy_is_none(tmp_path):

@@ -282,20 +282,21 @@ class PipelineRuntime:
         return mean_loss(rec.losses, self.device, self._mb_size)
 
     # ---- state by global name -----------------------------------------------------------------
-    def state(self) -> tuple[dict[str, Tensor], dict[str, dict[str, Tensor]]]:
+    def state(self, copy: bool = True) -> tuple[dict[str, Tensor], dict[str, dict[str, Tensor]]]:
         """(parameters and buffers, AdamW state) of this rank's layers, keyed by global name: copies on the CPU
-        (what checkpoints save and migrations carry, whatever the device)."""
+        (what checkpoints save and migrations carry, whatever the device); with `copy` False, the live tensors
+        themselves (on their device), for a caller that copies them into its own buffers at once."""
         cpu = torch.device("cpu")
         model: dict[str, Tensor] = {}
         for i in sorted(self.layers):
             for n, t in self.layers[i].state_dict().items():
-                model[f"layers.{i}.{n}"] = t.detach().to(cpu, copy=True)
+                model[f"layers.{i}.{n}"] = t.detach().to(cpu, copy=True) if copy else t.detach()
         optim: dict[str, dict[str, Tensor]] = {}
         for name, p in self.named_parameters():
             st = self.optimizer.state.get(p)
             if st:
-                optim[name] = {k: v.detach().to(cpu, copy=True) if torch.is_tensor(v) else torch.tensor(v, device=cpu)
-                               for k, v in st.items()}
+                optim[name] = {k: (v.detach().to(cpu, copy=True) if copy else v.detach()) if torch.is_tensor(v)
+                               else torch.tensor(v, device=cpu) for k, v in st.items()}
         return model, optim
 
     def saved_state(self) -> tuple[dict[str, Tensor], dict[str, dict[str, Tensor]]]:

@@ -136,7 +136,8 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
             adapter.begin_step(rt, step)
         res = rt.step(x, y, lr)
         if snapshots and snapshots.due(step + 1):  # before the stats: a finished step has every rank's copy
-            snapshots.write(rt.state(), step + 1, rank, dist.get_world_size(), {"bounds": [list(b) for b in rt.bounds]})
+            snapshots.write(rt.state(copy=False), step + 1, rank, dist.get_world_size(),
+                            {"bounds": [list(b) for b in rt.bounds]})
         if adapter:
             adapter.observe(rt, res.record, getattr(rt, "microbatch_size", per_part // rt.schedule.num_microbatches))
         speed = adapter.monitor.speed(rank) if adapter else None

@@ -1,6 +1,7 @@
 """In-memory copies of the job, for a worker that dies: every train.snapshot_every steps each rank writes its
 layers, their AdamW state and its RNG state (keyed by global name, as checkpoints are) into host memory outside
-its process (/dev/shm: tmpfs, no disk), atomically (temp file, rename). The copy is taken after the step's
+its process (/dev/shm: tmpfs, no disk), in place into one of two slots mapped once, made whole by a manifest
+renamed into place after the copy (Snapshots). The copy is taken after the step's
 update and before the step's stats collective, so a step every rank has finished has a copy on every rank.
 When the elastic agent restarts the group, the new workers merge the newest step that every rank of the old
 group copied and go on from there (any partition, any number of workers: state is keyed by global layer);
@@ -9,6 +10,8 @@ steps after that copy are replayed from the same data. One host: a host that goe
 from __future__ import annotations
 
 import hashlib
+import json
+import math
 import os
 import re
 import shutil
@@ -29,7 +32,8 @@ from gearshift.train.checkpoint import (
 )
 from gearshift.train.config import JobConfig
 
-_NAME = re.compile(r"^step(\d+)\.world(\d+)\.rank(\d+)\.pt$")
+_NAME = re.compile(r"^step(\d+)\.world(\d+)\.rank(\d+)\.slot([01])\.json$")
+_ALIGN = 64  # each tensor's bytes start on this boundary in a slot (a view of any dtype lines up)
 
 
 def snapshot_root(run_id: str, out_dir: str | Path) -> Path:
@@ -46,28 +50,83 @@ def drop(root: Path) -> None:
 
 
 class Snapshots:
-    """One run's in-memory copies: write this rank's, find the newest complete set, merge it."""
+    """One run's in-memory copies: write this rank's, find the newest complete set, merge it.
+
+    Each rank has two slots per group size, files in `root` mapped into its memory once (torch.from_file,
+    shared) and written in place: a copy is a memcpy of each tensor, not a serialization. A slot's contents
+    count only while its small manifest (step, layout, `extra`) exists; a write first removes the manifest of the
+    slot it overwrites, copies, then renames the new manifest into place. A rank that dies mid-copy thus leaves
+    that slot without a manifest (not a torn copy taken for whole), and its other slot, the step before, intact."""
 
     def __init__(self, root: Path, every: int):
         self.root, self.every = Path(root), every
+        self._mapped: dict[tuple[int, int, int], tuple] = {}  # (world, rank, slot) -> (what it holds, views, layout)
 
     def due(self, done: int) -> bool:
         """Whether to copy after `done` finished steps."""
         return bool(self.every) and done % self.every == 0
 
     def write(self, state: tuple[dict, dict], done: int, rank: int, world: int, extra: dict) -> Path:
-        """This rank's (model, optim) state after `done` steps, with `extra` (bounds...), and its RNG state;
-        keeps this rank's two newest copies (the newest may be one its peers have not finished)."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        """Copy this rank's (model, optim) state after `done` steps (live tensors: they are only read), with
+        `extra` (bounds...: JSON) and its RNG state, into the slot its copy of the step before does not use;
+        returns the manifest. A rank keeps its two newest copies (the newest may be one its peers have not
+        finished)."""
         model, optim = state
-        path = self.root / f"step{done:07d}.world{world}.rank{rank}.pt"
-        tmp = path.with_name(f".{path.name}.tmp")
-        torch.save({"step": done, "model": model, "optim": optim, "rng": torch.get_rng_state(), **extra}, tmp)
-        os.replace(tmp, path)
-        mine = sorted(p for p in self.root.iterdir() if (m := _NAME.match(p.name)) and int(m.group(3)) == rank)
-        for old in mine[:-2]:
+        tensors = [*model.values(), *(v for st in optim.values() for v in st.values()), torch.get_rng_state()]
+        keys = (tuple(model), tuple((n, tuple(st)) for n, st in optim.items()),
+                tuple((t.dtype, t.shape) for t in tensors))
+        slot = (done // max(self.every, 1)) % 2
+        for old in self._manifests(world, rank, slot):  # this slot's contents stop counting before they change
             old.unlink(missing_ok=True)
+        views, layout = self._slot(world, rank, slot, keys, model, optim, tensors)
+        if all(t.device.type == "cpu" for t in tensors):
+            torch._foreach_copy_(views, tensors)
+        else:
+            for v, t in zip(views, tensors, strict=True):
+                v.copy_(t)
+        path = self.root / f"step{done:07d}.world{world}.rank{rank}.slot{slot}.json"
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(f'{{"step": {done}, "extra": {json.dumps(extra)}, {layout}}}')
+        os.replace(tmp, path)
         return path
+
+    def _slot(self, world: int, rank: int, slot: int, keys: tuple, model: dict, optim: dict,
+              tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], str]:
+        """The slot's views, one per tensor, and its manifest's layout (JSON): made again, and the slot mapped at
+        its new size, when the tensors changed (a migration, the optimizer's first step)."""
+        key = (world, rank, slot)
+        if key in self._mapped and self._mapped[key][0] == keys:
+            return self._mapped[key][1], self._mapped[key][2]
+        self._mapped.pop(key, None)
+        names = [("model", n, "") for n in model] + [("optim", n, k) for n, st in optim.items() for k in st]
+        names.append(("rng", "", ""))
+        layout, size = [], 0
+        for (kind, name, k), t in zip(names, tensors, strict=True):
+            layout.append([kind, name, k, str(t.dtype).removeprefix("torch."), list(t.shape), size])
+            size += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
+        size = max(size, _ALIGN)
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self._slot_file(world, rank, slot)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            os.ftruncate(fd, size)
+        finally:
+            os.close(fd)
+        buf = torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8)
+        views = [buf[off:off + t.numel() * t.element_size()].view(t.dtype).view(shape)
+                 for t, (*_, shape, off) in zip(tensors, layout, strict=True)]
+        text = f'"size": {size}, "layout": {json.dumps(layout)}'
+        self._mapped[key] = (keys, views, text)
+        return views, text
+
+    def _slot_file(self, world: int, rank: int, slot: int) -> Path:
+        return self.root / f"world{world}.rank{rank}.slot{slot}.bin"
+
+    def _manifests(self, world: int, rank: int, slot: int) -> list[Path]:
+        if not self.root.is_dir():
+            return []
+        return [p for p in self.root.iterdir() if (m := _NAME.match(p.name))
+                and (int(m.group(2)), int(m.group(3)), int(m.group(4))) == (world, rank, slot)]
 
     def _sets(self) -> dict[tuple[int, int], dict[int, Path]]:
         found: dict[tuple[int, int], dict[int, Path]] = {}
@@ -88,12 +147,21 @@ class Snapshots:
         (world, ranks), = [(w, r) for (s, w), r in self._sets().items() if s == step and set(r) == set(range(w))]
         out: dict = {"step": step, "model": {}, "optim": {}, "rng": [None] * world, "from": "memory"}
         for r in range(world):
-            part = torch.load(ranks[r], map_location="cpu", weights_only=True)
-            out["model"].update(part.pop("model"))
-            out["optim"].update(part.pop("optim"))
-            out["rng"][r] = part.pop("rng")
-            part.pop("step")
-            out.update(part)
+            m = _NAME.match(ranks[r].name)
+            meta = json.loads(ranks[r].read_text())
+            buf = torch.from_file(str(self._slot_file(world, r, int(m.group(4)))), shared=False, size=meta["size"],
+                                  dtype=torch.uint8)
+            for kind, name, key, dtype, shape, off in meta["layout"]:
+                dt = getattr(torch, dtype)
+                n = math.prod(shape) * torch.empty((), dtype=dt).element_size()
+                t = buf[off:off + n].view(dt).view(shape).clone()
+                if kind == "model":
+                    out["model"][name] = t
+                elif kind == "optim":
+                    out["optim"].setdefault(name, {})[key] = t
+                else:
+                    out["rng"][r] = t
+            out.update(meta["extra"])
         return out
 
 
@@ -124,8 +192,6 @@ def go_on_from(cfg: JobConfig, ckpt: Checkpointer, snapshots: Snapshots | None) 
 
 def _logged_steps(path: Path) -> int:
     """How many steps metrics.jsonl says were finished (the last step record's step + 1)."""
-    import json
-
     if not path.is_file():
         return 0
     steps = [json.loads(ln).get("step", -1) for ln in path.read_text().splitlines() if ln.strip() and '"event"'
