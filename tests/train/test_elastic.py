@@ -1,6 +1,7 @@
-"""Losing workers: a worker killed mid-step (in a forward, in a layer migration; rank 0 too, one loss after the
-other) is restarted by the elastic agent with the whole group, which goes on from the in-memory copies: every
-finished step is kept, the step in flight is redone, and the losses equal those of the run without faults."""
+"""Losing workers: a worker killed mid-step (in a forward, in a layer migration, in an expert move, in a schedule
+switch; rank 0 too, one loss after the other) is restarted by the elastic agent with the whole group, which goes on
+from the in-memory copies: every finished step is kept, the step in flight is redone, and the losses equal those of
+the run without faults."""
 
 from __future__ import annotations
 
@@ -28,12 +29,15 @@ def _steps(out) -> list[dict]:
 
 def test_killed_workers_go_on_from_memory_with_the_same_losses(tmp_path, capfd):
     move = [(0, 1), (1, 4)]  # before step 2, layer 1 moves to stage 1: rank 1 dies in that migration
-    faults = Forcing(partitions={2: move}, kills=[(1, 1, "migration"), (0, 2, "forward")])
+    # then rank 0 dies in a forward, and rank 1 in the switch to 4 micro-batches before step 3
+    faults = Forcing(partitions={2: move}, schedules={3: (4, 1)},
+                     kills=[(1, 1, "migration"), (0, 2, "forward"), (1, 2, "switch")])
     assert launch(load_config(None, [*JOB, f"--output.dir={tmp_path / 'faults'}"]), quiet=True, forcing=faults) == 0
     said = capfd.readouterr().out
-    assert said.count("restarted: going on from the in-memory copy") == 2 and "0 finished steps to replay" in said
+    assert said.count("restarted: going on from the in-memory copy") == 3 and "0 finished steps to replay" in said
     kills = (tmp_path / "faults" / ".launch" / "kills.jsonl").read_text().splitlines()
-    assert [(k["rank"], k["where"]) for k in map(json.loads, kills)] == [(1, "migration"), (0, "forward")]
+    assert [(k["rank"], k["where"]) for k in map(json.loads, kills)] == [(1, "migration"), (0, "forward"),
+                                                                          (1, "switch")]
     spawn(_plain, 1, str(tmp_path / "plain"))  # the run without faults, on one rank (depth does not change the math)
     got, want = _steps(tmp_path / "faults"), _steps(tmp_path / "plain")
     assert [r["step"] for r in got] == [0, 1, 2, 3]  # each step once: none lost, none logged twice
@@ -44,6 +48,25 @@ def _plain(rank: int, world: int, out: str, *more: str) -> None:
     from gearshift.train.loop import train
 
     train(load_config(None, [*JOB, "--cluster.workers=1", "--parallel.stages=1", f"--output.dir={out}", *more]))
+
+
+MOE = ["--model.name=moe_gpt", "--model.experts=4", "--model.moe_every=1", "--train.batch_size=16"]
+PLACE = ["--parallel.stages=1", "--parallel.experts=2", "--moe.every=1", "--moe.window=2", "--moe.replicas=1"]
+
+
+def test_a_worker_killed_while_experts_move_goes_on_from_memory_with_the_same_losses(tmp_path, capfd):
+    """Rank 1 dies in the expert move after step 0 (experts sent and received, not yet in place): the group goes on
+    from the copies of step 1, taken before the move, so no expert is half-moved; the losses equal the same job's
+    without faults (against one process they differ as MoE routing amplifies float order, faults or not)."""
+    job = [*JOB, *MOE, *PLACE]
+    faults = Forcing(move_experts=True, kills=[(1, 0, "migration")])
+    assert launch(load_config(None, [*job, f"--output.dir={tmp_path / 'faults'}"]), quiet=True, forcing=faults) == 0
+    assert "restarted: going on from the in-memory copy of step 1; 0 finished steps" in capfd.readouterr().out
+    plain = load_config(None, [*job, f"--output.dir={tmp_path / 'plain'}"])
+    assert launch(plain, quiet=True, forcing=Forcing(move_experts=True)) == 0
+    got, want = _steps(tmp_path / "faults"), _steps(tmp_path / "plain")
+    assert [r["step"] for r in got] == [0, 1, 2, 3]
+    assert max(abs(a["loss"] - b["loss"]) for a, b in zip(got, want)) <= 1e-5
 
 
 def test_workers_lost_for_good_shrink_the_job_then_stop_it_with_a_checkpoint(tmp_path, capfd):

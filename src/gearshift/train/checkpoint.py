@@ -295,7 +295,7 @@ class Checkpointer:
             save_checkpoint(tmp / META, {
                 "format": FORMAT, "step": step, "rng": [r for r, _ in rngs], "cuda_rng": [c for _, c in rngs],
                 "job": job_fingerprint(self.cfg), "data": {"seed": self.cfg.train.seed, "next_step": step},
-                "bounds": [list(b) for b in rt.bounds], **_expert_state(rt, placer_state),
+                "bounds": [list(b) for b in rt.bounds], **expert_state(rt, placer_state),
             })
             shutil.rmtree(path, ignore_errors=True)
             os.replace(tmp, path)
@@ -304,7 +304,7 @@ class Checkpointer:
         return path
 
 
-def _expert_state(rt: PipelineRuntime, placer_state: dict | None) -> dict:
+def expert_state(rt: PipelineRuntime, placer_state: dict | None) -> dict:
     """A MoE job's expert->rank map (group ranks holding each expert, per MoE layer) and its placer's state."""
     sh = rt.experts
     if sh is None:

@@ -14,7 +14,7 @@ from gearshift.errors import ConfigError
 from gearshift.models.spec import ModelSpec
 from gearshift.train.config import JobConfig, check_ranges
 
-KILL_POINTS = ("boundary", "forward", "allreduce", "migration")
+KILL_POINTS = ("boundary", "forward", "allreduce", "migration", "switch")
 
 
 @dataclass
@@ -63,7 +63,8 @@ class Forcing:
 
     def arm(self, rt, out: Path) -> None:
         """Put the kill points inside a step on `rt`: its first layer's forward, its gradient sync, its next
-        re-layout (a migration, between the exchange of layers and their loading)."""
+        re-layout (a migration or an expert move, between the exchange of layers and their loading), its next
+        schedule switch (after every rank agreed on it, before this one applies it)."""
         if not self.kills:
             return
         first = rt.layers[min(rt.layers)]
@@ -81,6 +82,12 @@ class Forcing:
             self.maybe_kill(self.now, "migration", out)
             set_layout(*args, **kwargs)
         rt.set_layout = relayout
+        set_schedule = rt.set_schedule
+
+        def reschedule(*args, **kwargs) -> None:
+            self.maybe_kill(self.now, "switch", out)
+            set_schedule(*args, **kwargs)
+        rt.set_schedule = reschedule
 
     def check(self, cfg: JobConfig, spec: ModelSpec) -> None:
         """Each forced partition a partition of `spec`'s layers over the stages, each forced (m, k) a split of the

@@ -18,7 +18,7 @@ from gearshift.runtime.agree import AnyRank
 from gearshift.runtime.reschedule import describe as describe_schedule
 from gearshift.train.adaptation import build_adapter, build_controller, build_switcher, plan_start, start_schedule
 from gearshift.train.build import build_runtime, expert_shards, job_model, lr_at, moe_config
-from gearshift.train.checkpoint import Checkpointer, Resume, completed, drop_after
+from gearshift.train.checkpoint import Checkpointer, Resume, completed, drop_after, expert_state
 from gearshift.train.config import JobConfig
 from gearshift.train.datasets import JobData, job_data
 from gearshift.train.evaluation import Evaluator
@@ -136,8 +136,8 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
             adapter.begin_step(rt, step)
         res = rt.step(x, y, lr)
         if snapshots and snapshots.due(step + 1):  # before the stats: a finished step has every rank's copy
-            snapshots.write(rt.state(copy=False), step + 1, rank, dist.get_world_size(),
-                            {"bounds": [list(b) for b in rt.bounds]})
+            snapshots.write(rt.state(copy=False), step + 1, rank, dist.get_world_size(),  # and where experts are
+                            {"bounds": [list(b) for b in rt.bounds], **expert_state(rt, placer and placer.state())})
         if adapter:
             adapter.observe(rt, res.record, getattr(rt, "microbatch_size", per_part // rt.schedule.num_microbatches))
         speed = adapter.monitor.speed(rank) if adapter else None

@@ -1,5 +1,6 @@
 """In-memory copies of the job, for a worker that dies: every train.snapshot_every steps each rank writes its
-layers, their AdamW state and its RNG state (keyed by global name, as checkpoints are) into host memory outside
+layers, their AdamW state and its RNG state (keyed by global name, as checkpoints are; with the partition, and for
+a MoE job where its experts are and its placer's state) into host memory outside
 its process (/dev/shm: tmpfs, no disk), in place into one of two slots mapped once, made whole by a manifest
 renamed into place after the copy (Snapshots). The copy is taken after the step's
 update and before the step's stats collective, so a step every rank has finished has a copy on every rank.
