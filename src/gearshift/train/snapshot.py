@@ -111,6 +111,7 @@ class Snapshots:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             os.ftruncate(fd, size)
+            os.posix_fallocate(fd, 0, size)  # the memory now: a full /dev/shm is an OSError here, not a SIGBUS later
         finally:
             os.close(fd)
         buf = torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8)
