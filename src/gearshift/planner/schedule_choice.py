@@ -138,7 +138,7 @@ def price(profiles: Mapping[int, ModelProfile], bounds: Sequence[tuple[int, int]
     drains (the gradient-norm all-reduce and the optimizer, as measured), is added to every prediction. `kinds`
     (of KINDS) are what is listed: kfkb every K, each other kind one candidate per m: zb1p on `bounds`,
     interleaved (`virtual_stages` per rank) and zbv on ranges cut for their stages at the ranks' speeds
-    (planner.virtual)."""
+    (planner.virtual; the state's mean-field speeds: its duty cycles and shared cores included)."""
     bounds = [tuple(b) for b in bounds]
     S = len(bounds)
     all_ms = splits(batch)
@@ -174,7 +174,8 @@ def price(profiles: Mapping[int, ModelProfile], bounds: Sequence[tuple[int, int]
                 raise PlanError(f"schedule choice: kind {kind!r} (allowed: {', '.join(KINDS)})")
             sch = make_schedule(kind, S, m, virtual_stages=virtual_stages)
             v = sch.num_stages // S
-            cut = bounds if v == 1 else virtual_bounds(prof, st.speeds[:S], sch.placement)
+            # cut at the speeds each rank computes at alone (an emulated duty cycle and shared cores folded in)
+            cut = bounds if v == 1 else virtual_bounds(prof, st.mean_field().speeds[:S], sch.placement)
             res = predictor(prof, cut, sch, st, mb)
             out.append(Candidate(m, 1, mb, list(res.peak_act_mem), res.fits_memory,
                                  res.iteration_s + step_overhead_s if res.fits_memory else INF, res.bubble_fraction,
