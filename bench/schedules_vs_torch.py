@@ -130,6 +130,7 @@ def plans(a: argparse.Namespace, profile, path: str, cal=None) -> dict:
             ran = f"{name} K={k}" if name == "kfkb" else name
             out[f"{s}/{split}"] = {"overrides": ov, "predicted_step_s": res.iteration_s, "cut": cut,
                                    "predicted_uncalibrated_s": predict(profile, bounds, sch, state, mb).iteration_s,
+                                   "predicted_busy_s": res.busy_s,
                                    "ran": f"auto: {ran}" if s == "auto" else ran}
     return out
 
@@ -160,7 +161,8 @@ def _worker(rank: int, world: int, a: argparse.Namespace, plan: dict, torch_cuts
                              lambda step: data.batch(step, c0.train.batch_size, c0.train.seed),
                              lambda key, step: lr_at(step, c0), emulate)
     return {k: {"times": r["times"], "losses": r["losses"],
-                "peak": [x.peak_act_bytes for x in r["records"] if x is not None]} for k, r in res.items()}
+                "peak": [x.peak_act_bytes for x in r["records"] if x is not None],
+                "busy": [x.busy_s for x in r["records"] if x is not None]} for k, r in res.items()}
 
 
 def summarise(a: argparse.Namespace, results: list[dict], plan: dict) -> dict:
@@ -175,7 +177,10 @@ def summarise(a: argparse.Namespace, results: list[dict], plan: dict) -> dict:
         rows.append({"system": system, "schedule": sched, "split": split, "tokens_per_s": tokens / med,
                      "peak_act_bytes": max(peaks) if peaks else None, "predicted_step_s": p.get("predicted_step_s"),
                      "measured_step_s": med, "ran": p.get("ran", sched), "final_loss": r["losses"][-1],
-                     "predicted_uncalibrated_s": p.get("predicted_uncalibrated_s")})
+                     "predicted_uncalibrated_s": p.get("predicted_uncalibrated_s"),
+                     # per rank, compute (emulated sleep included) measured and predicted: where a step's error is
+                     "busy_s": [statistics.median(res[key]["busy"]) for res in results] if r["busy"] else None,
+                     "predicted_busy_s": p.get("predicted_busy_s")})
     by = {(r["system"], r["schedule"], r["split"]): r for r in rows}
 
     def tps(system: str, s: str, split: str) -> float:
