@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
-from torch import nn
 from torch.distributed import pipelining as pp
 from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
 
@@ -31,40 +28,12 @@ from gearshift.train.adaptation import build_adapter
 from gearshift.train.build import build_runtime, equal_time_slices, job_model, job_schedule, lr_at, slice_act_bytes
 from gearshift.train.config import load_config
 from gearshift.train.datasets import job_data
-from pipeline_vs_torch import TorchPipeline
+from torch_pipe import Slowed, TorchPipeline
 
 WORLD = 4
 SPEEDS = {"even": [1.0] * WORLD, "uneven": [1.0, 0.6, 0.3, 0.3]}
 OURS = ("1f1b", "zb1p", "interleaved", "zbv", "multidir", "auto")
 TORCH = ("1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
-
-
-class _SleepBack(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, s: float):
-        ctx.s = s
-        return x.clone()  # not a view: torch's split backward detaches stage outputs in place
-
-    @staticmethod
-    def backward(ctx, g):
-        time.sleep(ctx.s)
-        return g, None
-
-
-class Slowed(nn.Module):
-    """A torch stage module under the duty cycle f: sleeps (f - 1) x its forward's time after it, and (f - 1) x
-    twice that when its output's gradient arrives."""
-
-    def __init__(self, inner: nn.Module, f: float):
-        super().__init__()
-        self.inner, self.f = inner, f
-
-    def forward(self, x):
-        t0 = time.perf_counter()
-        out = self.inner(x)
-        t = time.perf_counter() - t0
-        time.sleep((self.f - 1) * t)
-        return _SleepBack.apply(out, 2 * (self.f - 1) * t) if out.requires_grad else out
 
 
 def factors(a: argparse.Namespace, split: str) -> list[float]:
