@@ -298,7 +298,9 @@ class MoEPlacementConfig:
     extra slots per rank for copies of the hottest experts) and the job moves to it iff the predicted gain over the
     next period beats the measured cost of moving."""
 
-    every: int = key(0, "moe_gpt: re-place experts every this many steps; 0 = never (the contiguous placement)")
+    every: int = key(0, "moe_gpt: re-place experts every this many steps; 0 = never (the contiguous placement); "
+                        "with adapt.controller = joint, placement is one part of every decision point and this "
+                        "period is one more trigger of them (a move's gain counted over adapt.horizon)")
     window: int = key(0, "moe_gpt: place from the expert loads of the last this many steps; 0 = moe.every")
     forecast: str = key("trend", "moe_gpt: the loads a placement is made for: trend (the window's trend, "
                                  "extrapolated to the coming period where it clears the noise) | mean (the window's)")
