@@ -72,7 +72,8 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
         bounds = [tuple(b) for b in ckpt.resumed().get("bounds", [])] or None
         if bounds and len(bounds) != cfg.parallel.stages:  # written by another layout (fewer workers left)
             bounds = None
-    if bounds is None and cfg.parallel.partition == "adaptive":  # the DP's plan, before any layer is built
+    if bounds is None and cfg.parallel.partition == "adaptive" and cfg.parallel.schedule != "multidir":
+        # the DP's plan, before any layer is built (multidir starts from equal-time slices: multidir_slices)
         plan = plan_start(cfg, adapter, spec, data, switcher is not None)
         bounds = [tuple(b) for b in plan.bounds]
     choice = None

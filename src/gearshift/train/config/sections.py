@@ -113,7 +113,9 @@ class ParallelConfig:
     virtual_stages: int = key(2, "interleaved: model stages per rank (stage j on rank j mod parallel.stages); the "
                                  "partition then has parallel.stages x virtual_stages ranges")
     partition: Any = key("uniform", "uniform | params | adaptive (the DP's plan from the spec or a measurement at "
-                                    "the start, re-planned every adapt.every steps) | [[start, end], ...] per stage")
+                                    "the start, re-planned every adapt.every steps; multidir: equal-time slices at "
+                                    "the start, the cut of every direction re-planned) | [[start, end], ...] per "
+                                    "stage")
     sync: SyncSettings = embed(SyncSettings)
     directions: int = key(2, "multidir: pipelines over all the stages, each in its own order and on its own "
                              "1/directions of the batch, 2..stages/2")
