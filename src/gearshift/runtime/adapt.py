@@ -15,8 +15,8 @@ import torch.distributed as dist
 from gearshift.cluster.emulate import Emulator
 from gearshift.cluster.state import ClusterState
 from gearshift.models.moe import moe_modules
-from gearshift.planner.multidir_plan import decide_multidir, multidir_for
-from gearshift.planner.replan import FirstPlan, ReplanDecision, decide_replan, first_plan, moved_layers
+from gearshift.planner.multidir_plan import decide_multidir, holders, multidir_for
+from gearshift.planner.replan import FirstPlan, ReplanDecision, decide_replan, first_plan
 from gearshift.profile.calibration import Calibration
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.report.records import Migration, ReplanEvent
@@ -223,9 +223,10 @@ class Adapter:
         migration bandwidth the next decision prices a move with. A multidir runtime (`new`: its cut) re-lays out
         every direction at once (MultiDirRuntime.relayout)."""
         if hasattr(rt, "relayout"):
-            old = list(rt.slice_bounds)
+            was = holders(rt.schedule, rt.slice_bounds)
             received, secs = rt.relayout(new, multidir_for(self.profile, new, rt.schedule))
-            rep = MigrationReport(moved_layers(old, new, self.profile.num_layers), received, secs)
+            now = holders(rt.schedule, rt.slice_bounds)
+            rep = MigrationReport(sorted(i for i in was if was[i] != now[i]), received, secs)
         else:
             rep = migrate(rt, new)
         times: list = [None] * dist.get_world_size()
