@@ -18,12 +18,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
-from torch import nn
 from torch.distributed import pipelining as pp
 from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
 
@@ -39,42 +36,12 @@ from gearshift.train.build import build_runtime, equal_time_slices, job_model, j
 from gearshift.train.calibration import calibrate_local
 from gearshift.train.config import load_config
 from gearshift.train.datasets import job_data
-from pipeline_vs_torch import TorchPipeline
+from torch_pipe import Slowed, TorchPipeline
 
 WORLD = 4
 SPEEDS = {"even": [1.0] * WORLD, "uneven": [1.0, 0.6, 0.3, 0.3]}
 OURS = ("1f1b", "zb1p", "interleaved", "zbv", "multidir", "auto")
 TORCH = ("1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
-
-
-class _SleepBack(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, s: float):
-        ctx.s = s
-        return x.clone()  # not a view: torch's split backward detaches stage outputs in place
-
-    @staticmethod
-    def backward(ctx, g):
-        time.sleep(ctx.s)
-        return g, None
-
-
-class Slowed(nn.Module):
-    """A torch stage module under the duty cycle f: its forward lasts f x its time t (thread CPU time under basis
-    cpu, else wall time), and it sleeps (f - 1) x 2t when its output's gradient arrives."""
-
-    def __init__(self, inner: nn.Module, f: float, basis: str = "cpu"):
-        super().__init__()
-        self.inner, self.f, self.cpu = inner, f, basis == "cpu"
-
-    def forward(self, x):
-        t0, c0 = time.perf_counter(), time.thread_time()
-        out = self.inner(x)
-        wall, t = time.perf_counter() - t0, time.thread_time() - c0
-        if not self.cpu:
-            t = wall
-        time.sleep(max(0.0, self.f * t - wall))  # the forward lasts f x t
-        return _SleepBack.apply(out, 2 * (self.f - 1) * t) if out.requires_grad else out
 
 
 def factors(a: argparse.Namespace, split: str) -> list[float]:
@@ -151,7 +118,7 @@ def _worker(rank: int, world: int, a: argparse.Namespace, plan: dict, torch_cuts
                 generate_stage_to_rank_mapping(WORLD, 2 * WORLD, style="loop" if "Interleaved" in t else "v")
             runners[f"torch:{t}/{split}"] = TorchPipeline(
                 c0, group, getattr(pp, f"Schedule{t}"), cut, owner, a.micro,
-                wrap=lambda s, m, o=owner, f=f: Slowed(m, f[o[s]], a.basis))
+                wrap=lambda s, m, o=owner, f=f: Slowed(m, f[o[s]], basis=a.basis))
 
     def emulate(key: str, step: int) -> None:
         if adapters.get(key) is not None:

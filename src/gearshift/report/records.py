@@ -204,15 +204,21 @@ class EnvironmentEvent:
 @dataclass
 class DecisionEvent:
     """The controller's one decision at a decision point (runtime.controller): the options priced together
-    (partition and schedule), the chosen one, why, and the move made (`migration`, `switch_s`)."""
+    (partition and schedule), the chosen one, why, the move made (`migration`, `switch_s`) and, for a MoE job, the
+    expert placement part (its own t1, t2, tc over the same horizon, and the experts moved)."""
 
     decision: JointDecision
     migration: Migration | None = None
     switch_s: float | None = None
     decision_s: float | None = None  # the whole decision point's wall time on rank 0 (probes, pricing, the move)
+    placement: PlacementEvent | None = None
 
     def to_dict(self) -> dict:
         d = self.decision.to_dict()
         d["migration"] = asdict(self.migration) if self.migration else None
         d["switch_s"], d["decision_s"] = self.switch_s, self.decision_s
+        if self.placement is not None:
+            p = self.placement.to_dict()
+            p.pop("event", None)
+            d["placement"] = p
         return d

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from gearshift.cluster.emulate import Emulator
 from gearshift.cluster.state import ClusterState
 from gearshift.models.moe import moe_modules
+from gearshift.planner.multidir_plan import decide_multidir, holders, multidir_for
 from gearshift.planner.replan import FirstPlan, ReplanDecision, decide_replan, first_plan
 from gearshift.profile.calibration import Calibration
 from gearshift.profile.model_profile import ModelProfile
@@ -22,7 +23,7 @@ from gearshift.report.records import Migration, ReplanEvent
 from gearshift.runtime.agree import rank0_decides
 from gearshift.runtime.detect import Detector
 from gearshift.runtime.executor import StepRecord
-from gearshift.runtime.migrate import migrate
+from gearshift.runtime.migrate import MigrationReport, migrate
 from gearshift.runtime.monitor import Ewma, Monitor, merge
 from gearshift.runtime.pipeline import PipelineRuntime
 from gearshift.runtime.probe import probe_latency, probe_links
@@ -213,14 +214,21 @@ class Adapter:
         # Rank 0's decision is the decision: everyone applies the same bounds.
         out = ReplanEvent(rank0_decides(lambda: self._decide(rt, state, step, forced)))
         new = [tuple(b) for b in out.decision.new_bounds]
-        if out.decision.apply and [tuple(b) for b in rt.bounds] != new:
+        if out.decision.apply and [tuple(b) for b in getattr(rt, "slice_bounds", rt.bounds)] != new:
             out.migration = self.apply_bounds(rt, new)
         return out
 
     def apply_bounds(self, rt: PipelineRuntime, new: list[tuple[int, int]]) -> Migration:
         """Migrate `rt` to `new` (collective, every rank with the same bounds); the measured cost refines the
-        migration bandwidth the next decision prices a move with."""
-        rep = migrate(rt, new)
+        migration bandwidth the next decision prices a move with. A multidir runtime (`new`: its cut) re-lays out
+        every direction at once (MultiDirRuntime.relayout)."""
+        if hasattr(rt, "relayout"):
+            was = holders(rt.schedule, rt.slice_bounds)
+            received, secs = rt.relayout(new, multidir_for(self.profile, new, rt.schedule))
+            now = holders(rt.schedule, rt.slice_bounds)
+            rep = MigrationReport(sorted(i for i in was if was[i] != now[i]), received, secs)
+        else:
+            rep = migrate(rt, new)
         times: list = [None] * dist.get_world_size()
         dist.all_gather_object(times, [rep.seconds, float(rep.bytes_moved)])
         secs = max(x[0] for x in times)
@@ -232,7 +240,11 @@ class Adapter:
 
     def _decide(self, rt: PipelineRuntime, state: ClusterState, step: int,
                 forced: list[tuple[int, int]] | None) -> ReplanDecision:
-        """Rank 0: the re-plan after `step` under `state`, or the `forced` bounds."""
+        """Rank 0: the re-plan after `step` under `state`, or the `forced` bounds (a multidir runtime's: its cut,
+        priced with its directions: planner.multidir_plan)."""
+        if hasattr(rt, "relayout"):
+            return decide_multidir(self.profile, state, rt.slice_bounds, rt.schedule, max(self.every, 1),
+                                   self.migration_bandwidth, step + 1, self.mb_size, self.min_gain, forced)
         d = decide_replan(self.profile, state, rt.bounds, max(self.every, 1), rt.schedule, self.migration_bandwidth,
                           step + 1, min_gain=self.min_gain)
         if forced is not None:

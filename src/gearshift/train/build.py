@@ -135,9 +135,9 @@ def multidir_profile(cfg: JobConfig, adapter: Adapter | None = None) -> ModelPro
 
 
 def multidir_slices(cfg: JobConfig, spec: ModelSpec, profile: ModelProfile) -> list[tuple[int, int]]:
-    """The cut of every direction: parallel.partition's ranges or parameter split as given; "uniform" is
-    slices of equal profiled compute time."""
-    if cfg.parallel.partition != "uniform":
+    """The cut of every direction: parallel.partition's ranges or parameter split as given; "uniform" (and the
+    start of "adaptive", re-cut while training: planner.multidir_plan) is slices of equal profiled compute time."""
+    if cfg.parallel.partition not in ("uniform", "adaptive"):
         return resolve_partition(cfg, spec)
     return equal_time_slices(profile, cfg.parallel.stages)
 

@@ -194,8 +194,10 @@ def _check_multidir(cfg: JobConfig) -> None:
           f"parallel.directions: must be in 2..{p.stages // 2} (parallel.stages / 2) for multidir, got {p.directions}")
     check(p.microbatches >= p.stages, f"parallel.microbatches: multidir needs at least parallel.stages "
                                       f"({p.stages}) micro-batches per direction, got {p.microbatches}")
-    check(p.partition != "adaptive", "parallel.partition: adaptive re-partitioning does not apply to multidir "
-                                     "(allowed: uniform = equal compute time, params, [[start, end], ...])")
+    check(p.partition != "adaptive" or p.update == "flush",
+          "parallel.partition: adaptive re-partitioning of multidir needs parallel.update = flush (async keeps two "
+          "weight versions in flight across the boundary; allowed with async: uniform = equal compute time, params, "
+          "[[start, end], ...])")
     check(p.experts == 1 and p.strategy == "fixed", "parallel.experts: expert parallelism does not apply to "
                                                     "parallel.schedule = multidir (allowed: 1, strategy fixed)")
 

@@ -113,7 +113,9 @@ class ParallelConfig:
     virtual_stages: int = key(2, "interleaved: model stages per rank (stage j on rank j mod parallel.stages); the "
                                  "partition then has parallel.stages x virtual_stages ranges")
     partition: Any = key("uniform", "uniform | params | adaptive (the DP's plan from the spec or a measurement at "
-                                    "the start, re-planned every adapt.every steps) | [[start, end], ...] per stage")
+                                    "the start, re-planned every adapt.every steps; multidir: equal-time slices at "
+                                    "the start, the cut of every direction re-planned) | [[start, end], ...] per "
+                                    "stage")
     sync: SyncSettings = embed(SyncSettings)
     directions: int = key(2, "multidir: pipelines over all the stages, each in its own order and on its own "
                              "1/directions of the batch, 2..stages/2")
@@ -298,7 +300,9 @@ class MoEPlacementConfig:
     extra slots per rank for copies of the hottest experts) and the job moves to it iff the predicted gain over the
     next period beats the measured cost of moving."""
 
-    every: int = key(0, "moe_gpt: re-place experts every this many steps; 0 = never (the contiguous placement)")
+    every: int = key(0, "moe_gpt: re-place experts every this many steps; 0 = never (the contiguous placement); "
+                        "with adapt.controller = joint, placement is one part of every decision point and this "
+                        "period is one more trigger of them (a move's gain counted over adapt.horizon)")
     window: int = key(0, "moe_gpt: place from the expert loads of the last this many steps; 0 = moe.every")
     forecast: str = key("trend", "moe_gpt: the loads a placement is made for: trend (the window's trend, "
                                  "extrapolated to the coming period where it clears the noise) | mean (the window's)")
