@@ -176,6 +176,11 @@ def _check_options(cfg: JobConfig) -> None:
                                      "multidir (allowed there: none)")
         check(p.shares == "equal", f"parallel.shares: {p.shares!r} does not apply to parallel.schedule = multidir "
                                    "(allowed there: equal)")
+    if p.recompute == "auto":
+        check(p.schedule == "auto", f"parallel.recompute: 'auto' is chosen with the schedule, not under "
+                                    f"parallel.schedule = {p.schedule} (allowed there: none, all)")
+        check(cfg.adapt.controller == "separate", "parallel.recompute: 'auto' does not apply to adapt.controller = "
+                                                  "joint (allowed there: none, all)")
     check(p.recompute == "none" or cfg.model.name != "moe_gpt",
           f"parallel.recompute: {p.recompute!r} does not apply to model.name = \"moe_gpt\" (its routing counts and "
           "expert all-to-alls run once per forward; allowed there: none)")
