@@ -213,7 +213,8 @@ def interleave(runners: dict, steps: int, warmup: int, batch: Callable[[int], tu
                 rec["cpu"].append(c1 - c0)
                 rec["records"].append(None if isinstance(res, float) else res.record)
         if dist.get_rank() == 0:  # a long run shows that it moves
-            print(f"  step {step + 1}/{steps} of {len(runners)} runners: {elapsed():.0f} s", file=sys.stderr, flush=True)
+            print(f"  step {step + 1}/{steps} of {len(runners)} runners: {elapsed():.0f} s", file=sys.stderr,
+                  flush=True)
     return out
 
 
