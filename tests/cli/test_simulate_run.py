@@ -51,7 +51,8 @@ def test_the_run_s_own_job_and_the_m_k_that_ran(tmp_path):
 
 def test_the_stages_that_recomputed_split_the_segments(tmp_path):
     out = tmp_path / "run"
-    _run(out, [*AUTO, "--parallel.recompute=auto"], {0: [8, 3], 2: [8, 3], 4: [2, 1]}, recompute={0: [0], 2: []})
+    _run(out, [*AUTO, "--parallel.recompute=auto", "--cluster.memory_gb=1"], {0: [8, 3], 2: [8, 3], 4: [2, 1]},
+         recompute={0: [0], 2: []})
     cfg, _ = the_job(None, [f"--output.dir={out}"])
     segs = segments(cfg, out, [(0, 2), (2, 4)])
     assert [(s.m, s.k, s.recompute, s.steps) for s in segs] == [(8, 3, (0,), [0, 1]), (8, 3, (), [2, 3]),

@@ -18,6 +18,7 @@ from gearshift.profile.model_profile import LayerProfile, ModelProfile
 from gearshift.runtime.agree import rank0_decides
 from gearshift.runtime.reschedule import ScheduleSwitcher
 from gearshift.testing import reference_training, spawn
+from gearshift.train.adaptation import memory_limit
 from gearshift.train.build import build_runtime, job_model, lr_at
 from gearshift.train.config import load_config
 from gearshift.train.datasets import job_data
@@ -36,12 +37,13 @@ RUNS = {
     "shares": SMALL + ["--parallel.stages=1", "--parallel.shares=[3, 1]"],
     "default": DEFAULT,
     "default_recompute": DEFAULT + ["--parallel.recompute=all"],
-    "auto_recompute": SMALL + ["--parallel.stages=2", "--parallel.schedule=auto", "--parallel.recompute=auto"],
+    "auto_recompute": SMALL + ["--parallel.stages=2", "--parallel.schedule=auto", "--parallel.recompute=auto",
+                               "--cluster.memory_gb=0.00085"],
 }
 
 
-def _auto_choice() -> ScheduleSwitcher:
-    """Rank 0's schedule choice (broadcast) for the 4 layers on 2 stages under a limit of 0.85 MB per rank, priced
+def _auto_choice(cfg) -> ScheduleSwitcher:
+    """Rank 0's schedule choice (broadcast) for the 4 layers on 2 stages under the job's limit (0.85 MB), priced
     from a profile where each layer holds 100 kB per sample and the links are slow: storing activations, 1F1B
     over 4 or 8 micro-batches fits; 1F1B over 2 fits with stage 0 recomputing, and is priced faster."""
     w = {mb: 2e-3 + 1e-3 * mb for mb in splits(8)}
@@ -49,7 +51,7 @@ def _auto_choice() -> ScheduleSwitcher:
                                   for i in range(4)], microbatch_size=mb, seq_len=16) for mb in w}
     links = ClusterState([1.0] * 2, [[float("inf"), 25e6], [25e6, float("inf")]], [[0.0, 5e-3], [5e-3, 0.0]],
                          [1e12] * 2)
-    sw = ScheduleSwitcher(profiles, 8, 2, memory=[0.85e6] * 2, recompute="auto")
+    sw = ScheduleSwitcher(profiles, 8, 2, memory=memory_limit(cfg), recompute="auto")
     rec = rank0_decides(lambda: sw._decide(links, [(0, 2), (2, 4)], 0, "start"))
     sw.take(rec.chosen, rec.choice.measured, rec.predicted_s, SimpleNamespace(use_microbatch=lambda n: None), 0,
             rec.recompute)
@@ -61,7 +63,7 @@ def _run(rank: int, world: int) -> dict:
     for name, args in RUNS.items():
         cfg = load_config(None, args)
         data = job_data(cfg)
-        sw = _auto_choice() if name == "auto_recompute" else None
+        sw = _auto_choice(cfg) if name == "auto_recompute" else None
         rt = build_runtime(cfg, data=data, schedule=sw.schedule() if sw else None,
                            recompute_stages=sw.recompute_stages if sw else frozenset())
         losses, sent, peak, rows, again = [], 0, 0, [], []
