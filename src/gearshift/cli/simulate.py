@@ -87,6 +87,10 @@ def run(args: argparse.Namespace) -> int:
         sprof = profile_at(per_part // seg.m)
         sbounds = bounds if p.schedule == "multidir" else seg.bounds
         schedule = job_schedule(seg_cfg, slice_act_bytes(sprof, sbounds))  # multidir: orders balance the bytes
+        if p.recompute == "all" or seg.recompute:  # the extra forward and the saved bytes of what recomputed
+            from gearshift.planner.recompute import recomputed
+
+            sprof = recomputed(sprof, sbounds, None if p.recompute == "all" else set(seg.recompute))
         res = predict(sprof, sbounds, schedule, state, per_part // seg.m, cal)
         shown = shown or (res, schedule)
         iteration_s, bubble = res.iteration_s, res.bubble_fraction

@@ -136,6 +136,12 @@ class ScheduleEvent:
         return self.chosen != self.choice.current if self.forced is not None else self.choice.switch
 
     @property
+    def recompute(self) -> list[int]:
+        """The stages that recompute in what runs (parallel.recompute = auto: the schedule choice's)."""
+        c = self.choice.get(self.chosen)
+        return list(c.recompute) if c is not None else []
+
+    @property
     def predicted_s(self) -> float | None:
         """The predicted step time of what runs (a forced one's None where it was not priced or cannot run)."""
         if self.forced is None:
@@ -151,6 +157,8 @@ class ScheduleEvent:
             would = f"m={m} {kind[0]}" if kind else f"m={m} K={k}"
             d.update(chosen=list(self.chosen), switch=self.switch, would_choose=d["chosen"],
                      reason=f"forced (the choice would be {would})", predicted_s=self.predicted_s)
+            if "recompute" in d:
+                d.update(recompute=self.recompute, would_recompute=d["recompute"])
         d["trigger"] = self.trigger
         d["links_moved"] = self.links_moved
         if self.speeds_by_size is not None:

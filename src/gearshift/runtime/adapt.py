@@ -98,8 +98,8 @@ class Adapter:
 
     def observe(self, rt: PipelineRuntime, rec: StepRecord, mb_size: int) -> None:
         """Feed this rank's measured compute against the work of its stages: profiled (a split backward as its BI
-        and BW), or with a calibration each action priced by its line (and a point of the line at this micro-batch
-        size)."""
+        and BW; a recomputing stage's backward with its forward again), or with a calibration each action priced by
+        its line (and a point of the line at this micro-batch size)."""
         self.mb_size = mb_size
         rank = dist.get_rank()
         self.monitor.record_step(rank, sum(e - s for label, s, e in rec.events if label == "STEP"))
@@ -107,9 +107,11 @@ class Adapter:
         m = rt.schedule.num_microbatches
         mine = [(s, a, b) for s, (a, b) in enumerate(rt.bounds) if s in rt.stages]
         split = {a.stage for a in rt.schedule.actions[rt.pipe_rank] if a.op is Op.BACKWARD_INPUT}
+        again = getattr(getattr(rt, "executor", None), "recompute", ())  # their backward runs the forward first
         fb = [(scale * sum(lp.forward_s for lp in self.profile.layers[a:b]),
                scale * sum(lp.input_grad_s + lp.weight_grad_s if s in split and not rt.schedule.is_first(s)
-                           else lp.backward_s for lp in self.profile.layers[a:b])) for s, a, b in mine]
+                           else lp.backward_s + (lp.forward_s if s in again else 0.0)
+                           for lp in self.profile.layers[a:b])) for s, a, b in mine]
         if self.calibration is None:
             profiled = sum(m * (f + b) for f, b in fb)
         else:

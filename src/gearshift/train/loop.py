@@ -84,7 +84,8 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
     experts = None
     if resume and (mc := moe_config(cfg)) is not None:  # the expert->rank map the checkpoint was written under
         experts = expert_shards(cfg, ckpt.expert_placements(mc.experts, cfg.parallel.experts))
-    rt = build_runtime(cfg, bounds, adapter, spec, data, switcher.schedule() if switcher else None, experts)
+    rt = build_runtime(cfg, bounds, adapter, spec, data, switcher.schedule() if switcher else None, experts,
+                       recompute_stages=switcher.recompute_stages if switcher else frozenset())
     start = ckpt.restore(rt) if resume else 0
     if forcing:
         forcing.arm(rt, out)

@@ -176,6 +176,15 @@ def _check_options(cfg: JobConfig) -> None:
                                      "multidir (allowed there: none)")
         check(p.shares == "equal", f"parallel.shares: {p.shares!r} does not apply to parallel.schedule = multidir "
                                    "(allowed there: equal)")
+    if p.recompute == "auto":
+        check(p.schedule == "auto", f"parallel.recompute: 'auto' is chosen with the schedule, not under "
+                                    f"parallel.schedule = {p.schedule} (allowed there: none, all)")
+        check(cfg.adapt.controller == "separate", "parallel.recompute: 'auto' does not apply to adapt.controller = "
+                                                  "joint (allowed there: none, all)")
+        mem = cfg.cluster.memory_gb
+        check(isinstance(mem, list) or mem > 0 or bool(cfg.cluster.spec),
+              "parallel.recompute: 'auto' recomputes where a memory limit needs it: set cluster.memory_gb or a "
+              "cluster.spec with memory_gb (allowed without one: none, all)")
     check(p.recompute == "none" or cfg.model.name != "moe_gpt",
           f"parallel.recompute: {p.recompute!r} does not apply to model.name = \"moe_gpt\" (its routing counts and "
           "expert all-to-alls run once per forward; allowed there: none)")

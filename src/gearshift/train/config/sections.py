@@ -127,9 +127,11 @@ class ParallelConfig:
     strategy: str = key("fixed", "fixed (parallel.stages and experts as given) or auto (moe_gpt: the fastest "
                                  "strategy of the pool the performance model prices, as `gearshift plan --moe` "
                                  "prints it; sets stages, experts and partition)")
-    recompute: str = key("none", "activation recomputation: none (every forward keeps what its backward needs) or all "
+    recompute: str = key("none", "activation recomputation: none (every forward keeps what its backward needs), all "
                                  "(each stage keeps only its input per micro-batch and runs its forward again in "
-                                 "the backward: less memory, one more forward)")
+                                 "the backward: less memory, one more forward) or auto (parallel.schedule = auto "
+                                 "turns it on for the stages over cluster.memory_gb where that lets a faster "
+                                 "(m, K) fit)")
     shares: Any = key("equal", "each replica's share of a batch: equal, measured (in proportion to each replica's "
                                "measured speed, after the first step) or [w0, w1, ...] one weight > 0 per replica; "
                                "whole micro-batches each, gradients averaged by samples")
