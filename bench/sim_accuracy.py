@@ -4,11 +4,10 @@
 whole at a few micro-batch sizes, a Theil-Sen line against the profile), predict its step (`gearshift
 simulate`'s path: the local cores as measured with the job's workers, the emulated duty cycle), run it for a
 few steps and compare the median step (first steps left out). The prediction without the calibration is kept
-beside it, one calibrated by CPU time (adapt.calibrate_clock = cpu), and two more on that one with what a job's
-own steps measure in CPU time (profile.overhead: its compute against the calibration's, the CPU of each send and
-receive and of each step beside it): `own`, fitted from the point's first steps after the warm-up (before the
-steps measured), and `transfer`, the first point's (the default job's) fit pricing every other shape, as a
-running job prices a shape it has not run. `--points N --seed S`
+beside it, and two with what a job's own steps measure in CPU time (profile.overhead: its compute against the
+calibration's, the CPU of each send and receive and of each step beside it): `own`, fitted from the point's
+first steps after the warm-up (before the steps measured), and `transfer`, the first point's (the default
+job's) fit pricing every other shape, as a running job prices a shape it has not run. `--points N --seed S`
 runs a seeded sample of the grid (the default job, context 128 with 4 samples per micro-batch on 4 stages, 1F1B,
 is always in it); `--emulate F` slows every rank F times (duty cycle); `--repeat` measures the first point twice
 (A/A)."""
@@ -101,20 +100,15 @@ def predictions(args: list[str]) -> tuple[dict, tuple]:
     cores = effective_cores(cfg.cluster.workers)
     state = local_pipeline_state(cfg.cluster.workers, p.stages, cfg.emulate.slowdowns(cfg.cluster.workers), cores=cores)
     cal = calibrate_local(cfg, prof, bounds, spec, links=links_once)
-    cpu_cfg = load_config(None, [*args, "--adapt.calibrate_clock=cpu"])
-    cpu_cal = calibrate_local(cpu_cfg, prof, bounds, spec, links=links_once)
     mb = microbatch_size(cfg)
     return {"predicted_step_s": predict(prof, bounds, schedule, state, mb, cal).iteration_s,
-            "predicted_cpu_clock_s": predict(prof, bounds, schedule, state, mb, cpu_cal).iteration_s,
-            "slope_cpu_clock": [round(ln.slope, 4) for ln in cpu_cal.lines],
-            "per_op_ms_cpu_clock": [round(ln.intercept * 1e3, 4) for ln in cpu_cal.lines],
             "predicted_uncalibrated_s": predict(prof, bounds, schedule, state, mb).iteration_s,
             "effective_cores": round(cores, 3), "calibration_s": round(cal.seconds, 3),
             "per_op_ms": [round(ln.intercept * 1e3, 4) for ln in cal.lines],
             "slope": [round(ln.slope, 4) for ln in cal.lines],
             "fit_residual": [round(ln.residual, 4) for ln in cal.lines], "fit_method": cal.lines[0].method,
             "latency_us": [round(x * 1e6, 1) for x in cal.latency_s or []], "wait_cpu": round(cal.wait_cpu, 3)}, \
-        (prof, bounds, schedule, state, mb, cpu_cal)
+        (prof, bounds, schedule, state, mb, cal)
 
 
 def job_overhead(run: harness.Run, inputs: tuple, lo: int, hi: int) -> StepOverhead:
@@ -151,7 +145,6 @@ def measure(point: tuple, a, work: Path, name: str, transfer: StepOverhead | Non
            "load_1min": [round(load0, 2), round(os.getloadavg()[0], 2)]}
     row["error"] = row["predicted_step_s"] / meas - 1
     row["error_uncalibrated"] = row["predicted_uncalibrated_s"] / meas - 1
-    row["error_cpu_clock"] = row["predicted_cpu_clock_s"] / meas - 1
     row["error_own"] = row["predicted_own_s"] / meas - 1
     row["error_transfer"] = row["predicted_transfer_s"] / meas - 1
     return row
@@ -187,8 +180,7 @@ def main() -> None:
         r = rows[-1]
         first = first or StepOverhead.from_dict(r["overhead"])
         print(f"  {pt}: measured {r['measured_step_s']:.4f} predicted {r['predicted_step_s']:.4f} "
-              f"({r['error']:+.1%}; uncalibrated {r['error_uncalibrated']:+.1%}; "
-              f"cpu clock {r['error_cpu_clock']:+.1%}; own steps {r['error_own']:+.1%}; "
+              f"({r['error']:+.1%}; uncalibrated {r['error_uncalibrated']:+.1%}; own steps {r['error_own']:+.1%}; "
               f"transfer {r['error_transfer']:+.1%}) load {r['load_1min']}", flush=True)
     aa = None
     if a.repeat:
@@ -198,8 +190,7 @@ def main() -> None:
     out = {"rows": rows, "sample": {"points": len(pts), "seed": a.seed, "grid": len(grid()), "steps": a.steps,
                                     "skip": a.skip},
            "calibrated": summary(rows, "error"), "uncalibrated": summary(rows, "error_uncalibrated"),
-           "cpu_clock": summary(rows, "error_cpu_clock"), "own_steps": summary(rows, "error_own"),
-           "transfer": summary(rows[1:], "error_transfer"),
+           "own_steps": summary(rows, "error_own"), "transfer": summary(rows[1:], "error_transfer"),
            "default_job_error": rows[0]["error"], "default_job_error_own": rows[0]["error_own"], "aa": aa,
            "wall_s": time.perf_counter() - t0}
     if a.merge and Path(a.out).is_file():  # the other run's rows and summaries stay beside this one's
@@ -208,7 +199,7 @@ def main() -> None:
         out["rows"] = [r for r in prev.get("rows", []) if r["emulated"] != (a.emulate != 1.0)] + rows
         prev_quiet = (prev.get("machine") or {}).get("emulation") is None
         top_is_other = prev_quiet == (other == "quiet")  # the summaries at prev's top level are the other run's
-        out[other] = {k: prev.get(k) for k in ("calibrated", "uncalibrated", "cpu_clock", "own_steps", "transfer",
+        out[other] = {k: prev.get(k) for k in ("calibrated", "uncalibrated", "own_steps", "transfer",
                                                 "default_job_error", "default_job_error_own", "aa", "sample",
                                                 "machine")} if top_is_other else prev.get(other)
     emulation = f"duty-cycle x{a.emulate:g} on every rank" if a.emulate != 1.0 else None
@@ -218,7 +209,6 @@ def main() -> None:
     harness.goals_table(harness.goals({"median |pred/meas - 1|": (cal["median_abs"], "<= 0.10"),
                                        "worst |pred/meas - 1|": (cal["worst_abs"], "<= 0.20"),
                                        "default job": (dflt, "<= 0.10"),
-                                       "cpu clock: median": (out["cpu_clock"]["median_abs"], "<= 0.10"),
                                        "own steps: median": (own["median_abs"], "<= 0.10"),
                                        "own steps: worst": (own["worst_abs"], "<= 0.20"),
                                        "own steps: default job": (abs(out["default_job_error_own"]), "<= 0.10"),

@@ -29,7 +29,6 @@ CASES = [
     (["train", "--model.router_skew=2"], "model.router_skew: unknown key (allowed in [model]: name, layers"),
     (["train", "--adapt.link_change=-0.1"], "adapt.link_change: must be >= 0"),
     (["train", "--adapt.schedule_margin=1.5"], "adapt.schedule_margin: must be in [0, 1)"),
-    (["train", "--adapt.calibrate_clock=gpu"], "adapt.calibrate_clock: 'gpu' (allowed: wall, cpu)"),
     (["train", '--cluster.traffic=["5:flows:1:2:4"]'], "cluster.traffic: needs cluster.testbed = true"),
     (["train", "--cluster.testbed=true", '--cluster.traffic=["5:flows:1:9:4"]', "--cluster.ranks_per_node=1"],
      "cluster.traffic[0].dst: expected an integer in 0..3, got 9"),

@@ -5,7 +5,6 @@ model; no timings asserted)."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from gearshift.cluster.state import local_pipeline_state
 from gearshift.planner.predict import predict, sim_cost
@@ -57,14 +56,3 @@ def test_local_calibration_fits_a_line_per_stage_and_prices_the_prediction():
     assert cost.forward_s[0] == pytest.approx(cal.lines[0].slope * fwd0)
     assert predict(prof, bounds, sch, state, 4, cal).iteration_s > 0
     assert "per-op cost" in cal.describe() and "theil-sen" in cal.describe()
-
-
-def test_a_stage_is_timed_by_the_clock_given():
-    """adapt.calibrate_clock = cpu hands time_stage the thread's CPU clock: each pass spans exactly what the
-    clock says (here one tick per reading)."""
-    from gearshift.profile.calibrate import time_stage
-
-    ticks = iter(range(1000))
-    timed = time_stage(torch.nn.Linear(3, 2), lambda n: torch.ones(n, 3), [1, 2], repeats=2,
-                       clock=lambda: float(next(ticks)))
-    assert timed == {1: (1.0, 1.0), 2: (1.0, 1.0)}

@@ -14,14 +14,12 @@ from gearshift.cluster.device import stream_wait
 
 
 def time_stage(layers: nn.Module, make_input: Callable[[int], Tensor], sizes: list[int], repeats: int = 3,
-               warmup: int = 1, loss: Callable[[Tensor, int], Tensor] | None = None,
-               clock: Callable[[], float] = time.perf_counter) -> dict[int, tuple[float, float]]:
+               warmup: int = 1, loss: Callable[[Tensor, int], Tensor] | None = None) -> dict[int, tuple[float, float]]:
     """{size: (forward_s, backward_s)}: the fastest time of `layers`' forward (to a scalar) and of its backward
     over `repeats`, on an input of each micro-batch size from `make_input(size)` (the fastest, as the profile
     keeps each layer's fastest pass: a shared machine only ever adds time); sizes are visited round by round so
     that a burst of other load lands on one repeat of each. `loss(out, size)`: the last stage's loss, part of its
-    forward as in the executor (else the output's sum). `clock`: wall time, or this thread's CPU time
-    (time.thread_time: what the stage costs when it has a core, however loaded the machine is)."""
+    forward as in the executor (else the output's sum)."""
     device = next((p.device for p in layers.parameters()), torch.device("cpu"))
     wait = stream_wait(device)
     inputs = {n: make_input(n) for n in sizes}
@@ -31,14 +29,14 @@ def time_stage(layers: nn.Module, make_input: Callable[[int], Tensor], sizes: li
         for n in sizes:
             x = inputs[n].detach().requires_grad_(inputs[n].is_floating_point())
             wait()
-            t0 = clock()
+            t0 = time.perf_counter()
             out = layers(x)
             out = loss(out, n) if loss is not None else out.float().sum()
             wait()
-            t1 = clock()
+            t1 = time.perf_counter()
             out.backward()
             wait()
-            t2 = clock()
+            t2 = time.perf_counter()
             if r >= warmup:
                 fwd[n].append(t1 - t0)
                 bwd[n].append(t2 - t1)

@@ -45,8 +45,7 @@ def profiled_at(profile: ModelProfile, profiles: Mapping[int, ModelProfile], a: 
 def stage_points(cfg: JobConfig, spec: ModelSpec, data: JobData | None, profile: ModelProfile,
                  profiles: Mapping[int, ModelProfile], bounds: tuple[int, int], sizes: list[int],
                  device: torch.device, repeats: int = 3) -> Points:
-    """(profiled_s, measured_s) of the stage's forward and backward at each size, on `device`, one thread; timed
-    by adapt.calibrate_clock (on a CPU device: wall time, or the thread's CPU time)."""
+    """(profiled_s, measured_s) of the stage's forward and backward at each size, on `device`, one thread."""
     a, b = bounds
     build, act_meta = layer_factory(cfg, spec, data)
     cpu = torch.device("cpu")
@@ -71,9 +70,7 @@ def stage_points(cfg: JobConfig, spec: ModelSpec, data: JobData | None, profile:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        cpu_clock = cfg.adapt.calibrate_clock == "cpu" and device.type == "cpu"  # a GPU's time is the wall's
-        timed = time_stage(layers, make_input, sizes, repeats, loss=loss,
-                           clock=time.thread_time if cpu_clock else time.perf_counter)
+        timed = time_stage(layers, make_input, sizes, repeats, loss=loss)
     finally:
         torch.set_num_threads(threads)
     out: Points = []

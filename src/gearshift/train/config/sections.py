@@ -271,9 +271,6 @@ class AdaptConfig:
     calibrate: bool = key(True, "when the job measures its ranks before training, also time each stage whole at "
                                 "two micro-batch sizes and price compute by the fitted line (a fixed cost per "
                                 "forward or backward beside the profile); false = by the profile alone")
-    calibrate_clock: str = key("wall", "what the calibration times a stage by on a CPU device: wall (its wall time) | "
-                                       "cpu (its thread's CPU time: what it costs with a core of its own, however "
-                                       "loaded the machine is); a GPU's is always the wall time")
     step_overhead: bool = key(True, "with adapt.calibrate: every decision also prices the CPU each rank spends beside "
                                     "its compute (per send or receive, per step), fitted from the job's latest "
                                     "steps (metrics.jsonl's cpu_s and compute_cpu_s); false = compute alone")
@@ -288,8 +285,6 @@ class AdaptConfig:
         if self.profile:
             read_profile(self.profile, "adapt.profile")
         check(self.link_change >= 0, f"adapt.link_change: must be >= 0 (0 = off), got {self.link_change}")
-        check(self.calibrate_clock in ("wall", "cpu"),
-              f"adapt.calibrate_clock: {self.calibrate_clock!r} (allowed: wall, cpu)")
         check(0 <= self.schedule_margin < 1, f"adapt.schedule_margin: must be in [0, 1), got {self.schedule_margin}")
         if self.profiles:
             check_dir(self.profiles, "adapt.profiles", ConfigError)
