@@ -98,8 +98,9 @@ def _train(rank: int, algo: str, groups: CommGroups | None, matrix: tuple[int, i
             part = torch.nn.functional.mse_loss(model(xm), ym) / 2
             part.backward()
             loss = loss + part.detach()
-        if overlap:  # the hooks started every bucket in the last backward
+        if overlap:  # the hooks started buckets in the last backward; the backend's own (one collective each): all
             assert sync._started and not sync._armed
+            assert algo != "gloo" or len(sync._started) == len(sync.buckets) > 1, (len(sync._started), sync.buckets)
         if sync is None:
             for p in model.parameters():
                 dist.all_reduce(p.grad)

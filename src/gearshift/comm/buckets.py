@@ -82,6 +82,7 @@ class GradientSync:
     _ready: dict[int, int] = field(default_factory=dict, init=False, repr=False)  # bucket -> params still to come
     _started: dict[int, tuple[torch.Tensor, composed.Pending]] = field(default_factory=dict, init=False, repr=False)
     _order: list[int] = field(default_factory=list, init=False, repr=False)  # buckets still to start or finish
+    _single: set[int] = field(default_factory=set, init=False, repr=False)  # buckets that are one collective
     _hooks: list = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -173,22 +174,28 @@ class GradientSync:
 
     def _pump(self, block: bool = False) -> None:
         """Start the ready buckets in one fixed order (the same on every rank, whatever order this rank's
-        gradients arrived in), one form at a time: a composed form's collectives on a group are then issued in
-        the same order on every rank. Without `block`, the head form is only stepped as its handles complete;
-        with it, every bucket is started (a param that had no gradient counts as zeros) and finished."""
-        while self._order:
-            k = self._order[0]
+        gradients arrived in). A bucket that is one collective (the backend's own all-reduce) is issued and left
+        in flight, so the buckets after it start as soon as they are ready; a composed form's collectives are
+        stepped as its handles complete, and the buckets after it wait for it: each group then sees the same
+        issue order on every rank. With `block`, every bucket is started (a param that had no gradient counts
+        as zeros) and finished."""
+        if block:
+            while self._order:
+                k = self._order.pop(0)
+                if k not in self._started:
+                    self._start(k)
+                self._started[k][1].wait()
+            return
+        for k in self._order:
             if k not in self._started:
-                if not block and self._ready[k] > 0:
-                    return
+                if self._ready[k] > 0:
+                    break
                 self._start(k)
             pending = self._started[k][1]
-            if block:
-                pending.wait()
-            else:
-                pending.advance()
-                if not pending.done:
-                    return
+            pending.advance()
+            if not pending.done and k not in self._single:
+                break
+        while self._order and self._order[0] in self._started and self._started[self._order[0]][1].done:
             self._order.pop(0)
 
     @torch.no_grad()
@@ -202,6 +209,7 @@ class GradientSync:
             group = self.group if self.groups is None else (self.groups.group if b.algorithm == "gloo"
                                                             else self.groups.node_group)
             steps = iter([dist.all_reduce(flat, group=group, async_op=True)])
+            self._single.add(k)
         elif b.algorithm.startswith("hierarchical") and self.groups.transport == "collectives":
             steps = hierarchical_steps(b.algorithm, flat, self.groups, self.costs, self.node_matrix)
         else:
@@ -221,6 +229,7 @@ class GradientSync:
             flat.div_(self.world)
             scatter_grads(flat, b.params)
         self._started.clear()
+        self._single.clear()
         self._armed.clear()
         self._ready = {}
 
