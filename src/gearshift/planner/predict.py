@@ -69,9 +69,9 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
         c = over.compute_scale
         fwd, bwd, wgt = [c * x for x in fwd], [c * x for x in bwd], [c * x for x in wgt]
         msgs, ops = messages(schedule), compute_ops(schedule)
-        per_op = [c * x + (over.message_cpu_s * n / k if k else 0.0) / state.speeds[r]
-                  for r, (x, n, k) in enumerate(zip(per_op, msgs, ops))]
-        step = [x + over.step_cpu_s / state.speeds[r] for r, x in enumerate(step)]
+        # the host's CPU, not the device's compute: not divided by a rank's speed
+        per_op = [c * x + (over.message_cpu_s * n / k if k else 0.0) for x, n, k in zip(per_op, msgs, ops)]
+        step = [x + over.step_cpu_s for x in step]
     return ScheduleCosts(fwd, bwd, act, bandwidth, latency, act_mem, params, state.memory,
                          step_s=step, step_barrier_s=0.0, host=state.hosts, cores=state.cores, duty=state.duty,
                          param_bytes=moved, per_op_s=per_op, input_fraction=frac, weight_s=wgt,
