@@ -139,6 +139,10 @@ def measure(point: tuple, a, work: Path, name: str, transfer: StepOverhead | Non
     transfer = transfer or own
     pred |= {"predicted_own_s": with_overhead(inputs, own), "predicted_transfer_s": with_overhead(inputs, transfer),
              "overhead": own.to_dict()}
+    measured = [r for r in run.steps if r["step"] >= a.skip and r.get("cpu_s")]
+    for key in ("cpu_s", "compute_cpu_s"):  # per rank, the measured steps' median: the step's CPU, split
+        pred[key.replace("_s", "_ms")] = [round(1e3 * statistics.median(r[key][i] for r in measured), 3)
+                                          for i in range(len(measured[0][key]))] if measured else None
     row = {"context": ctx, "microbatch_samples": n, "stages": stages,
            "schedule": {"kfkb": "kfkb K=2", "multidir": "multidir flush", "moe": "moe 2 experts 1f1b"}.get(kind, kind),
            "emulated": a.emulate != 1.0, "measured_step_s": meas, **pred,
