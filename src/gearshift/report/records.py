@@ -45,6 +45,8 @@ class StepMetrics:
     dropped_tokens: list[int] | None = None
     aux_loss: float | None = None
     val_loss: float | None = None
+    cpu_s: list[float] | None = None  # per rank: CPU seconds of the process (every thread) over the step
+    compute_cpu_s: list[float] | None = None  # per rank: CPU seconds inside its forwards and backwards
 
     def to_dict(self) -> dict:
         d = {"step": self.step, "loss": self.loss, "lr": self.lr, "grad_norm": self.grad_norm,
@@ -57,13 +59,16 @@ class StepMetrics:
             d.update(expert_tokens=self.expert_tokens, dropped_tokens=self.dropped_tokens, aux_loss=self.aux_loss)
         if self.val_loss is not None:
             d["val_loss"] = self.val_loss
+        if self.cpu_s is not None:
+            d.update(cpu_s=list(self.cpu_s), compute_cpu_s=list(self.compute_cpu_s or []))
         return d
 
 
 def step_metrics(step: int, loss: float, grad_norm: float, lr: float, bounds: list, tokens: int,
                  ranks: dict[str, list[float]]) -> StepMetrics:
     """The step's record from every rank's numbers (`ranks`: field -> values by rank, as train.step_stats.StepStats
-    reduces them: busy_s, step_s, speed, has_speed, peak_act_bytes). `tokens`: the job's tokens per step."""
+    reduces them: busy_s, step_s, speed, has_speed, peak_act_bytes, and where given cpu_s, compute_cpu_s).
+    `tokens`: the job's tokens per step."""
     busy, step_s = ranks["busy_s"], ranks["step_s"]
     wall = max(step_s)
     speed = None
@@ -71,7 +76,8 @@ def step_metrics(step: int, loss: float, grad_norm: float, lr: float, bounds: li
         speed = [s if has else None for s, has in zip(ranks["speed"], ranks["has_speed"])]
     return StepMetrics(step, loss, lr, grad_norm, tokens / wall, wall, busy,
                        1.0 - sum(busy) / (len(busy) * wall), [list(b) for b in bounds],
-                       [int(b) for b in ranks["peak_act_bytes"]], speed)
+                       [int(b) for b in ranks["peak_act_bytes"]], speed, cpu_s=ranks.get("cpu_s"),
+                       compute_cpu_s=ranks.get("compute_cpu_s"))
 
 
 @dataclass

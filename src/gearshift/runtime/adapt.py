@@ -16,10 +16,12 @@ from gearshift.cluster.emulate import Emulator
 from gearshift.cluster.state import ClusterState
 from gearshift.models.moe import moe_modules
 from gearshift.planner.multidir_plan import decide_multidir, holders, multidir_for
+from gearshift.planner.predict import messages
 from gearshift.planner.replan import FirstPlan, ReplanDecision, decide_replan, first_plan
 from gearshift.profile.calibration import Calibration
 from gearshift.profile.model_profile import ModelProfile
-from gearshift.report.records import Migration, ReplanEvent
+from gearshift.profile.overhead import RankStep, fit_overhead
+from gearshift.report.records import Migration, ReplanEvent, StepMetrics
 from gearshift.runtime.agree import rank0_decides
 from gearshift.runtime.detect import Detector
 from gearshift.runtime.executor import StepRecord
@@ -56,6 +58,8 @@ class Adapter:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # where this rank's probes run
     detector: Detector | None = None  # this rank's speed watched for a change (adapt.detect; runtime.controller)
     calibration: Calibration | None = None  # the job's start calibration (set_calibration): prices by its lines
+    step_overhead: bool = True  # with a calibration: price the CPU beside compute fitted from the job's steps
+    overhead_window: int = 64  # rank-steps the overhead is fitted from (the latest)
 
     def __post_init__(self) -> None:
         self.monitor = Monitor(dist.get_world_size(), self.alpha, self.link_reset)
@@ -64,6 +68,7 @@ class Adapter:
         self._skip = self.skip
         self._estimate: float | None = None
         self.detected = False  # this rank's speed changed since the last decision (the detector said so)
+        self.rank_steps: list[RankStep] = []  # every rank's CPU of the latest steps (observe_cpu)
 
     def begin_step(self, rt: PipelineRuntime, step: int) -> None:
         """Before `step`: the step the emulation is at, and an emulated skewed router's bias on this rank's MoE
@@ -132,12 +137,28 @@ class Adapter:
             # a change: the next decision uses the speed measured since, not a blend with the old level
             self.detected, self.window, self._estimate = True, [profiled / measured], None
 
+    def observe_cpu(self, rt: PipelineRuntime, rec: StepMetrics) -> None:
+        """Every rank's CPU of the step (the same record on every rank): its compute and its CPU beside it,
+        against the sends and receives of its list (profile.overhead). A job's first step (warm-up) is left out;
+        without a calibration or with adapt.step_overhead off, nothing is kept."""
+        if self.calibration is None or not self.step_overhead or not rec.cpu_s or self.step == 0:
+            return
+        msgs, n = messages(rt.schedule), rt.schedule.num_ranks
+        self.rank_steps += [RankStep(0.0, c, u, msgs[r % n])
+                            for r, (c, u) in enumerate(zip(rec.compute_cpu_s or [], rec.cpu_s))]
+        del self.rank_steps[:-self.overhead_window]
+
     def calibration_now(self, stages: int) -> Calibration | None:
         """After pipeline_state (rank 0 decides from it): the calibration, its lines refined from every rank's
-        measurements as merged; None without one."""
+        measurements as merged, with the CPU beside compute fitted from the latest steps (observe_cpu; compute
+        stays as the lines and measured speeds price it, which already carry its own slowness); None without
+        one."""
         if self.calibration is None:
             return None
-        return (self.merged or self.monitor).refined(self.calibration, stages)
+        cal = (self.merged or self.monitor).refined(self.calibration, stages)
+        if self.rank_steps:
+            cal = dataclasses.replace(cal, overhead=fit_overhead(self.rank_steps, scale=False))
+        return cal
 
     def settle_speed(self) -> None:
         """Set this rank's speed from the period's samples and start a new period: their median (robust to the

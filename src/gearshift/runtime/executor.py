@@ -39,6 +39,8 @@ class StepRecord:
     recv_wait_s: dict[int, float] = field(default_factory=dict)  # peer -> seconds blocked receiving
     step_s: float = 0.0
     peak_act_bytes: int = 0  # most bytes of activations saved for backward held at once
+    cpu_s: float = 0.0  # CPU seconds of the whole process (every thread: gloo's too) over the step
+    compute_cpu_s: float = 0.0  # CPU seconds of this thread inside the compute ops (F, B, BI, BW)
     event_stages: list[int] = field(default_factory=list)  # stage of each event (-1: none)
 
     @property
@@ -131,9 +133,10 @@ def _timed(handler: Handler) -> Handler:
         handler(ex, step, i, a, slot)
         if sync is not None:
             sync()
-        end = time.perf_counter()
+        end, cpu = time.perf_counter(), time.thread_time() - cpu0
+        step.rec.compute_cpu_s += cpu
         if ex.after_compute is not None:
-            ex.after_compute(a.stage, a.op, end - start, None if sync else time.thread_time() - cpu0)
+            ex.after_compute(a.stage, a.op, end - start, None if sync else cpu)
             end = time.perf_counter()
         compute = step.rec.compute_s
         compute[a.stage] = compute.get(a.stage, 0.0) + end - start
@@ -149,6 +152,12 @@ def _measured(handler: Handler) -> Handler:
         ex.act_meter.count(ex.stage_states[a.stage], slot, ex.stages[a.stage], handler, ex, step, i, a, slot)
 
     return run
+
+
+def _process_cpu_s() -> float:
+    """CPU seconds this process has used, every thread (the step's CPU beside its compute: what ranks that share
+    cores take from each other)."""
+    return time.process_time()
 
 
 def _dispatch(handlers: dict[Op, Handler]) -> dict[Op, Handler]:
@@ -265,12 +274,14 @@ class PipelineExecutor:
         rec = StepRecord()
         self.act_meter.begin()
         self.transport.start(plan.actions, plan.recvs, shift, rec.sent_bytes, rec.recv_wait_s)
+        cpu0 = _process_cpu_s()
         step = _Step(plan, rec, inputs, targets, on_sync, on_step, time.perf_counter(), on_last_backward)
         for i, (a, handle) in enumerate(zip(plan.actions, plan.handlers)):
             handle(self, step, i, a, (a.mb + shift) % num_ids if a.mb >= 0 else 0)
         self.transport.finish(keep_in_flight=self.window and phase != "drain" and not forward_only)
         rec.peak_act_bytes = self.act_meter.peak
         rec.step_s = time.perf_counter() - step.t0
+        rec.cpu_s = _process_cpu_s() - cpu0
         return rec
 
     def _reset(self) -> None:

@@ -145,6 +145,8 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
             adapter.observe(rt, res.record, getattr(rt, "microbatch_size", per_part // rt.schedule.num_microbatches))
         speed = adapter.monitor.speed(rank) if adapter else None
         rec = stats(step, res.loss, res.grad_norm, lr, res.record, rt.bounds, tokens, speed)
+        if adapter:
+            adapter.observe_cpu(rt, rec)
         stopped = any_stop(stop is not None and stop.requested)  # every rank stops after the same step
         if shares and (note := shares.after_step(rt, step, rec)):
             bar.note(note)

@@ -275,6 +275,9 @@ class AdaptConfig:
     calibrate: bool = key(True, "when the job measures its ranks before training, also time each stage whole at "
                                 "two micro-batch sizes and price compute by the fitted line (a fixed cost per "
                                 "forward or backward beside the profile); false = by the profile alone")
+    step_overhead: bool = key(True, "with adapt.calibrate: every decision also prices the CPU each rank spends beside "
+                                    "its compute (per send or receive, per step), fitted from the job's latest "
+                                    "steps (metrics.jsonl's cpu_s and compute_cpu_s); false = compute alone")
 
     def check(self) -> None:
         """Each key's range, and that adapt.profile is a profile (its layers are checked against the model)."""
