@@ -25,7 +25,7 @@ from gearshift.train.adaptation import build_adapter
 from gearshift.train.build import build_runtime, equal_time_slices, job_model, job_schedule, lr_at, slice_act_bytes
 from gearshift.train.config import load_config
 from gearshift.train.datasets import job_data
-from pipeline_vs_torch import TorchPipeline
+from torch_pipe import TorchPipeline
 
 WORLD, D = 4, 2
 SCHEDULES = ("1f1b", "gpipe", "multidir_flush", "multidir_async")

@@ -4,62 +4,22 @@ uniform 4-stage split, same micro-batches, same AdamW/clip/LR and batches, 4 glo
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 
-import torch
 import torch.distributed as dist
-from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
 import harness
-from gearshift.models.gpt import build_layer, gpt_loss
-from gearshift.optim import OptimConfig, adamw
 from gearshift.testing import spawn
 from gearshift.train.build import build_runtime, gpt_config, lr_at
 from gearshift.train.config import load_config
 from gearshift.train.data import ByteCorpus
 from gearshift.train.layout import uniform_bounds
+from torch_pipe import TorchPipeline
 
 SCHEDULES = ("gpipe", "1f1b")
 SYSTEMS = ("gearshift", "torch")
 WORLD = 4
-
-
-class TorchPipeline:
-    """This rank's stages of a torch.distributed.pipelining schedule (`cls`) over the job's GPT layers (stage s:
-    layers bounds[s], on rank owner[s]), with the same optimizer step as ours. `wrap(s, module)`, where given,
-    wraps stage s's module (bench/schedules_vs_torch.py: the duty-cycle emulation)."""
-
-    def __init__(self, cfg, group, cls, bounds: list, owner, microbatches: int, wrap=None):
-        self.rank, self.group, self.cfg = dist.get_rank(), group, cfg
-        gcfg, t, S = gpt_config(cfg), cfg.train, len(bounds)
-        mine = [s for s in range(S) if owner[s] == self.rank]
-        mods = [nn.Sequential(*[build_layer(gcfg, i, seed=t.seed) for i in range(*bounds[s])]) for s in mine]
-        run = [wrap(s, m) if wrap else m for m, s in zip(mods, mine)]
-        stages = [PipelineStage(m, s, S, torch.device("cpu"), group=group) for m, s in zip(run, mine)]
-        self.schedule = cls(stages if len(stages) > 1 else stages[0], n_microbatches=microbatches, loss_fn=gpt_loss)
-        self.first, self.last = 0 in mine, S - 1 in mine  # feeds the inputs / computes the loss
-        self.params = params = [p for m in mods for p in m.parameters()]
-        self.optimizer = adamw(params, OptimConfig(t.weight_decay, (t.beta1, t.beta2)), lr=t.lr)
-
-    def step(self, x, y, lr: float) -> float:
-        """One training step: the pipeline schedule, global-norm clip, AdamW; returns the mean loss."""
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr
-        self.optimizer.zero_grad(set_to_none=False)
-        losses: list = []
-        self.schedule.step(*([x] if self.first else []), **({"target": y, "losses": losses} if self.last else {}))
-        # Global-norm clip across stages as torchtitan does it: local norm, all-reduce its square, clip.
-        sq = torch.nn.utils.get_total_norm([p.grad for p in self.params]).double().pow(2).reshape(1)
-        dist.all_reduce(sq, group=self.group)
-        total = math.sqrt(float(sq))
-        if self.cfg.train.grad_clip > 0:
-            torch.nn.utils.clip_grads_with_norm_(self.params, self.cfg.train.grad_clip, torch.tensor(total))
-        self.optimizer.step()
-        t = torch.tensor([float(sum(float(v.detach()) for v in losses)), float(len(losses))], dtype=torch.float64)
-        dist.all_reduce(t, group=self.group)
-        return float(t[0] / t[1])
 
 
 def _worker(rank: int, world: int, a: argparse.Namespace) -> dict:

@@ -1,6 +1,8 @@
 """Network-aware schedule choice on the namespace testbed (root): a 4-stage GPT, a rank per 200 Mbit/s host,
 duty-cycle emulation. idle and contended (`--flows` bulk flows per link): one job measures every (m, K) candidate
-interleaved, 1F1B m = 8 among them; change: idle, then contended from step `--change`, under auto."""
+interleaved, 1F1B m = 8 among them; change: idle, then contended from step `--change`, under auto; memory: under a
+cluster.memory_gb where storing activations lets only K = 1 fit, parallel.recompute = auto's pick (recomputing the
+stages over the limit) measured interleaved against every schedule that fits without recomputation."""
 
 from __future__ import annotations
 
@@ -11,10 +13,14 @@ import statistics
 from pathlib import Path
 
 import harness
+from gearshift.cli.schedule import link_state
 from gearshift.cluster.testbed import Testbed, TestbedConfig, is_root
+from gearshift.planner.schedule_choice import choose, price
 from gearshift.schedules import make_schedule
 from gearshift.train.config import load_config
 from gearshift.train.forcing import Forcing
+from gearshift.train.layout import resolve_partition
+from gearshift.train.model import job_model
 from gearshift.train.profiling import profile_sizes
 
 HOSTS = 4
@@ -40,11 +46,11 @@ def candidates(a: argparse.Namespace) -> list[tuple[int, int]]:
 
 
 def grid(name: str, a: argparse.Namespace, base: list[str], cands: list[tuple[int, int]], work: Path, tb,
-         extra: list[str]) -> dict:
+         extra: list[str], rounds: int | None = None) -> dict:
     """One job visiting every candidate once a round after auto's own pick (shuffled, the next round reversed):
     per candidate its segments' step times (first step left out) and the predictions logged at its switches."""
     order, rng = [], random.Random(7)
-    for r in range(a.rounds):
+    for r in range(rounds or a.rounds):
         o = list(cands)
         rng.shuffle(o)
         order += o if r % 2 == 0 else o[::-1]
@@ -56,16 +62,21 @@ def grid(name: str, a: argparse.Namespace, base: list[str], cands: list[tuple[in
     steps_rec = {r["step"]: r for r in run.steps}
     decisions = run.events("schedule")
     start = decisions[0]
-    per: dict[tuple[int, int], dict] = {c: {"times": [], "rounds": [], "predicted": []} for c in cands}
+    per: dict[tuple[int, int], dict] = {c: {"times": [], "rounds": [], "predicted": [], "recompute": []}
+                                        for c in cands}
     segments = [(0, tuple(start["chosen"]))] + [(d["step"], tuple(d["chosen"])) for d in decisions[1:]]
     for i, (s0, key) in enumerate(segments):
         times = [steps_rec[s]["step_time_s"] for s in range(s0 + 1, s0 + seg) if s in steps_rec]
+        if key not in per:  # auto's own first pick, where the grid does not visit it: left out
+            continue
         per[key]["times"] += times
         if i > 0:
             per[key]["rounds"].append(statistics.median(times))
     for d in decisions:  # every pricing prices every candidate under the links measured then
         for c in d["candidates"]:
-            per[(c["m"], c["k"])]["predicted"].append(c["predicted_s"])
+            if (c["m"], c["k"]) in per and c.get("kind", "kfkb") == "kfkb":
+                per[(c["m"], c["k"])]["predicted"].append(c["predicted_s"])
+                per[(c["m"], c["k"])]["recompute"] = c.get("recompute", [])
     picks = [tuple(start["chosen"])] + [tuple(d["would_choose"]) for d in decisions[1:]]
     modal = max(dict.fromkeys(picks), key=picks.count)  # ties: the earliest (the start's pick first)
     return {"start": start, "per": per, "tokens": a.batch * a.context, "order": order, "picks": picks,
@@ -87,7 +98,8 @@ def summarize(scenario: str, g: dict) -> list[dict]:
                      "round_step_s": d["rounds"], "aa_spread": spread,
                      "visit_cv": statistics.stdev(d["rounds"]) / statistics.mean(d["rounds"]) if len(d["rounds"]) > 1
                      else None, "steps_measured": len(d["times"]),
-                     "times_picked": g["picks"].count((m, k)), "pricings": len(g["picks"])})
+                     "times_picked": g["picks"].count((m, k)), "pricings": len(g["picks"]),
+                     **({"recompute": d["recompute"]} if "memory_gb" in g else {})})
     return rows
 
 
@@ -142,6 +154,67 @@ def change(a: argparse.Namespace, base: list[str], work: Path, tb) -> dict:
             "tokens": a.batch * a.context}
 
 
+def memory_setting(a: argparse.Namespace, cfg, profiles: dict) -> tuple[float, list[tuple[int, int]], dict]:
+    """The memory scenario's limit and grid, from the profiles the jobs read (peak memory follows from them and
+    the schedule alone): halfway between the largest peak of a K = 1 candidate below every K >= 2 one and the
+    smallest K >= 2 peak (storing activations, only K = 1 fits); the candidates measured: those that fit so, and
+    the 3 fastest that fit with recomputation as the simulator prices them here (links at --memory-bandwidth, the
+    duty cycle; the job's own pricings, calibrated and under the links as probed, pick among them)."""
+    spec = job_model(cfg)
+    bounds, state = resolve_partition(cfg, spec), link_state(cfg, HOSTS, a.memory_bandwidth, None)
+    stored = price(profiles, bounds, state, a.batch)
+    k1 = [max(c.peak_memory) for c in stored if c.k == 1]
+    above = min(max(c.peak_memory) for c in stored if c.k > 1)
+    below = [p for p in k1 if p < above]
+    if not below:
+        raise SystemExit("schedule_choice: memory: every K = 1 candidate needs as much memory as a K >= 2 one")
+    cap = (max(below) + above) / 2  # between: no rounding of cluster.memory_gb moves a candidate across it
+    plain = [c.key for c in stored if max(c.peak_memory) <= cap]
+    auto = choose(profiles, bounds, state, a.batch, [cap] * HOSTS, recompute="auto")
+    again = sorted((c for c in auto.candidates if c.fits and c.recompute), key=lambda c: c.predicted_s)[:3]
+    info = {"memory_gb": cap / 1e9, "fits_without_recompute": [list(k) for k in plain], "bounds": bounds,
+            "offline_pick": list(auto.chosen), "offline_recompute": auto.best.recompute,
+            "offline_predicted_s": {describe(c.key, c.recompute): c.predicted_s for c in auto.candidates if c.fits}}
+    return cap, plain + [c.key for c in again], info
+
+
+def describe(key: tuple, recompute: list[int]) -> str:
+    return f"m={key[0]} K={key[1]}" + (f" recompute {','.join(map(str, recompute))}" if recompute else "")
+
+
+def memory(a: argparse.Namespace, cfg, profs: dict, base: list[str], work: Path, tb, rows: list[dict]) -> dict:
+    """The memory scenario on links of --memory-bandwidth: one job under the limit with parallel.recompute = auto
+    visiting its candidates interleaved; its rows join `rows`. Returns its figures."""
+    _, cands, mem = memory_setting(a, cfg, profs)
+    print(f"memory: cluster.memory_gb = {mem['memory_gb']!r}; storing activations fits "
+          f"{mem['fits_without_recompute']}; measuring {[list(c) for c in cands]}", flush=True)
+    limits = [f"--cluster.memory_gb={mem['memory_gb']!r}", "--parallel.recompute=auto",
+              '--adapt.schedule_kinds=["kfkb"]',  # kFkB alone: "only K = 1 fits" names every candidate
+              f"--cluster.bandwidth={a.memory_bandwidth}"]
+    g = grid("memory", a, base, cands, work, tb, limits, a.memory_rounds)
+    g["memory_gb"] = mem["memory_gb"]
+    rows += summarize("memory", g)
+    mem.update(memory_goals(rows, mem), picks=[list(x) for x in g["picks"]], bandwidth=a.memory_bandwidth,
+               start_recompute=g["start"].get("recompute", []), links=g["links"][:2])
+    return mem
+
+
+def memory_goals(rows: list[dict], info: dict) -> dict:
+    """auto's pick (recomputing) against the best measured of those that fit storing their activations."""
+    xs = [r for r in rows if r["scenario"] == "memory"]
+    plain = [r for r in xs if [r["m"], r["k"]] in info["fits_without_recompute"]]
+    best = max(plain, key=lambda r: r["tokens_per_s"])
+    auto = next((r for r in xs if r["auto"]), None)
+    if auto is None:  # the job's pick was not among those measured: no figure
+        return {"best_without_recompute": [best["m"], best["k"]], "auto": None, "auto_over_best_without": None,
+                "only_k1_without_recompute": all(r["k"] == 1 for r in plain)}
+    return {"best_without_recompute": [best["m"], best["k"]], "best_without_tokens_per_s": best["tokens_per_s"],
+            "auto": [auto["m"], auto["k"]], "auto_recompute": auto.get("recompute", []),
+            "auto_tokens_per_s": auto["tokens_per_s"],
+            "auto_over_best_without": auto["tokens_per_s"] / best["tokens_per_s"],
+            "only_k1_without_recompute": all(r["k"] == 1 for r in plain)}
+
+
 def main() -> None:
     p = harness.parser(__doc__, "schedule_choice", {"rounds": 2, "segment": 3, "change": 25, "after": 3}, layers=2,
                        width=64, heads=4, context=256, batch=8, max_bytes=1_000_000, slowdown=4.0, keep="")
@@ -152,7 +225,12 @@ def main() -> None:
     p.add_argument("--every", type=int, default=10, help="adapt.every of the change job")
     p.add_argument("--change", type=int, default=35, help="the step the change job's links become contended")
     p.add_argument("--after", type=int, default=4, help="periods the change job runs after the change")
-    p.add_argument("--scenarios", default="idle,contended,change")
+    p.add_argument("--scenarios", default="idle,contended,change,memory")
+    p.add_argument("--memory-rounds", type=int, default=6, help="visits of every candidate in the memory job")
+    p.add_argument("--memory-bandwidth", default="25mbit", help="the memory scenario's links (its own testbed): "
+                                                                "slow enough that grouping K transfers pays")
+    p.add_argument("--merge", action="store_true", help="keep the --out file's rows and figures of the scenarios "
+                                                          "not run (run one scenario alone into the full results)")
     p.add_argument("--no-calibrate", action="store_true", help="price by the profile alone (adapt.calibrate = "
                                                                  "false): the prices before the calibration")
     a = p.parse_args()
@@ -166,20 +244,27 @@ def main() -> None:
             f"--adapt.profiles={work / 'profiles'}", f"--adapt.calibrate={str(not a.no_calibrate).lower()}"]
     cfg = load_config(None, [x for x in base if not x.startswith("--cluster.testbed")])
     sizes = [a.batch // m for m in range(1, a.batch + 1) if a.batch % m == 0]
-    profile_sizes(cfg, sizes, str(work / "profiles"), passes=3)  # every job reads these: one set of numbers
+    profs = profile_sizes(cfg, sizes, str(work / "profiles"), passes=3)  # every job reads these: one set of numbers
     cands = candidates(a)
     print(f"{len(cands)} candidates; profiles in {work / 'profiles'}", flush=True)
     scen = a.scenarios.split(",")
     rows, grids, chg = [], {}, None
-    with Testbed(TestbedConfig(HOSTS, 1, a.bandwidth)) as tb:
-        if not tb.emulated:
-            raise SystemExit("schedule_choice: the testbed did not come up")
-        for sc in ("idle", "contended"):
-            if sc in scen:
-                grids[sc] = grid(sc, a, base, cands, work, tb, contention(a, 0) if sc == "contended" else [])
-                rows += summarize(sc, grids[sc])
-        if "change" in scen:
-            chg = change(a, base, work, tb)
+    mem = None
+    for bandwidth, runs in ((a.bandwidth, [x for x in ("idle", "contended", "change") if x in scen]),
+                            (a.memory_bandwidth, [x for x in ("memory",) if x in scen])):
+        if not runs:
+            continue
+        with Testbed(TestbedConfig(HOSTS, 1, bandwidth)) as tb:
+            if not tb.emulated:
+                raise SystemExit("schedule_choice: the testbed did not come up")
+            for sc in ("idle", "contended"):
+                if sc in runs:
+                    grids[sc] = grid(sc, a, base, cands, work, tb, contention(a, 0) if sc == "contended" else [])
+                    rows += summarize(sc, grids[sc])
+            if "change" in runs:
+                chg = change(a, base, work, tb)
+            if "memory" in runs:
+                mem = memory(a, cfg, profs, base, work, tb, rows)
     goals: dict = {}
     per = {sc: goals_of(rows, sc) for sc in grids}
     for sc, g in per.items():
@@ -205,6 +290,10 @@ def main() -> None:
         if "contended" in per and chg["after_tokens_per_s"]:
             r = chg["after_tokens_per_s"] / per["contended"]["best_tokens_per_s"]
             goals["change: after / best contended"] = (r, ">= 0.95")
+    if mem is not None:
+        goals["memory: storing activations, only K = 1 fits"] = (str(mem["only_k1_without_recompute"]), "true",
+                                                                mem["only_k1_without_recompute"])
+        goals["memory: auto (recompute) / best without"] = (mem["auto_over_best_without"], ">= 1.1")
     res = {"benchmark": "schedule_choice", "quick": a.quick, "calibrated": not a.no_calibrate, "hosts": HOSTS,
            "bandwidth": a.bandwidth, "slowdown": a.slowdown, "goals": harness.goals(goals),
            "emulation": f"duty cycle: every rank sleeps {a.slowdown - 1:g}x its measured compute after each op",
@@ -214,19 +303,42 @@ def main() -> None:
            "segment": a.segment, "rounds": a.rounds, "candidates": [list(c) for c in cands],
            "rows": rows, "per_scenario": per, "change": chg, "links": {sc: grids[sc]["links"][:2] for sc in grids},
            "wall_s": round(harness.elapsed(), 1)}
+    if mem is not None:
+        res["memory"] = mem
+    if a.merge and Path(a.out).exists():  # the other scenarios' rows and figures as they were
+        res = merged(harness.read_results(a.out), res, scen)
     harness.write_results("schedule_choice", res, a.out, emulation=res["emulation"] + f"; testbed: {HOSTS} "
-                          f"hosts in network namespaces, {a.bandwidth} per host")
+                          f"hosts in network namespaces, {a.bandwidth} per host"
+                          + (f" ({a.memory_bandwidth} in the memory scenario)" if mem is not None else ""))
     c = harness.make_console()
-    for sc in ("idle", "contended"):
+    for sc in ("idle", "contended", "memory"):
+        if not any(r["scenario"] == sc for r in res["rows"]):
+            continue
         harness.table(f"{sc}: every candidate, measured interleaved (duty-cycle emulation x{res['slowdown']})",
                       ("m", "K", "tokens/s", "measured s/step", "predicted s/step", "error", "A/A spread", "auto"),
                       [(r["m"], r["k"], f"{r['tokens_per_s']:,.0f}", f"{r['measured_step_s']:.3f}",
                         f"{r['predicted_step_s']:.3f}",
                         f"{(r['predicted_step_s'] - r['measured_step_s']) / r['measured_step_s']:+.1%}",
-                        "-" if r["aa_spread"] is None else f"{r['aa_spread']:.1%}", "*" if r["auto"] else "")
+                        "-" if r["aa_spread"] is None else f"{r['aa_spread']:.1%}",
+                        ("*" if r["auto"] else "") + (f" recompute {r['recompute']}" if r.get("recompute") else ""))
                        for r in sorted((r for r in res["rows"] if r["scenario"] == sc),
                                        key=lambda r: -r["tokens_per_s"])], console=c)
     harness.goals_table(res["goals"], console=c)
+
+
+def merged(old: dict, new: dict, ran: list[str]) -> dict:
+    """`new` with `old`'s rows, goals and figures of the scenarios it did not run."""
+    out = dict(new)
+    out["rows"] = [r for r in old.get("rows", []) if r["scenario"] not in ran] + new["rows"]
+    out["goals"] = {**{k: v for k, v in old.get("goals", {}).items() if k.split(":")[0] not in ran}, **new["goals"]}
+    out["per_scenario"] = {**{k: v for k, v in old.get("per_scenario", {}).items() if k not in ran},
+                           **new["per_scenario"]}
+    out["links"] = {**{k: v for k, v in old.get("links", {}).items() if k not in ran}, **new["links"]}
+    for key in ("change", "memory"):
+        if key not in ran and old.get(key) is not None:
+            out[key] = old[key]
+    out["merged"] = {"ran": ran, "kept_from": old.get("date")}
+    return out
 
 
 if __name__ == "__main__":

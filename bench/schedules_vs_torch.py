@@ -5,18 +5,22 @@ same GPT, batches and AdamW/clip, duty-cycle emulation (x slowdown on every rank
 Gearshift's partition is the DP's at those speeds (interleaved and zbv: planner.virtual's cut), torch's stays even.
 torch's compute is slowed by a wrapper around each stage module (sleep after its forward, and before its backward
 at twice the forward's time: all of a split backward's sleep falls on its input half). `auto` is the choice
-planner.schedule_choice makes among kFkB and zb1p from the profile at the emulated speeds, run fixed."""
+planner.schedule_choice makes among kFkB and zb1p from the profile at the emulated speeds, run fixed.
+
+The duty cycle stretches an op's thread CPU time by default (--basis cpu: emulate.basis for Gearshift, the same
+for torch's wrapper): an op then lasts f x its CPU time whatever else runs on the machine's cores (f >= ranks /
+cores here), so other load on a shared machine does not reach the figures x f, and the simulator prices each rank
+on a core of its own. Predictions are `gearshift simulate`'s: the profile, priced by the job's calibration
+(profile.calibration: its stages timed whole, a line per profiled second plus a fixed cost per action), which
+`auto` chooses by too."""
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
-from torch import nn
 from torch.distributed import pipelining as pp
 from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
 
@@ -29,42 +33,15 @@ from gearshift.planner.virtual import virtual_bounds
 from gearshift.testing import spawn
 from gearshift.train.adaptation import build_adapter
 from gearshift.train.build import build_runtime, equal_time_slices, job_model, job_schedule, lr_at, slice_act_bytes
+from gearshift.train.calibration import calibrate_local
 from gearshift.train.config import load_config
 from gearshift.train.datasets import job_data
-from pipeline_vs_torch import TorchPipeline
+from torch_pipe import Slowed, TorchPipeline
 
 WORLD = 4
 SPEEDS = {"even": [1.0] * WORLD, "uneven": [1.0, 0.6, 0.3, 0.3]}
 OURS = ("1f1b", "zb1p", "interleaved", "zbv", "multidir", "auto")
 TORCH = ("1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
-
-
-class _SleepBack(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, s: float):
-        ctx.s = s
-        return x.clone()  # not a view: torch's split backward detaches stage outputs in place
-
-    @staticmethod
-    def backward(ctx, g):
-        time.sleep(ctx.s)
-        return g, None
-
-
-class Slowed(nn.Module):
-    """A torch stage module under the duty cycle f: sleeps (f - 1) x its forward's time after it, and (f - 1) x
-    twice that when its output's gradient arrives."""
-
-    def __init__(self, inner: nn.Module, f: float):
-        super().__init__()
-        self.inner, self.f = inner, f
-
-    def forward(self, x):
-        t0 = time.perf_counter()
-        out = self.inner(x)
-        t = time.perf_counter() - t0
-        time.sleep((self.f - 1) * t)
-        return _SleepBack.apply(out, 2 * (self.f - 1) * t) if out.requires_grad else out
 
 
 def factors(a: argparse.Namespace, split: str) -> list[float]:
@@ -77,23 +54,34 @@ def overrides(a: argparse.Namespace, schedule: str, bounds: list, split: str, pr
             f"--cluster.workers={WORLD}", f"--parallel.stages={WORLD}", f"--parallel.schedule={schedule}",
             f"--parallel.microbatches={m // 2 if multi else m}", f"--parallel.k={k}", harness.partition(bounds),
             "--train.warmup_steps=2", f"--train.steps={a.warmup + a.steps + 1}", f"--adapt.profile={profile}",
-            "--adapt.every=0", harness.slowdown(factors(a, split)), "--emulate.basis=wall"]
+            "--adapt.every=0", harness.slowdown(factors(a, split)), f"--emulate.basis={a.basis}"]
 
 
-def plans(a: argparse.Namespace, profile, path: str) -> dict:
-    """(schedule/split) -> config overrides and the simulator's prediction, for every Gearshift row."""
+def state_of(a: argparse.Namespace, split: str):
+    """The cluster the simulator replays: basis cpu stretches each op to f x its CPU time, longer than its share of
+    the cores, so each rank is priced on a core of its own; basis wall shares this machine's cores."""
+    return local_pipeline_state(WORLD, WORLD, factors(a, split), cores=WORLD if a.basis == "cpu" else None)
+
+
+def plans(a: argparse.Namespace, profile, path: str, cal=None) -> dict:
+    """(schedule/split) -> config overrides and the simulator's prediction (priced by the calibration `cal`), for
+    every Gearshift row."""
     n, inf, mb = profile.num_layers, float("inf"), a.batch // a.micro
     out = {}
+
+    def predictor(prof, bounds, sch, st, size):
+        return predict(prof, bounds, sch, st, size, cal)
+
     for split, speeds in SPEEDS.items():
         dp = partition_dp([lp.work_s for lp in profile.layers], [0.0] * n, [0.0] * n, speeds,
                           [[inf] * WORLD] * WORLD, [[0.0] * WORLD] * WORLD)
         cut4 = [list(b) for b in (equal_time_slices(profile, WORLD) if split == "even" else dp.bounds)]
-        state = local_pipeline_state(WORLD, WORLD, factors(a, split))
+        state = state_of(a, split)
         for s in OURS:
             name, m, k = s, a.micro, 1
             if s == "auto":
                 best = choose({mb: profile}, [tuple(b) for b in cut4], state, a.batch, ms=[a.micro],
-                              kinds=SWITCHABLE).best
+                              kinds=SWITCHABLE, predictor=predictor).best
                 name, k = best.kind, best.k
             if s in ("interleaved", "zbv"):
                 place = generate_stage_to_rank_mapping(WORLD, 2 * WORLD, style="loop" if s == "interleaved" else "v")
@@ -104,9 +92,12 @@ def plans(a: argparse.Namespace, profile, path: str) -> dict:
             cut = [list(b) for b in cut]
             ov = overrides(a, name, cut, split, path, m, k)
             sch = job_schedule(load_config(None, ov), slice_act_bytes(profile, cut) if s == "multidir" else None)
-            res = predict(profile, [tuple(cut[i % len(cut)]) for i in range(sch.num_stages)], sch, state, mb)
+            bounds = [tuple(cut[i % len(cut)]) for i in range(sch.num_stages)]
+            res = predictor(profile, bounds, sch, state, mb)
             ran = f"{name} K={k}" if name == "kfkb" else name
             out[f"{s}/{split}"] = {"overrides": ov, "predicted_step_s": res.iteration_s, "cut": cut,
+                                   "predicted_uncalibrated_s": predict(profile, bounds, sch, state, mb).iteration_s,
+                                   "predicted_busy_s": res.busy_s,
                                    "ran": f"auto: {ran}" if s == "auto" else ran}
     return out
 
@@ -125,8 +116,9 @@ def _worker(rank: int, world: int, a: argparse.Namespace, plan: dict, torch_cuts
             cut = torch_cuts[1 if one else 2]
             owner = list(range(WORLD)) if one else \
                 generate_stage_to_rank_mapping(WORLD, 2 * WORLD, style="loop" if "Interleaved" in t else "v")
-            runners[f"torch:{t}/{split}"] = TorchPipeline(c0, group, getattr(pp, f"Schedule{t}"), cut, owner,
-                                                          a.micro, wrap=lambda s, m, o=owner, f=f: Slowed(m, f[o[s]]))
+            runners[f"torch:{t}/{split}"] = TorchPipeline(
+                c0, group, getattr(pp, f"Schedule{t}"), cut, owner, a.micro,
+                wrap=lambda s, m, o=owner, f=f: Slowed(m, f[o[s]], basis=a.basis))
 
     def emulate(key: str, step: int) -> None:
         if adapters.get(key) is not None:
@@ -136,7 +128,8 @@ def _worker(rank: int, world: int, a: argparse.Namespace, plan: dict, torch_cuts
                              lambda step: data.batch(step, c0.train.batch_size, c0.train.seed),
                              lambda key, step: lr_at(step, c0), emulate)
     return {k: {"times": r["times"], "losses": r["losses"],
-                "peak": [x.peak_act_bytes for x in r["records"] if x is not None]} for k, r in res.items()}
+                "peak": [x.peak_act_bytes for x in r["records"] if x is not None],
+                "busy": [x.busy_s for x in r["records"] if x is not None]} for k, r in res.items()}
 
 
 def summarise(a: argparse.Namespace, results: list[dict], plan: dict) -> dict:
@@ -150,7 +143,11 @@ def summarise(a: argparse.Namespace, results: list[dict], plan: dict) -> dict:
         p = plan.get(key, {})
         rows.append({"system": system, "schedule": sched, "split": split, "tokens_per_s": tokens / med,
                      "peak_act_bytes": max(peaks) if peaks else None, "predicted_step_s": p.get("predicted_step_s"),
-                     "measured_step_s": med, "ran": p.get("ran", sched), "final_loss": r["losses"][-1]})
+                     "measured_step_s": med, "ran": p.get("ran", sched), "final_loss": r["losses"][-1],
+                     "predicted_uncalibrated_s": p.get("predicted_uncalibrated_s"),
+                     # per rank, compute (emulated sleep included) measured and predicted: where a step's error is
+                     "busy_s": [statistics.median(res[key]["busy"]) for res in results] if r["busy"] else None,
+                     "predicted_busy_s": p.get("predicted_busy_s")})
     by = {(r["system"], r["schedule"], r["split"]): r for r in rows}
 
     def tps(system: str, s: str, split: str) -> float:
@@ -169,17 +166,21 @@ def main(argv: list[str] | None = None) -> dict:
     a = harness.parser(__doc__, "schedules_vs_torch", {"warmup": 1, "steps": 2, "layers": 6, "width": 64,
                                                        "context": 64},
                        layers=10, width=128, heads=4, context=128, batch=16, micro=8, max_bytes=500_000, steps=8,
-                       warmup=2, slowdown=4.0).parse_args(argv)
+                       warmup=2, slowdown=4.0, basis="cpu").parse_args(argv)
     work = harness.workdir("schedules_vs_torch")
     path = Path(work) / "profile.json"
     cfg = load_config(None, overrides(a, "1f1b", [[0, 1], [1, 2], [2, 3], [3, a.layers + 2]], "even", "", a.micro))
     profile = harness.robust_profile(cfg, 2 if a.quick else 3, path)
-    plan = plans(a, profile, str(path))
+    cut = [tuple(b) for b in equal_time_slices(profile, WORLD)]
+    cal = calibrate_local(load_config(None, overrides(a, "1f1b", cut, "even", str(path), a.micro)), profile, cut,
+                          job_model(cfg))
+    plan = plans(a, profile, str(path), cal)
     torch_cuts = {v: [list(b) for b in equal_time_slices(profile, v * WORLD)] for v in (1, 2)}
     out = summarise(a, spawn(_worker, WORLD, a, plan, torch_cuts, timeout_s=3600), plan)
     out["config"] = {"world": WORLD, "slowdown": a.slowdown, "speeds": SPEEDS, "layers": a.layers, "width": a.width,
                      "context": a.context, "batch": a.batch, "microbatches": a.micro, "timed_steps": a.steps,
-                     "cuts": {k: v["cut"] for k, v in plan.items()}, "torch_cuts": torch_cuts,
+                     "cuts": {k: v["cut"] for k, v in plan.items()}, "torch_cuts": torch_cuts, "basis": a.basis,
+                     "calibration": cal.to_dict(),
                      "wall_s": harness.elapsed()}
     harness.write_results("schedules_vs_torch", out, a.out,
                           emulation=f"duty cycle: emulate.slowdown {a.slowdown:g} / speed per rank")

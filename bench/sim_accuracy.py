@@ -4,12 +4,17 @@
 whole at a few micro-batch sizes, a Theil-Sen line against the profile), predict its step (`gearshift
 simulate`'s path: the local cores as measured with the job's workers, the emulated duty cycle), run it for a
 few steps and compare the median step (first steps left out). The prediction without the calibration is kept
-beside it. `--points N --seed S` runs a seeded sample of the grid (the default job, context 128 with 4
-samples per micro-batch on 4 stages, 1F1B, is always in it); `--emulate F` slows every rank F times (duty
-cycle); `--repeat` measures the first point twice (A/A)."""
+beside it, and two with what a job's own steps measure in CPU time (profile.overhead: its compute against the
+calibration's, the CPU of each send and receive and of each step beside it): `own`, fitted from the point's
+first steps after the warm-up (before the steps measured), and `transfer`, the first point's (the default
+job's) fit pricing every other shape, as a running job prices a shape it has not run. `--points N --seed S`
+runs a seeded sample of the grid (the default job, context 128 with 4 samples per micro-batch on 4 stages, 1F1B,
+is always in it); `--emulate F` slows every rank F times (duty cycle); `--repeat` measures the first point twice
+(A/A)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -20,7 +25,8 @@ from pathlib import Path
 import harness
 from gearshift.cluster.cores import effective_cores
 from gearshift.cluster.state import local_pipeline_state
-from gearshift.planner.predict import predict
+from gearshift.planner.predict import messages, own_compute_s, predict, sim_cost
+from gearshift.profile.overhead import RankStep, StepOverhead, fit_overhead
 from gearshift.train.build import equal_time_slices, job_schedule, slice_act_bytes
 from gearshift.train.calibration import calibrate_local
 from gearshift.train.config import load_config
@@ -82,8 +88,9 @@ def links_once(nbytes: int) -> dict:
     return dict(_LINKS)
 
 
-def predictions(args: list[str]) -> dict:
-    """The point's predicted step, with and without the calibration, and the calibration's figures."""
+def predictions(args: list[str]) -> tuple[dict, tuple]:
+    """The point's predicted step, with and without the calibration, and the calibration's figures; and what
+    predicts it again with a StepOverhead (profile, bounds, schedule, state, micro-batch size, calibration)."""
     cfg = load_config(None, args)
     spec = job_model(cfg)
     prof = fastest_layers([profile_job(cfg, repeats=3, warmup=1, spec=spec) for _ in range(2)])
@@ -100,22 +107,50 @@ def predictions(args: list[str]) -> dict:
             "per_op_ms": [round(ln.intercept * 1e3, 4) for ln in cal.lines],
             "slope": [round(ln.slope, 4) for ln in cal.lines],
             "fit_residual": [round(ln.residual, 4) for ln in cal.lines], "fit_method": cal.lines[0].method,
-            "latency_us": [round(x * 1e6, 1) for x in cal.latency_s or []], "wait_cpu": round(cal.wait_cpu, 3)}
+            "latency_us": [round(x * 1e6, 1) for x in cal.latency_s or []], "wait_cpu": round(cal.wait_cpu, 3)}, \
+        (prof, bounds, schedule, state, mb, cal)
 
 
-def measure(point: tuple, a, work: Path, name: str) -> dict:
+def job_overhead(run: harness.Run, inputs: tuple, lo: int, hi: int) -> StepOverhead:
+    """The overhead fitted from the run's steps lo <= step < hi: every rank's compute CPU against the calibrated
+    simulator's compute for it, and its CPU beside the compute against its sends and receives."""
+    prof, bounds, schedule, state, mb, cal = inputs
+    own = own_compute_s(sim_cost(prof, bounds, schedule, state, mb, cal), schedule)
+    msgs, n = messages(schedule), schedule.num_ranks
+    return fit_overhead([RankStep(own[r % n], c, u, msgs[r % n]) for rec in run.steps if lo <= rec["step"] < hi
+                         for r, (c, u) in enumerate(zip(rec.get("compute_cpu_s") or [], rec.get("cpu_s") or []))])
+
+
+def with_overhead(inputs: tuple, over: StepOverhead) -> float:
+    """The point's predicted step with `over` beside its calibration."""
+    prof, bounds, schedule, state, mb, cal = inputs
+    return predict(prof, bounds, schedule, state, mb, dataclasses.replace(cal, overhead=over)).iteration_s
+
+
+def measure(point: tuple, a, work: Path, name: str, transfer: StepOverhead | None = None) -> dict:
+    """The point's row; `transfer`: another job's overhead to price it by as well (None: its own)."""
     ctx, n, stages, kind = point
     args = job_args(ctx, n, stages, kind, a.emulate, a.steps)
     load0 = os.getloadavg()[0]
-    pred = predictions(args)
+    pred, inputs = predictions(args)
     run = harness.run_job(name, args, work, nice=0)
     meas = run.median("step_time_s", lo=a.skip)
+    own = job_overhead(run, inputs, 1, a.skip)
+    transfer = transfer or own
+    pred |= {"predicted_own_s": with_overhead(inputs, own), "predicted_transfer_s": with_overhead(inputs, transfer),
+             "overhead": own.to_dict()}
+    measured = [r for r in run.steps if r["step"] >= a.skip and r.get("cpu_s")]
+    for key in ("cpu_s", "compute_cpu_s"):  # per rank, the measured steps' median: the step's CPU, split
+        pred[key.replace("_s", "_ms")] = [round(1e3 * statistics.median(r[key][i] for r in measured), 3)
+                                          for i in range(len(measured[0][key]))] if measured else None
     row = {"context": ctx, "microbatch_samples": n, "stages": stages,
            "schedule": {"kfkb": "kfkb K=2", "multidir": "multidir flush", "moe": "moe 2 experts 1f1b"}.get(kind, kind),
            "emulated": a.emulate != 1.0, "measured_step_s": meas, **pred,
            "load_1min": [round(load0, 2), round(os.getloadavg()[0], 2)]}
     row["error"] = row["predicted_step_s"] / meas - 1
     row["error_uncalibrated"] = row["predicted_uncalibrated_s"] / meas - 1
+    row["error_own"] = row["predicted_own_s"] / meas - 1
+    row["error_transfer"] = row["predicted_transfer_s"] / meas - 1
     return row
 
 
@@ -130,8 +165,9 @@ def main() -> None:
                                                          f"{len(grid())})")
     p.add_argument("--seed", type=int, default=0, help="seed of the sample")
     p.add_argument("--emulate", type=float, default=1.0, help="duty-cycle slowdown on every rank (1: none)")
-    p.add_argument("--steps", type=int, default=6, help="steps per job")
-    p.add_argument("--skip", type=int, default=2, help="first steps left out of the measured median")
+    p.add_argument("--steps", type=int, default=7, help="steps per job")
+    p.add_argument("--skip", type=int, default=3, help="first steps left out of the measured median (steps 1 to "
+                                                      "skip - 1 fit the job's own overhead)")
     p.add_argument("--repeat", action="store_true", help="measure the first point twice (A/A)")
     p.add_argument("--keep", default="", help="keep run directories here (default: a temp dir)")
     p.add_argument("--merge", action="store_true", help="keep the rows of --out measured the other way (quiet or "
@@ -142,34 +178,45 @@ def main() -> None:
     work = harness.workdir("sim_accuracy", a.keep)
     pts = sample(a.points, a.seed, a.moe)
     rows, t0 = [], time.perf_counter()
+    first: StepOverhead | None = None
     for i, pt in enumerate(pts):
-        rows.append(measure(pt, a, work, f"p{i}"))
+        rows.append(measure(pt, a, work, f"p{i}", first))
         r = rows[-1]
+        first = first or StepOverhead.from_dict(r["overhead"])
         print(f"  {pt}: measured {r['measured_step_s']:.4f} predicted {r['predicted_step_s']:.4f} "
-              f"({r['error']:+.1%}; uncalibrated {r['error_uncalibrated']:+.1%}) load {r['load_1min']}", flush=True)
+              f"({r['error']:+.1%}; uncalibrated {r['error_uncalibrated']:+.1%}; own steps {r['error_own']:+.1%}; "
+              f"transfer {r['error_transfer']:+.1%}) load {r['load_1min']}", flush=True)
     aa = None
     if a.repeat:
-        again = measure(pts[0], a, work, "aa")
+        again = measure(pts[0], a, work, "aa", first)
         aa = {"point": list(pts[0]), "measured_step_s": [rows[0]["measured_step_s"], again["measured_step_s"]],
               "ratio": again["measured_step_s"] / rows[0]["measured_step_s"]}
     out = {"rows": rows, "sample": {"points": len(pts), "seed": a.seed, "grid": len(grid()), "steps": a.steps,
                                     "skip": a.skip},
            "calibrated": summary(rows, "error"), "uncalibrated": summary(rows, "error_uncalibrated"),
-           "default_job_error": rows[0]["error"], "aa": aa, "wall_s": time.perf_counter() - t0}
+           "own_steps": summary(rows, "error_own"), "transfer": summary(rows[1:], "error_transfer"),
+           "default_job_error": rows[0]["error"], "default_job_error_own": rows[0]["error_own"], "aa": aa,
+           "wall_s": time.perf_counter() - t0}
     if a.merge and Path(a.out).is_file():  # the other run's rows and summaries stay beside this one's
         prev = json.loads(Path(a.out).read_text())
         other = "quiet" if a.emulate != 1.0 else "emulated"
         out["rows"] = [r for r in prev.get("rows", []) if r["emulated"] != (a.emulate != 1.0)] + rows
         prev_quiet = (prev.get("machine") or {}).get("emulation") is None
         top_is_other = prev_quiet == (other == "quiet")  # the summaries at prev's top level are the other run's
-        out[other] = {k: prev.get(k) for k in ("calibrated", "uncalibrated", "default_job_error", "aa", "sample",
+        out[other] = {k: prev.get(k) for k in ("calibrated", "uncalibrated", "own_steps", "transfer",
+                                                "default_job_error", "default_job_error_own", "aa", "sample",
                                                 "machine")} if top_is_other else prev.get(other)
     emulation = f"duty-cycle x{a.emulate:g} on every rank" if a.emulate != 1.0 else None
     harness.write_results("sim_accuracy", out, a.out, emulation)
     cal, unc, dflt = out["calibrated"], out["uncalibrated"], abs(out["default_job_error"])
+    own, tr = out["own_steps"], out["transfer"]
     harness.goals_table(harness.goals({"median |pred/meas - 1|": (cal["median_abs"], "<= 0.10"),
                                        "worst |pred/meas - 1|": (cal["worst_abs"], "<= 0.20"),
                                        "default job": (dflt, "<= 0.10"),
+                                       "own steps: median": (own["median_abs"], "<= 0.10"),
+                                       "own steps: worst": (own["worst_abs"], "<= 0.20"),
+                                       "own steps: default job": (abs(out["default_job_error_own"]), "<= 0.10"),
+                                       "transfer: median": (tr.get("median_abs", float("nan")), "<= 0.10"),
                                        "uncalibrated median": (unc["median_abs"], "-")}))
 
 

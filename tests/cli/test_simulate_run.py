@@ -15,16 +15,18 @@ TINY = ["--model.layers=2", "--model.width=32", "--model.heads=2", "--model.cont
         "--data.max_bytes=100000", "--parallel.microbatches=2"]
 
 
-def _run(out, job: list[str], schedule_events: dict[int, list[int]] = (), steps: int = 6) -> None:
+def _run(out, job: list[str], schedule_events: dict[int, list[int]] = (), steps: int = 6,
+         recompute: dict[int, list[int]] | None = None) -> None:
     """A run's files as training writes them: config.json, and metrics.jsonl with a step line each (step i took
-    (i + 1) / 8 s) and a "schedule" event where the (m, K) changed."""
+    (i + 1) / 8 s) and a "schedule" event where the (m, K) changed (with the stages recomputing, where given)."""
     cfg = load_config(None, [*job, f"--output.dir={out}"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg.to_dict()))
     lines = []
     for i in range(steps):
         if i in dict(schedule_events):
-            lines.append({"event": "schedule", "step": i, "chosen": dict(schedule_events)[i]})
+            lines.append({"event": "schedule", "step": i, "chosen": dict(schedule_events)[i],
+                          **({"recompute": recompute[i]} if recompute and i in recompute else {})})
         lines.append({"step": i, "step_time_s": (i + 1) / 8, "bubble_fraction": 0.25,
                       "partition": [[0, 2], [2, 4]]})
     (out / "metrics.jsonl").write_text("".join(json.dumps(d) + "\n" for d in lines))
@@ -45,6 +47,17 @@ def test_the_run_s_own_job_and_the_m_k_that_ran(tmp_path):
     assert segs[1].label() == "m=8 K=3, steps 3-5"
     cfg2, _ = the_job(None, [f"--output.dir={out}", "--train.steps=99", "--train.lr=0.1"])  # nothing predicted moves
     assert cfg2.parallel.schedule == "auto"
+
+
+def test_the_stages_that_recomputed_split_the_segments(tmp_path):
+    out = tmp_path / "run"
+    _run(out, [*AUTO, "--parallel.recompute=auto", "--cluster.memory_gb=1"], {0: [8, 3], 2: [8, 3], 4: [2, 1]},
+         recompute={0: [0], 2: []})
+    cfg, _ = the_job(None, [f"--output.dir={out}"])
+    segs = segments(cfg, out, [(0, 2), (2, 4)])
+    assert [(s.m, s.k, s.recompute, s.steps) for s in segs] == [(8, 3, (0,), [0, 1]), (8, 3, (), [2, 3]),
+                                                                 (2, 1, (), [4, 5])]
+    assert segs[0].label() == "m=8 K=3 recomputing 0, steps 0-1"
 
 
 @pytest.mark.parametrize("args, message", [

@@ -91,3 +91,30 @@ def test_the_monitor_refines_the_line_once_two_sizes_ran():
     assert line(0.002) == pytest.approx(0.0036667, rel=1e-3)  # a size between, priced from the refitted line
     back = Monitor.from_dict(m.to_dict())
     assert back.refined(base, 1).lines[0] == line
+
+
+def test_the_jobs_overhead_prices_compute_messages_and_steps(make_profile):
+    """Compute scaled; each rank's sends' and receives' CPU spread over its compute actions (end ranks of a
+    4-stage 1F1B send and receive half as much as middle ones); the per-step CPU on every rank's STEP; and with
+    ranks sharing cores, more CPU per message makes the step longer."""
+    from gearshift.planner.predict import compute_ops, messages, own_compute_s
+    from gearshift.profile.overhead import StepOverhead
+
+    prof = make_profile([0.03] * 8)
+    bounds = [(0, 2), (2, 4), (4, 6), (6, 8)]
+    sch = make_schedule("1f1b", 4, 8)
+    state = local_cluster(4, cores=2)
+    assert messages(sch) == [16, 32, 32, 16] and compute_ops(sch) == [16] * 4
+    base = cal(1.0, 0.001, 4)
+    over = Calibration(base.lines, overhead=StepOverhead(1.5, 0.0005, 0.002))
+    plain, priced = sim_cost(prof, bounds, sch, state, calibration=base), sim_cost(prof, bounds, sch, state,
+                                                                                 calibration=over)
+    assert priced.forward_s == pytest.approx([1.5 * x for x in plain.forward_s])
+    assert priced.per_op_s == pytest.approx([1.5 * 0.001 + 0.0005 * n / 16 for n in (16, 32, 32, 16)])
+    assert priced.step_times(4) == pytest.approx([x + 0.002 for x in plain.step_times(4)])
+    assert own_compute_s(plain, sch) == pytest.approx([8 * (f + b) + 16 * 0.001
+                                                       for f, b in zip(plain.forward_s, plain.backward_s)])
+    more = Calibration(base.lines, overhead=StepOverhead(1.5, 0.002, 0.002))
+    assert (predict(prof, bounds, sch, state, calibration=more).iteration_s
+            > predict(prof, bounds, sch, state, calibration=over).iteration_s
+            > predict(prof, bounds, sch, state, calibration=base).iteration_s)

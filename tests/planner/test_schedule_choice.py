@@ -164,3 +164,18 @@ def test_links_moved() -> None:
     late = state(bandwidth=25e6, latency=1e-4)
     late.latency[3][2] = 0.03  # 30 ms against a 40 ms transfer: moved
     assert links_moved(base, measured_inputs(late, 4), [1e6] * 3, 0.25) == ["2<-3 latency 0.1 -> 30 ms"]
+
+
+def test_virtual_stages_cut_at_the_emulated_speeds() -> None:
+    """interleaved and zbv are priced on ranges cut at the speeds the ranks compute at: an emulated duty cycle
+    (state.duty) slows a rank as a lower speed does, so both give the same cut, and a slowed rank gets less."""
+    lp = LayerProfile("l", 1e-3, 2e-3, 1.0, PARAMS, ACT, PEAK * 2)
+    prof = {2: ModelProfile([lp] * 16, microbatch_size=2, seq_len=16)}
+    bounds = [(0, 4), (4, 8), (8, 12), (12, 16)]
+    slow, duty = state(), state()
+    slow.speeds = [1.0, 1.0, 0.25, 0.25]
+    duty.duty = [1.0, 1.0, 4.0, 4.0]
+    for kind in ("interleaved", "zbv"):
+        a, b = (price(prof, bounds, st, 8, ms=[4], kinds=(kind,))[0] for st in (slow, duty))
+        even = price(prof, bounds, state(), 8, ms=[4], kinds=(kind,))[0]
+        assert a.bounds == b.bounds != even.bounds, kind

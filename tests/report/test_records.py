@@ -94,6 +94,12 @@ def test_step_line_says_each_rank_without_a_speed() -> None:
     assert all(isinstance(b, int) for b in line["peak_act_bytes"])
 
 
+def test_step_line_carries_each_ranks_cpu_after_the_old_fields() -> None:
+    cpu = {"cpu_s": [0.2, 0.3, 0.25, 0.1], "compute_cpu_s": [0.15, 0.2, 0.2, 0.05]}
+    line = step_metrics(3, 1.0, 1.0, 1.0, [(0, 8)], 10, by_field(ROWS) | cpu).to_dict()
+    assert list(line)[-2:] == ["cpu_s", "compute_cpu_s"] and {k: line[k] for k in cpu} == cpu
+
+
 # ---- decisions ------------------------------------------------------------------------------------------------
 def test_strategy_line_is_the_old_one() -> None:
     pool = [Strategy(2, 2, 1, 4, "1f1b", [(0, 3), (3, 6)], 0.5, 0.3, 0.1, 0.05, 0.2, 1.0, [1e9, 2e9]),

@@ -130,6 +130,16 @@ def test_period_speed_is_median_of_samples_after_warmup(one_rank) -> None:
     assert ad.monitor.speed(0) == pytest.approx(0.5) and ad.window == []
 
 
+def test_a_recomputing_stage_s_work_counts_its_forward_again(one_rank) -> None:
+    ad = Adapter(_profile(), ClusterState.from_spec(ClusterSpec.uniform(1)), every=4, skip=0)
+    rt = SimpleNamespace(bounds=[(0, 2)], stages={0}, pipe_rank=0, executor=SimpleNamespace(recompute={0}),
+                         schedule=SimpleNamespace(num_microbatches=1, actions=[[]]))
+    ad.observe(rt, SimpleNamespace(busy_s=3.0, events=[]), mb_size=1)  # forward 1 s, backward 1 s + forward 1 s
+    rt.executor.recompute = set()
+    ad.observe(rt, SimpleNamespace(busy_s=3.0, events=[]), mb_size=1)  # 2 s of work in 3 s: a slower rank
+    assert ad.window == [1.0, pytest.approx(2 / 3)]
+
+
 def test_period_estimates_blend_small_changes_and_take_large_ones(one_rank) -> None:
     ad = Adapter(_profile(), ClusterState.from_spec(ClusterSpec.uniform(1)), every=4, skip=0)
     for samples, expected in (([1.0], 1.0), ([1.2], 1.1), ([0.2], 0.2)):

@@ -50,6 +50,7 @@ def test_stages_on_one_rank_train_like_the_whole_model(name):
     assert synced == stepped == [1]
     assert [label for label, _, _ in rec.events] == [a.label for a in sch.actions[0]]
     assert set(rec.compute_s) == {0, 1, 2} and rec.peak_act_bytes > 0 and ex.act_meter.held == 0
+    assert 0 < rec.compute_cpu_s <= rec.cpu_s  # the compute's CPU is part of the process's over the step
     assert all(not st.saved and not st.inputs and not st.out_grads for st in ex.stage_states)
 
     ev = PipelineExecutor(sch, 0, stages, _mse, lambda s: ((2, 6), torch.float32))

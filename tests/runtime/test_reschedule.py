@@ -86,3 +86,22 @@ def test_a_zb1p_key_names_its_schedule() -> None:
     zb, kf = sw.schedule((4, 1, "zb1p")), sw.schedule((4, 2))
     assert (zb.name, zb.num_microbatches, kf.name, kf.params) == ("zb1p", 4, "kfkb", {"k": 2})
     assert zb.placement == kf.placement == [0, 1, 2, 3]
+
+
+def test_auto_recompute_decision_names_the_stages_every_rank_takes() -> None:
+    from gearshift.runtime.recompute import stages_to_recompute
+
+    sw, ad = _switcher(memory=[0.85e6] * 4, recompute="auto")
+    ev = sw._decide(_state(25e6, 5e-3), BOUNDS, 0, "start")
+    sw._adopt(ev, ad, 0)
+    rec = ev.to_dict()
+    assert rec["recompute"] and sw.recompute_stages == frozenset(rec["recompute"])
+    assert sw.runs[-1]["recompute"] == rec["recompute"] and "recomputing stages" in describe(rec)
+    # each rank recomputes its own stages among the chosen ones
+    assert [stages_to_recompute("auto", [r], sw.recompute_stages) for r in range(4)] == \
+        [frozenset({r} & set(rec["recompute"])) for r in range(4)]
+    forced = sw._decide(_state(25e6, 5e-3), BOUNDS, 3, "forced", (8, 1))  # fits storing its activations
+    sw._adopt(forced, ad, 3)
+    line = forced.to_dict()
+    assert line["recompute"] == [] and line["would_recompute"] == rec["recompute"]
+    assert sw.recompute_stages == frozenset() and sw.runs[-1] == {"m": 8, "k": 1, "from_step": 3}

@@ -30,13 +30,14 @@ def test_new_kinds_are_valid(ranks: int, m: int) -> None:
 
 @pytest.mark.parametrize("ranks,m", [(2, 4), (4, 8), (8, 16)])
 def test_zb1p_holds_1f1b_memory_and_fills_bubbles(ranks: int, m: int) -> None:
-    """ZB-H1: the same micro-batches held per stage as 1F1B, and (BI = BW = B / 2) a shorter step: the bubble of
-    1F1B, (P - 1)(F + B), shrinks to (P - 1)(F + B - W)."""
+    """ZB-H1: at most the micro-batches 1F1B's first stage holds on any stage, and (BI = BW = B / 2) a shorter
+    step: 1F1B's bubble, (P - 1)(F + B), shrinks below what holding 1F1B's count per stage allows, (P - 1)(F + BI),
+    towards ZB-H1's (P - 1)(F + BI - BW)."""
     one, zb = make_schedule("1f1b", ranks, m), make_schedule("zb1p", ranks, m)
-    assert peak_in_flight(zb) == peak_in_flight(one)
+    assert max(peak_in_flight(zb)) == max(peak_in_flight(one)) == ranks
     t1, tz = _run(one).iteration_s, _run(zb).iteration_s
     assert t1 == pytest.approx(3 * m + 3 * (ranks - 1))
-    assert tz == pytest.approx(3 * m + 2 * (ranks - 1))
+    assert 3 * m + (ranks - 1) <= tz < 3 * m + 2 * (ranks - 1)
 
 
 def test_interleaved_and_v_placements() -> None:
@@ -102,5 +103,7 @@ def test_simulator_prices_bi_and_bw_apart() -> None:
     slow = simulate(sch, cost)
     durations = {str(a): end - start for tl in slow.timelines for a, start, end in tl if a.op.is_backward}
     assert durations["BW0@s1"] == pytest.approx(3.0) and slow.iteration_s > base.iteration_s
-    # activations held until BW: rank 1 (cap 1) holds one micro-batch, rank 0 two
-    assert base.peak_act_bytes == [2.0, 1.0]
+    # activations held until BW: rank 1 runs F0 BI0 F1 BI1 BW0 BW1, so it holds two micro-batches (one, were they
+    # freed by BI)
+    assert [a.label for a in sch.actions[1] if a.op.is_compute] == ["F0", "BI0", "F1", "BI1", "BW0", "BW1"]
+    assert base.peak_act_bytes == [2.0, 2.0]

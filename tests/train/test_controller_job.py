@@ -71,3 +71,29 @@ def test_a_detected_change_moves_layers_and_switches_schedule_in_one_exact_decis
     torch.testing.assert_close(
         torch.tensor([r["loss"] for r in steps]), torch.tensor(_reference(cfg)), rtol=1e-5, atol=1e-6
     )
+
+
+MOE = ["--model.name=moe_gpt", "--model.layers=2", "--model.width=16", "--model.heads=2", "--model.context=8",
+       "--model.experts=4", "--model.moe_every=1", "--model.aux_loss=0", "--model.capacity_factor=0",
+       "--train.batch_size=4", "--parallel.microbatches=2", "--data.max_bytes=100000", "--cluster.workers=2",
+       "--parallel.stages=1", "--parallel.experts=2", "--train.eval_every=0", "--output.trace=false",
+       "--train.warmup_steps=1", "--train.lr=1e-3", "--train.grad_clip=0.5", "--train.steps=2",
+       "--parallel.schedule=auto", "--adapt.controller=joint", "--adapt.every=0", "--moe.every=1"]
+
+
+def test_expert_placement_is_a_part_of_the_joint_decision_and_training_stays_exact(tmp_path) -> None:
+    out = tmp_path / "run"
+    cfg = load_config(None, [*MOE, f"--output.dir={out}"])
+    # the experts move at every decision point whatever the rule says (its t1, t2 and tc are still priced)
+    assert launch(cfg, quiet=True, forcing=Forcing(move_experts=True)) == 0
+    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    assert not [r for r in rows if r.get("event") == "placement"]  # no placement decided on its own
+    ds = [r for r in rows if r.get("event") == "decision"]
+    assert [d["step"] for d in ds] == [1] and "period" in ds[0]["trigger"]
+    for d in ds:  # one record per decision point, with its placement part priced over the controller's horizon
+        p = d["placement"]
+        assert p["k"] == d["horizon"] and {"t1", "t2", "tc", "reason"} <= set(p) and p["bandwidth"] > 0
+    assert ds[0]["placement"]["switch"] and ds[0]["placement"]["moved"] and ds[0]["placement"]["move"]["bytes"] > 0
+    steps = [r for r in rows if r.get("event") is None]
+    torch.testing.assert_close(torch.tensor([r["loss"] for r in steps]),
+                               torch.tensor(reference_training(cfg, 2)[0]), rtol=1e-5, atol=1e-6)

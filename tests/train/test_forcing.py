@@ -29,7 +29,7 @@ def _check(forcing: Forcing, *overrides: str) -> None:
     (Forcing(partitions={5: [(0, 2), (2, 4), (4, 6), (6, 9)]}), (),
      "Forcing.partitions[5]: ranges must end at 8 (the number of layers), got 9"),
     (Forcing(partitions={5: [(0, 4), (4, 8)]}), ("--parallel.schedule=multidir", "--parallel.partition=uniform"),
-     "Forcing.partitions: re-partitioning does not apply to parallel.schedule = multidir"),
+     "Forcing.partitions: a multidir job re-partitions with parallel.partition = adaptive"),
 ])
 def test_a_forced_decision_that_does_not_fit_the_job_is_one_line(forcing, overrides, message):
     with pytest.raises(ConfigError) as e:

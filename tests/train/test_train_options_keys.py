@@ -15,7 +15,13 @@ TINY = ["--model.layers=2", "--model.width=32", "--model.heads=2", "--model.cont
 
 @pytest.mark.parametrize("args, says", [
     (["--train.precision=fp16"], "train.precision: 'fp16' (allowed: fp32, bf16)"),
-    (["--parallel.recompute=some"], "parallel.recompute: 'some' (allowed: none, all)"),
+    (["--parallel.recompute=some"], "parallel.recompute: 'some' (allowed: none, all, auto)"),
+    (["--parallel.recompute=auto"], "parallel.recompute: 'auto' is chosen with the schedule, not under "
+                                    "parallel.schedule = 1f1b (allowed there: none, all)"),
+    (["--parallel.recompute=auto", "--parallel.schedule=auto", "--adapt.controller=joint"],
+     "parallel.recompute: 'auto' does not apply to adapt.controller = joint"),
+    (["--parallel.recompute=auto", "--parallel.schedule=auto"],
+     "parallel.recompute: 'auto' recomputes where a memory limit needs it: set cluster.memory_gb"),
     (["--parallel.shares=[1, 2, 3]"], "parallel.shares: expected one weight per replica (2"),
     (["--parallel.shares=[1, 0]"], "parallel.shares: every weight must be a number > 0"),
     (["--parallel.shares=fast"], "parallel.shares: 'fast' (allowed: equal, measured or [w0, w1, ...])"),

@@ -62,7 +62,7 @@ def link_state(cfg, stages: int, bandwidth: str | None, latency: str | None) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    from gearshift.train.adaptation import memory_limit
+    from gearshift.train.adaptation import auto_kinds, memory_limit
     from gearshift.train.layout import resolve_partition
     from gearshift.train.model import job_model
     from gearshift.train.profiling import profile_sizes
@@ -91,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
     bounds = resolve_partition(cfg, spec)
     profiles = profile_sizes(cfg, [batch // m for m in (ms or splits(batch))], cfg.adapt.profiles, spec=spec)
     memory = memory_limit(cfg)
-    choice = choose(profiles, bounds, state, batch, memory, ms=ms, kinds=cfg.adapt.schedule_kinds)
+    choice = choose(profiles, bounds, state, batch, memory, ms=ms, kinds=auto_kinds(cfg),
+                    recompute=cfg.parallel.recompute)
     others = other_kinds(profiles, bounds, state, batch, memory, ms, cfg)
     if args.json:
         print(json.dumps({**choice.to_dict(), "other_kinds": [c.to_dict() for c in others]}, indent=1))
@@ -121,6 +122,10 @@ def run(args: argparse.Namespace) -> int:
     best = choice.best
     print(f"auto runs {describe_key(best.key)} ({best.name}, micro-batches of {best.microbatch_size}): "
           f"{choice.reason}")
+    if best.recompute:
+        print(f"recomputation on stages {', '.join(map(str, best.recompute))} (parallel.recompute = "
+              f"{cfg.parallel.recompute}): without it they need "
+              f"{' / '.join(f'{x / 1e6:.3g}' for x in best.stored_peak_memory or best.peak_memory)} MB")
     if others:
         print(f"{', '.join(sorted({c.kind for c in others}))}: priced on stages cut for them (parallel.schedule = "
               "interleaved or zbv runs them; auto chooses among adapt.schedule_kinds)")

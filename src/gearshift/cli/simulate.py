@@ -2,12 +2,15 @@
 (from a profile), next to the measured figures when output.dir holds a run. That run's own job is predicted (its
 config.json; each (m, K) and partition it ran, from its metrics.jsonl; a MoE job's expert-parallel exchanges by
 the strategy model, at the loads it measured); a config that differs from it in a key that changes the prediction
-is refused (cli.simulate_run)."""
+is refused (cli.simulate_run). Where that run's steps measured their CPU (metrics.jsonl's cpu_s and compute_cpu_s),
+the job's overhead fitted from them (profile.overhead: its compute against the calibration's, the CPU of each send
+and receive and of each step) prices a second prediction and is printed with the calibration."""
 
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -82,11 +85,20 @@ def run(args: argparse.Namespace) -> int:
     ep = cfg.model.name == "moe_gpt" and p.experts > 1
     comm = _moe_comm(cfg) if ep else None
     shown = None
+    over, plans = None, []
+    if has_run:
+        plans = [(seg, *_plan(cfg, seg, profile_at, per_part, bounds)) for seg in segs]
+        over = run_overhead(out, [(seg.steps[1:], sprof, sbounds, sch, state, per_part // seg.m, cal)
+                                  for seg, sprof, sbounds, sch in plans])
     for seg in segs:
         seg_cfg = _with_mk(cfg, seg.m, seg.k)
         sprof = profile_at(per_part // seg.m)
         sbounds = bounds if p.schedule == "multidir" else seg.bounds
         schedule = job_schedule(seg_cfg, slice_act_bytes(sprof, sbounds))  # multidir: orders balance the bytes
+        if p.recompute == "all" or seg.recompute:  # the extra forward and the saved bytes of what recomputed
+            from gearshift.planner.recompute import recomputed
+
+            sprof = recomputed(sprof, sbounds, None if p.recompute == "all" else set(seg.recompute))
         res = predict(sprof, sbounds, schedule, state, per_part // seg.m, cal)
         shown = shown or (res, schedule)
         iteration_s, bubble = res.iteration_s, res.bubble_fraction
@@ -98,6 +110,10 @@ def run(args: argparse.Namespace) -> int:
             iteration_s, bubble = priced.step_s, priced.bubble_fraction
         name = f"{seg.label()}: " if len(segs) > 1 else ""
         t.add_row(f"{name}predicted", f"{iteration_s:.4f}", f"{tokens / iteration_s:,.0f}", f"{bubble:.1%}")
+        if over is not None and not ep:
+            again = predict(sprof, sbounds, schedule, state, per_part // seg.m, dataclasses.replace(cal, overhead=over))
+            t.add_row(f"{name}predicted with the run's CPU", f"{again.iteration_s:.4f}",
+                      f"{tokens / again.iteration_s:,.0f}", f"{again.bubble_fraction:.1%}")
         if seg.measured_s:
             meas = seg.measured_s
             t.add_row(f"{name}measured", f"{meas:.4f}", f"{tokens / meas:,.0f}", f"{seg.measured_bubble:.1%}")
@@ -105,13 +121,40 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     console.print(title, markup=False, highlight=False)  # the job, unwrapped by the table's width
     console.print(t)
-    print(cal.describe())
+    print(dataclasses.replace(cal, overhead=over).describe() if over is not None else cal.describe())
     if args.trace:
         res, schedule = shown
         pipes = schedule.stages_per_pipe if schedule.num_pipes > 1 else None
         write_trace(Path(args.trace), sim_trace(res, "predicted", pipes))
         print(f"wrote {args.trace}")
     return 0
+
+
+def _plan(cfg: JobConfig, seg, profile_at, per_part: int, bounds: list[tuple[int, int]]) -> tuple:
+    """A segment's (profile at its micro-batch size, bounds, schedule), as the loop below builds them."""
+    from gearshift.train.build import job_schedule, slice_act_bytes
+
+    sprof = profile_at(per_part // seg.m)
+    sbounds = bounds if cfg.parallel.schedule == "multidir" else seg.bounds
+    return sprof, sbounds, job_schedule(_with_mk(cfg, seg.m, seg.k), slice_act_bytes(sprof, sbounds))
+
+
+def run_overhead(out: Path, segs: list[tuple]):
+    """The overhead fitted from the run's steps (profile.overhead), each segment's steps (after its first) against
+    its own plan `(steps, profile, bounds, schedule, state, micro-batch size, calibration)`; None where no step
+    measured its CPU (a run from before metrics.jsonl had cpu_s)."""
+    from gearshift.planner.predict import messages, own_compute_s, sim_cost
+    from gearshift.profile.overhead import RankStep, fit_overhead
+    from gearshift.train.metrics import read_metrics
+
+    by_step = {d["step"]: d for d in read_metrics(out / "metrics.jsonl") if "event" not in d and d.get("cpu_s")}
+    samples = []
+    for steps, prof, bounds, schedule, state, mb, cal in segs:
+        own, msgs, n = own_compute_s(sim_cost(prof, bounds, schedule, state, mb, cal), schedule), messages(schedule), \
+            schedule.num_ranks
+        samples += [RankStep(own[r % n], c, u, msgs[r % n]) for k in steps if k in by_step
+                    for r, (c, u) in enumerate(zip(by_step[k]["compute_cpu_s"], by_step[k]["cpu_s"]))]
+    return fit_overhead(samples) if samples else None
 
 
 def _with_mk(cfg: JobConfig, m: int, k: int) -> JobConfig:

@@ -33,6 +33,7 @@ class Segment:
     steps: list[int] = field(default_factory=list)
     step_s: list[float] = field(default_factory=list)
     bubble: list[float] = field(default_factory=list)
+    recompute: tuple[int, ...] = ()  # the stages that recomputed (parallel.recompute = auto's choice)
 
     @property
     def measured_s(self) -> float | None:
@@ -43,7 +44,8 @@ class Segment:
         return statistics.median(self.bubble) if self.bubble else None
 
     def label(self) -> str:
-        return f"m={self.m} K={self.k}, steps {_ranges(self.steps)}"
+        again = f" recomputing {','.join(map(str, self.recompute))}" if self.recompute else ""
+        return f"m={self.m} K={self.k}{again}, steps {_ranges(self.steps)}"
 
 
 def run_config(out: Path) -> dict | None:
@@ -96,17 +98,20 @@ def segments(cfg: JobConfig, out: Path, bounds: list[tuple[int, int]]) -> list[S
     lines = read_metrics(out / "metrics.jsonl")
     running = (p.microbatches, p.k)
     chosen: dict[int, tuple[int, int]] = {}
+    again: dict[int, tuple[int, ...]] = {}
     for d in lines:
         if d.get("event") == "schedule":
             chosen[int(d["step"])] = tuple(d["chosen"])
+            again[int(d["step"])] = tuple(d.get("recompute", ()))
+    recompute: tuple[int, ...] = ()
     rows = sorted((d for d in lines if "event" not in d and "step_time_s" in d), key=lambda d: d["step"])
     found: dict[tuple, Segment] = {}
     last = None
     for i, d in enumerate(rows):
-        running = chosen.get(d["step"], running)
+        running, recompute = chosen.get(d["step"], running), again.get(d["step"], recompute)
         part = bounds if p.schedule == "multidir" or not d.get("partition") else [tuple(b) for b in d["partition"]]
-        key = (*running, tuple(part))
-        seg = found.setdefault(key, Segment(running[0], running[1], list(part)))
+        key = (*running, tuple(part), recompute)
+        seg = found.setdefault(key, Segment(running[0], running[1], list(part), recompute=recompute))
         seg.steps.append(d["step"])
         if i > 0 and key == last:  # a run's first step, and the first after a change, warm up
             seg.step_s.append(d["step_time_s"])

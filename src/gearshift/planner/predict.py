@@ -23,7 +23,10 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
     With a `calibration` (the job's own measurement, profile.calibration), each rank's profiled compute is priced
     by its fitted line: slope x profiled seconds, plus the intercept as a fixed cost of every forward and
     backward; a waiting rank uses the calibration's `wait_cpu` of a core where ranks share cores; links without
-    a measured latency take the calibration's."""
+    a measured latency take the calibration's. Where the calibration carries the job's own steps (its
+    `overhead`, profile.overhead): compute times scaled by its compute_scale; each send's and receive's CPU
+    spread over the rank's compute actions (a per-op cost: compute that shares the host's cores, which is
+    where it is spent); and its per-step CPU added to each rank's STEP."""
     if len(bounds) == schedule.stages_per_pipe < schedule.num_stages:
         bounds = [bounds[s % schedule.stages_per_pipe] for s in range(schedule.num_stages)]
     if bounds[-1][1] != profile.num_layers:
@@ -61,10 +64,39 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
     latency, bandwidth = state.latency, state.bandwidth
     if calibration is not None and state.source != "monitor":  # a job's monitor has its links as probed
         latency, bandwidth = _links(latency, calibration.latency_s), _links(bandwidth, calibration.bandwidth_Bps)
+    over = calibration.overhead if calibration is not None else None
+    if over is not None:
+        c = over.compute_scale
+        fwd, bwd, wgt = [c * x for x in fwd], [c * x for x in bwd], [c * x for x in wgt]
+        msgs, ops = messages(schedule), compute_ops(schedule)
+        # the host's CPU, not the device's compute: not divided by a rank's speed
+        per_op = [c * x + (over.message_cpu_s * n / k if k else 0.0) for x, n, k in zip(per_op, msgs, ops)]
+        step = [x + over.step_cpu_s for x in step]
     return ScheduleCosts(fwd, bwd, act, bandwidth, latency, act_mem, params, state.memory,
                          step_s=step, step_barrier_s=0.0, host=state.hosts, cores=state.cores, duty=state.duty,
                          param_bytes=moved, per_op_s=per_op, input_fraction=frac, weight_s=wgt,
                          wait_cpu=calibration.wait_cpu if calibration is not None else 0.0)
+
+
+def messages(schedule: Schedule) -> list[int]:
+    """Per rank: the sends and receives of its list to or from another rank (stage messages and a slice's update
+    messages; a REDUCE that stays on the rank is none)."""
+    return [sum((a.op.is_p2p_send or a.op.is_p2p_recv) and a.peer >= 0 for a in acts) for acts in schedule.actions]
+
+
+def compute_ops(schedule: Schedule) -> list[int]:
+    """Per rank: the compute actions (F, B, BI, BW) of its list."""
+    return [sum(a.op.is_compute for a in acts) for acts in schedule.actions]
+
+
+def own_compute_s(cost: ScheduleCosts, schedule: Schedule) -> list[float]:
+    """Per rank: the seconds its compute actions take on a core of its own (per-op cost included): what the
+    job's compute CPU is measured against (profile.overhead)."""
+    fwd, bwd, bi, bw = cost.forward_s, cost.backward_s, cost.input_grad_s(), cost.weight_grad_s()
+    per_op = cost.op_times(schedule.num_ranks)
+    each = {Op.FORWARD: fwd, Op.BACKWARD: bwd, Op.BACKWARD_INPUT: bi, Op.BACKWARD_WEIGHT: bw}
+    return [sum(each[a.op][a.stage] + per_op[r] for a in acts if a.op in each)
+            for r, acts in enumerate(schedule.actions)]
 
 
 def _links(matrix: list[list[float]], per_link: list[float | None] | None) -> list[list[float]]:

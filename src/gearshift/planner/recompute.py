@@ -24,4 +24,5 @@ def recomputed(profile: ModelProfile, bounds: Sequence[tuple[int, int]],
             lp = layers[i]
             layers[i] = replace(lp, backward_s=lp.backward_s + lp.forward_s,
                                 peak_activation_bytes=held if i == a else 0)
-    return replace(profile, layers=layers, meta={**profile.meta, "recompute": sorted(stages or range(len(bounds)))})
+    again = sorted(range(len(bounds)) if stages is None else stages)
+    return replace(profile, layers=layers, meta={**profile.meta, "recompute": again})

@@ -2,7 +2,10 @@
 micro-batches, and for each every K of kFkB (K = 1 is 1F1B, K = m GPipe) and the other kinds asked for (zb1p:
 split backwards at 1F1B's memory; interleaved and zbv: several stages per rank, cut by planner.virtual), each
 with its peak memory against each rank's limit, priced by simulating its action lists under the links as
-measured; the fastest is run, and a running choice gives way only to one predicted faster by a margin."""
+measured; the fastest is run, and a running choice gives way only to one predicted faster by a margin. Under
+parallel.recompute = "auto", a kFkB candidate over a rank's limit is priced again with recomputation on exactly
+the stages over it (their extra forward in the step time, only their inputs held): recomputation only adds time,
+so the fewest stages that make it fit are its fastest way to fit."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from gearshift.cluster.state import ClusterState
 from gearshift.errors import PlanError
 from gearshift.planner.predict import predict
+from gearshift.planner.recompute import recomputed
 from gearshift.planner.replan import measured_inputs
 from gearshift.planner.virtual import virtual_bounds
 from gearshift.profile.model_profile import ModelProfile
@@ -21,6 +25,7 @@ from gearshift.sim import SimResult
 
 INF = float("inf")
 KINDS = ("kfkb", "zb1p", "interleaved", "zbv")  # what price() can list
+RECOMPUTE_MODES = ("none", "all", "auto")  # price()'s `recompute` (parallel.recompute)
 SWITCHABLE = ("kfkb", "zb1p")  # kinds on one stage per rank: a running job switches among them at a step boundary
 TITLES = {"zb1p": "ZB1P", "interleaved": "Interleaved", "zbv": "ZBV"}
 TIE = 1e-9  # relative: predictions this close are a tie (broken by memory)
@@ -54,6 +59,8 @@ class Candidate:
     kind: str = "kfkb"  # or another of KINDS (k is then 1)
     virtual_stages: int = 1  # stages per rank (interleaved, zbv)
     bounds: list | None = None  # the layer ranges it was priced with, where they are not the job's (virtual stages)
+    recompute: list[int] = field(default_factory=list)  # the stages that recompute (parallel.recompute)
+    stored_peak_memory: list[float] | None = None  # each rank's peak without recomputation, where auto turned it on
 
     @property
     def key(self) -> tuple:
@@ -63,7 +70,8 @@ class Candidate:
     @property
     def name(self) -> str:
         if self.kind == "kfkb":
-            return label(self.m, self.k)
+            return label(self.m, self.k) + (f" +recompute {','.join(map(str, self.recompute))}"
+                                             if self.recompute else "")
         return TITLES[self.kind] + (f" v={self.virtual_stages}" if self.kind == "interleaved" else "")
 
     def schedule(self, num_stages: int) -> Schedule:
@@ -76,6 +84,10 @@ class Candidate:
                 d.pop(extra)
         elif d["bounds"] is None:
             d.pop("bounds")
+        if not self.recompute:  # a line without recomputation as it always was
+            d.pop("recompute")
+        if self.stored_peak_memory is None:
+            d.pop("stored_peak_memory")
         d["predicted_s"] = None if self.predicted_s == INF else self.predicted_s
         d["name"] = self.name
         return d
@@ -122,14 +134,16 @@ class ScheduleChoice:
                 "reason": self.reason, "predicted_s": self.best.predicted_s,
                 "current_predicted_s": cur.predicted_s if cur and cur.fits else None,
                 "measured": self.measured, "memory_limit": self.memory_limit,
-                "candidates": [c.to_dict() for c in self.candidates], **self.extra}
+                "candidates": [c.to_dict() for c in self.candidates],
+                **({"recompute": list(self.best.recompute)} if any(c.recompute for c in self.candidates) else {}),
+                **self.extra}
 
 
 def price(profiles: Mapping[int, ModelProfile], bounds: Sequence[tuple[int, int]], state: ClusterState, batch: int,
           memory: Sequence[float] | None = None, ms: Sequence[int] | None = None,
           predictor: Predictor = predict, step_overhead_s: float = 0.0,
           states: Mapping[int, ClusterState] | None = None, kinds: Sequence[str] = ("kfkb",),
-          virtual_stages: int = 2) -> list[Candidate]:
+          virtual_stages: int = 2, recompute: str = "none") -> list[Candidate]:
     """Every (m, K) for a replica's `batch`, each simulated under `state` (one device per stage) with the
     profile measured at its micro-batch size (`profiles[size]`); `states[size]`, where given, replaces
     `state` for that size (the speeds measured at it). `memory` caps each rank (bytes; None: no
@@ -138,7 +152,11 @@ def price(profiles: Mapping[int, ModelProfile], bounds: Sequence[tuple[int, int]
     drains (the gradient-norm all-reduce and the optimizer, as measured), is added to every prediction. `kinds`
     (of KINDS) are what is listed: kfkb every K, each other kind one candidate per m: zb1p on `bounds`,
     interleaved (`virtual_stages` per rank) and zbv on ranges cut for their stages at the ranks' speeds
-    (planner.virtual)."""
+    (planner.virtual; the state's mean-field speeds: its duty cycles and shared cores included). `recompute`
+    (parallel.recompute): "all" prices every kFkB candidate with each stage recomputed; "auto" prices one over a
+    rank's limit again with the stages over it recomputed (its `recompute`; the other kinds run without)."""
+    if recompute not in RECOMPUTE_MODES:
+        raise PlanError(f"schedule choice: recompute {recompute!r} (allowed: {', '.join(RECOMPUTE_MODES)})")
     bounds = [tuple(b) for b in bounds]
     S = len(bounds)
     all_ms = splits(batch)
@@ -164,9 +182,15 @@ def price(profiles: Mapping[int, ModelProfile], bounds: Sequence[tuple[int, int]
             if acts in seen:  # the same action lists as a smaller K: nothing new to run
                 continue
             seen.add(acts)
-            res = predictor(prof, bounds, sch, st, mb)
+            again = list(range(S)) if recompute == "all" else []
+            res = predictor(recomputed(prof, bounds) if again else prof, bounds, sch, st, mb)
+            stored = None
+            if recompute == "auto" and not res.fits_memory:  # the stages over their rank's limit recompute
+                again, stored = [s for s in range(S) if res.peak_act_mem[s] > cap[s]], list(res.peak_act_mem)
+                res = predictor(recomputed(prof, bounds, set(again)), bounds, sch, st, mb)
             out.append(Candidate(m, k, mb, list(res.peak_act_mem), res.fits_memory,
-                                 res.iteration_s + step_overhead_s if res.fits_memory else INF, res.bubble_fraction))
+                                 res.iteration_s + step_overhead_s if res.fits_memory else INF, res.bubble_fraction,
+                                 recompute=again, stored_peak_memory=stored))
         for kind in kinds:
             if kind == "kfkb":
                 continue
@@ -174,7 +198,8 @@ def price(profiles: Mapping[int, ModelProfile], bounds: Sequence[tuple[int, int]
                 raise PlanError(f"schedule choice: kind {kind!r} (allowed: {', '.join(KINDS)})")
             sch = make_schedule(kind, S, m, virtual_stages=virtual_stages)
             v = sch.num_stages // S
-            cut = bounds if v == 1 else virtual_bounds(prof, st.speeds[:S], sch.placement)
+            # cut at the speeds each rank computes at alone (an emulated duty cycle and shared cores folded in)
+            cut = bounds if v == 1 else virtual_bounds(prof, st.mean_field().speeds[:S], sch.placement)
             res = predictor(prof, cut, sch, st, mb)
             out.append(Candidate(m, 1, mb, list(res.peak_act_mem), res.fits_memory,
                                  res.iteration_s + step_overhead_s if res.fits_memory else INF, res.bubble_fraction,
@@ -227,7 +252,8 @@ def _nothing_fits(candidates: list[Candidate], memory: Sequence[float] | None) -
         return PlanError("schedule choice: no candidates")
     c = min(candidates, key=lambda c: max(p / lim for p, lim in zip(c.peak_memory, memory or [INF] * 64)))
     r = max(range(len(c.peak_memory)), key=lambda r: c.peak_memory[r] / memory[r])
-    return PlanError(f"cluster.memory_gb: no schedule fits: the smallest, m={c.m} K={c.k} (micro-batches of "
+    again = f" with stages {','.join(map(str, c.recompute))} recomputed" if c.recompute else ""
+    return PlanError(f"cluster.memory_gb: no schedule fits: the smallest, m={c.m} K={c.k}{again} (micro-batches of "
                      f"{c.microbatch_size}), needs {c.peak_memory[r] / 1e9:.4g} GB on rank {r}, which has "
                      f"{memory[r] / 1e9:.4g} GB (cluster.memory_gb or the cluster spec's memory_gb)")
 
@@ -236,11 +262,11 @@ def choose(profiles: Mapping[int, ModelProfile], bounds: Sequence[tuple[int, int
            memory: Sequence[float] | None = None, step: int = 0, current: tuple[int, int] | None = None,
            margin: float = 0.0, ms: Sequence[int] | None = None, predictor: Predictor = predict,
            step_overhead_s: float = 0.0, states: Mapping[int, ClusterState] | None = None,
-           kinds: Sequence[str] = ("kfkb",), virtual_stages: int = 2) -> ScheduleChoice:
-    """price() then decide(): the schedule to run under `state` (`states`: per micro-batch size, `kinds`: see
-    price)."""
+           kinds: Sequence[str] = ("kfkb",), virtual_stages: int = 2, recompute: str = "none") -> ScheduleChoice:
+    """price() then decide(): the schedule to run under `state` (`states`: per micro-batch size, `kinds` and
+    `recompute`: see price)."""
     cands = price(profiles, bounds, state, batch, memory, ms, predictor, step_overhead_s, states, kinds,
-                  virtual_stages)
+                  virtual_stages, recompute)
     ch = decide(cands, state, step, current, margin, memory)
     ch.extra["step_overhead_s"] = step_overhead_s
     return ch

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gearshift.profile.fit import LineFit, theil_sen
+from gearshift.profile.overhead import StepOverhead
 
 
 @dataclass
@@ -17,7 +18,8 @@ class Calibration:
     """lines[p]: position p's compute fit (seconds measured per profiled second, plus seconds per action).
     wait_cpu: cores a rank waiting in a receive uses (0..1). latency_s: one-way seconds of a small message per
     link p -> p+1 and bandwidth_Bps: bytes/s of each (None: not measured; the cluster state's are used).
-    seconds: what the calibration took."""
+    seconds: what the calibration took. overhead: what the job's own steps measured beside it (compute slower
+    than calibrated, CPU per message and per step; profile.overhead), None until steps were measured."""
 
     lines: list[LineFit]
     wait_cpu: float = 0.0
@@ -25,6 +27,7 @@ class Calibration:
     seconds: float = 0.0
     bandwidth_Bps: list[float] | None = None
     meta: dict = field(default_factory=dict)
+    overhead: StepOverhead | None = None
 
     def compute_s(self, position: int, profiled_s: float) -> float:
         """Predicted seconds of one forward or backward action whose profiled time is `profiled_s` (0: none)."""
@@ -39,13 +42,15 @@ class Calibration:
     def to_dict(self) -> dict:
         return {"lines": [ln.to_dict() for ln in self.lines], "wait_cpu": self.wait_cpu,
                 "latency_s": self.latency_s, "seconds": self.seconds, "meta": self.meta,
-                "bandwidth_Bps": self.bandwidth_Bps}
+                "bandwidth_Bps": self.bandwidth_Bps,
+                "overhead": self.overhead.to_dict() if self.overhead is not None else None}
 
     @classmethod
     def from_dict(cls, d: dict) -> Calibration:
         return cls([LineFit.from_dict(x) for x in d["lines"]], wait_cpu=d.get("wait_cpu", 0.0),
                    latency_s=d.get("latency_s"), seconds=d.get("seconds", 0.0), meta=d.get("meta", {}),
-                   bandwidth_Bps=d.get("bandwidth_Bps"))
+                   bandwidth_Bps=d.get("bandwidth_Bps"),
+                   overhead=StepOverhead.from_dict(d["overhead"]) if d.get("overhead") else None)
 
     @classmethod
     def fit(cls, points: list[list[tuple[float, float]]], pooled: bool = False, **kw: object) -> Calibration:
@@ -77,4 +82,6 @@ class Calibration:
         else:
             rows.append("  message latency: not measured here (--links measures it): the cluster state's")
         rows.append(f"  a waiting rank uses {self.wait_cpu:.2f} of a core")
+        rows.append("  " + self.overhead.describe() if self.overhead is not None else
+                    "  the job's steps: none measured yet (compute as calibrated, no CPU priced per message or step)")
         return "\n".join([head, *rows])

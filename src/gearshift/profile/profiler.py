@@ -17,6 +17,7 @@ from gearshift.cluster.device import stream_wait
 from gearshift.models.gpt import estimate_flops
 from gearshift.models.layered import LayeredModel, LossFn, no_cut
 from gearshift.models.spec import ModelSpec
+from gearshift.models.wgrad import backward_input, backward_weight, deferred
 from gearshift.optim import OptimConfig, adamw, clip_coef
 from gearshift.profile.model_profile import LayerProfile, ModelProfile
 
@@ -104,14 +105,23 @@ def profile_layer(layer: nn.Module, x: Tensor, loss: Callable[[Tensor], Tensor] 
     needs_backward = forward().requires_grad  # a layer with no parameters on integer input has none
     backward_s = _median_time(backward, repeats, warmup, device, setup=forward) if needs_backward else 0.0
 
-    # a split backward as the runtime runs it (BI, then BW from the gradients BI left next to the weights)
-    def split_input(out: Tensor) -> list:
-        return stage_backward_input([out], None, [inp], layer.parameters())[1]
-
+    # a split backward as the runtime runs it: in float32 the linears' weight gradients deferred to BW
+    # (models.wgrad); under autocast, BI then BW from the gradients BI left next to the weights (torch's split)
     has_input_grad = needs_backward and inp.requires_grad
-    input_s = _median_time(split_input, repeats, warmup, device, setup=forward) if has_input_grad else 0.0
-    weight_s = _median_time(lambda groups: stage_backward_weight(layer.parameters(), groups), repeats, warmup, device,
-                            setup=lambda: split_input(forward())) if has_input_grad else backward_s
+    input_s, weight_s = 0.0, backward_s
+    if has_input_grad and not torch.is_autocast_enabled(device.type):
+        with deferred(layer):
+            input_s = _median_time(lambda out: backward_input(out, torch.ones_like(out)), repeats, warmup, device,
+                                   setup=forward)
+            weight_s = _median_time(backward_weight, repeats, warmup, device,
+                                    setup=lambda: backward_input(*(lambda o: (o, torch.ones_like(o)))(forward())))
+    elif has_input_grad:
+        def split_input(out: Tensor) -> list:
+            return stage_backward_input([out], None, [inp], layer.parameters())[1]
+
+        input_s = _median_time(split_input, repeats, warmup, device, setup=forward)
+        weight_s = _median_time(lambda groups: stage_backward_weight(layer.parameters(), groups), repeats, warmup,
+                                device, setup=lambda: split_input(forward()))
     peak = saved_activation_bytes(forward, _storage_ptrs(layer))
     with torch.no_grad():
         out = layer(x)

@@ -45,6 +45,8 @@ class StepMetrics:
     dropped_tokens: list[int] | None = None
     aux_loss: float | None = None
     val_loss: float | None = None
+    cpu_s: list[float] | None = None  # per rank: CPU seconds of the process (every thread) over the step
+    compute_cpu_s: list[float] | None = None  # per rank: CPU seconds inside its forwards and backwards
 
     def to_dict(self) -> dict:
         d = {"step": self.step, "loss": self.loss, "lr": self.lr, "grad_norm": self.grad_norm,
@@ -57,13 +59,16 @@ class StepMetrics:
             d.update(expert_tokens=self.expert_tokens, dropped_tokens=self.dropped_tokens, aux_loss=self.aux_loss)
         if self.val_loss is not None:
             d["val_loss"] = self.val_loss
+        if self.cpu_s is not None:
+            d.update(cpu_s=list(self.cpu_s), compute_cpu_s=list(self.compute_cpu_s or []))
         return d
 
 
 def step_metrics(step: int, loss: float, grad_norm: float, lr: float, bounds: list, tokens: int,
                  ranks: dict[str, list[float]]) -> StepMetrics:
     """The step's record from every rank's numbers (`ranks`: field -> values by rank, as train.step_stats.StepStats
-    reduces them: busy_s, step_s, speed, has_speed, peak_act_bytes). `tokens`: the job's tokens per step."""
+    reduces them: busy_s, step_s, speed, has_speed, peak_act_bytes, and where given cpu_s, compute_cpu_s).
+    `tokens`: the job's tokens per step."""
     busy, step_s = ranks["busy_s"], ranks["step_s"]
     wall = max(step_s)
     speed = None
@@ -71,7 +76,8 @@ def step_metrics(step: int, loss: float, grad_norm: float, lr: float, bounds: li
         speed = [s if has else None for s, has in zip(ranks["speed"], ranks["has_speed"])]
     return StepMetrics(step, loss, lr, grad_norm, tokens / wall, wall, busy,
                        1.0 - sum(busy) / (len(busy) * wall), [list(b) for b in bounds],
-                       [int(b) for b in ranks["peak_act_bytes"]], speed)
+                       [int(b) for b in ranks["peak_act_bytes"]], speed, cpu_s=ranks.get("cpu_s"),
+                       compute_cpu_s=ranks.get("compute_cpu_s"))
 
 
 @dataclass
@@ -136,6 +142,12 @@ class ScheduleEvent:
         return self.chosen != self.choice.current if self.forced is not None else self.choice.switch
 
     @property
+    def recompute(self) -> list[int]:
+        """The stages that recompute in what runs (parallel.recompute = auto: the schedule choice's)."""
+        c = self.choice.get(self.chosen)
+        return list(c.recompute) if c is not None else []
+
+    @property
     def predicted_s(self) -> float | None:
         """The predicted step time of what runs (a forced one's None where it was not priced or cannot run)."""
         if self.forced is None:
@@ -151,6 +163,8 @@ class ScheduleEvent:
             would = f"m={m} {kind[0]}" if kind else f"m={m} K={k}"
             d.update(chosen=list(self.chosen), switch=self.switch, would_choose=d["chosen"],
                      reason=f"forced (the choice would be {would})", predicted_s=self.predicted_s)
+            if "recompute" in d:
+                d.update(recompute=self.recompute, would_recompute=d["recompute"])
         d["trigger"] = self.trigger
         d["links_moved"] = self.links_moved
         if self.speeds_by_size is not None:
@@ -204,15 +218,21 @@ class EnvironmentEvent:
 @dataclass
 class DecisionEvent:
     """The controller's one decision at a decision point (runtime.controller): the options priced together
-    (partition and schedule), the chosen one, why, and the move made (`migration`, `switch_s`)."""
+    (partition and schedule), the chosen one, why, the move made (`migration`, `switch_s`) and, for a MoE job, the
+    expert placement part (its own t1, t2, tc over the same horizon, and the experts moved)."""
 
     decision: JointDecision
     migration: Migration | None = None
     switch_s: float | None = None
     decision_s: float | None = None  # the whole decision point's wall time on rank 0 (probes, pricing, the move)
+    placement: PlacementEvent | None = None
 
     def to_dict(self) -> dict:
         d = self.decision.to_dict()
         d["migration"] = asdict(self.migration) if self.migration else None
         d["switch_s"], d["decision_s"] = self.switch_s, self.decision_s
+        if self.placement is not None:
+            p = self.placement.to_dict()
+            p.pop("event", None)
+            d["placement"] = p
         return d

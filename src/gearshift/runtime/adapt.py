@@ -15,14 +15,17 @@ import torch.distributed as dist
 from gearshift.cluster.emulate import Emulator
 from gearshift.cluster.state import ClusterState
 from gearshift.models.moe import moe_modules
+from gearshift.planner.multidir_plan import decide_multidir, holders, multidir_for
+from gearshift.planner.predict import messages
 from gearshift.planner.replan import FirstPlan, ReplanDecision, decide_replan, first_plan
 from gearshift.profile.calibration import Calibration
 from gearshift.profile.model_profile import ModelProfile
-from gearshift.report.records import Migration, ReplanEvent
+from gearshift.profile.overhead import RankStep, fit_overhead
+from gearshift.report.records import Migration, ReplanEvent, StepMetrics
 from gearshift.runtime.agree import rank0_decides
 from gearshift.runtime.detect import Detector
 from gearshift.runtime.executor import StepRecord
-from gearshift.runtime.migrate import migrate
+from gearshift.runtime.migrate import MigrationReport, migrate
 from gearshift.runtime.monitor import Ewma, Monitor, merge
 from gearshift.runtime.pipeline import PipelineRuntime
 from gearshift.runtime.probe import probe_latency, probe_links
@@ -55,6 +58,8 @@ class Adapter:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # where this rank's probes run
     detector: Detector | None = None  # this rank's speed watched for a change (adapt.detect; runtime.controller)
     calibration: Calibration | None = None  # the job's start calibration (set_calibration): prices by its lines
+    step_overhead: bool = True  # with a calibration: price the CPU beside compute fitted from the job's steps
+    overhead_window: int = 64  # rank-steps the overhead is fitted from (the latest)
 
     def __post_init__(self) -> None:
         self.monitor = Monitor(dist.get_world_size(), self.alpha, self.link_reset)
@@ -63,6 +68,7 @@ class Adapter:
         self._skip = self.skip
         self._estimate: float | None = None
         self.detected = False  # this rank's speed changed since the last decision (the detector said so)
+        self.rank_steps: list[RankStep] = []  # every rank's CPU of the latest steps (observe_cpu)
 
     def begin_step(self, rt: PipelineRuntime, step: int) -> None:
         """Before `step`: the step the emulation is at, and an emulated skewed router's bias on this rank's MoE
@@ -97,8 +103,8 @@ class Adapter:
 
     def observe(self, rt: PipelineRuntime, rec: StepRecord, mb_size: int) -> None:
         """Feed this rank's measured compute against the work of its stages: profiled (a split backward as its BI
-        and BW), or with a calibration each action priced by its line (and a point of the line at this micro-batch
-        size)."""
+        and BW; a recomputing stage's backward with its forward again), or with a calibration each action priced by
+        its line (and a point of the line at this micro-batch size)."""
         self.mb_size = mb_size
         rank = dist.get_rank()
         self.monitor.record_step(rank, sum(e - s for label, s, e in rec.events if label == "STEP"))
@@ -106,9 +112,11 @@ class Adapter:
         m = rt.schedule.num_microbatches
         mine = [(s, a, b) for s, (a, b) in enumerate(rt.bounds) if s in rt.stages]
         split = {a.stage for a in rt.schedule.actions[rt.pipe_rank] if a.op is Op.BACKWARD_INPUT}
+        again = getattr(getattr(rt, "executor", None), "recompute", ())  # their backward runs the forward first
         fb = [(scale * sum(lp.forward_s for lp in self.profile.layers[a:b]),
                scale * sum(lp.input_grad_s + lp.weight_grad_s if s in split and not rt.schedule.is_first(s)
-                           else lp.backward_s for lp in self.profile.layers[a:b])) for s, a, b in mine]
+                           else lp.backward_s + (lp.forward_s if s in again else 0.0)
+                           for lp in self.profile.layers[a:b])) for s, a, b in mine]
         if self.calibration is None:
             profiled = sum(m * (f + b) for f, b in fb)
         else:
@@ -129,12 +137,28 @@ class Adapter:
             # a change: the next decision uses the speed measured since, not a blend with the old level
             self.detected, self.window, self._estimate = True, [profiled / measured], None
 
+    def observe_cpu(self, rt: PipelineRuntime, rec: StepMetrics) -> None:
+        """Every rank's CPU of the step (the same record on every rank): its compute and its CPU beside it,
+        against the sends and receives of its list (profile.overhead). A job's first step (warm-up) is left out;
+        without a calibration or with adapt.step_overhead off, nothing is kept."""
+        if self.calibration is None or not self.step_overhead or not rec.cpu_s or self.step == 0:
+            return
+        msgs, n = messages(rt.schedule), rt.schedule.num_ranks
+        self.rank_steps += [RankStep(0.0, c, u, msgs[r % n])
+                            for r, (c, u) in enumerate(zip(rec.compute_cpu_s or [], rec.cpu_s))]
+        del self.rank_steps[:-self.overhead_window]
+
     def calibration_now(self, stages: int) -> Calibration | None:
         """After pipeline_state (rank 0 decides from it): the calibration, its lines refined from every rank's
-        measurements as merged; None without one."""
+        measurements as merged, with the CPU beside compute fitted from the latest steps (observe_cpu; compute
+        stays as the lines and measured speeds price it, which already carry its own slowness); None without
+        one."""
         if self.calibration is None:
             return None
-        return (self.merged or self.monitor).refined(self.calibration, stages)
+        cal = (self.merged or self.monitor).refined(self.calibration, stages)
+        if self.rank_steps:
+            cal = dataclasses.replace(cal, overhead=fit_overhead(self.rank_steps, scale=False))
+        return cal
 
     def settle_speed(self) -> None:
         """Set this rank's speed from the period's samples and start a new period: their median (robust to the
@@ -213,14 +237,21 @@ class Adapter:
         # Rank 0's decision is the decision: everyone applies the same bounds.
         out = ReplanEvent(rank0_decides(lambda: self._decide(rt, state, step, forced)))
         new = [tuple(b) for b in out.decision.new_bounds]
-        if out.decision.apply and [tuple(b) for b in rt.bounds] != new:
+        if out.decision.apply and [tuple(b) for b in getattr(rt, "slice_bounds", rt.bounds)] != new:
             out.migration = self.apply_bounds(rt, new)
         return out
 
     def apply_bounds(self, rt: PipelineRuntime, new: list[tuple[int, int]]) -> Migration:
         """Migrate `rt` to `new` (collective, every rank with the same bounds); the measured cost refines the
-        migration bandwidth the next decision prices a move with."""
-        rep = migrate(rt, new)
+        migration bandwidth the next decision prices a move with. A multidir runtime (`new`: its cut) re-lays out
+        every direction at once (MultiDirRuntime.relayout)."""
+        if hasattr(rt, "relayout"):
+            was = holders(rt.schedule, rt.slice_bounds)
+            received, secs = rt.relayout(new, multidir_for(self.profile, new, rt.schedule))
+            now = holders(rt.schedule, rt.slice_bounds)
+            rep = MigrationReport(sorted(i for i in was if was[i] != now[i]), received, secs)
+        else:
+            rep = migrate(rt, new)
         times: list = [None] * dist.get_world_size()
         dist.all_gather_object(times, [rep.seconds, float(rep.bytes_moved)])
         secs = max(x[0] for x in times)
@@ -232,7 +263,11 @@ class Adapter:
 
     def _decide(self, rt: PipelineRuntime, state: ClusterState, step: int,
                 forced: list[tuple[int, int]] | None) -> ReplanDecision:
-        """Rank 0: the re-plan after `step` under `state`, or the `forced` bounds."""
+        """Rank 0: the re-plan after `step` under `state`, or the `forced` bounds (a multidir runtime's: its cut,
+        priced with its directions: planner.multidir_plan)."""
+        if hasattr(rt, "relayout"):
+            return decide_multidir(self.profile, state, rt.slice_bounds, rt.schedule, max(self.every, 1),
+                                   self.migration_bandwidth, step + 1, self.mb_size, self.min_gain, forced)
         d = decide_replan(self.profile, state, rt.bounds, max(self.every, 1), rt.schedule, self.migration_bandwidth,
                           step + 1, min_gain=self.min_gain)
         if forced is not None:

@@ -1,18 +1,20 @@
 """The one controller (adapt.controller = joint): at a decision point (every adapt.every steps, a detected change
 of a rank's speed or of the step time, or a forced step) it settles the speeds measured since, probes the links,
 and rank 0 prices partition and schedule together (planner.joint); every rank then applies the same move at the
-same step boundary: layers migrate (Adapter.apply_bounds), the schedule switches (PipelineRuntime.set_schedule).
+same step boundary: experts move (a MoE job's placement part, priced by the same rule over the same horizon: the
+placer given), layers migrate (Adapter.apply_bounds), the schedule switches (PipelineRuntime.set_schedule).
 A detected change is agreed by every rank (AnyRank) before anyone decides, so all enter the same collectives."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch.distributed as dist
 
 from gearshift.planner.joint import decide_joint
-from gearshift.report.records import DecisionEvent
+from gearshift.report.records import DecisionEvent, PlacementEvent
 from gearshift.runtime.adapt import Adapter
 from gearshift.runtime.agree import AnyRank, rank0_decides
 from gearshift.runtime.detect import Detector
@@ -20,11 +22,21 @@ from gearshift.runtime.pipeline import PipelineRuntime
 from gearshift.runtime.reschedule import ScheduleSwitcher
 
 
+class PlacementPart(Protocol):
+    """A MoE job's expert placement (train.placement.Placer): `every` its own period (0 = none), `place` the
+    collective decision and move after `step`, a move's gain counted over the next `k` steps."""
+
+    every: int
+
+    def place(self, rt: PipelineRuntime, step: int, k: int) -> PlacementEvent: ...
+
+
 @dataclass
 class Controller:
     """Built alike on every rank from the config. `every`: the period (0 = none); `horizon`: the steps a move's
     gain is counted over; `detect`: the change detector's ratio (0 = off); `partitions`: whether the partition
-    may move (parallel.partition = adaptive)."""
+    may move (parallel.partition = adaptive); `placer`: a MoE job's expert placement, decided at the same points
+    (its moe.every period is one more trigger of them)."""
 
     adapter: Adapter
     switcher: ScheduleSwitcher
@@ -33,6 +45,7 @@ class Controller:
     detect: float
     partitions: bool
     min_gain: float = 0.05
+    placer: PlacementPart | None = None
 
     def __post_init__(self) -> None:
         self.steps = Detector(self.detect) if self.detect else None  # the job's step time (the same on every rank)
@@ -55,7 +68,7 @@ class Controller:
                 stepped = self.steps.update(step_s)  # the same on every rank: step_s is the gathered one
             changed = self._agree(mine or stepped)
         fb, fk = ad.forced.get(nxt), self.switcher.forced.get(nxt)
-        due = bool(self.every) and nxt % self.every == 0
+        due = any(e > 0 and nxt % e == 0 for e in (self.every, self.placer.every if self.placer else 0))
         if not (due or changed or fb is not None or fk is not None):
             return None
         t0 = time.perf_counter()
@@ -72,6 +85,8 @@ class Controller:
             self.switch_s, sw.memory, ad.merged.step_overhead() or 0.0, ad.size_states(S, nxt, list(sw.profiles)),
             self.partitions, True, self.min_gain, fb, fk, ad.calibration_now(S), sw.kinds))
         rec = DecisionEvent(d)
+        if self.placer is not None:  # experts move under the partition they were measured in, before layers do
+            rec.placement = self.placer.place(rt, step, self.horizon)
         if d.moves_layers:
             rec.migration = ad.apply_bounds(rt, [tuple(b) for b in d.chosen.bounds])
         if d.switches:

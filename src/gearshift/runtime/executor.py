@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 from gearshift.cluster.device import stream_sync
+from gearshift.models.wgrad import backward_input, backward_weight, defer_linears
 from gearshift.runtime.links import LinkGroups
 from gearshift.runtime.precision import FP32, Precision
 from gearshift.runtime.recompute import recomputed
@@ -38,6 +39,8 @@ class StepRecord:
     recv_wait_s: dict[int, float] = field(default_factory=dict)  # peer -> seconds blocked receiving
     step_s: float = 0.0
     peak_act_bytes: int = 0  # most bytes of activations saved for backward held at once
+    cpu_s: float = 0.0  # CPU seconds of the whole process (every thread: gloo's too) over the step
+    compute_cpu_s: float = 0.0  # CPU seconds of this thread inside the compute ops (F, B, BI, BW)
     event_stages: list[int] = field(default_factory=list)  # stage of each event (-1: none)
 
     @property
@@ -130,9 +133,10 @@ def _timed(handler: Handler) -> Handler:
         handler(ex, step, i, a, slot)
         if sync is not None:
             sync()
-        end = time.perf_counter()
+        end, cpu = time.perf_counter(), time.thread_time() - cpu0
+        step.rec.compute_cpu_s += cpu
         if ex.after_compute is not None:
-            ex.after_compute(a.stage, a.op, end - start, None if sync else time.thread_time() - cpu0)
+            ex.after_compute(a.stage, a.op, end - start, None if sync else cpu)
             end = time.perf_counter()
         compute = step.rec.compute_s
         compute[a.stage] = compute.get(a.stage, 0.0) + end - start
@@ -148,6 +152,12 @@ def _measured(handler: Handler) -> Handler:
         ex.act_meter.count(ex.stage_states[a.stage], slot, ex.stages[a.stage], handler, ex, step, i, a, slot)
 
     return run
+
+
+def _process_cpu_s() -> float:
+    """CPU seconds this process has used, every thread (the step's CPU beside its compute: what ranks that share
+    cores take from each other)."""
+    return time.process_time()
 
 
 def _dispatch(handlers: dict[Op, Handler]) -> dict[Op, Handler]:
@@ -189,6 +199,10 @@ class PipelineExecutor:
         self.schedule = schedule
         self.precision = precision  # autocast of a stage's compute, dtype of what crosses stages
         self.recompute = recompute  # stages whose backward runs their forward again (runtime.recompute)
+        # stages whose backward is split run their linear layers deferrable (models.wgrad: the cheap split), in
+        # float32 (under autocast the split is torch.distributed.pipelining's)
+        self.defer = frozenset() if precision.mixed else \
+            frozenset(a.stage for a in schedule.actions[rank] if a.op is Op.BACKWARD_INPUT)
         self.device = torch.device(device)
         self.sync = stream_sync(self.device)  # None on the CPU: its ops are done when they return
         self.rank = rank  # rank inside the schedule (0..num_ranks-1)
@@ -260,12 +274,14 @@ class PipelineExecutor:
         rec = StepRecord()
         self.act_meter.begin()
         self.transport.start(plan.actions, plan.recvs, shift, rec.sent_bytes, rec.recv_wait_s)
+        cpu0 = _process_cpu_s()
         step = _Step(plan, rec, inputs, targets, on_sync, on_step, time.perf_counter(), on_last_backward)
         for i, (a, handle) in enumerate(zip(plan.actions, plan.handlers)):
             handle(self, step, i, a, (a.mb + shift) % num_ids if a.mb >= 0 else 0)
         self.transport.finish(keep_in_flight=self.window and phase != "drain" and not forward_only)
         rec.peak_act_bytes = self.act_meter.peak
         rec.step_s = time.perf_counter() - step.t0
+        rec.cpu_s = _process_cpu_s() - cpu0
         return rec
 
     def _reset(self) -> None:
@@ -299,6 +315,8 @@ class PipelineExecutor:
         else:  # a fresh leaf (a received input aliases a pooled buffer)
             x = st.inputs.pop(slot).detach().requires_grad_(True)
         mod = self.stages[a.stage]
+        if a.stage in self.defer:
+            defer_linears(mod)  # once per module (a new weight version is another module)
         target = step.targets[st.input_base + a.mb] if st.last else None
         if a.stage in self.recompute:  # only the input is kept (counted by the memory hook)
             out = recomputed(self._output, mod, x, target)
@@ -344,17 +362,21 @@ class PipelineExecutor:
             st.in_grads[slot] = fwd.input.grad
 
     def _backward_input(self, step: _Step, i: int, a: Action, slot: int) -> None:
-        """BI: the gradient of the stage's input only, to the previous stage at once. torch's split backward
-        (pipelining._backward) keeps, for BW, the gradients reaching the nodes next to the weights, so BW does not
-        run the input-gradient chain again; an output that is a view (which it would detach in place) keeps the
-        whole graph instead. A pipe's first stage has no input gradient: its whole backward is BW."""
+        """BI: the gradient of the stage's input only, to the previous stage at once. A float32 stage's linear
+        layers defer their weight gradients to BW (models.wgrad: BI + BW cost a whole backward); under autocast,
+        torch's split backward (pipelining._backward) keeps, for BW, the gradients reaching the nodes next to the
+        weights (an output that is a view, which it would detach in place, keeps the whole graph instead). A pipe's
+        first stage has no input gradient: its whole backward is BW."""
         st = self.stage_states[a.stage]
         fwd = st.saved[slot]
         grad = None if st.last else st.out_grads.pop(slot)
         if st.first:
             st.w_grads[slot] = grad
             return
-        if fwd.output._base is None:
+        if a.stage in self.defer:
+            st.w_grads[slot] = backward_input(fwd.output, grad)
+            gx = fwd.input.grad
+        elif fwd.output._base is None:
             (gx,), groups = stage_backward_input([fwd.output], None if grad is None else [grad], [fwd.input],
                                                  fwd.module.parameters())
             st.w_grads[slot] = groups
@@ -372,7 +394,9 @@ class PipelineExecutor:
         st = self.stage_states[a.stage]
         fwd = st.saved.pop(slot)
         kept = st.w_grads.pop(slot)
-        if isinstance(kept, list):  # BI's param groups: from the nodes next to the weights
+        if isinstance(kept, list) and a.stage in self.defer and not st.first:  # the deferred linears' gradients
+            backward_weight(kept)
+        elif isinstance(kept, list):  # BI's param groups: from the nodes next to the weights
             stage_backward_weight(fwd.module.parameters(), kept)
         else:  # the output's gradient (None: a loss): the whole backward, into the parameters only
             params = [p for p in fwd.module.parameters() if p.requires_grad]

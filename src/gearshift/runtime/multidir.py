@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from collections.abc import Callable
 
 import torch
@@ -53,26 +54,41 @@ class MultiDirRuntime:
         device: torch.device | str = "cpu",
         links: bool | None = None,
     ):
-        validate(schedule)
-        P, D = schedule.stages_per_pipe, schedule.num_pipes
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        if self.world != P or len(slice_bounds) != P:
-            raise ValueError(f"multidir: {P} pipeline ranks and {len(slice_bounds)} slices for {self.world} workers")
-        self.pipe_ranks, self.replicas, self.replica, self.pipe_rank = P, 1, 0, self.rank
         self.device = torch.device(device)  # layers built on the CPU (the same initialisation), then moved
         # NCCL matches messages by order: a group per channel (pipeline messages and each slice's update)
         self.links = LinkGroups() if (dist.get_backend() == "nccl" if links is None else links) else None
         self.experts = None  # no expert parallelism under multidir (config validation refuses it)
-        self.schedule, self.directions, self.optim_cfg = schedule, D, optim
+        self.optim_cfg, self._build, self._loss_fn, self._act_meta = optim, build_layer, loss_fn, act_meta
+        self._hooks = {"after_compute": after_compute, "after_recv": after_recv}
+        self.p2p = dist.new_group(list(range(self.world)))  # pipeline and update messages, apart from the loop's
+        self.norm_group = dist.new_group(list(range(self.world)))
+        self.batch = 0  # batches started
+        self.grad_norm = float("nan")
+        self._norm: tuple[object, Tensor] | None = None
+        self._lr: dict[int, float] = {}  # batch -> its learning rate (for its update, a step later in async)
+        self._pending = False  # async: the last batch's tails and update still to run
+        self._layout(slice_bounds, schedule, lambda i: build_layer(i).to(self.device))
+
+    def _layout(self, slice_bounds: list[tuple[int, int]], schedule: Schedule,
+                layer: Callable[[int], nn.Module]) -> None:
+        """This rank's stages, optimizer and executors for the cut `slice_bounds` under `schedule`; `layer(i)`
+        gives global layer i on the device (fresh, or with the state it has)."""
+        validate(schedule)
+        P, D = schedule.stages_per_pipe, schedule.num_pipes
+        if self.world != P or len(slice_bounds) != P:
+            raise ValueError(f"multidir: {P} pipeline ranks and {len(slice_bounds)} slices for {self.world} workers")
+        self.pipe_ranks, self.replicas, self.replica, self.pipe_rank = P, 1, 0, self.rank
+        self.schedule, self.directions = schedule, D
         self.window = schedule.window
         self.slice_bounds = [tuple(b) for b in slice_bounds]
         self.bounds = [self.slice_bounds[s % P] for s in range(schedule.num_stages)]  # per stage
         mine = schedule.stages_of(self.rank)
         self.opt_stage = next(s for s in mine if s < P)
         a, b = self.slice_bounds[self.opt_stage]
-        self.layers = {i: build_layer(i).to(self.device) for i in range(a, b)}  # the optimizer's copy, by global index
+        self.layers = {i: layer(i) for i in range(a, b)}  # the optimizer's copy, by global index
         self.master = nn.Sequential(*[self.layers[i] for i in range(a, b)])
-        self.optimizer = adamw(self.master.parameters(), optim)
+        self.optimizer = adamw(self.master.parameters(), self.optim_cfg)
         self._params = list(self.master.parameters())
         self._gflat = torch.zeros(sum(p.numel() for p in self._params), device=self.device)
         off = 0
@@ -84,29 +100,46 @@ class MultiDirRuntime:
         for s in mine:
             lo, hi = self.bounds[s]
             first = copy.deepcopy(self.master) if s == self.opt_stage else nn.Sequential(
-                *[build_layer(i) for i in range(lo, hi)]).to(self.device)
+                *[layer(i) for i in range(lo, hi)]).to(self.device)
             self._copies[s] = [first] + [copy.deepcopy(first) for _ in range(copies - 1)]
         self.stages = {s: c[0] for s, c in self._copies.items()}  # what each stage's next forward runs on
-        self.version = {s: 0 for s in mine}  # updates installed on each stage
+        self.version = {s: self.batch for s in mine}  # updates installed on each stage
         self._numel = {s: self._gflat.numel() if s == self.opt_stage else sum(
             p.numel() for p in self._copies[s][0].parameters()) for s in mine}
-        self.p2p = dist.new_group(list(range(self.world)))  # pipeline and update messages, apart from the loop's
-        self.norm_group = dist.new_group(list(range(self.world)))
         if self.links is not None:
             self.links.ensure(schedule, 1, self.device)  # collective: every channel's group, opened in one order
         self._mb_size = 1
-        meta = lambda stage: act_meta(self.bounds[stage][0], self._mb_size)  # noqa: E731
-        self.executor = PipelineExecutor(schedule, self.rank, self.stages, loss_fn, meta, after_compute=after_compute,
-                                         group=self.p2p, after_recv=after_recv, update=self, device=self.device,
-                                         links=self.links)
-        self.eval_executor = PipelineExecutor(forward_only(schedule), self.rank, self.stages, loss_fn, meta,
-                                              group=self.p2p, after_recv=after_recv, device=self.device,
-                                              links=self.links)
-        self.batch = 0  # batches started
-        self.grad_norm = float("nan")
-        self._norm: tuple[object, Tensor] | None = None
-        self._lr: dict[int, float] = {}  # batch -> its learning rate (for its update, a step later in async)
-        self._pending = False  # async: the last batch's tails and update still to run
+        meta = lambda stage: self._act_meta(self.bounds[stage][0], self._mb_size)  # noqa: E731
+        self.executor = PipelineExecutor(schedule, self.rank, self.stages, self._loss_fn, meta, **self._hooks,
+                                         group=self.p2p, update=self, device=self.device, links=self.links)
+        self.eval_executor = PipelineExecutor(forward_only(schedule), self.rank, self.stages, self._loss_fn, meta,
+                                              group=self.p2p, after_recv=self._hooks["after_recv"],
+                                              device=self.device, links=self.links)
+
+    def relayout(self, slice_bounds: list[tuple[int, int]], schedule: Schedule) -> tuple[int, float]:
+        """Re-partition at a step boundary (collective, every rank with the same cut and schedule): the last batch
+        is finished, every rank's slice (parameters and AdamW state, by global name) is gathered by all, and
+        this rank's stages are rebuilt for the new cut from it. The math is unchanged: a run that re-partitions
+        equals one that does not. Returns (bytes this rank received, seconds)."""
+        t0 = time.perf_counter()
+        model, optim = self.state()
+        parcels: list = [None] * self.world
+        dist.all_gather_object(parcels, (model, optim))
+        for m, o in parcels:
+            model.update(m)
+            optim.update(o)
+        received = sum(v.numel() * v.element_size() for r, (m, _) in enumerate(parcels) if r != self.rank
+                       for v in m.values())
+
+        def layer(i: int) -> nn.Module:
+            mod = self._build(i)
+            prefix = f"layers.{i}."
+            mod.load_state_dict({k[len(prefix):]: v for k, v in model.items() if k.startswith(prefix)})
+            return mod.to(self.device)
+
+        self._layout(slice_bounds, schedule, layer)
+        self.load_state(model, optim)
+        return received, time.perf_counter() - t0
 
     # ---- UpdateHooks (called by the executor) -------------------------------------------------
     def numel(self, stage: int) -> int:

@@ -59,7 +59,8 @@ class PipelineRuntime:
     `build_layer(i)` returns global layer i, freshly initialised; only this rank's layers are built, on the CPU
     (the same initialisation whatever the device), then moved to `device`. `links`: a process group per
     direction of each pipeline link (runtime.links); None: where the backend matches messages by order (NCCL).
-    `precision` (runtime.precision), `recompute` (parallel.recompute: none or all of this rank's stages) and
+    `precision` (runtime.precision), `recompute` (parallel.recompute: none, all of this rank's stages, or auto:
+    those of `recompute_stages`, the schedule choice's, set again by set_recompute) and
     `shares` (one weight per replica: its share of each batch, gradients averaged by samples; None: equal)."""
 
     def __init__(
@@ -80,9 +81,11 @@ class PipelineRuntime:
         precision: Precision = FP32,
         recompute: str = "none",
         shares: list[float] | None = None,
+        recompute_stages: frozenset[int] = frozenset(),
     ):
         validate(schedule)
         self.precision, self.recompute = precision, recompute
+        self.recompute_stages = frozenset(recompute_stages)  # global stage ids (recompute = auto)
         self.device = torch.device(device)
         self.links = LinkGroups() if (dist.get_backend() == "nccl" if links is None else links) else None
         self.rank = dist.get_rank()
@@ -151,6 +154,12 @@ class PipelineRuntime:
             self.links.ensure(schedule, self.replicas, self.device)  # collective, as in set_layout
         self._build_executors()
 
+    def set_recompute(self, stages: frozenset[int]) -> None:
+        """Recompute the global stages `stages` (of this rank's) from the next step on (recompute = auto; at a
+        step boundary, on every rank): what the backward keeps changes, not what it computes."""
+        self.recompute_stages = frozenset(stages)
+        self.executor.recompute = stages_to_recompute(self.recompute, list(self.stages), self.recompute_stages)
+
     def _build_executors(self) -> None:
         """The executors of this rank's action list (training) and of its forward half (evaluation)."""
         def meta(stage: int) -> tuple[tuple[int, ...], torch.dtype]:
@@ -160,7 +169,7 @@ class PipelineRuntime:
             self.schedule, self.pipe_rank, self.stages, self.loss_fn, meta,
             rank_offset=self.replica * self.pipe_ranks, after_compute=self._compute_hook(), after_recv=self.after_recv,
             device=self.device, links=self.links, precision=self.precision,
-            recompute=stages_to_recompute(self.recompute, list(self.stages)),
+            recompute=stages_to_recompute(self.recompute, list(self.stages), self.recompute_stages),
         )
         self.eval_executor = PipelineExecutor(
             forward_only(self.schedule), self.pipe_rank, self.stages, self.loss_fn, meta,

@@ -4,15 +4,19 @@ inputs, weights and RNG state, so the gradients are exactly those of the stored 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from torch.utils.checkpoint import checkpoint
 
-RECOMPUTE = ("none", "all")
+RECOMPUTE = ("none", "all", "auto")
 
 
-def stages_to_recompute(mode: str, stages: list[int]) -> frozenset[int]:
-    """The stages of `stages` (this rank's) that recompute under parallel.recompute = `mode`."""
+def stages_to_recompute(mode: str, stages: list[int], chosen: Collection[int] = ()) -> frozenset[int]:
+    """The stages of `stages` (this rank's) that recompute under parallel.recompute = `mode`: all of them, none,
+    or (auto) those among `chosen`, the stages the schedule choice turned it on for (the same decision on every
+    rank: rank 0's, broadcast)."""
+    if mode == "auto":
+        return frozenset(stages) & frozenset(chosen)
     return frozenset(stages) if mode == "all" else frozenset()
 
 

@@ -2,7 +2,9 @@
 with, priced under the links as probed before the first step; re-priced every `every` steps, and between periods
 when the step time moves by more than `change` (a cue to probe the links: re-priced when one moved that much from
 what the running choice was priced with); a switch when the predicted gain beats `margin`, at a step boundary on every
-rank. Rank 0 decides from every rank's gathered measurements and broadcasts the decision."""
+rank. Rank 0 decides from every rank's gathered measurements and broadcasts the decision. Under parallel.recompute =
+"auto" the decision also names the stages that recompute (those over their rank's memory limit in the chosen
+(m, K)); every rank takes them from the same broadcast record."""
 
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ class ScheduleSwitcher:
     forced: dict[int, tuple[int, int]] = field(default_factory=dict)
     window: int = 3  # steps whose median step time is compared (the first ones after a decision, the last ones)
     kinds: tuple[str, ...] = ("kfkb",)  # of schedule_choice.SWITCHABLE: what is priced (adapt.schedule_kinds)
+    recompute: str = "none"  # parallel.recompute: how candidates are priced (auto: per stage, where it makes one fit)
 
     def __post_init__(self) -> None:
         self.current: tuple[int, int] | None = None
@@ -46,7 +49,8 @@ class ScheduleSwitcher:
         self.predicted_s: float | None = None
         self.times: list[float] = []  # step times since the last decision (its first step left out)
         self._skip = 1
-        self.runs: list[dict] = []  # what ran: {"m", "k", "from_step"}
+        self.runs: list[dict] = []  # what ran: {"m", "k", "from_step"} (and "recompute": stages, where any)
+        self.recompute_stages: frozenset[int] = frozenset()  # the stages recomputing in what runs (auto)
 
     def schedule(self, key: tuple | None = None) -> Schedule:
         """The schedule of a key: (m, K) of kFkB, or (m, 1, kind) of another kind on one stage per rank."""
@@ -95,6 +99,8 @@ class ScheduleSwitcher:
         if rec.switch:
             rt.set_schedule(self.schedule(rec.chosen))
         self._adopt(rec, adapter, nxt)
+        if self.recompute == "auto" and self.recompute_stages != rt.recompute_stages:
+            rt.set_recompute(self.recompute_stages)
         return rec
 
     def _cued(self) -> bool:
@@ -124,7 +130,8 @@ class ScheduleSwitcher:
         if trigger == "step time moved" and not moved:
             return None
         cands = price(self.profiles, bounds, state, self.batch, self.memory, step_overhead_s=overhead_s,
-                      states=by_size, predictor=partial(predict, calibration=calibration), kinds=self.kinds)
+                      states=by_size, predictor=partial(predict, calibration=calibration), kinds=self.kinds,
+                      recompute=self.recompute)
         rec = ScheduleEvent(decide(cands, state, step, self.current, self.margin, self.memory), trigger, overhead_s,
                             tuple(forced) if forced is not None else None, moved)
         if calibration is not None:  # what the candidates were priced by: the job's calibration, as refined
@@ -138,16 +145,21 @@ class ScheduleSwitcher:
 
     def _adopt(self, rec: ScheduleEvent, adapter: Adapter, step: int) -> None:
         """Take the decision on this rank: the running (m, K), what it was priced with, a fresh window."""
-        self.take(rec.chosen, rec.choice.measured, rec.predicted_s, adapter, step)
+        self.take(rec.chosen, rec.choice.measured, rec.predicted_s, adapter, step, rec.recompute)
 
     def take(self, key: tuple[int, int], priced: dict, predicted_s: float | None, adapter: Adapter,
-             step: int) -> None:
-        """(m, K) = `key` runs from `step` on (priced under the links `priced`, predicted `predicted_s`)."""
+             step: int, recompute: list[int] | None = None) -> None:
+        """(m, K) = `key` runs from `step` on (priced under the links `priced`, predicted `predicted_s`), with
+        `recompute` the stages that recompute in it (auto; None: as they were)."""
         key = tuple(key)
+        again = self.recompute_stages if recompute is None else frozenset(recompute)
+        if key != self.current or again != self.recompute_stages:
+            self.runs.append({"m": key[0], "k": key[1], "from_step": step, **({"kind": key[2]} if key[2:] else {}),
+                              **({"recompute": sorted(again)} if again else {})})
         if key != self.current:
-            self.runs.append({"m": key[0], "k": key[1], "from_step": step, **({"kind": key[2]} if key[2:] else {})})
             adapter.use_microbatch(self.batch // key[0])
         self.current, self.priced, self.predicted_s = key, priced, predicted_s
+        self.recompute_stages = again
         self.times, self._skip = [], 1
 
 
@@ -157,7 +169,8 @@ def describe(rec: dict) -> str:
     n = len(rec["candidates"])
     fit = sum(1 for c in rec["candidates"] if c["fits"])
     batch = rec["candidates"][0]["m"] * rec["candidates"][0]["microbatch_size"]
-    what = f"{describe_key(rec['chosen'])} ({kind[0] if kind else label(m, k)}, micro-batches of {batch // m})"
+    again = f", recomputing stages {','.join(map(str, rec['recompute']))}" if rec.get("recompute") else ""
+    what = f"{describe_key(rec['chosen'])} ({kind[0] if kind else label(m, k)}, micro-batches of {batch // m}{again})"
     pred = f"predicted {rec['predicted_s']:.3f} s/step" if rec.get("predicted_s") else "not priced"
     cands = f"{fit} of {n} candidates fit" if fit < n else f"{n} candidates"
     if rec["current"] is None:

@@ -1,5 +1,5 @@
 """Zero-bubble and interleaved schedules: `zb1p` (ZB-H1: one stage per rank, backwards split into BI and BW, the
-BWs filling the bubbles at 1F1B's memory), `interleaved` (v virtual stages per rank, looping placement: stage j on
+BWs filling the bubbles at 1F1B's peak memory), `interleaved` (v virtual stages per rank, looping placement: stage j on
 rank j mod P) and `zbv` (two virtual stages per rank in a V: rank r holds stages r and 2P - 1 - r, split backwards).
 Interleaved on its looping placement with micro-batches a multiple of the ranks runs Megatron's order; the rest
 are built by one generator.
@@ -8,7 +8,9 @@ One generator builds all three: a greedy list schedule on a unit clock (F = 1, a
 rank runs the first ready of: a backward (B or BI; the deepest stage first), a forward (the deepest stage first)
 that its stage's memory cap admits, and, only when neither is ready, its oldest pending BW. A stage's cap is the
 number of micro-batches 1F1B holds there (the stages from it to its pipe's end), so no stage holds more than 1F1B
-would, and BW runs when the rank would otherwise wait. Any placement works (the validator replays the lists)."""
+would, and BW runs when the rank would otherwise wait; zb1p's cap is 1F1B's peak, its first stage's, on every
+stage (ZB-H1: the same peak memory as 1F1B; a later stage that defers its BWs fills the bubbles of the stages
+before it). Any placement works (the validator replays the lists)."""
 
 from __future__ import annotations
 
@@ -149,7 +151,8 @@ def _build(name: str, num_stages: int, num_microbatches: int, placement: list[in
     if not split and num_microbatches % num_ranks == 0 and placement == looping(num_ranks, v):
         compute = megatron_orders(num_ranks, v, num_microbatches)
     else:
-        compute = greedy_orders(placement, num_microbatches, split)
+        caps = [num_ranks] * len(placement) if name == "zb1p" else None
+        compute = greedy_orders(placement, num_microbatches, split, caps)
     actions = [with_comm(c, placement) + [Action(Op.SYNC), Action(Op.STEP)] for c in compute]
     params = {"v": len(placement) // num_ranks} if name != "zb1p" else {}
     return Schedule(name, len(placement), num_microbatches, placement, actions, params)

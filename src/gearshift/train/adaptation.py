@@ -57,7 +57,7 @@ def build_adapter(cfg: JobConfig, data: JobData, spec: ModelSpec, forcing: Forci
     emulator = Emulator(cfg.emulate, rank)
     ad = Adapter(profile, base, cfg.adapt.every if _replans(cfg) else 0, cfg.adapt.alpha,
                  emulator if emulator.active else None, dict(forcing.partitions) if forcing else {}, profiles=profiles)
-    ad.mb_size, ad.device = microbatch_size(cfg), device
+    ad.mb_size, ad.device, ad.step_overhead = microbatch_size(cfg), device, cfg.adapt.step_overhead
     return ad
 
 
@@ -102,14 +102,16 @@ def build_switcher(cfg: JobConfig, adapter: Adapter | None, forcing: Forcing | N
     adapter.probe_bytes = batch * max(lp.activation_bytes for lp in adapter.profile.layers[:-1])
     return ScheduleSwitcher(adapter.profiles, batch, cfg.parallel.stages, memory_limit(cfg), a.every if auto else 0,
                             a.link_change if auto else 0.0, a.schedule_margin,
-                            dict(forcing.schedules) if forcing else {}, kinds=auto_kinds(cfg))
+                            dict(forcing.schedules) if forcing else {}, kinds=auto_kinds(cfg),
+                            recompute=cfg.parallel.recompute)
 
 
 def auto_kinds(cfg: JobConfig) -> tuple[str, ...]:
     """The kinds auto prices: adapt.schedule_kinds, less zb1p where the job runs what a split backward does not
-    (expert parallelism, recomputation, overlapped sync: config.job refuses them with zb1p itself)."""
+    (expert parallelism, recomputation on every stage, overlapped sync: config.job refuses them with zb1p itself);
+    under recompute = auto, zb1p is priced and run without recomputation."""
     p = cfg.parallel
-    split_ok = p.experts == 1 and p.strategy == "fixed" and p.recompute == "none" and not p.sync.overlap
+    split_ok = p.experts == 1 and p.strategy == "fixed" and p.recompute != "all" and not p.sync.overlap
     return tuple(k for k in cfg.adapt.schedule_kinds if k != "zb1p" or split_ok)
 
 

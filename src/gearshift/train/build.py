@@ -91,12 +91,14 @@ def layer_factory(cfg: JobConfig, spec: ModelSpec, data: JobData | None = None) 
 def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None, adapter: Adapter | None = None,
                   spec: ModelSpec | None = None, data: JobData | None = None,
                   schedule: Schedule | None = None, experts: ExpertShards | None = None,
-                  links: bool | None = None) -> PipelineRuntime | MultiDirRuntime:
+                  links: bool | None = None,
+                  recompute_stages: frozenset[int] = frozenset()) -> PipelineRuntime | MultiDirRuntime:
     """This rank's pipeline runtime for the job (the partition and schedule from the config unless given) on the
     job's device; only this rank's layers are built. A MoE model's experts as `experts` places them, else
     contiguously. links: a group per channel (link direction, kind of message; None: on NCCL). For
     parallel.schedule = multidir, `bounds` is one range per slice (the same cut in every direction), and the
-    direction orders balance the slices' activation bytes from the job's profile (multidir_profile)."""
+    direction orders balance the slices' activation bytes from the job's profile (multidir_profile).
+    `recompute_stages`: the stages that recompute under parallel.recompute = auto (the schedule choice's)."""
     t = cfg.train
     spec = spec or job_model(cfg)
     build, act_meta = layer_factory(cfg, spec, data)
@@ -117,7 +119,8 @@ def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None, a
         rt = PipelineRuntime(build, spec.loss_fn, bounds or resolve_partition(cfg, spec), schedule or job_schedule(cfg),
                              act_meta, optim, **hooks, grad_sync_factory=grad_sync(cfg, device),
                              experts=experts or expert_shards(cfg), device=device, links=links,
-                             precision=Precision(t.precision), recompute=cfg.parallel.recompute, shares=shares)
+                             precision=Precision(t.precision), recompute=cfg.parallel.recompute, shares=shares,
+                             recompute_stages=recompute_stages)
     spec.release()
     return rt
 
@@ -135,9 +138,9 @@ def multidir_profile(cfg: JobConfig, adapter: Adapter | None = None) -> ModelPro
 
 
 def multidir_slices(cfg: JobConfig, spec: ModelSpec, profile: ModelProfile) -> list[tuple[int, int]]:
-    """The cut of every direction: parallel.partition's ranges or parameter split as given; "uniform" is
-    slices of equal profiled compute time."""
-    if cfg.parallel.partition != "uniform":
+    """The cut of every direction: parallel.partition's ranges or parameter split as given; "uniform" (and the
+    start of "adaptive", re-cut while training: planner.multidir_plan) is slices of equal profiled compute time."""
+    if cfg.parallel.partition not in ("uniform", "adaptive"):
         return resolve_partition(cfg, spec)
     return equal_time_slices(profile, cfg.parallel.stages)
 

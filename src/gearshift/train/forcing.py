@@ -91,11 +91,12 @@ class Forcing:
 
     def check(self, cfg: JobConfig, spec: ModelSpec) -> None:
         """Each forced partition a partition of `spec`'s layers over the stages, each forced (m, k) a split of the
-        batch per replica; neither for multidir. A ConfigError names the entry."""
+        batch per replica (a multidir job's partition: the cut of every direction, with parallel.partition =
+        adaptive; no switches). A ConfigError names the entry."""
         p = cfg.parallel
         multidir = p.schedule == "multidir"
-        if self.partitions and multidir:
-            raise ConfigError("Forcing.partitions: re-partitioning does not apply to parallel.schedule = multidir")
+        if self.partitions and multidir and p.partition != "adaptive":
+            raise ConfigError("Forcing.partitions: a multidir job re-partitions with parallel.partition = adaptive")
         if self.schedules and multidir:
             raise ConfigError("Forcing.schedules: kFkB switches do not apply to parallel.schedule = multidir")
         for rank, step, where in self.kills:

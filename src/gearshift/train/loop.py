@@ -72,7 +72,8 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
         bounds = [tuple(b) for b in ckpt.resumed().get("bounds", [])] or None
         if bounds and len(bounds) != cfg.parallel.stages:  # written by another layout (fewer workers left)
             bounds = None
-    if bounds is None and cfg.parallel.partition == "adaptive":  # the DP's plan, before any layer is built
+    if bounds is None and cfg.parallel.partition == "adaptive" and cfg.parallel.schedule != "multidir":
+        # the DP's plan, before any layer is built (multidir starts from equal-time slices: multidir_slices)
         plan = plan_start(cfg, adapter, spec, data, switcher is not None)
         bounds = [tuple(b) for b in plan.bounds]
     choice = None
@@ -83,7 +84,8 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
     experts = None
     if resume and (mc := moe_config(cfg)) is not None:  # the expert->rank map the checkpoint was written under
         experts = expert_shards(cfg, ckpt.expert_placements(mc.experts, cfg.parallel.experts))
-    rt = build_runtime(cfg, bounds, adapter, spec, data, switcher.schedule() if switcher else None, experts)
+    rt = build_runtime(cfg, bounds, adapter, spec, data, switcher.schedule() if switcher else None, experts,
+                       recompute_stages=switcher.recompute_stages if switcher else frozenset())
     start = ckpt.restore(rt) if resume else 0
     if forcing:
         forcing.arm(rt, out)
@@ -102,6 +104,8 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
     placer = Placer(cfg, rt, always=moves) if cfg.moe.every and rt.experts is not None else None
     if placer and resume:
         placer.load_state(ckpt.resumed().get("placer"))
+    if placer and controller:  # placement is one part of the controller's decision points
+        controller.placer = placer
     placements: list[PlacementEvent] = []
     if strategy and log:
         log.write(strategy)
@@ -142,6 +146,8 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
             adapter.observe(rt, res.record, getattr(rt, "microbatch_size", per_part // rt.schedule.num_microbatches))
         speed = adapter.monitor.speed(rank) if adapter else None
         rec = stats(step, res.loss, res.grad_norm, lr, res.record, rt.bounds, tokens, speed)
+        if adapter:
+            adapter.observe_cpu(rt, rec)
         stopped = any_stop(stop is not None and stop.requested)  # every rank stops after the same step
         if shares and (note := shares.after_step(rt, step, rec)):
             bar.note(note)
@@ -160,6 +166,8 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
         bar.update(step, rec)
         if controller:  # one decision over partition and schedule (none after the last step: nothing runs it)
             decision = controller.after_step(rt, step, rec.step_time_s) if step + 1 < end else None
+            if decision and decision.placement:
+                placements.append(decision.placement)
             if decision and log:
                 log.write(decision)
                 bar.note(_describe(decision.to_dict()))
@@ -174,7 +182,7 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
             if choice and log:
                 log.write(choice)
                 bar.note(describe_schedule(choice.to_dict()))
-        placed = placer.maybe_place(rt, step) if placer else None
+        placed = placer.maybe_place(rt, step) if placer and not controller else None
         if placed:
             placements.append(placed)
             if log:
@@ -246,8 +254,9 @@ def _describe(d: dict) -> str:
                 f"move {d['tc']:.3f} s; {d['reason']})")
     verdict = "applied" if d["apply"] else "kept"
     if d["event"] == "decision":
-        c = d["chosen"]
+        c, p = d["chosen"], d.get("placement")
+        experts = "" if p is None else f"; experts: {_describe({**p, 'event': 'placement'})}"
         return (f"decision at step {d['step']} ({d['trigger']}): {verdict} {c['bounds']} "
-                f"{describe_key(tuple(c['key']))}; {d['reason']}")
+                f"{describe_key(tuple(c['key']))}; {d['reason']}{experts}")
     return (f"re-plan at step {d['step']}: {verdict} {d['new_bounds'] if d['apply'] else d['old_bounds']} "
             f"(predicted {d['old_iteration_s']:.3f} -> {d['new_iteration_s']:.3f} s/step; {d['reason']})")

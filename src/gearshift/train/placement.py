@@ -1,8 +1,9 @@
 """Expert placement during training (moe.every): every rank records each step's expert loads and its own compute;
-every moe.every steps rank 0 fits the compute seconds per expert row from every rank's samples, places each MoE
-layer for the loads moe.forecast predicts from the last moe.window steps' and applies the switch rule; the decision
-is broadcast and every rank moves its experts at the same step boundary (runtime.placement). The link bandwidth the
-move's cost is priced at is probed once, then taken from the moves themselves."""
+every moe.every steps (with adapt.controller = joint: at the controller's decision points, runtime.controller) rank
+0 fits the compute seconds per expert row from every rank's samples, places each MoE layer for the loads
+moe.forecast predicts from the last moe.window steps' and applies the switch rule; the decision is broadcast and
+every rank moves its experts at the same step boundary (runtime.placement). The link bandwidth the move's cost is
+priced at is probed once, then taken from the moves themselves."""
 
 from __future__ import annotations
 
@@ -91,11 +92,16 @@ class Placer:
         """After `step`: decide (rank 0) and switch (every rank) if due. Collective."""
         if not placement_due(step, self.every, self.steps):
             return None
+        return self.place(rt, step, self.every)
+
+    def place(self, rt: PipelineRuntime, step: int, k: int) -> PlacementEvent:
+        """After `step`: decide (rank 0; a move's gain counted over the next `k` steps) and switch (every rank).
+        Collective: the placement part of the joint controller's decision point, or this placer's own period."""
         if self.bandwidth is None:
             self.bandwidth = probe_bandwidth(self.shards, self.expert_bytes)
         gathered: list = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, self.samples)
-        out = rank0_decides(lambda: self._decide(rt, step, gathered))
+        out = rank0_decides(lambda: self._decide(rt, step, gathered, k))
         d = out.decision
         self.row_cost = d.row_cost_s if d.row_cost_s > 0 else self.row_cost
         if d.switch:
@@ -113,7 +119,7 @@ class Placer:
         self.samples = []
         return out
 
-    def _decide(self, rt: PipelineRuntime, step: int, gathered: list) -> PlacementEvent:
+    def _decide(self, rt: PipelineRuntime, step: int, gathered: list, k: int) -> PlacementEvent:
         """Rank 0: the decision (pure planning on the gathered measurements)."""
         sh = self.shards
         stage_rank = rt.schedule.placement
@@ -127,7 +133,7 @@ class Placer:
         step_times = [t for _, _, t in gathered[0]] or [0.0]
         window = np.asarray([self.loads[s] for s in sorted(self.loads)[-self.window:]], dtype=np.float64)
         history = {i: window[:, k] / self.groups for k, i in enumerate(sh.moe_layers)}
-        d = decide_placement(step + 1, history, self._current(), self.replicas, self.every,
+        d = decide_placement(step + 1, history, self._current(), self.replicas, k,
                              statistics.median(step_times), row_cost, self.expert_bytes, self.bandwidth, self.fixed_s,
                              self.groups, self.always, self.forecast)
         return PlacementEvent(d, cost is not None)

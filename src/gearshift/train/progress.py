@@ -44,9 +44,11 @@ class Progress:
 
 
 def schedule_runs_text(runs: list[dict], most: int = 6) -> str:
-    """Which (m, K) ran from which step; past `most` runs, the first two and the last two (metrics.jsonl
-    holds every decision)."""
-    parts = [f"m={r['m']} K={r['k']} from step {r['from_step']}" for r in runs]
+    """Which (m, K) ran from which step (and the stages recomputing, where any); past `most` runs, the first two
+    and the last two (metrics.jsonl holds every decision)."""
+    parts = [f"m={r['m']} K={r['k']}"
+             + (f" recomputing {','.join(map(str, r['recompute']))}" if r.get("recompute") else "")
+             + f" from step {r['from_step']}" for r in runs]
     if len(parts) > most:
         parts = parts[:2] + [f"... {len(parts) - 4} more ..."] + parts[-2:]
     return "; ".join(parts)

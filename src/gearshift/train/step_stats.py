@@ -14,7 +14,7 @@ from gearshift.runtime.executor import StepRecord
 class StepStats:
     """One float64 all_reduce per step, of a table made once on the rank's device (runtime.agree.PerRank)."""
 
-    FIELDS = ("busy_s", "step_s", "speed", "has_speed", "peak_act_bytes")
+    FIELDS = ("busy_s", "step_s", "speed", "has_speed", "peak_act_bytes", "cpu_s", "compute_cpu_s")
 
     def __init__(self, device: torch.device | str = "cpu"):
         self._ranks = PerRank(self.FIELDS, device)
@@ -25,5 +25,6 @@ class StepStats:
         activations saved for backward) and `speed` (None: not measured yet) with every other rank's.
         `tokens`: the job's tokens per step."""
         ranks = self._ranks({"busy_s": rec.busy_s, "step_s": rec.step_s, "speed": speed or 0.0,
-                             "has_speed": speed is not None, "peak_act_bytes": rec.peak_act_bytes})
+                             "has_speed": speed is not None, "peak_act_bytes": rec.peak_act_bytes,
+                             "cpu_s": rec.cpu_s, "compute_cpu_s": rec.compute_cpu_s})
         return step_metrics(step, loss, grad_norm, lr, bounds, tokens, ranks)

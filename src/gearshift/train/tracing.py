@@ -58,9 +58,11 @@ class Tracer:
         return predict(self._priced(profile, rt), list(rt.bounds), rt.schedule, state, mb)
 
     def _priced(self, profile, rt: PipelineRuntime):
-        """The profile as the job runs it: with parallel.recompute = all, every stage recomputed."""
-        if self.cfg.parallel.recompute == "none":
+        """The profile as the job runs it: with parallel.recompute = all every stage recomputed, with auto those
+        the schedule choice turned it on for."""
+        mode = self.cfg.parallel.recompute
+        if mode == "none" or (mode == "auto" and not rt.recompute_stages):
             return profile
         from gearshift.planner.recompute import recomputed
 
-        return recomputed(profile, list(rt.bounds))
+        return recomputed(profile, list(rt.bounds), None if mode == "all" else set(rt.recompute_stages))

@@ -176,6 +176,15 @@ def _check_options(cfg: JobConfig) -> None:
                                      "multidir (allowed there: none)")
         check(p.shares == "equal", f"parallel.shares: {p.shares!r} does not apply to parallel.schedule = multidir "
                                    "(allowed there: equal)")
+    if p.recompute == "auto":
+        check(p.schedule == "auto", f"parallel.recompute: 'auto' is chosen with the schedule, not under "
+                                    f"parallel.schedule = {p.schedule} (allowed there: none, all)")
+        check(cfg.adapt.controller == "separate", "parallel.recompute: 'auto' does not apply to adapt.controller = "
+                                                  "joint (allowed there: none, all)")
+        mem = cfg.cluster.memory_gb
+        check(isinstance(mem, list) or mem > 0 or bool(cfg.cluster.spec),
+              "parallel.recompute: 'auto' recomputes where a memory limit needs it: set cluster.memory_gb or a "
+              "cluster.spec with memory_gb (allowed without one: none, all)")
     check(p.recompute == "none" or cfg.model.name != "moe_gpt",
           f"parallel.recompute: {p.recompute!r} does not apply to model.name = \"moe_gpt\" (its routing counts and "
           "expert all-to-alls run once per forward; allowed there: none)")
@@ -194,8 +203,10 @@ def _check_multidir(cfg: JobConfig) -> None:
           f"parallel.directions: must be in 2..{p.stages // 2} (parallel.stages / 2) for multidir, got {p.directions}")
     check(p.microbatches >= p.stages, f"parallel.microbatches: multidir needs at least parallel.stages "
                                       f"({p.stages}) micro-batches per direction, got {p.microbatches}")
-    check(p.partition != "adaptive", "parallel.partition: adaptive re-partitioning does not apply to multidir "
-                                     "(allowed: uniform = equal compute time, params, [[start, end], ...])")
+    check(p.partition != "adaptive" or p.update == "flush",
+          "parallel.partition: adaptive re-partitioning of multidir needs parallel.update = flush (async keeps two "
+          "weight versions in flight across the boundary; allowed with async: uniform = equal compute time, params, "
+          "[[start, end], ...])")
     check(p.experts == 1 and p.strategy == "fixed", "parallel.experts: expert parallelism does not apply to "
                                                     "parallel.schedule = multidir (allowed: 1, strategy fixed)")
 

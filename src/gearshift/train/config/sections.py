@@ -113,7 +113,9 @@ class ParallelConfig:
     virtual_stages: int = key(2, "interleaved: model stages per rank (stage j on rank j mod parallel.stages); the "
                                  "partition then has parallel.stages x virtual_stages ranges")
     partition: Any = key("uniform", "uniform | params | adaptive (the DP's plan from the spec or a measurement at "
-                                    "the start, re-planned every adapt.every steps) | [[start, end], ...] per stage")
+                                    "the start, re-planned every adapt.every steps; multidir: equal-time slices at "
+                                    "the start, the cut of every direction re-planned) | [[start, end], ...] per "
+                                    "stage")
     sync: SyncSettings = embed(SyncSettings)
     directions: int = key(2, "multidir: pipelines over all the stages, each in its own order and on its own "
                              "1/directions of the batch, 2..stages/2")
@@ -125,9 +127,11 @@ class ParallelConfig:
     strategy: str = key("fixed", "fixed (parallel.stages and experts as given) or auto (moe_gpt: the fastest "
                                  "strategy of the pool the performance model prices, as `gearshift plan --moe` "
                                  "prints it; sets stages, experts and partition)")
-    recompute: str = key("none", "activation recomputation: none (every forward keeps what its backward needs) or all "
+    recompute: str = key("none", "activation recomputation: none (every forward keeps what its backward needs), all "
                                  "(each stage keeps only its input per micro-batch and runs its forward again in "
-                                 "the backward: less memory, one more forward)")
+                                 "the backward: less memory, one more forward) or auto (parallel.schedule = auto "
+                                 "turns it on for the stages over cluster.memory_gb where that lets a faster "
+                                 "(m, K) fit)")
     shares: Any = key("equal", "each replica's share of a batch: equal, measured (in proportion to each replica's "
                                "measured speed, after the first step) or [w0, w1, ...] one weight > 0 per replica; "
                                "whole micro-batches each, gradients averaged by samples")
@@ -271,6 +275,9 @@ class AdaptConfig:
     calibrate: bool = key(True, "when the job measures its ranks before training, also time each stage whole at "
                                 "two micro-batch sizes and price compute by the fitted line (a fixed cost per "
                                 "forward or backward beside the profile); false = by the profile alone")
+    step_overhead: bool = key(True, "with adapt.calibrate: every decision also prices the CPU each rank spends beside "
+                                    "its compute (per send or receive, per step), fitted from the job's latest "
+                                    "steps (metrics.jsonl's cpu_s and compute_cpu_s); false = compute alone")
 
     def check(self) -> None:
         """Each key's range, and that adapt.profile is a profile (its layers are checked against the model)."""
@@ -298,7 +305,9 @@ class MoEPlacementConfig:
     extra slots per rank for copies of the hottest experts) and the job moves to it iff the predicted gain over the
     next period beats the measured cost of moving."""
 
-    every: int = key(0, "moe_gpt: re-place experts every this many steps; 0 = never (the contiguous placement)")
+    every: int = key(0, "moe_gpt: re-place experts every this many steps; 0 = never (the contiguous placement); "
+                        "with adapt.controller = joint, placement is one part of every decision point and this "
+                        "period is one more trigger of them (a move's gain counted over adapt.horizon)")
     window: int = key(0, "moe_gpt: place from the expert loads of the last this many steps; 0 = moe.every")
     forecast: str = key("trend", "moe_gpt: the loads a placement is made for: trend (the window's trend, "
                                  "extrapolated to the coming period where it clears the noise) | mean (the window's)")

@@ -1,0 +1,70 @@
+"""The job's own steps, measured in CPU time against what the simulator priced (pure Python): what a stage
+calibrated alone in a warm loop does not see. Each rank's compute runs slower in the job than in the calibration
+(cold caches after every wait, ranks switching on shared cores), and each rank spends CPU beside its compute
+(posting and finishing every send and receive, gloo's threads, the clip and the optimizer) that takes a core from
+its host's other ranks. CPU time, not wall time: it does not grow when other processes share the machine, so
+a loaded machine's steps still fit."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from gearshift.profile.fit import theil_sen
+
+
+@dataclass(frozen=True)
+class RankStep:
+    """One rank's step: the simulator's compute for it (on a core of its own: its forwards' and backwards'
+    seconds with their per-op cost), the CPU seconds its compute ops took, the CPU seconds its process took over
+    the whole step (every thread), and how many sends and receives its list holds."""
+
+    predicted_compute_s: float
+    compute_cpu_s: float
+    cpu_s: float
+    messages: int
+
+
+@dataclass
+class StepOverhead:
+    """compute_scale: measured compute CPU per predicted compute second (the median over ranks and steps);
+    message_cpu_s: CPU seconds per send or receive and step_cpu_s: CPU seconds per step and rank beside its
+    compute (the Theil-Sen line of each rank's CPU beyond its compute against its message count; with one message
+    count among the ranks, a line through 0). residual: the line's median |fit / measured - 1|; points: rank-steps
+    fitted."""
+
+    compute_scale: float = 1.0
+    message_cpu_s: float = 0.0
+    step_cpu_s: float = 0.0
+    residual: float = 0.0
+    points: int = 0
+    method: str = "none"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> StepOverhead:
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+    def describe(self) -> str:
+        """One line for `gearshift simulate` and the benchmarks."""
+        return (f"the job's steps ({self.method}, {self.points} rank-steps): compute x{self.compute_scale:.3f} of "
+                f"the calibration, {self.message_cpu_s * 1e3:.3f} ms CPU per send or receive, "
+                f"{self.step_cpu_s * 1e3:.3f} ms CPU per step and rank; residual {self.residual:.1%}")
+
+
+def fit_overhead(samples: Sequence[RankStep], scale: bool = True) -> StepOverhead:
+    """The job's overhead from its rank-steps (see StepOverhead). Without `scale` (a monitor whose measured
+    speeds already carry the compute's own slowness) the compute scale stays 1 and only the CPU beside the
+    compute is fitted. Samples that measured no CPU are left out; none left: the neutral StepOverhead."""
+    pts = [s for s in samples if s.cpu_s > 0 and s.compute_cpu_s > 0]
+    scaled = [s.compute_cpu_s / s.predicted_compute_s for s in pts if s.predicted_compute_s > 0]
+    c = statistics.median(scaled) if scale and scaled else 1.0
+    beside = [(float(s.messages), s.cpu_s - s.compute_cpu_s) for s in pts
+              if s.messages > 0 and s.cpu_s > s.compute_cpu_s]
+    if not beside:
+        return StepOverhead(c, points=len(pts), method="compute only" if pts else "none")
+    line = theil_sen([x for x, _ in beside], [y for _, y in beside])
+    return StepOverhead(c, line.slope, line.intercept, line.residual, len(pts), line.method)

@@ -1,0 +1,52 @@
+"""The job's own steps fitted against the simulator (profile.overhead): pure, no torch."""
+
+import pytest
+
+from gearshift.profile.calibration import Calibration
+from gearshift.profile.fit import LineFit
+from gearshift.profile.overhead import RankStep, StepOverhead, fit_overhead
+
+
+def steps(scale: float, per_msg: float, per_step: float, noise: list[float] | None = None) -> list[RankStep]:
+    """Four ranks of a 4-stage pipeline (end ranks: 16 messages, middle ones 32) over three steps."""
+    out = []
+    for k in range(3):
+        for r, (own, msgs) in enumerate(zip([0.05, 0.06, 0.055, 0.04], [16, 32, 32, 16])):
+            compute = scale * own * (noise[(3 * k + r) % len(noise)] if noise else 1.0)
+            out.append(RankStep(own, compute, compute + per_msg * msgs + per_step, msgs))
+    return out
+
+
+def test_the_compute_scale_and_the_cpu_per_message_and_step_are_recovered():
+    fit = fit_overhead(steps(1.4, 0.0003, 0.004))
+    assert fit.compute_scale == pytest.approx(1.4)
+    assert (fit.message_cpu_s, fit.step_cpu_s) == (pytest.approx(0.0003), pytest.approx(0.004))
+    assert fit.points == 12 and fit.method == "theil-sen" and fit.residual == pytest.approx(0.0, abs=1e-9)
+
+
+def test_one_loaded_rank_step_moves_neither_figure_much():
+    clean = fit_overhead(steps(1.2, 0.0003, 0.004))
+    noisy = steps(1.2, 0.0003, 0.004)
+    s = noisy[5]
+    noisy[5] = RankStep(s.predicted_compute_s, 3 * s.compute_cpu_s, 3 * s.compute_cpu_s + 0.05, s.messages)
+    fit = fit_overhead(noisy)
+    assert fit.compute_scale == pytest.approx(clean.compute_scale, rel=0.1)
+    assert fit.message_cpu_s == pytest.approx(clean.message_cpu_s, rel=0.2)
+    assert fit.step_cpu_s >= 0
+
+
+def test_without_scale_only_the_cpu_beside_compute_is_fitted_and_one_message_count_fits_through_zero():
+    same = [RankStep(0.05, 0.07, 0.07 + 0.0004 * 16, 16) for _ in range(4)]
+    fit = fit_overhead(same, scale=False)
+    assert fit.compute_scale == 1.0
+    assert (fit.message_cpu_s, fit.step_cpu_s) == (pytest.approx(0.0004), 0.0)
+    assert fit.method.endswith("through 0")
+
+
+def test_no_cpu_measured_is_the_neutral_overhead_and_it_travels_with_the_calibration():
+    assert fit_overhead([RankStep(0.05, 0.0, 0.0, 16)]) == StepOverhead(method="none")
+    cal = Calibration([LineFit(1.1, 0.001)], overhead=fit_overhead(steps(1.3, 0.0002, 0.003)))
+    back = Calibration.from_dict(cal.to_dict())
+    assert back.overhead == cal.overhead
+    assert "0.200 ms CPU per send or receive" in back.describe()
+    assert "none measured yet" in Calibration([LineFit()]).describe()
