@@ -4,7 +4,7 @@ beats the move's cost (t1*k > t2*k + tc), and the change detector it is triggere
 from __future__ import annotations
 
 from gearshift.cluster.state import ClusterState
-from gearshift.planner.joint import decide_joint
+from gearshift.planner.joint import decide_joint, expected_horizon
 from gearshift.profile.model_profile import LayerProfile, ModelProfile
 from gearshift.runtime.detect import Detector
 
@@ -64,3 +64,12 @@ def test_detector_fires_on_a_step_change_not_on_noise() -> None:
     two = Detector(1.5, confirm=2)
     two.update(1.0)
     assert not two.update(3.0) and two.update(3.0)
+
+
+def test_the_horizon_shrinks_to_the_gap_between_changes_and_never_grows_past_the_key():
+    assert expected_horizon([], 10) == 10
+    assert expected_horizon([5, 9], 10) == 10  # one gap is not a rate
+    assert expected_horizon([5, 9, 12, 16], 10) == 4
+    assert expected_horizon([0, 30, 60], 10) == 10
+    assert expected_horizon([3, 4, 5], 10) == 1
+    assert expected_horizon([0, 2, 4, 6, 8, 40, 80, 120, 160], 10) == 10  # only the last changes count

@@ -6,6 +6,7 @@ schedule switches alike. Pure Python."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -79,6 +80,16 @@ class JointDecision:
 def _best(cands: list[Candidate], keys: set[tuple[int, int]] | None) -> Candidate | None:
     fit = [c for c in cands if c.fits and (keys is None or c.key in keys)]
     return min(fit, key=lambda c: (c.predicted_s, max(c.peak_memory), c.m, c.k)) if fit else None
+
+
+def expected_horizon(changes: Sequence[int], horizon: int, window: int = 4) -> int:
+    """The steps a move's gain can be counted over: `horizon` (adapt.horizon), or the median gap between the last
+    `window` + 1 changes detected (their steps, in order) when the environment has been changing faster: a plan is
+    expected to last until the next change, so a move that pays back only after it does not pay."""
+    gaps = [b - a for a, b in zip(changes, changes[1:])][-window:]
+    if len(gaps) < 2:
+        return horizon
+    return max(1, min(horizon, int(statistics.median(gaps))))
 
 
 def decide_joint(profiles: Mapping[int, ModelProfile], state: ClusterState, bounds: Sequence[tuple[int, int]],

@@ -13,7 +13,7 @@ from typing import Protocol
 
 import torch.distributed as dist
 
-from gearshift.planner.joint import decide_joint
+from gearshift.planner.joint import decide_joint, expected_horizon
 from gearshift.report.records import DecisionEvent, PlacementEvent
 from gearshift.runtime.adapt import Adapter
 from gearshift.runtime.agree import AnyRank, rank0_decides
@@ -33,10 +33,11 @@ class PlacementPart(Protocol):
 
 @dataclass
 class Controller:
-    """Built alike on every rank from the config. `every`: the period (0 = none); `horizon`: the steps a move's
-    gain is counted over; `detect`: the change detector's ratio (0 = off); `partitions`: whether the partition
-    may move (parallel.partition = adaptive); `placer`: a MoE job's expert placement, decided at the same points
-    (its moe.every period is one more trigger of them)."""
+    """Built alike on every rank from the config. `every`: the period (0 = none); `horizon`: the most steps a
+    move's gain is counted over (fewer while changes come faster: planner.joint.expected_horizon); `detect`: the
+    change detector's ratio (0 = off); `partitions`: whether the partition may move (parallel.partition =
+    adaptive); `placer`: a MoE job's expert placement, decided at the same points (its moe.every period is one
+    more trigger of them)."""
 
     adapter: Adapter
     switcher: ScheduleSwitcher
@@ -54,6 +55,7 @@ class Controller:
             self.adapter.detector = Detector(self.detect)
         self.switch_s = 0.0  # a schedule switch's cost, as last measured
         self._skip = 1  # step times not watched (the first one, and the first after a move)
+        self.changes: list[int] = []  # the steps a change was detected at (agreed: the same on every rank)
 
     def after_step(self, rt: PipelineRuntime, step: int, step_s: float) -> DecisionEvent | None:
         """After `step` (every rank; `step_s` the gathered step time): decide if due, detected or forced, and apply
@@ -69,6 +71,8 @@ class Controller:
             changed = self._agree(mine or stepped)
         fb, fk = ad.forced.get(nxt), self.switcher.forced.get(nxt)
         due = any(e > 0 and nxt % e == 0 for e in (self.every, self.placer.every if self.placer else 0))
+        if changed:
+            self.changes.append(step)
         if not (due or changed or fb is not None or fk is not None):
             return None
         t0 = time.perf_counter()
@@ -80,13 +84,14 @@ class Controller:
             ad.measure_links(rt.pipe_ranks, rt.pipe_rank, rt.replica)
         S, sw = rt.pipe_ranks, self.switcher
         state = ad.pipeline_state(S, nxt)
+        horizon = expected_horizon(self.changes, self.horizon)
         d = rank0_decides(lambda: decide_joint(
-            sw.profiles, state, rt.bounds, sw.current, sw.batch, nxt, trigger, self.horizon, ad.migration_bandwidth,
+            sw.profiles, state, rt.bounds, sw.current, sw.batch, nxt, trigger, horizon, ad.migration_bandwidth,
             self.switch_s, sw.memory, ad.merged.step_overhead() or 0.0, ad.size_states(S, nxt, list(sw.profiles)),
             self.partitions, True, self.min_gain, fb, fk, ad.calibration_now(S), sw.kinds))
         rec = DecisionEvent(d)
         if self.placer is not None:  # experts move under the partition they were measured in, before layers do
-            rec.placement = self.placer.place(rt, step, self.horizon)
+            rec.placement = self.placer.place(rt, step, horizon)
         if d.moves_layers:
             rec.migration = ad.apply_bounds(rt, [tuple(b) for b in d.chosen.bounds])
         if d.switches:

@@ -267,7 +267,8 @@ class AdaptConfig:
                              "smoothed estimate is a change, decided on at the next step boundary (e.g. 1.5); "
                              "0 = off (decide every adapt.every steps only)")
     horizon: int = key(0, "adapt.controller = joint: steps a move's predicted gain is counted over against its "
-                          "measured cost; 0 = adapt.every (10 when that is 0)")
+                          "measured cost, at most (fewer while detected changes come faster: the median gap "
+                          "between the last ones); 0 = adapt.every (10 when that is 0)")
     schedule_kinds: list[Any] = key(["kfkb", "zb1p"], "parallel.schedule = auto: the schedule kinds priced beside "
                                                       "each split into micro-batches: kfkb (every K), zb1p (split "
                                                       "backwards); both run one stage per rank, so a running job "
