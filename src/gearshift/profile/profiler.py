@@ -11,7 +11,6 @@ import torch
 from rich.console import Console
 from rich.table import Table
 from torch import Tensor, nn
-from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 from gearshift.cluster.device import stream_wait
 from gearshift.models.gpt import estimate_flops
@@ -115,7 +114,9 @@ def profile_layer(layer: nn.Module, x: Tensor, loss: Callable[[Tensor], Tensor] 
                                    setup=forward)
             weight_s = _median_time(backward_weight, repeats, warmup, device,
                                     setup=lambda: backward_input(*(lambda o: (o, torch.ones_like(o)))(forward())))
-    elif has_input_grad:
+    elif has_input_grad:  # torch's split under autocast (imported here: it pulls in DTensor and dynamo, 1-2 s)
+        from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
         def split_input(out: Tensor) -> list:
             return stage_backward_input([out], None, [inp], layer.parameters())[1]
 

@@ -16,7 +16,6 @@ from typing import Protocol
 
 import torch
 from torch import Tensor, nn
-from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 from gearshift.cluster.device import stream_sync
 from gearshift.models.wgrad import backward_input, backward_weight, defer_linears
@@ -377,6 +376,8 @@ class PipelineExecutor:
             st.w_grads[slot] = backward_input(fwd.output, grad)
             gx = fwd.input.grad
         elif fwd.output._base is None:
+            from torch.distributed.pipelining._backward import stage_backward_input  # bf16 only; costs 1-2 s to import
+
             (gx,), groups = stage_backward_input([fwd.output], None if grad is None else [grad], [fwd.input],
                                                  fwd.module.parameters())
             st.w_grads[slot] = groups
@@ -397,6 +398,8 @@ class PipelineExecutor:
         if isinstance(kept, list) and a.stage in self.defer and not st.first:  # the deferred linears' gradients
             backward_weight(kept)
         elif isinstance(kept, list):  # BI's param groups: from the nodes next to the weights
+            from torch.distributed.pipelining._backward import stage_backward_weight
+
             stage_backward_weight(fwd.module.parameters(), kept)
         else:  # the output's gradient (None: a loss): the whole backward, into the parameters only
             params = [p for p in fwd.module.parameters() if p.requires_grad]
