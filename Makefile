@@ -24,7 +24,7 @@ train: $(STAMP)
 
 # Tests on every core (pytest-xdist), then the testbed's and those that race the clock one at a time.
 test: $(STAMP)
-	$(BIN)/python -m pytest tests -n $(CORES) -m "not testbed and not serial" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests -n $(CORES) --dist worksteal -m "not testbed and not serial" $(PYTEST_ARGS)
 	$(BIN)/python -m pytest tests -m "testbed or serial" $(PYTEST_ARGS)
 
 # The suite without multi-process and testbed tests: under a minute.

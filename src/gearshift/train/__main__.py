@@ -34,7 +34,7 @@ def _config(argv: list[str]) -> JobConfig:
     return load_job(path, overrides)
 
 
-QUIET_RANK_GRACE_S = 15.0  # how long a rank that does not report a config error waits before exiting
+QUIET_RANK_GRACE_S = 5.0  # how long a rank that does not report a config error waits before exiting
 
 
 @record
