@@ -3,6 +3,10 @@ beats the move's cost (t1*k > t2*k + tc), and the change detector it is triggere
 
 from __future__ import annotations
 
+import math
+
+import pytest
+
 from gearshift.cluster.state import ClusterState
 from gearshift.planner.joint import decide_joint, expected_horizon
 from gearshift.profile.model_profile import LayerProfile, ModelProfile
@@ -73,3 +77,72 @@ def test_the_horizon_shrinks_to_the_gap_between_changes_and_never_grows_past_the
     assert expected_horizon([0, 30, 60], 10) == 10
     assert expected_horizon([3, 4, 5], 10) == 1
     assert expected_horizon([0, 2, 4, 6, 8, 40, 80, 120, 160], 10) == 10  # only the last changes count
+
+
+def test_a_lone_slow_sample_is_noise_two_in_a_row_are_a_change() -> None:
+    det = Detector(1.5, confirm=2)
+    for x in (1.0, 1.05, 0.95, 1.0):
+        assert not det.update(x)
+    assert not det.update(4.0)  # one burst
+    assert not det.update(1.0) and not det.update(4.0)  # the run restarts after a sample back at the level
+    assert det.update(4.0)  # confirmed by the second in a row
+    assert abs(det.estimate - 4.0) < 1e-12
+
+
+def test_the_bar_widens_to_the_measured_spread_of_a_noisy_series() -> None:
+    quiet, noisy = Detector(1.2, confirm=2), Detector(1.2, confirm=2)
+    for i in range(12):
+        quiet.update(1.0)
+        noisy.update(1.0 if i % 2 else 1.15)  # +-15% swings on a shared machine
+    assert quiet.noise == 0.0 and noisy.noise > 0.05
+    assert noisy.bar > quiet.bar == pytest.approx(math.log(1.2))
+    assert quiet.update(1.3) is False and quiet.update(1.3)  # past the threshold twice: a change
+    assert not noisy.update(1.3) and not noisy.update(1.3)  # within 3 spreads of this series: noise
+    assert not noisy.update(3.0) and noisy.update(3.0)  # a co-tenant's 3x is past it
+    noisy.reset()
+    assert noisy.noise > 0.05  # the machine's noise outlives a new level
+
+
+def _fastest(**kw):
+    return _decide([0.25, 1, 1, 1], schedules=False, **kw)
+
+
+def test_a_gain_within_the_step_times_spread_is_not_moved_for() -> None:
+    d = _fastest()
+    assert d.apply
+    rel = (d.current.predicted_s - d.chosen.predicted_s) / d.current.predicted_s
+    kept = _fastest(noise=rel - 0.01)  # less the spread, the gain is under min_gain (5%)
+    assert not kept.apply and "spread" in kept.reason and kept.noise == rel - 0.01
+    assert _fastest(noise=rel - 0.1).apply  # a gain well past the spread still moves
+
+
+def test_a_move_pays_for_the_decision_point_too() -> None:
+    d = _fastest()
+    gain = (d.current.predicted_s - d.chosen.predicted_s) * 10
+    assert _fastest(decision_cost_s=0.5 * gain).apply
+    kept = _fastest(decision_cost_s=1.5 * gain)
+    assert not kept.apply and "decision" in kept.reason
+
+
+def test_moving_back_to_the_plan_just_left_needs_a_large_gain() -> None:
+    d = _fastest()
+    rel = (d.current.predicted_s - d.chosen.predicted_s) / d.current.predicted_s
+    left = (d.chosen.bounds, d.chosen.key)  # the best option is the plan the last move left
+    kept = _fastest(left=left, back_gain=rel + 0.05)
+    assert not kept.apply and "hysteresis" in kept.reason
+    back = _fastest(left=left, back_gain=rel - 0.05)
+    assert back.apply and back.back and back.to_dict()["back"]
+    other = _fastest(left=(UNIFORM[::-1], (4, 2)), back_gain=0.99)  # another plan left: the usual bar
+    assert other.apply and not other.back
+
+
+def test_plans_that_both_ran_since_the_change_are_compared_as_measured() -> None:
+    d = _fastest()
+    assert d.apply
+    now, new = (tuple(UNIFORM), (8, 1)), (tuple(map(tuple, d.chosen.bounds)), tuple(d.chosen.key))
+    same = _fastest(ran={now: 1.0, new: 0.99})  # it ran and was no faster: the prediction is not moved for
+    assert not same.apply and "measured gain" in same.reason and same.chosen.ran_s == 1.0
+    assert same.options and next(o for o in same.options if o.bounds == d.chosen.bounds).ran_s == 0.99
+    faster = _fastest(ran={now: 1.0, new: 0.5})
+    assert faster.apply and "as measured" in faster.reason
+    assert _fastest(ran={new: 2.0}).apply  # only one of the two ran: predictions compared

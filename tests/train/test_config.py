@@ -71,6 +71,8 @@ def test_example_job_is_a_two_stage_pipeline_on_two_workers():
     ("--adapt.controller=joint", "adapt.controller: joint prices the schedule with the partition, so it needs "
                                  "parallel.schedule = auto, got '1f1b'"),
     ("--adapt.detect=0.5", "adapt.detect: must be > 1 (a ratio) or 0 (off), got 0.5"),
+    ("--adapt.confirm=0", "adapt.confirm: must be >= 1 (samples in a row), got 0"),
+    ("--adapt.hysteresis=1", "adapt.hysteresis: must be in [0, 1), got 1"),
     ("--adapt.controller=both", "adapt.controller: 'both' (allowed: separate, joint)"),
     ("--emulate.trace=/nonexistent/t.json", "emulate.trace: no such file '/nonexistent/t.json'"),
 ])

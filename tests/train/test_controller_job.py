@@ -37,6 +37,7 @@ JOB = [
     "--parallel.partition=adaptive",
     "--adapt.controller=joint",
     "--adapt.detect=1.5",
+    "--adapt.confirm=1",  # the change acted on at the first boundary after it (the move and switch of step 3)
     "--adapt.every=0",
     "--emulate.slowdown=[1, 4]",
 ]
@@ -66,6 +67,7 @@ def test_a_detected_change_moves_layers_and_switches_schedule_in_one_exact_decis
     a0, b0 = first[0]
     assert d["chosen"]["bounds"][0][1] - d["chosen"]["bounds"][0][0] < b0 - a0  # layers left the slowed rank
     assert d["measured"]["speeds"][0] < d["measured"]["speeds"][1]  # speeds measured after the change
+    assert d["noise"] >= 0 and not d["back"]  # the rules against noise priced it: no plan was left before
     steps = [r for r in rows if r.get("event") is None]
     assert steps[3]["partition"] == d["chosen"]["bounds"]
     torch.testing.assert_close(

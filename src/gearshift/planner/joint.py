@@ -2,7 +2,10 @@
 running, and the DP's plan for each micro-batch split) is priced with every (m, K) in the simulator under the
 state as measured, and the best pair is taken only when its predicted gain over a horizon beats the measured cost
 of getting there: t_now * h > t_new * h + (migration + switch), the seed-004 rule applied to layer moves and
-schedule switches alike. Pure Python."""
+schedule switches alike. On a shared machine the rule is made robust to noise: the gain per step is counted less
+the measured spread of the step time, the cost includes the decision's own measured wall time, and the plan the
+last move left is taken back only for a large gain (hysteresis: measured speeds that swing with the partition
+would otherwise flip it back and forth). Pure Python."""
 
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ class Option:
     migration_s: float = 0.0
     switch_s: float = 0.0
     moved_layers: list[int] = field(default_factory=list)
+    ran_s: float | None = None  # its median step time as measured while it ran since the last change (None: not)
 
     @property
     def cost_s(self) -> float:
@@ -59,6 +63,9 @@ class JointDecision:
     reason: str
     measured: dict
     horizon: int
+    noise: float = 0.0  # the step time's measured relative spread, taken off every option's gain per step
+    decision_cost_s: float = 0.0  # a decision point's measured wall time, charged to a move
+    back: bool = False  # the chosen option is the plan the last move left (held to `back_gain`)
 
     @property
     def moves_layers(self) -> bool:
@@ -74,7 +81,13 @@ class JointDecision:
                 "current": self.current.to_dict(), "chosen": self.chosen.to_dict(), "horizon": self.horizon,
                 "predicted_gain_s": (self.current.predicted_s - self.chosen.predicted_s) * self.horizon
                 if self.current.predicted_s < INF else None,
+                "counted_gain_s": (self.current.predicted_s * (1 - self.noise) - self.chosen.predicted_s)
+                * self.horizon if self.current.predicted_s < INF and self.apply else None,
+                "noise": self.noise, "decision_cost_s": self.decision_cost_s, "back": self.back,
                 "measured": self.measured, "options": [o.to_dict() for o in self.options]}
+
+
+SHORTLIST = 3  # the running partition's fastest (m, K) every other partition is priced with, beside its own split
 
 
 def _best(cands: list[Candidate], keys: set[tuple[int, int]] | None) -> Candidate | None:
@@ -99,7 +112,9 @@ def decide_joint(profiles: Mapping[int, ModelProfile], state: ClusterState, boun
                  partitions: bool = True, schedules: bool = True, min_gain: float = 0.05,
                  forced_bounds: Sequence[tuple[int, int]] | None = None,
                  forced_key: tuple | None = None, calibration: Calibration | None = None,
-                 kinds: Sequence[str] = ("kfkb",)) -> JointDecision:
+                 kinds: Sequence[str] = ("kfkb",), noise: float = 0.0, decision_cost_s: float = 0.0,
+                 left: tuple | None = None, back_gain: float = 0.0,
+                 ran: Mapping[tuple, float] | None = None) -> JointDecision:
     """The decision at `step`: options are the running partition and, with `partitions`, the DP's plan for each
     split of the `batch` (at its micro-batch size's profile and speeds); each is priced with every (m, K) (only the
     running one without `schedules`) and keeps its fastest fitting. The fastest option is applied iff its step time
@@ -107,7 +122,17 @@ def decide_joint(profiles: Mapping[int, ModelProfile], state: ClusterState, boun
     of the layers that change stage over `migration_bandwidth`) + `switch_s` (a schedule switch's measured cost).
     `forced_bounds`/`forced_key` (a test's or benchmark's) are applied as they are. With the job's `calibration`,
     the schedules are priced by its lines (the speeds were measured against them). `kinds`: the schedule kinds
-    priced (adapt.schedule_kinds); a key is (m, K) for kFkB, (m, 1, kind) for another."""
+    priced (adapt.schedule_kinds); a key is (m, K) for kFkB, (m, 1, kind) for another. To keep a decision cheap,
+    only the running partition is priced with every key; each other one with a shortlist: the running one's
+    SHORTLIST fastest, the running key, and its own split's 1F1B (and the other kinds at that split).
+
+    Against noise: `noise`, the step time's measured relative spread, is taken off each option's gain per step
+    (t_now * (1 - noise) - t_new), and that discounted gain must reach `min_gain` of t_now; `decision_cost_s`, a
+    decision point's measured wall time, is charged to a move beside its migration and switch; `left`, the
+    (bounds, key) the last move left: a move that takes either back (the partition or the schedule) is made only
+    when its discounted gain reaches `back_gain`. `ran`: (bounds, key) -> the median step time measured while that
+    plan ran since the last detected change; where the running plan and an option both ran, their measured times
+    are compared, not their predictions (a prediction that a measurement already contradicts is not moved for)."""
     if horizon < 1 or migration_bandwidth <= 0:
         raise PlanError(f"controller: horizon must be >= 1 and migration bandwidth > 0, got {horizon}, "
                         f"{migration_bandwidth}")
@@ -116,6 +141,7 @@ def decide_joint(profiles: Mapping[int, ModelProfile], state: ClusterState, boun
     layers = next(iter(profiles.values())).num_layers
     keys = None if schedules else {current}
     found: list[list[tuple[int, int]]] = [bounds]
+    planned: dict[tuple, int] = {}  # a DP plan's partition -> the split it was planned for
     if partitions:
         for m in splits(batch):
             mb = batch // m
@@ -129,15 +155,24 @@ def decide_joint(profiles: Mapping[int, ModelProfile], state: ClusterState, boun
                 continue
             if [tuple(b) for b in plan.bounds] not in found:
                 found.append([tuple(b) for b in plan.bounds])
+                planned[tuple(tuple(b) for b in plan.bounds)] = m
     if forced_bounds is not None and [tuple(b) for b in forced_bounds] not in found:
         found.append([tuple(b) for b in forced_bounds])
     prof = next(iter(profiles.values()))
     options: list[Option] = []
     cur_opt: Option | None = None
+    short: set[tuple] | None = None  # the keys the other partitions are priced with (after the running one's)
     for b in found:
         ms = None if schedules else [current[0]]
+        keys_b = None
+        if short is not None and tuple(b) != tuple(tuple(x) for x in forced_bounds or ()):
+            m_b = planned.get(tuple(b))
+            keys_b = short | ({(m_b, 1)} | {(m_b, 1, kd) for kd in kinds if kd != "kfkb"} if m_b else set())
         cands = price(profiles, b, state, batch, memory, ms, partial(predict, calibration=calibration), overhead_s,
-                      states, kinds)
+                      states, kinds, keys=keys_b)
+        if b == bounds and schedules:  # the running partition's fastest keys: a shortlist for the others
+            fit = sorted((c for c in cands if c.fits), key=lambda c: c.predicted_s)
+            short = {c.key for c in fit[:SHORTLIST]} | {current} | ({tuple(forced_key)} if forced_key else set())
         moved = moved_layers(bounds, b, layers)
         mig = OPTIMIZER_FACTOR * sum(prof.layers[k].param_bytes for k in moved) / migration_bandwidth
         if b == bounds:
@@ -160,25 +195,56 @@ def decide_joint(profiles: Mapping[int, ModelProfile], state: ClusterState, boun
                              f"forced {what}; {'the partition priced best for it' if forced_bounds is None else ''}"
                              .rstrip("; "), measured_inputs(state, S), horizon)
     t0 = cur_opt.predicted_s
+    was = (tuple(tuple(b) for b in left[0]), tuple(left[1])) if left is not None else None
+    ran = {(tuple(tuple(b) for b in k[0]), tuple(k[1])): v for k, v in (ran or {}).items()}
+    for o in [cur_opt, *options]:
+        o.ran_s = ran.get((tuple(tuple(b) for b in o.bounds), tuple(o.key)))
 
-    def net(o: Option) -> float:  # the move's predicted gain over the horizon, less its cost
-        return (t0 - o.predicted_s) * horizon - o.cost_s
+    def basis(o: Option) -> tuple[float, float]:  # (t_now, t_new): as measured where both ran, else predicted
+        return (cur_opt.ran_s, o.ran_s) if cur_opt.ran_s and o.ran_s else (t0, o.predicted_s)
+
+    def gain(o: Option) -> float:  # the gain per step, less the step time's measured spread
+        now, new = basis(o)
+        return now * (1 - noise) - new
+
+    def rel(o: Option) -> float:
+        return gain(o) / basis(o)[0]
+
+    def net(o: Option) -> float:  # the move's counted gain over the horizon, less its cost and the decision's
+        return gain(o) * horizon - o.cost_s - decision_cost_s
+
+    def back(o: Option) -> bool:  # undoes a part of the last move: its partition or its schedule back
+        if was is None:
+            return False
+        ob = tuple(tuple(b) for b in o.bounds)
+        return (ob == was[0] != tuple(bounds)) or (tuple(o.key) == was[1] != current)
+
+    def bar(o: Option) -> float:
+        return max(min_gain, back_gain) if back(o) else min_gain
 
     paying = [o for o in options if t0 < INF and (o.bounds != bounds or o.key != current) and net(o) > 0
-              and (t0 - o.predicted_s) / t0 >= min_gain]
+              and rel(o) >= bar(o)]
     best = max(paying, key=net) if paying else fastest
     t1 = best.predicted_s
     if t0 == INF and best is not cur_opt:
         apply, reason = True, "the running plan no longer fits in memory"
     elif paying:
-        apply, reason = True, (f"t1*k > t2*k + tc: {t0:.4g}*{horizon} > {t1:.4g}*{horizon} + {best.cost_s:.4g} s "
-                               f"({len(best.moved_layers)} layers moved, {describe_key(best.key)})")
+        now, new = basis(best)
+        apply, reason = True, (f"t1*k > t2*k + tc: {now:.4g}*(1-{noise:.2g} noise)*{horizon} > {new:.4g}*{horizon} + "
+                               f"{best.cost_s:.4g} + {decision_cost_s:.3g} s decision ({len(best.moved_layers)} "
+                               f"layers moved, {describe_key(best.key)}{', back' if back(best) else ''}"
+                               f"{', as measured' if now != t0 else ''})")
     elif best.bounds == bounds and best.key == current:
         apply, reason = False, f"the running plan is the best predicted ({t1:.4g} s/step)"
-    elif (t0 - t1) / t0 < min_gain:
-        apply, reason = False, f"predicted gain {(t0 - t1) / t0:.1%} < {min_gain:.0%} (within measurement noise)"
+    elif rel(best) < min_gain:
+        how = "measured" if basis(best)[0] != t0 else "predicted"
+        apply, reason = False, (f"{how} gain {rel(best) + noise:.1%} less the step time's spread {noise:.1%} < "
+                                f"{min_gain:.0%} (within measurement noise)")
+    elif rel(best) < bar(best):
+        apply, reason = False, (f"back to the plan the last move left needs {bar(best):.0%} gain, has "
+                                f"{rel(best):.1%} after the spread (hysteresis)")
     else:
-        apply, reason = False, (f"gain {(t0 - t1) * horizon:.4g} s over {horizon} steps <= move cost "
-                                f"{best.cost_s:.4g} s")
+        apply, reason = False, (f"gain {gain(best) * horizon:.4g} s over {horizon} steps <= move cost "
+                                f"{best.cost_s:.4g} s + decision {decision_cost_s:.3g} s")
     return JointDecision(step, trigger, options, cur_opt, best if apply else cur_opt, apply, reason,
-                         measured_inputs(state, S), horizon)
+                         measured_inputs(state, S), horizon, noise, decision_cost_s, apply and back(best))

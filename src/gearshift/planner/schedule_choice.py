@@ -10,7 +10,8 @@ so the fewest stages that make it fit are its fastest way to fit."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping, Sequence
+import functools
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from gearshift.cluster.state import ClusterState
@@ -143,7 +144,7 @@ def price(profiles: Mapping[int, ModelProfile], bounds: Sequence[tuple[int, int]
           memory: Sequence[float] | None = None, ms: Sequence[int] | None = None,
           predictor: Predictor = predict, step_overhead_s: float = 0.0,
           states: Mapping[int, ClusterState] | None = None, kinds: Sequence[str] = ("kfkb",),
-          virtual_stages: int = 2, recompute: str = "none") -> list[Candidate]:
+          virtual_stages: int = 2, recompute: str = "none", keys: Collection[tuple] | None = None) -> list[Candidate]:
     """Every (m, K) for a replica's `batch`, each simulated under `state` (one device per stage) with the
     profile measured at its micro-batch size (`profiles[size]`); `states[size]`, where given, replaces
     `state` for that size (the speeds measured at it). `memory` caps each rank (bytes; None: no
@@ -154,7 +155,8 @@ def price(profiles: Mapping[int, ModelProfile], bounds: Sequence[tuple[int, int]
     interleaved (`virtual_stages` per rank) and zbv on ranges cut for their stages at the ranks' speeds
     (planner.virtual; the state's mean-field speeds: its duty cycles and shared cores included). `recompute`
     (parallel.recompute): "all" prices every kFkB candidate with each stage recomputed; "auto" prices one over a
-    rank's limit again with the stages over it recomputed (its `recompute`; the other kinds run without)."""
+    rank's limit again with the stages over it recomputed (its `recompute`; the other kinds run without). `keys`,
+    where given, are the only candidates priced (a shortlist: planner.joint prices its other partitions so)."""
     if recompute not in RECOMPUTE_MODES:
         raise PlanError(f"schedule choice: recompute {recompute!r} (allowed: {', '.join(RECOMPUTE_MODES)})")
     bounds = [tuple(b) for b in bounds]
@@ -177,8 +179,9 @@ def price(profiles: Mapping[int, ModelProfile], bounds: Sequence[tuple[int, int]
         st.memory = cap
         seen: set = set()
         for k in range(1, m + 1 if "kfkb" in kinds else 1):
-            sch = make_schedule("kfkb", S, m, k=k)
-            acts = tuple(tuple(a) for a in sch.actions)
+            if keys is not None and (m, k) not in keys:
+                continue
+            sch, acts = _built("kfkb", S, m, k, 2)
             if acts in seen:  # the same action lists as a smaller K: nothing new to run
                 continue
             seen.add(acts)
@@ -196,7 +199,9 @@ def price(profiles: Mapping[int, ModelProfile], bounds: Sequence[tuple[int, int]
                 continue
             if kind not in KINDS:
                 raise PlanError(f"schedule choice: kind {kind!r} (allowed: {', '.join(KINDS)})")
-            sch = make_schedule(kind, S, m, virtual_stages=virtual_stages)
+            if keys is not None and (m, 1, kind) not in keys:
+                continue
+            sch = _built(kind, S, m, 1, virtual_stages)[0]
             v = sch.num_stages // S
             # cut at the speeds each rank computes at alone (an emulated duty cycle and shared cores folded in)
             cut = bounds if v == 1 else virtual_bounds(prof, st.mean_field().speeds[:S], sch.placement)
@@ -205,6 +210,14 @@ def price(profiles: Mapping[int, ModelProfile], bounds: Sequence[tuple[int, int]
                                  res.iteration_s + step_overhead_s if res.fits_memory else INF, res.bubble_fraction,
                                  kind, v, None if v == 1 else [list(b) for b in cut]))
     return out
+
+
+@functools.lru_cache(maxsize=256)
+def _built(kind: str, stages: int, m: int, k: int, virtual_stages: int) -> tuple[Schedule, tuple]:
+    """A candidate's schedule and its action lists as one hashable value, built once per process: a decision
+    prices the same (m, K) on every partition, and a job decides again and again (read only: never modified)."""
+    sch = make_schedule(kind, stages, m, k=k, virtual_stages=virtual_stages)
+    return sch, tuple(tuple(a) for a in sch.actions)
 
 
 def decide(candidates: list[Candidate], state: ClusterState, step: int = 0, current: tuple[int, int] | None = None,

@@ -106,11 +106,14 @@ class ReplanEvent:
 
     decision: ReplanDecision
     migration: Migration | None = None
+    decision_s: float | None = None  # the decision point's wall time on rank 0 (probes, pricing, the move)
 
     def to_dict(self) -> dict:
         d = self.decision.to_dict()
         if self.migration is not None:
             d["migration"] = asdict(self.migration)
+        if self.decision_s is not None:
+            d["decision_s"] = self.decision_s
         d["event"] = "replan"
         return d
 
@@ -130,6 +133,7 @@ class ScheduleEvent:
     measured_step_s: float | None = None  # median step time of the running choice since it was made
     measured_steps: int = 0  # steps that median is over (0: none, the fields are left out)
     predicted_when_chosen_s: float | None = None
+    decision_s: float | None = None  # the decision point's wall time on rank 0 (probes, pricing, the switch)
 
     @property
     def chosen(self) -> tuple[int, int]:
@@ -172,6 +176,8 @@ class ScheduleEvent:
         if self.measured_steps:
             d.update(measured_step_s=self.measured_step_s, measured_steps=self.measured_steps,
                      predicted_when_chosen_s=self.predicted_when_chosen_s)
+        if self.decision_s is not None:
+            d["decision_s"] = self.decision_s
         return d
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -231,6 +232,7 @@ class Adapter:
         forced = self.forced.get(step + 1)
         if not due and forced is None:
             return None
+        t0 = time.perf_counter()
         self.settle_speed()
         self.measure_links(rt.pipe_ranks, rt.pipe_rank, rt.replica)
         state = self.pipeline_state(rt.pipe_ranks, step + 1)
@@ -239,6 +241,7 @@ class Adapter:
         new = [tuple(b) for b in out.decision.new_bounds]
         if out.decision.apply and [tuple(b) for b in getattr(rt, "slice_bounds", rt.bounds)] != new:
             out.migration = self.apply_bounds(rt, new)
+        out.decision_s = time.perf_counter() - t0
         return out
 
     def apply_bounds(self, rt: PipelineRuntime, new: list[tuple[int, int]]) -> Migration:

@@ -3,10 +3,17 @@ of a rank's speed or of the step time, or a forced step) it settles the speeds m
 and rank 0 prices partition and schedule together (planner.joint); every rank then applies the same move at the
 same step boundary: experts move (a MoE job's placement part, priced by the same rule over the same horizon: the
 placer given), layers migrate (Adapter.apply_bounds), the schedule switches (PipelineRuntime.set_schedule).
-A detected change is agreed by every rank (AnyRank) before anyone decides, so all enter the same collectives."""
+A detected change is agreed by every rank (AnyRank) before anyone decides, so all enter the same collectives.
+Against a shared machine's noise: a change must be confirmed by `confirm` samples in a row past the series' measured
+spread (runtime.detect), a move's gain is counted less the step time's measured spread and must pay for the
+decision's own measured wall time too, and the plan the last move left is taken back only for a gain of
+`hysteresis`; where the running plan and an option both ran since the last change, their measured step times
+are compared instead of their predictions (planner.joint). The links are probed only where the step time moved and
+no rank's speed explains it (or at the period): a rank's own change leaves them as last probed."""
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -20,6 +27,8 @@ from gearshift.runtime.agree import AnyRank, rank0_decides
 from gearshift.runtime.detect import Detector
 from gearshift.runtime.pipeline import PipelineRuntime
 from gearshift.runtime.reschedule import ScheduleSwitcher
+
+RAN = 8  # the latest step times kept per plan run since the last change
 
 
 class PlacementPart(Protocol):
@@ -37,7 +46,8 @@ class Controller:
     move's gain is counted over (fewer while changes come faster: planner.joint.expected_horizon); `detect`: the
     change detector's ratio (0 = off); `partitions`: whether the partition may move (parallel.partition =
     adaptive); `placer`: a MoE job's expert placement, decided at the same points (its moe.every period is one
-    more trigger of them)."""
+    more trigger of them); `confirm`: samples in a row a change needs (adapt.confirm); `hysteresis`: the gain a
+    move back to the plan just left needs (adapt.hysteresis)."""
 
     adapter: Adapter
     switcher: ScheduleSwitcher
@@ -47,13 +57,19 @@ class Controller:
     partitions: bool
     min_gain: float = 0.05
     placer: PlacementPart | None = None
+    confirm: int = 1
+    hysteresis: float = 0.0
 
     def __post_init__(self) -> None:
-        self.steps = Detector(self.detect) if self.detect else None  # the job's step time (the same on every rank)
+        # the job's step time (the same on every rank); its spread is the noise a move's gain is discounted by
+        self.steps = Detector(self.detect or 2.0, confirm=self.confirm)
         self._agree = AnyRank(self.adapter.device) if self.detect else None
         if self.detect:
-            self.adapter.detector = Detector(self.detect)
+            self.adapter.detector = Detector(self.detect, confirm=self.confirm)
         self.switch_s = 0.0  # a schedule switch's cost, as last measured
+        self.decide_s = 0.0  # a decision point's wall time before any move (probes, gathers, pricing), as last measured
+        self.left: tuple | None = None  # (bounds, key) the last move left
+        self.ran: dict[tuple, list[float]] = {}  # (bounds, key) -> its step times since the last change (latest)
         self._skip = 1  # step times not watched (the first one, and the first after a move)
         self.changes: list[int] = []  # the steps a change was detected at (agreed: the same on every rank)
 
@@ -61,34 +77,45 @@ class Controller:
         """After `step` (every rank; `step_s` the gathered step time): decide if due, detected or forced, and apply
         the move from the next step on. Returns the decision's record, or None."""
         nxt, ad = step + 1, self.adapter
-        changed = stepped = False
+        ranked = stepped = False
+        skipped = self._skip > 0
+        if skipped:
+            self._skip -= 1
+        else:
+            stepped = self.steps.update(step_s) and self._agree is not None  # the same on every rank: gathered
         if self._agree is not None:  # collective every step: a change one rank saw is every rank's
             mine, ad.detected = ad.detected, False
-            if self._skip:
-                self._skip -= 1
-            else:
-                stepped = self.steps.update(step_s)  # the same on every rank: step_s is the gathered one
-            changed = self._agree(mine or stepped)
+            ranked = self._agree(mine)
+        changed = ranked or stepped
         fb, fk = ad.forced.get(nxt), self.switcher.forced.get(nxt)
         due = any(e > 0 and nxt % e == 0 for e in (self.every, self.placer.every if self.placer else 0))
-        if changed:
+        if changed:  # what each plan measured before the change says nothing about it now
             self.changes.append(step)
+            self.ran.clear()
+        if not skipped:
+            seen = self.ran.setdefault(self._plan(rt), [])
+            seen.append(step_s)
+            del seen[:-RAN]
         if not (due or changed or fb is not None or fk is not None):
             return None
         t0 = time.perf_counter()
         trigger = ", ".join(t for t, on in (("change detected", changed), ("period", due),
                                             ("forced", fb is not None or fk is not None)) if on)
         ad.settle_speed()
-        if due or stepped or fb is not None or fk is not None or not ad.start_measured:
-            # a rank's speed alone moved: the links as last probed stand (a probe costs round trips on every link)
+        if due or (stepped and not ranked) or fb is not None or fk is not None or not ad.start_measured:
+            # a rank's speed moved: the links as last probed stand (a probe costs round trips on every link)
             ad.measure_links(rt.pipe_ranks, rt.pipe_rank, rt.replica)
         S, sw = rt.pipe_ranks, self.switcher
         state = ad.pipeline_state(S, nxt)
         horizon = expected_horizon(self.changes, self.horizon)
+        was = self._plan(rt)
         d = rank0_decides(lambda: decide_joint(
             sw.profiles, state, rt.bounds, sw.current, sw.batch, nxt, trigger, horizon, ad.migration_bandwidth,
             self.switch_s, sw.memory, ad.merged.step_overhead() or 0.0, ad.size_states(S, nxt, list(sw.profiles)),
-            self.partitions, True, self.min_gain, fb, fk, ad.calibration_now(S), sw.kinds))
+            self.partitions, True, self.min_gain, fb, fk, ad.calibration_now(S), sw.kinds, self.steps.noise,
+            self.decide_s, self.left, self.hysteresis,
+            {k: statistics.median(v) for k, v in self.ran.items() if len(v) >= 2}))
+        self.decide_s = time.perf_counter() - t0  # rank 0's figure is the one it prices with
         rec = DecisionEvent(d)
         if self.placer is not None:  # experts move under the partition they were measured in, before layers do
             rec.placement = self.placer.place(rt, step, horizon)
@@ -101,11 +128,19 @@ class Controller:
             dist.all_gather_object(times, time.perf_counter() - t1)
             self.switch_s = rec.switch_s = max(times)
         if d.apply:
+            if d.moves_layers or d.switches:
+                self.left = was
             sw.take(d.chosen.key, d.measured, d.chosen.predicted_s, ad, nxt)
             if ad.detector is not None:  # a new micro-batch size runs at its own speed: a new baseline
                 ad.detector.reset()
-        if self.steps is not None:  # the step time is watched from the level the decision leaves
+        if d.moves_layers or d.switches:  # the step time is watched from the level the move leaves
             self.steps.reset()
             self._skip = 1
+        elif changed:  # the level as it is now: a change half-seen by the other series is not decided on again
+            self.steps.reset(step_s)
         rec.decision_s = time.perf_counter() - t0  # this rank's: probes, gathers, pricing and the move
         return rec
+
+    def _plan(self, rt: PipelineRuntime) -> tuple:
+        """What runs: (bounds, key)."""
+        return tuple(tuple(b) for b in rt.bounds), tuple(self.switcher.current)

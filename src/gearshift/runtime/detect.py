@@ -1,7 +1,9 @@
 """Change detection: a sample (a rank's measured speed, the job's step time) that departs from its smoothed
-estimate by more than a ratio, in the same direction for `confirm` samples in a row (a one-sided CUSUM of the
-log ratio past the threshold), is a change of the environment. Pure Python; the controller agrees on it across
-ranks (runtime.agree.AnyRank) so that every rank decides at the same step boundary."""
+estimate by more than a ratio, and by more than `spread_z` times the series' own measured spread (the mean
+absolute log deviation of the samples that did not depart), in the same direction for `confirm` samples in a row,
+is a change of the environment. On a shared machine a lone slow step is noise, not a co-tenant: the spread sets
+the bar, the confirmation keeps one burst from triggering a decision. Pure Python; the controller agrees on it
+across ranks (runtime.agree.AnyRank) so that every rank decides at the same step boundary."""
 
 from __future__ import annotations
 
@@ -11,17 +13,35 @@ from dataclasses import dataclass
 
 @dataclass
 class Detector:
-    """Watches one series. `threshold`: the ratio (> 1) a sample must be off the estimate to count; `alpha`: the
-    estimate's smoothing; `confirm`: how many such samples in a row make a change (1: the first)."""
+    """Watches one series. `threshold`: the ratio (> 1) a sample must be off the estimate to count, at least;
+    `alpha`: the estimate's smoothing; `confirm`: how many such samples in a row make a change (1: the first);
+    `spread_z`: how many spreads off a sample must be as well, once `warm` samples measured the spread
+    (`spread_alpha` smooths it)."""
 
     threshold: float
     alpha: float = 0.3
     confirm: int = 1
+    spread_z: float = 3.0
+    spread_alpha: float = 0.2
+    warm: int = 3
 
     def __post_init__(self) -> None:
         self.estimate: float | None = None
         self._run = 0  # off-estimate samples in a row, signed by direction
         self.last_ratio = 1.0
+        self.spread = 0.0  # smoothed |log(sample / estimate)| of the samples that stayed within the bar
+        self.seen = 0  # such samples so far (the spread is trusted from `warm` on)
+
+    @property
+    def bar(self) -> float:
+        """The |log ratio| a sample must pass to count as off: the threshold's, or the spread's when wider."""
+        own = math.log(self.threshold)
+        return max(own, self.spread_z * self.spread) if self.seen >= self.warm else own
+
+    @property
+    def noise(self) -> float:
+        """The series' measured spread, relative (0 until `warm` samples measured it)."""
+        return self.spread if self.seen >= self.warm else 0.0
 
     def update(self, x: float) -> bool:
         """Feed a sample; True when it completes a change. On a change the estimate jumps to the sample (what
@@ -33,9 +53,13 @@ class Detector:
             return False
         ratio = x / self.estimate
         self.last_ratio = ratio
-        off = 1 if ratio > self.threshold else -1 if ratio < 1 / self.threshold else 0
+        dev, bar = math.log(ratio), self.bar
+        off = 1 if dev > bar else -1 if dev < -bar else 0
         if off == 0:
             self._run = 0
+            self.seen += 1
+            a = 1.0 / self.seen if self.seen < self.warm else self.spread_alpha  # a mean first, then smoothed
+            self.spread = (1 - a) * self.spread + a * abs(dev)
             self.estimate = self.alpha * x + (1 - self.alpha) * self.estimate
             return False
         self._run = self._run + off if self._run * off > 0 else off
@@ -45,5 +69,6 @@ class Detector:
         return False
 
     def reset(self, x: float | None = None) -> None:
-        """Start again from `x` (None: from the next sample), e.g. after a move changed what a rank runs."""
+        """Start again from `x` (None: from the next sample), e.g. after a move changed what a rank runs. The
+        spread stays: it is the machine's noise, not the level's."""
         self.estimate, self._run = x, 0

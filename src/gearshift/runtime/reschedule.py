@@ -9,6 +9,7 @@ rank. Rank 0 decides from every rank's gathered measurements and broadcasts the 
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -84,6 +85,7 @@ class ScheduleSwitcher:
         cue = self._cued()
         if forced is None and not due and not cue:
             return None
+        t0 = time.perf_counter()
         adapter.settle_speed()
         if not probed:
             adapter.measure_links(rt.pipe_ranks, rt.pipe_rank, rt.replica)
@@ -101,6 +103,7 @@ class ScheduleSwitcher:
         self._adopt(rec, adapter, nxt)
         if self.recompute == "auto" and self.recompute_stages != rt.recompute_stages:
             rt.set_recompute(self.recompute_stages)
+        rec.decision_s = time.perf_counter() - t0
         return rec
 
     def _cued(self) -> bool:

@@ -266,6 +266,12 @@ class AdaptConfig:
     detect: float = key(0.0, "adapt.controller = joint: a rank's speed or the step time this many times off its "
                              "smoothed estimate is a change, decided on at the next step boundary (e.g. 1.5); "
                              "0 = off (decide every adapt.every steps only)")
+    confirm: int = key(2, "adapt.controller = joint: samples in a row a change must show (each past adapt.detect "
+                          "and past 3 times the series' measured spread) before it triggers a decision; 1 = the "
+                          "first sample (a lone slow step on a shared machine then triggers one)")
+    hysteresis: float = key(0.25, "adapt.controller = joint: the predicted gain (a fraction of the step time, less "
+                                  "its measured spread) a move back to the plan the last move left needs; 0 = the "
+                                  "same bar as any move")
     horizon: int = key(0, "adapt.controller = joint: steps a move's predicted gain is counted over against its "
                           "measured cost, at most (fewer while detected changes come faster: the median gap "
                           "between the last ones); 0 = adapt.every (10 when that is 0)")
@@ -297,6 +303,8 @@ class AdaptConfig:
               f"adapt.controller: {self.controller!r} (allowed: separate, joint)")
         check(self.detect == 0 or self.detect > 1, f"adapt.detect: must be > 1 (a ratio) or 0 (off), got {self.detect}")
         check(self.horizon >= 0, f"adapt.horizon: must be >= 0 (0 = adapt.every), got {self.horizon}")
+        check(self.confirm >= 1, f"adapt.confirm: must be >= 1 (samples in a row), got {self.confirm}")
+        check(0 <= self.hysteresis < 1, f"adapt.hysteresis: must be in [0, 1), got {self.hysteresis}")
 
 
 @dataclass
