@@ -31,6 +31,13 @@ from gearshift.runtime.reschedule import ScheduleSwitcher
 RAN = 8  # the latest step times kept per plan run since the last change
 
 
+def probes(due: bool, stepped: bool, ranked: bool, forced: bool, measured: bool) -> bool:
+    """Whether a decision point probes the links (round trips on every link, on every rank: the same answer
+    everywhere, from agreed inputs): at the period, a forced step, before any probe, or where the step time moved
+    (`stepped`) and no rank's speed did (`ranked`): a rank's own change leaves the links as last probed."""
+    return due or forced or not measured or (stepped and not ranked)
+
+
 class PlacementPart(Protocol):
     """A MoE job's expert placement (train.placement.Placer): `every` its own period (0 = none), `place` the
     collective decision and move after `step`, a move's gain counted over the next `k` steps."""
@@ -102,8 +109,7 @@ class Controller:
         trigger = ", ".join(t for t, on in (("change detected", changed), ("period", due),
                                             ("forced", fb is not None or fk is not None)) if on)
         ad.settle_speed()
-        if due or (stepped and not ranked) or fb is not None or fk is not None or not ad.start_measured:
-            # a rank's speed moved: the links as last probed stand (a probe costs round trips on every link)
+        if probes(due, stepped, ranked, fb is not None or fk is not None, ad.start_measured):
             ad.measure_links(rt.pipe_ranks, rt.pipe_rank, rt.replica)
         S, sw = rt.pipe_ranks, self.switcher
         state = ad.pipeline_state(S, nxt)

@@ -1,0 +1,63 @@
+"""The joint controller's rules that need no workers: when a decision point probes the links, and that a decision
+prices the partitions other than the running one with a shortlist of (m, K) only (a cheap decision point)."""
+
+from __future__ import annotations
+
+import gearshift.planner.joint as joint
+from gearshift.cluster.state import ClusterState
+from gearshift.planner.schedule_choice import price, splits
+from gearshift.profile.model_profile import LayerProfile, ModelProfile
+from gearshift.runtime.controller import probes
+
+BATCH = 16
+RUNNING = [(0, 1), (1, 3), (3, 5), (5, 6)]
+
+
+def _profiles() -> dict[int, ModelProfile]:
+    out = {}
+    for m in splits(BATCH):
+        mb = BATCH // m
+        w = 1e-3 + 1e-3 * mb
+        out[mb] = ModelProfile([LayerProfile(f"l{i}", w / 3, 2 * w / 3, 1.0, 1_000_000, 1000, 1000 * mb)
+                                for i in range(6)], microbatch_size=mb, seq_len=16)
+    return out
+
+
+def _state(speeds: list[float]) -> ClusterState:
+    n = len(speeds)
+    return ClusterState(list(speeds), [[1e8] * n for _ in range(n)], [[1e-4] * n for _ in range(n)], [1e12] * n)
+
+
+def test_links_are_probed_only_where_no_rank_explains_the_step_time() -> None:
+    assert probes(due=True, stepped=False, ranked=True, forced=False, measured=True)  # the period
+    assert probes(due=False, stepped=False, ranked=False, forced=True, measured=True)
+    assert probes(due=False, stepped=False, ranked=False, forced=False, measured=False)  # never probed yet
+    assert probes(due=False, stepped=True, ranked=False, forced=False, measured=True)  # the links are the suspect
+    assert not probes(due=False, stepped=True, ranked=True, forced=False, measured=True)  # a rank's speed moved
+    assert not probes(due=False, stepped=False, ranked=True, forced=False, measured=True)
+
+
+def test_price_with_keys_prices_only_those() -> None:
+    keys = {(4, 1), (8, 2), (2, 1, "zb1p")}
+    cands = price(_profiles(), RUNNING, _state([1, 1, 1, 1]), BATCH, kinds=("kfkb", "zb1p"), keys=keys)
+    assert {c.key for c in cands} == keys
+
+
+def test_only_the_running_partition_is_priced_with_every_key(monkeypatch) -> None:
+    seen: dict[tuple, set] = {}
+    real = joint.price
+
+    def counting(profiles, bounds, *args, **kw):
+        out = real(profiles, bounds, *args, **kw)
+        seen.setdefault(tuple(map(tuple, bounds)), set()).update(c.key for c in out)
+        return out
+
+    monkeypatch.setattr(joint, "price", counting)
+    d = joint.decide_joint(_profiles(), _state([0.25, 1, 1, 0.5]), RUNNING, (4, 1), BATCH, 5, "period", 10, 1e9,
+                           kinds=("kfkb", "zb1p"))
+    full = seen.pop(tuple(RUNNING))
+    assert seen and len(d.options) == 1 + len(seen)  # other partitions were priced
+    grid = {c.key for c in price(_profiles(), RUNNING, _state([1, 1, 1, 1]), BATCH, kinds=("kfkb", "zb1p"))}
+    assert full == grid
+    for keys in seen.values():  # the shortlist (3 fastest + the running key) and the split it was planned for
+        assert len(keys) <= joint.SHORTLIST + 1 + 2 < len(grid)
