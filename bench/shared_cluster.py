@@ -1,18 +1,26 @@
 """Shared cluster: 4 ranks under seeded co-tenant traces (every rank at least --base x slower by duty cycle, the
 trace's factors on top). Systems: gearshift (adaptive partition, auto schedule, the joint controller with change
-detection), best_static (every contiguous partition at the default schedule, then the (m, K) grid, m from 4 to twice
---micro, on the three best, each measured under every phase of the trace; the least total time over the trace),
-uniform_1f1b, torch (torch.distributed.pipelining's schedules on an equal-time split, the one with the least total
-time over the trace), and oracle (each phase's best measured configuration, switched at no cost). Writes
-bench/results/shared_cluster.json.
+detection), gearshift_separate (the same with adapt.controller = separate: the re-planner and the schedule chooser
+each on its own period), best_static (every contiguous partition at the default schedule, then the (m, K) grid, m
+from 4 to twice --micro, on the three best, each measured under every phase of the trace; the least total time over
+the trace), uniform_1f1b, torch (torch.distributed.pipelining's schedules on an equal-time split, the one with the
+least total time over the trace; --torch 0 leaves it out), and oracle (each phase's best measured configuration,
+switched at no cost). Writes bench/results/shared_cluster.json.
 
-Static configurations are measured in two jobs per trace (the partitions, then the grid), phase by phase (each
-phase's environment held by trace rows), each candidate for --segment steps by forced re-partitions and schedule
-switches (the first step of each segment left out). gearshift's time is its step times plus its decision points'
-wall time (probes, pricing and moves). torch's schedules (GPipe and 1F1B; with 2 x 4 layer units or more also
-Interleaved1F1B, InterleavedZeroBubble and ZBVZeroBubble) run over the whole trace in one job, stepped in rotating
-order, each stage module wrapped (bench/torch_pipe.Slowed) under the trace's emulation: each step's duty cycle of
-its rank and the capped links' delays into it, from Gearshift's own Emulator."""
+Reduced run (one trace, the rows the controller's goals need):
+--traces burst --steps 60 --top 1 --segment 3 --torch 0.
+
+Interleaved, as bench/hetero.py: per trace the jobs run partitions sweep, gearshift (joint), grid sweep,
+gearshift_separate, then again the configurations that can be best (the grid's partitions with every key, and
+uniform); each of those has the mean of its two measurements as its time (and best_static's total from each alone is
+its A/A), so a shared machine's load drifts over every system alike. Static configurations are measured phase by
+phase (each phase's environment held by trace rows), each candidate for --segment steps by forced re-partitions and
+schedule switches (the first step of each segment left out; the median of the rest). A live run's time is its step
+times plus its decision points' wall time (probes, pricing and moves); the summary counts its decision points and
+moves against the trace's changes (a controller that thrashes makes many more). torch's schedules (GPipe and 1F1B;
+with 2 x 4 layer units or more also Interleaved1F1B, InterleavedZeroBubble and ZBVZeroBubble) run over the whole
+trace in one job, stepped in rotating order, each stage module wrapped (bench/torch_pipe.Slowed) under the trace's
+emulation: each step's duty cycle of its rank and the capped links' delays into it, from Gearshift's own Emulator."""
 
 from __future__ import annotations
 
@@ -144,9 +152,37 @@ def partitions(units: int, stages: int) -> list[list[tuple[int, int]]]:
             for cuts in itertools.combinations(range(1, units), stages - 1)]
 
 
+def live(name: str, controller: str, trace: Path, a, base: list[str], work: Path) -> dict:
+    """One live adaptive run over the trace (`controller`: joint or separate): its time (step times plus its
+    decision points' wall time: probes, pricing, moves) and what its decisions did, against the trace's changes."""
+    run = harness.run_job(f"{name}.{controller}", [
+        *base, f"--emulate.trace={trace}", f"--train.steps={a.steps}", "--parallel.partition=adaptive",
+        "--parallel.schedule=auto", f"--adapt.controller={controller}", f"--adapt.every={a.every}",
+        f"--adapt.detect={a.detect}", f"--adapt.confirm={a.confirm}", f"--adapt.hysteresis={a.hysteresis}"], work,
+        nice=a.nice)
+    kinds = ("decision",) if controller == "joint" else ("replan", "schedule")
+    decisions = sorted((d for k in kinds for d in run.events(k) if d["step"] > 0), key=lambda d: d["step"])
+    moved = [d for d in decisions if d.get("moves_layers") or d.get("switches_schedule") or d.get("switch")
+             or (d["event"] == "replan" and d["apply"] and d.get("migration"))]
+    at = sorted({d["step"] for d in decisions})  # a change's reaction: its first decision point (moved or kept)
+    changes = [c for c in changes_at(read_trace(trace, WORLD)) if c > 0]
+    react = [x for x in (next((d - c for d in at if d > c), None) for c in changes) if x is not None]
+    spent = sum(d.get("decision_s") or 0 for d in decisions)
+    return {"time_s": sum(r["step_time_s"] for r in run.steps) + spent, "decision_s": spent,
+            "migration_s": sum((d.get("migration") or {}).get("seconds", 0) for d in decisions),
+            "changes": len(changes), "decision_points": len(at), "moves": len({d["step"] for d in moved}),
+            "detected": sum(1 for d in decisions if "change detected" in d.get("trigger", "")),
+            "reaction_steps": statistics.median(react) if react else None}
+
+
+def totals(times: dict, ph: list[tuple]) -> dict:
+    """Each configuration's total time over the trace: its time in each phase times the phase's steps."""
+    return {c: sum(t * (e - s) for t, (s, e, _) in zip(ts, ph)) for c, ts in times.items()}
+
+
 def main() -> None:
     quick = {"layers": 3, "width": 32, "context": 32, "batch": 8, "steps": 24, "segment": 3, "traces": "cotenant",
-             "top": 1, "every": 8}
+             "top": 1, "every": 8, "torch": 0}
     p = harness.parser(__doc__, "shared_cluster", quick, layers=4, width=64, context=64, batch=16, micro=4,
                        max_bytes=2_000_000, steps=120, keep="", nice=0)
     p.add_argument("--base", type=float, default=4.0, help="duty-cycle slowdown floor on every rank (>= 4)")
@@ -155,6 +191,9 @@ def main() -> None:
     p.add_argument("--top", type=int, default=3, help="best partitions the (m, K) grid is measured on")
     p.add_argument("--every", type=int, default=10, help="gearshift's adapt.every")
     p.add_argument("--detect", type=float, default=2.0, help="gearshift's adapt.detect")
+    p.add_argument("--confirm", type=int, default=2, help="gearshift's adapt.confirm")
+    p.add_argument("--hysteresis", type=float, default=0.25, help="gearshift's adapt.hysteresis")
+    p.add_argument("--torch", type=int, default=1, help="1: measure torch's schedules too (0: leave them out)")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
     work, t_start, seg = harness.workdir("shared_cluster", a.keep), time.perf_counter(), a.segment
@@ -170,55 +209,69 @@ def main() -> None:
     rows, report = [], {}
     for name in a.traces.split(","):
         kind, link_bw = TRACES[name]
-        trace = make_trace(kind, link_bw, a.steps, a.seed, a.base, work / f"{name}.json")
+        path = work / f"{name}.json"
+        trace = make_trace(kind, link_bw, a.steps, a.seed, a.base, path)
         ph = phases(trace, a.steps)
-        times = sweep(f"{name}.partitions", [(tuple(b), default) for b in parts], ph, seg, base, work, a.nice)
-        total = {c: sum(t * (e - s) for t, (s, e, _) in zip(ts, ph)) for c, ts in times.items()}
-        top = [b for b, _ in sorted(total, key=total.get)[:a.top]]  # the (m, K) grid on the best partitions
-        times.update(sweep(f"{name}.grid", [(b, mk) for b in top for mk in grid if mk != default], ph, seg, base,
+        # Interleaved, as bench/hetero.py: each live run sits between jobs measuring the static configurations, and
+        # the configurations that can be best are measured twice (before and after the live runs), so a shared
+        # machine's load drifts over every system alike; the two measurements are also best_static's A/A.
+        first = sweep(f"{name}.partitions", [(tuple(b), default) for b in parts], ph, seg, base, work, a.nice)
+        joint = live(name, "joint", path, a, base, work)
+        top = [b for b, _ in sorted(totals(first, ph), key=totals(first, ph).get)[:a.top]]  # the grid's partitions
+        first.update(sweep(f"{name}.grid", [(b, mk) for b in top for mk in grid if mk != default], ph, seg, base,
                            work, a.nice))
-        total = {c: sum(t * (e - s) for t, (s, e, _) in zip(ts, ph)) for c, ts in times.items()}
-        best = min(total, key=total.get)
-        oracle_s = sum(min(ts[i] for ts in times.values()) * (e - s) for i, (s, e, _) in enumerate(ph))
+        separate = live(name, "separate", path, a, base, work)
         uni = tuple(min(parts, key=lambda b: max(y - x for x, y in b) - min(y - x for x, y in b)))
-        live = harness.run_job(f"{name}.gearshift", [*base, f"--emulate.trace={work / f'{name}.json'}",
-                                                     f"--train.steps={a.steps}", "--parallel.partition=adaptive",
-                                                     "--parallel.schedule=auto", "--adapt.controller=joint",
-                                                     f"--adapt.every={a.every}", f"--adapt.detect={a.detect}"], work,
-                               nice=a.nice)
-        decisions = live.events("decision")
-        live_s = sum(r["step_time_s"] for r in live.steps) + sum(d.get("decision_s") or 0 for d in decisions)
-        applied = sorted(d["step"] for d in decisions if d["apply"])
-        at = sorted(d["step"] for d in decisions)  # a change's reaction: its first decision point (moved or kept)
-        react = [x for x in (next((d - c for d in at if d > c), None) for c in changes_at(trace) if c > 0)
-                 if x is not None]
-        torch_s = run_torch([*base, f"--emulate.trace={work / f'{name}.json'}", f"--train.steps={a.steps}"], profile,
-                            a.micro)
-        best_torch = min(torch_s, key=torch_s.get)
-        tps = {"gearshift": tokens * a.steps / live_s, "best_static": tokens * a.steps / total[best],
+        # measured again: the configurations that can be best_static (the grid's partitions, every key) and uniform
+        second = sweep(f"{name}.again", [c for c in first if c[0] in top or c[0] == uni], ph, seg, base, work,
+                       a.nice)
+        times = {c: [(x + y) / 2 for x, y in zip(first[c], second[c])] if c in second else first[c] for c in first}
+        total = totals(times, ph)
+        best = min(total, key=total.get)
+        twice = min(second, key=total.get)  # the best measured twice (best itself, unless a fluke)
+        aa = [totals(t, ph)[twice] for t in (first, second)]  # its total from each measurement alone: the A/A
+        oracle_s = sum(min(ts[i] for ts in times.values()) * (e - s) for i, (s, e, _) in enumerate(ph))
+        torch_s = run_torch([*base, f"--emulate.trace={path}", f"--train.steps={a.steps}"], profile, a.micro) \
+            if a.torch else {}
+        best_torch = min(torch_s, key=torch_s.get) if torch_s else None
+        tps = {"gearshift": tokens * a.steps / joint["time_s"], "gearshift_separate": tokens * a.steps /
+               separate["time_s"], "best_static": tokens * a.steps / total[best],
                "uniform_1f1b": tokens * a.steps / total[(uni, default)], "oracle": tokens * a.steps / oracle_s,
-               "torch": tokens * a.steps / torch_s[best_torch]}
+               **({"torch": tokens * a.steps / torch_s[best_torch]} if torch_s else {})}
+        lives = {"gearshift": joint, "gearshift_separate": separate}
         for system, v in tps.items():
             rows.append({"trace": name, "system": system, "tokens_per_s": v,
-                         "reaction_steps": statistics.median(react) if system == "gearshift" and react else None,
-                         "moves": len(applied) if system == "gearshift" else 0})
+                         "reaction_steps": lives[system]["reaction_steps"] if system in lives else None,
+                         "moves": lives[system]["moves"] if system in lives else 0})
         report[name] = {"phases": len(ph), "best_static": [list(best[0]), list(best[1])],
+                        "best_static_aa_s": aa, "best_static_aa_spread": abs(aa[0] - aa[1]) / statistics.mean(aa),
                         "headroom_oracle_over_best_static": tps["oracle"] / tps["best_static"],
                         "gearshift_over_oracle": tps["gearshift"] / tps["oracle"],
                         "gearshift_over_best_static": tps["gearshift"] / tps["best_static"],
-                        "torch_schedule": best_torch, "torch_tokens_per_s": {k: tokens * a.steps / v
-                                                                              for k, v in torch_s.items()},
-                        "gearshift_over_torch": tps["gearshift"] / tps["torch"]}
-        print(f"{name}: oracle / best_static headroom {report[name]['headroom_oracle_over_best_static']:.3f}x; "
-              f"gearshift {report[name]['gearshift_over_oracle']:.3f}x oracle, "
-              f"{report[name]['gearshift_over_best_static']:.3f}x best_static, "
-              f"{report[name]['gearshift_over_torch']:.3f}x torch ({best_torch}); reaction "
-              f"{rows[-len(tps)]['reaction_steps']} steps, {len(applied)} moves", flush=True)
+                        "separate_over_best_static": tps["gearshift_separate"] / tps["best_static"],
+                        "joint_over_separate": tps["gearshift"] / tps["gearshift_separate"],
+                        "joint": joint, "separate": separate}
+        if torch_s:
+            report[name].update(torch_schedule=best_torch, gearshift_over_torch=tps["gearshift"] / tps["torch"],
+                                torch_tokens_per_s={k: tokens * a.steps / v for k, v in torch_s.items()})
+        r = report[name]
+        print(f"{name}: oracle / best_static headroom {r['headroom_oracle_over_best_static']:.3f}x "
+              f"(best_static A/A {r['best_static_aa_spread']:.1%}); gearshift {r['gearshift_over_oracle']:.3f}x "
+              f"oracle, {r['gearshift_over_best_static']:.3f}x best_static, {r['joint_over_separate']:.3f}x separate "
+              f"({r['separate_over_best_static']:.3f}x best_static)"
+              + (f", {r['gearshift_over_torch']:.3f}x torch ({best_torch})" if torch_s else "")
+              + f"; {joint['changes']} changes: joint {joint['decision_points']} decision points, "
+              f"{joint['moves']} moves, reaction {joint['reaction_steps']} steps; "
+              f"separate {separate['decision_points']} decision points, "
+              f"{separate['moves']} moves", flush=True)
     harness.write_results("shared_cluster", {
         "rows": rows, "summary": report, "traces": a.traces, "steps": a.steps, "base_slowdown": a.base,
-        "segment": seg, "model": {"layers": a.layers, "width": a.width, "context": a.context, "batch": a.batch},
+        "segment": seg, "controller": {"every": a.every, "detect": a.detect, "confirm": a.confirm,
+                                       "hysteresis": a.hysteresis},
+        "model": {"layers": a.layers, "width": a.width, "context": a.context, "batch": a.batch},
         "wall_s": time.perf_counter() - t_start}, a.out, emulation=f"duty cycle x{a.base:g} on every rank + trace")
-    print(json.dumps(report, indent=1))
+    print(json.dumps({k: {x: y for x, y in v.items() if x not in ("joint", "separate")} for k, v in report.items()},
+                     indent=1))
 
 
 if __name__ == "__main__":
