@@ -65,6 +65,9 @@ def test_nothing_is_fitted_without_the_jobs_overhead_or_shared_cores(make_profil
     unshared = local_cluster(4, cores=2)
     unshared.cores = unshared.hosts = None
     assert fitted_cores(prof, BOUNDS, sch, unshared, 1, calibrated(StepOverhead(points=4)), 1.0) == 0.0
+    # a replica's share of the host below the search's usual bottom: the search starts there
+    assert fitted_cores(prof, BOUNDS, sch, local_cluster(4, cores=0.125), 1, calibrated(StepOverhead(points=4)),
+                        1e-3) == 0.125
 
 
 def test_the_fitted_cores_travel_with_the_calibration_and_are_printed():

@@ -20,7 +20,7 @@ from gearshift.profile.calibration import Calibration
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.schedules import Schedule
 
-LOWEST = 0.25  # cores: the bottom of the search (a host that gave its ranks less is priced at this)
+LOWEST = 0.25  # cores: the bottom of the search (a host that gave its ranks less is priced at this; or `most`)
 
 
 def fit_cores(step_at: Callable[[float], float], measured_s: float, most: float, least: float = LOWEST,
@@ -60,4 +60,5 @@ def fitted_cores(profile: ModelProfile, bounds: list[tuple[int, int]], schedule:
         cal = dataclasses.replace(calibration, overhead=dataclasses.replace(over, cores=c))
         return predict(profile, bounds, schedule, state, microbatch_size, cal).iteration_s
 
-    return fit_cores(step_at, measured_s, most or max(state.cores))
+    top = most or max(state.cores)
+    return fit_cores(step_at, measured_s, top, min(LOWEST, top))
