@@ -153,9 +153,10 @@ def measure(point: tuple, a, work: Path, name: str, transfer: StepOverhead | Non
              "predicted_transfer_cpu_only_s": with_overhead(inputs, cpu_only[1]),
              "fitted_cores": round(own.cores, 3), "overhead": own.to_dict()}
     measured = [r for r in run.steps if r["step"] >= a.skip and r.get("cpu_s")]
-    for key in ("cpu_s", "compute_cpu_s"):  # per rank, the measured steps' median: the step's CPU, split
-        pred[key.replace("_s", "_ms")] = [round(1e3 * statistics.median(r[key][i] for r in measured), 3)
-                                          for i in range(len(measured[0][key]))] if measured else None
+    for key in ("cpu_s", "compute_cpu_s", "core_wait_s"):  # per rank, the measured steps' median: the step's CPU,
+        has = measured and measured[0].get(key)  # split, and the time its main thread was ready without a core
+        pred[key[:-2] + "_ms"] = [round(1e3 * statistics.median(r[key][i] for r in measured), 3)
+                                  for i in range(len(measured[0][key]))] if has else None
     row = {"context": ctx, "microbatch_samples": n, "stages": stages,
            "schedule": {"kfkb": "kfkb K=2", "multidir": "multidir flush", "moe": "moe 2 experts 1f1b"}.get(kind, kind),
            "emulated": a.emulate != 1.0, "measured_step_s": meas, **pred,
