@@ -141,6 +141,8 @@ def measure(point: tuple, a, work: Path, name: str, transfer: StepOverhead | Non
     """The point's row; `transfer`: another job's overhead to price it by as well (None: its own)."""
     ctx, n, stages, kind = point
     args = job_args(ctx, n, stages, kind, a.emulate, a.steps)
+    if a.trace:  # the last step's timeline per rank and action, beside the simulator's (RUN_DIR/trace.json)
+        args = [x for x in args if x != "--output.trace=false"] + ["--output.trace=true"]
     load0 = os.getloadavg()[0]
     pred, inputs = predictions(args)
     run = harness.run_job(name, args, work, nice=0)
@@ -186,6 +188,8 @@ def main() -> None:
                                                       "skip - 1 fit the job's own overhead)")
     p.add_argument("--repeat", action="store_true", help="measure the first point twice (A/A)")
     p.add_argument("--keep", default="", help="keep run directories here (default: a temp dir)")
+    p.add_argument("--trace", action="store_true", help="each run writes trace.json (with --keep): its last step "
+                                                        "per rank and action, beside the simulator's")
     p.add_argument("--merge", action="store_true", help="keep the rows of --out measured the other way (quiet or "
                                                         "emulated), so that one file holds both runs")
     p.add_argument("--moe", action="store_true", help="add the 2-stage x 2-expert MoE row (the simulator prices "
