@@ -3,6 +3,8 @@ schedule's action lists (the same lists the runtime executes)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from gearshift.cluster.state import ClusterState
 from gearshift.errors import PlanError
 from gearshift.profile.calibration import Calibration
@@ -26,13 +28,13 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
     a measured latency take the calibration's. Where the calibration carries the job's own steps (its
     `overhead`, profile.overhead): compute times scaled by its compute_scale; each send's and receive's CPU
     spread over the rank's compute actions (a per-op cost: compute that shares the host's cores, which is
-    where it is spent); its per-step CPU added to each rank's STEP; and, where it fitted them (over.cores > 0), the
-    cores the job's ranks got together on each host in place of the cluster state's count."""
+    where it is spent); and its per-step CPU added to each rank's STEP."""
     if len(bounds) == schedule.stages_per_pipe < schedule.num_stages:
         bounds = [bounds[s % schedule.stages_per_pipe] for s in range(schedule.num_stages)]
     if bounds[-1][1] != profile.num_layers:
         raise PlanError(f"profile: has {profile.num_layers} layers but the partition covers {bounds[-1][1]} "
                         "(a profile of another model? run `gearshift profile` again)")
+    state = with_fitted_cores(state, calibration)
     mb = microbatch_size or profile.microbatch_size
     scale = mb / profile.microbatch_size  # profiled per micro-batch of profile.microbatch_size samples
     place = schedule.placement
@@ -73,11 +75,8 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
         # the host's CPU, not the device's compute: not divided by a rank's speed
         per_op = [c * x + (over.message_cpu_s * n / k if k else 0.0) for x, n, k in zip(per_op, msgs, ops)]
         step = [x + over.step_cpu_s for x in step]
-    cores = state.cores
-    if over is not None and over.cores > 0 and cores is not None:
-        cores = [over.cores] * len(cores)
     return ScheduleCosts(fwd, bwd, act, bandwidth, latency, act_mem, params, state.memory,
-                         step_s=step, step_barrier_s=0.0, host=state.hosts, cores=cores, duty=state.duty,
+                         step_s=step, step_barrier_s=0.0, host=state.hosts, cores=state.cores, duty=state.duty,
                          param_bytes=moved, per_op_s=per_op, input_fraction=frac, weight_s=wgt,
                          wait_cpu=calibration.wait_cpu if calibration is not None else 0.0)
 
@@ -116,6 +115,15 @@ def _links(matrix: list[list[float]], per_link: list[float | None] | None) -> li
         if x is not None:
             out[p][p + 1] = out[p + 1][p] = x
     return out
+
+
+def with_fitted_cores(state: ClusterState, calibration: Calibration | None) -> ClusterState:
+    """`state` with each host's cores replaced by the cores the job's ranks got together, where the calibration's
+    overhead fitted them from the job's own steps (StepOverhead.cores > 0; planner.host_cores); else `state`."""
+    over = calibration.overhead if calibration is not None else None
+    if over is None or over.cores <= 0 or state.cores is None:
+        return state
+    return dataclasses.replace(state, cores=[over.cores] * len(state.cores))
 
 
 def predict(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Schedule, state: ClusterState,
