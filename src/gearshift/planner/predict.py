@@ -3,6 +3,8 @@ schedule's action lists (the same lists the runtime executes)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from gearshift.cluster.state import ClusterState
 from gearshift.errors import PlanError
 from gearshift.profile.calibration import Calibration
@@ -32,6 +34,7 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
     if bounds[-1][1] != profile.num_layers:
         raise PlanError(f"profile: has {profile.num_layers} layers but the partition covers {bounds[-1][1]} "
                         "(a profile of another model? run `gearshift profile` again)")
+    state = with_fitted_cores(state, calibration)
     mb = microbatch_size or profile.microbatch_size
     scale = mb / profile.microbatch_size  # profiled per micro-batch of profile.microbatch_size samples
     place = schedule.placement
@@ -112,6 +115,15 @@ def _links(matrix: list[list[float]], per_link: list[float | None] | None) -> li
         if x is not None:
             out[p][p + 1] = out[p + 1][p] = x
     return out
+
+
+def with_fitted_cores(state: ClusterState, calibration: Calibration | None) -> ClusterState:
+    """`state` with each host's cores replaced by the cores the job's ranks got together, where the calibration's
+    overhead fitted them from the job's own steps (StepOverhead.cores > 0; planner.host_cores); else `state`."""
+    over = calibration.overhead if calibration is not None else None
+    if over is None or over.cores <= 0 or state.cores is None:
+        return state
+    return dataclasses.replace(state, cores=[over.cores] * len(state.cores))
 
 
 def predict(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Schedule, state: ClusterState,
