@@ -97,10 +97,11 @@ def own_compute_s(cost: ScheduleCosts, schedule: Schedule) -> list[float]:
     """Per rank: the seconds its compute actions take on a core of its own (per-op cost included): what the
     job's compute CPU is measured against (profile.overhead)."""
     fwd, bwd, bi, bw = cost.forward_s, cost.backward_s, cost.input_grad_s(), cost.weight_grad_s()
-    per_op = cost.op_times(schedule.num_ranks)
+    per_op, share = cost.op_times(schedule.num_ranks), cost.input_op_share()
     each = {Op.FORWARD: fwd, Op.BACKWARD: bwd, Op.BACKWARD_INPUT: bi, Op.BACKWARD_WEIGHT: bw}
-    return [sum(each[a.op][a.stage] + per_op[r] for a in acts if a.op in each)
-            for r, acts in enumerate(schedule.actions)]
+    part = {Op.BACKWARD_INPUT: share, Op.BACKWARD_WEIGHT: [1.0 - x for x in share]}  # of a split's fixed cost
+    return [sum(each[a.op][a.stage] + per_op[r] * (part[a.op][a.stage] if a.op in part else 1.0)
+                for a in acts if a.op in each) for r, acts in enumerate(schedule.actions)]
 
 
 def _links(matrix: list[list[float]], per_link: list[float | None] | None) -> list[list[float]]:

@@ -19,7 +19,8 @@ class ScheduleCosts:
     that took t, rank r sleeps (f - 1) t without holding a core.
 
     Beside each stage's work: `per_op_s[r]`, a fixed cost of every forward and backward on rank r (dispatch,
-    autograd, cold caches: the intercept of the job's calibration), and `wait_cpu`, the share of a core that a
+    autograd, cold caches: the intercept of the job's calibration; a split backward's BI and BW share its
+    backward's in proportion to their times, as they share its ops), and `wait_cpu`, the share of a core that a
     rank uses while it waits (a blocked receive, the clip's barrier) on a host whose ranks share cores: while k
     of a host's ranks compute and w wait, each computing rank runs at min(1, cores / (k + wait_cpu * w)).
     `unstretched_op_s[r]`: CPU each compute action of rank r carries that the duty cycle does not stretch (the share
@@ -74,6 +75,11 @@ class ScheduleCosts:
         fr = self.input_fraction
         fracs = list(fr) if isinstance(fr, list) else [fr] * len(self.backward_s)
         return [b * f for b, f in zip(self.backward_s, fracs)]
+
+    def input_op_share(self) -> list[float]:
+        """Per stage: BI's share of a split backward's fixed cost (per_op_s), its share of the split's time; BW
+        pays the rest (a pipe's first stage, whose BI computes nothing: all of it)."""
+        return [i / (i + w) if i + w > 0 else 0.5 for i, w in zip(self.input_grad_s(), self.weight_grad_s())]
 
     def weight_grad_s(self) -> list[float]:
         """Per stage: the time of a split backward's BW (parameter gradients)."""

@@ -146,7 +146,9 @@ def _compile(schedule: Schedule, cost: ScheduleCosts) -> _Program:
     fwd, bwd, nbytes, act_mem = cost.forward_s, cost.backward_s, cost.act_bytes, cost.act_mem_bytes
     bwd_in, bwd_w = cost.input_grad_s(), cost.weight_grad_s()
     sync, step = cost.sync_s, cost.step_times(num_ranks)
-    per_op = [x + u for x, u in zip(cost.op_times(num_ranks), cost.unstretched_times(num_ranks))]
+    fixed, plain = cost.op_times(num_ranks), cost.unstretched_times(num_ranks)
+    per_op = [x + u for x, u in zip(fixed, plain)]
+    bi_share = cost.input_op_share()  # of a split backward's fixed cost, BI's (BW has the rest)
     pbytes = cost.param_bytes or [0.0] * num_stages
     seen: dict[tuple, int] = {}  # (kind, stage, peer, rank) -> occurrences so far (update messages pair in order)
     updates: dict[tuple, list[int]] = {}
@@ -165,12 +167,12 @@ def _compile(schedule: Schedule, cost: ScheduleCosts) -> _Program:
                     d = slot[ras + i]
                     dep1[g] = d if d >= 0 and ranks[d] == r else _NEVER
         elif k == _BW:  # after its BI, on the same rank; frees what the forward saved
-            dur[g] = bwd_w[s] + per_op[r]
+            dur[g] = bwd_w[s] + (1.0 - bi_share[s]) * fixed[r] + plain[r]
             mem[g] = -act_mem[s]
             d = slot[bs + i]
             dep1[g] = d if d >= 0 and ranks[d] == r and kind[d] == _BI else _NEVER
         elif k == _B or k == _BI:
-            dur[g] = (bwd[s] if k == _B else bwd_in[s]) + per_op[r]
+            dur[g] = bwd[s] + per_op[r] if k == _B else bwd_in[s] + bi_share[s] * fixed[r] + plain[r]
             mem[g] = -act_mem[s] if k == _B else 0.0
             dep2[g] = carried(slot[fs + i], mb)
             if dep2[g] == _NONE:
