@@ -10,8 +10,8 @@ from torch import nn
 
 from gearshift.errors import ConfigError
 from gearshift.models import ModelSpec
-from gearshift.train.config import load_config
 from gearshift.train import layout
+from gearshift.train.config import load_config
 from gearshift.train.layout import layer_inputs, resolve_partition
 from gearshift.train.model import check_job, job_model
 
