@@ -12,7 +12,9 @@ for torch's wrapper): an op then lasts f x its CPU time whatever else runs on th
 cores here), so other load on a shared machine does not reach the figures x f, and the simulator prices each rank
 on a core of its own. Predictions are `gearshift simulate`'s: the profile, priced by the job's calibration
 (profile.calibration: its stages timed whole, a line per profiled second plus a fixed cost per action), which
-`auto` chooses by too."""
+`auto` chooses by too, and by the overhead each row's own warm-up steps measured after the first (profile.overhead:
+its compute CPU against the calibrated compute, CPU per message and per step), as a running job prices itself.
+--only runs a few rows (a quiet window's rerun)."""
 
 from __future__ import annotations
 
