@@ -158,8 +158,8 @@ def live(name: str, controller: str, trace: Path, a, base: list[str], work: Path
     run = harness.run_job(f"{name}.{controller}", [
         *base, f"--emulate.trace={trace}", f"--train.steps={a.steps}", "--parallel.partition=adaptive",
         "--parallel.schedule=auto", f"--adapt.controller={controller}", f"--adapt.every={a.every}",
-        f"--adapt.detect={a.detect}", f"--adapt.confirm={a.confirm}", f"--adapt.hysteresis={a.hysteresis}"], work,
-        nice=a.nice)
+        f"--adapt.detect={a.detect}", f"--adapt.confirm={a.confirm}", f"--adapt.hysteresis={a.hysteresis}",
+        "--adapt.schedule_kinds=" + json.dumps(a.kinds.split(","))], work, nice=a.nice)
     kinds = ("decision",) if controller == "joint" else ("replan", "schedule")
     decisions = sorted((d for k in kinds for d in run.events(k) if d["step"] > 0), key=lambda d: d["step"])
     moved = [d for d in decisions if d.get("moves_layers") or d.get("switches_schedule") or d.get("switch")
@@ -193,6 +193,8 @@ def main() -> None:
     p.add_argument("--detect", type=float, default=2.0, help="gearshift's adapt.detect")
     p.add_argument("--confirm", type=int, default=2, help="gearshift's adapt.confirm")
     p.add_argument("--hysteresis", type=float, default=0.25, help="gearshift's adapt.hysteresis")
+    p.add_argument("--kinds", default="kfkb,zb1p", help="the live runs' adapt.schedule_kinds (the static grid is "
+                   "kFkB's: kfkb alone compares like with like)")
     p.add_argument("--torch", type=int, default=1, help="1: measure torch's schedules too (0: leave them out)")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
@@ -267,7 +269,7 @@ def main() -> None:
     harness.write_results("shared_cluster", {
         "rows": rows, "summary": report, "traces": a.traces, "steps": a.steps, "base_slowdown": a.base,
         "segment": seg, "controller": {"every": a.every, "detect": a.detect, "confirm": a.confirm,
-                                       "hysteresis": a.hysteresis},
+                                       "hysteresis": a.hysteresis, "schedule_kinds": a.kinds},
         "model": {"layers": a.layers, "width": a.width, "context": a.context, "batch": a.batch},
         "wall_s": time.perf_counter() - t_start}, a.out, emulation=f"duty cycle x{a.base:g} on every rank + trace")
     print(json.dumps({k: {x: y for x, y in v.items() if x not in ("joint", "separate")} for k, v in report.items()},
