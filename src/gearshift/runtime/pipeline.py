@@ -15,12 +15,12 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from gearshift.optim import OptimConfig, adamw, clip_coef
+from gearshift.planner.shares import share_rows
 from gearshift.runtime.executor import PipelineExecutor, StepRecord
 from gearshift.runtime.experts import ExpertShards, MoEStats
 from gearshift.runtime.links import LinkGroups
 from gearshift.runtime.precision import FP32, Precision
 from gearshift.runtime.recompute import stages_to_recompute
-from gearshift.runtime.shares import share_rows
 from gearshift.schedules import Op, Schedule, make_schedule, validate
 
 

@@ -133,8 +133,9 @@ class ParallelConfig:
                                  "turns it on for the stages over cluster.memory_gb where that lets a faster "
                                  "(m, K) fit)")
     shares: Any = key("equal", "each replica's share of a batch: equal, measured (in proportion to each replica's "
-                               "measured speed, after the first step) or [w0, w1, ...] one weight > 0 per replica; "
-                               "whole micro-batches each, gradients averaged by samples")
+                               "speed, the median over a few steps; re-measured until the split holds, then every "
+                               "adapt.every steps) or [w0, w1, ...] one weight > 0 per replica; whole micro-batches "
+                               "each, gradients averaged by samples")
 
     @property
     def per_rank(self) -> int:
