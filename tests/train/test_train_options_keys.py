@@ -7,7 +7,15 @@ import pytest
 import torch.distributed as dist
 
 from gearshift.errors import ConfigError
-from gearshift.planner.shares import decide_shares, measured_weights, relative_spread, replica_busy, share_rows
+from gearshift.planner.shares import (
+    decide_shares,
+    fastest_split,
+    measured_weights,
+    relative_spread,
+    replica_busy,
+    share_rows,
+    step_estimate,
+)
 from gearshift.train.config import load_config
 from gearshift.train.profiling import profile_job
 
@@ -58,6 +66,15 @@ def test_shares_are_whole_microbatches_in_proportion() -> None:
     assert measured_weights([16, 16], [1.0, 2.0]) == [16.0, 8.0]
 
 
+def test_fastest_split_never_leaves_the_slowest_replica_longer() -> None:
+    """Rounding the proportional split can leave the slow replica the longer one; the fastest split cannot."""
+    assert share_rows([2.35, 1.0], 48, 4) == [32, 16] and fastest_split([2.35, 1.0], 48, 4) == [36, 12]
+    for w in ([1.0, 0.5], [3.0, 1.0, 1.7], [0.2, 5.0], [1.0, 1.0, 1.0, 2.5]):
+        fast, prop = fastest_split(w, 48, 4), share_rows(w, 48, 4)
+        assert sum(fast) == 48 and min(fast) >= 4 and all(r % 4 == 0 for r in fast)
+        assert step_estimate(fast, w) <= step_estimate(prop, w)
+
+
 def test_bf16_profile_prices_cuts_at_half_the_bytes() -> None:
     fp32 = profile_job(load_config(None, TINY), repeats=1, warmup=0)
     bf16 = profile_job(load_config(None, [*TINY, "--train.precision=bf16"]), repeats=1, warmup=0)
@@ -85,8 +102,8 @@ def test_shares_decision_beats_the_spread_or_keeps_the_split() -> None:
 def test_measured_shares_converge_then_wait_for_the_period(one_rank) -> None:
     """Windows of 3 steps after a warm-up step; changes re-measure at once, a kept split waits for adapt.every; every
     decision is rank 0's broadcast. Replica 1 (ranks 2, 3) computes at half the speed, and every micro-batch costs a
-    fixed part beside its rows: measured at 2 : 1 the slow replica still takes longer, so the split goes on to 3 : 1
-    and holds there."""
+    fixed part beside its rows: measured at 2 : 1 the slow replica still takes longer, so the split goes on until the
+    replicas' times cross, and holds there."""
     from types import SimpleNamespace
 
     from gearshift.runtime.pipeline import PipelineRuntime
@@ -109,10 +126,11 @@ def test_measured_shares_converge_then_wait_for_the_period(one_rank) -> None:
         return meter.after_step(rt, k, SimpleNamespace(busy_s=[busy(a, 1), 0.3, busy(b, 2), 0.35]))
 
     decided = {k: d for k in range(41) if (d := step(k)) is not None}
-    assert sorted(decided) == [3, 7, 11, 19, 39]  # warm-up 0, window 1-3; 4, 5-7; 8, 9-11; then at the period
-    assert [(d.rows, d.new_rows, d.apply) for d in decided.values()][:3] == [
-        ([24, 24], [32, 16], True), ([32, 16], [36, 12], True), ([36, 12], [36, 12], False)]
-    assert rt.share_rows(48) == [36, 12] and busy(36, 1) < busy(16, 2)  # 3 : 1 beats 2 : 1 here
-    assert decided[19].samples == 8 and not decided[19].apply and decided[39].samples == 20
+    assert sorted(decided) == [3, 7, 11, 15, 19, 39]  # warm-up 0, window 1-3; 4, 5-7; ...; then at the period
+    first = [(d.rows, d.new_rows, d.apply) for d in decided.values()][:4]
+    assert first[0] == ([24, 24], [32, 16], True) and all(applied for *_, applied in first[:3]) and not first[3][2]
+    a, b = rt.share_rows(48)  # where it holds: the split of whole micro-batches with the least slowest replica
+    assert a > 32 and max(busy(a, 1), busy(b, 2)) == min(max(busy(4 * k, 1), busy(48 - 4 * k, 2)) for k in range(1, 12))
+    assert decided[19].samples == 4 and not decided[19].apply and decided[39].samples == 20
     rt.bounds = [(0, 1), (1, 4)]  # a new partition: its first step is warm-up again
     assert step(41) is None and meter.samples == []

@@ -28,6 +28,20 @@ def share_rows(weights: list[float], batch: int, micro: int) -> list[int]:
     return [g * micro for g in got]
 
 
+def fastest_split(speeds: list[float], batch: int, micro: int) -> list[int]:
+    """Rows of a `batch` per replica, each a multiple of `micro` and at least one micro-batch, that finish first at
+    `speeds` (rows per second): each next micro-batch's rows go where they end soonest, which minimises the slowest
+    replica's time (unlike rounding the proportional split, which can leave the slow replica the longer one)."""
+    n, units = len(speeds), batch // micro
+    if units * micro != batch or units < n:
+        raise ValueError(f"a batch of {batch} does not split into {n} shares of whole micro-batches of {micro}")
+    got = [1] * n
+    for _ in range(units - n):
+        j = min(range(n), key=lambda i: (got[i] + 1) / max(speeds[i], 1e-12))
+        got[j] += 1
+    return [g * micro for g in got]
+
+
 def measured_weights(rows: list[int], busy_s: list[float]) -> list[float]:
     """Each replica's speed in rows per second of compute (`busy_s`: its slowest rank's compute in a step that gave
     it `rows`): the weights of parallel.shares = "measured"."""
@@ -79,13 +93,13 @@ def decide_shares(step: int, rows: list[int], window: list[list[float]], batch: 
     """The split of `batch` (each replica's rows a multiple of `micro`, the micro-batches every replica runs) for
     the replicas' speeds over `window` (one list per step: each replica's rows per second of compute, while `rows`
     per replica ran). A split needs only the speeds' ratios, so each step's speeds are taken as fractions of their
-    sum (a burst of load that slows every replica in a step cancels out): the split follows their medians, and
-    applies when it differs from `rows` and its predicted gain exceeds the fractions' spread (a gain inside the noise
-    of the measurements would chase it, and every change costs a step of warm-up)."""
+    sum (a burst of load that slows every replica in a step cancels out): the split is the fastest at their medians
+    (fastest_split), applied when it differs from `rows` and its predicted gain exceeds the fractions' spread (a gain
+    inside the noise of the measurements would chase it, and every change costs a step of warm-up)."""
     fractions = [[s / sum(speeds) for s in speeds] for speeds in window]
     weights = [statistics.median(col) for col in zip(*fractions)]
     spread = max(relative_spread(list(col)) for col in zip(*fractions))
-    new = share_rows(weights, batch, micro)
+    new = fastest_split(weights, batch, micro)
     now_s, new_s = step_estimate(rows, weights), step_estimate(new, weights)
     gain = 1.0 - new_s / now_s if now_s > 0 else 0.0
     if new == rows:
