@@ -10,7 +10,7 @@ that drifts falls on all of them) and a setting's tokens/s is the median of its 
 
     python bench/shares.py                                  # the full run (quiet machine): bench/results/shares.json
     python bench/shares.py --steps 8 --skip 3               # a short check
-    python bench/shares.py --only equal,measured --steps 16 --skip 8 --repeats 2  # the goal's two rows"""
+    python bench/shares.py --steps 20 --skip 8 --repeats 2  # the quiet window's reduced run (about 5 min)"""
 
 from __future__ import annotations
 
