@@ -12,7 +12,8 @@ from gearshift.errors import ConfigError
 from gearshift.train.config import load_config
 
 TINY = ["--model.layers=2", "--model.width=32", "--model.heads=2", "--model.context=16", "--train.batch_size=16",
-        "--data.max_bytes=100000", "--parallel.microbatches=2"]
+        "--data.max_bytes=100000", "--parallel.microbatches=2",
+        "--output.report=false"]
 
 
 def _run(out, job: list[str], schedule_events: dict[int, list[int]] = (), steps: int = 6,

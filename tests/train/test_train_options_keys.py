@@ -29,7 +29,8 @@ def one_rank():
         dist.destroy_process_group()
 
 
-TINY = ["--model.layers=2", "--model.width=32", "--model.heads=2", "--model.context=16", "--data.max_bytes=100000"]
+TINY = ["--model.layers=2", "--model.width=32", "--model.heads=2", "--model.context=16", "--data.max_bytes=100000",
+        "--output.report=false"]
 
 
 @pytest.mark.parametrize("args, says", [
