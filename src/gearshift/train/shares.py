@@ -1,5 +1,6 @@
-"""parallel.shares = "measured": each replica's share of the batch in proportion to its measured speed, rows per
-second of its slowest rank's compute (wall seconds inside its forwards and backwards, the emulated slowdown
+"""parallel.shares = "measured": each replica's share of the batch from its measured speed (the split of whole
+micro-batches that finishes first at the replicas' speeds: planner.shares), rows per second of its slowest rank's
+compute (wall seconds inside its forwards and backwards, the emulated slowdown
 included, as the adapter measures speed), from the per-rank busy seconds that every rank holds after StepStats'
 all_reduce. The speeds are the medians over a window of steps (the first step, and the first after any change of
 the split, the partition or the micro-batches, left out: warm-up); after a window, rank 0 decides (broadcast) whether
