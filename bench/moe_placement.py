@@ -6,12 +6,13 @@ greedy packing, an even split, placed for the previous period), greedy_replicas 
 step's tokens split over the copies as training's all-to-all does) and the per-point oracle. Pure computation.
 
 --training: 4 ranks (expert-parallel width 4), a MoE GPT whose router is biased so a few experts are hot
-(emulate.router_skew), drift (emulate.router_drift) and flare (emulate.router_bursts: with probability 0.1 a step, one
-of the experts outside the two hottest becomes as hot as the hottest for 2..8 steps; the bursty replay family's
-flares start at 0.04 a step on each of a quarter of the experts and last as long), with the contiguous placement
-(static) and with moe.every re-placement and replicas (dynamic), alternating, under emulate.slowdown on every rank
-with emulate.basis = cpu (an op lasts slowdown x its thread's CPU time, so ranks computing at once do not stretch each
-other's ops); tokens/s after the first decision. --diagnose: where one such job's step goes, per rank."""
+(emulate.router_skew), drift (emulate.router_drift) and flare (emulate.router_bursts: with probability 0.1 a step,
+one of the experts outside the two hottest becomes as hot as the second hottest for 2..8 steps, about 0.8 of a
+rank's fair share of the assignments; the bursty replay family's flares add 0.3-1.0 of a device's fair share and
+last as long), with the contiguous placement (static) and with moe.every re-placement and replicas (dynamic),
+alternating, under emulate.slowdown on every rank with emulate.basis = cpu (an op lasts slowdown x its thread's CPU
+time, so ranks computing at once do not stretch each other's ops); tokens/s after the first decision. --diagnose:
+where one such job's step goes, per rank."""
 
 from __future__ import annotations
 

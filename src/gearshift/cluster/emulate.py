@@ -1,6 +1,6 @@
 """Emulated heterogeneity: slow a rank's compute by sleeping (f - 1) x measured time, and cap its link
 bandwidth by delaying transfers; both can change at given steps. A skewed router (a MoE model's few hot experts,
-drifting) is emulated here too. EmulationConfig is the job config's [emulate] section; this module is the only
+drifting, flaring) is emulated here too. EmulationConfig is the job config's [emulate] section; this module is the only
 reader of its settings.
 
 The compute an op is stretched from is its wall time (basis "wall"), or, on CPU devices, the CPU time the op's
@@ -11,6 +11,7 @@ time, so under "wall" an op's emulated time follows how many ranks compute at on
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import time
 from collections.abc import Callable
@@ -55,8 +56,8 @@ class EmulationConfig:
     router_drift: int = key(0, "moe_gpt: with router_skew, the hot set moves by one expert every this many steps; "
                                "0 = fixed")
     router_bursts: float = key(0.0, "moe_gpt: with router_skew, the chance per step that a flare starts: an expert "
-                                    "outside the two hottest becomes as hot as the hottest for 2..router_burst_steps "
-                                    "steps (the same flares on every rank and run); 0 = none")
+                                    "outside the two hottest becomes as hot as the second hottest for "
+                                    "2..router_burst_steps steps (the same flares on every rank and run); 0 = none")
     router_burst_steps: int = key(8, "moe_gpt: with router_bursts, the longest a flare lasts, in steps (>= 2); each "
                                      "lasts a uniform 2..this")
 
@@ -247,15 +248,15 @@ class Emulator:
         """The skewed router's logit bias at training step `step` (a float32 tensor of `experts` values, in units of a
         token's logit spread; None without router_skew): -router_skew * log(1 + r) for the expert at popularity rank
         r, expert (step // router_drift) mod E the hottest (the hot set moves by one expert every router_drift
-        steps); a flaring expert (router_bursts: Flares) gets the hottest's 0. The runtime adds it to each MoE
-        layer's router (runtime.adapt.Adapter.begin_step)."""
+        steps); a flaring expert (router_bursts: Flares) gets the second hottest's bias. The runtime adds it to each
+        MoE layer's router (runtime.adapt.Adapter.begin_step)."""
         if not self.cfg.router_skew:
             return None
         import torch  # only where a skew is emulated: this module and the config that embeds it stay torch-free
 
         ranks = torch.tensor(popularity_ranks(step, experts, self.cfg.router_drift))
         bias = -float(self.cfg.router_skew) * torch.log1p(ranks.float())
-        bias[self._flares.at(step, experts)] = 0.0
+        bias[self._flares.at(step, experts)] = -float(self.cfg.router_skew) * math.log(2.0)
         return bias
 
     @property

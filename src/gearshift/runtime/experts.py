@@ -11,6 +11,7 @@ and divided by D, as the dense parameters are averaged over the D replicas."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -97,6 +98,7 @@ class ExpertShards:
         self.replica, self.pipe_rank = divmod(self.rank, stages)
         self.group_index, self.index = divmod(self.replica, width)
         self.clock = Clock()
+        self.groups_s = 0.0  # the last reshard's seconds making process groups (once per new set of holders)
         self._groups: dict[tuple[int, ...], dist.ProcessGroup | None] = {}
         self.ep_group = None
         for p in range(stages):  # every rank creates every group, in the same order
@@ -176,9 +178,11 @@ class ExpertShards:
         routes by the new map."""
         self._check(placements)
         self.placements.update(placements)
+        t0 = time.perf_counter()
         for pos in range(self.pipe_ranks):
             for holders in sorted({h for pl in self.placements.values() for h in pl.holders}):
                 self._group(self.copies_of(holders, pos))
+        self.groups_s = time.perf_counter() - t0  # process groups made for sets of holders never seen before
         for i, layer in layers.items():
             if i not in placements:
                 continue
