@@ -193,8 +193,9 @@ def rotated(xs: Sequence, k: int) -> list:
 def interleave(runners: dict, steps: int, warmup: int, batch: Callable[[int], tuple],
                lr: Callable[[Any, int], float], before: Callable[[Any, int], None] | None = None) -> dict:
     """Step every runner on the same batches, the order rotating each step, each timed alone between barriers. Per
-    runner: every step's loss; after `warmup`, wall and CPU seconds and result record (None: a bare loss)."""
-    out = {k: {"times": [], "cpu": [], "losses": [], "records": []} for k in runners}
+    runner: every step's loss; after `warmup`, wall and CPU seconds and result record (None: a bare loss); the
+    warm-up steps' records in "warm_records"."""
+    out = {k: {"times": [], "cpu": [], "losses": [], "records": [], "warm_records": []} for k in runners}
     for step in range(steps):
         x, y = batch(step)
         for key in rotated(list(runners), step):
@@ -212,6 +213,8 @@ def interleave(runners: dict, steps: int, warmup: int, batch: Callable[[int], tu
                 rec["times"].append(time.perf_counter() - t0)
                 rec["cpu"].append(c1 - c0)
                 rec["records"].append(None if isinstance(res, float) else res.record)
+            else:
+                rec["warm_records"].append(None if isinstance(res, float) else res.record)
         if dist.get_rank() == 0:  # a long run shows that it moves
             print(f"  step {step + 1}/{steps} of {len(runners)} runners: {elapsed():.0f} s", file=sys.stderr,
                   flush=True)

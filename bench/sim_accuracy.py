@@ -5,12 +5,14 @@ whole at a few micro-batch sizes, a Theil-Sen line against the profile), predict
 simulate`'s path: the local cores as measured with the job's workers, the emulated duty cycle), run it for a
 few steps and compare the median step (first steps left out). The prediction without the calibration is kept
 beside it, and two with what a job's own steps measure in CPU time (profile.overhead: its compute against the
-calibration's, the CPU of each send and receive and of each step beside it): `own`, fitted from the point's
-first steps after the warm-up (before the steps measured), and `transfer`, the first point's (the default
-job's) fit pricing every other shape, as a running job prices a shape it has not run. `--points N --seed S`
-runs a seeded sample of the grid (the default job, context 128 with 4 samples per micro-batch on 4 stages, 1F1B,
-is always in it); `--emulate F` slows every rank F times (duty cycle); `--repeat` measures the first point twice
-(A/A)."""
+calibration's, the CPU of each send and receive and of each step beside it, and the cores the ranks got
+together: planner.host_cores, the simulator bisected on the host's cores until it gives the steps' median): `own`,
+fitted from the point's first steps after the warm-up (before the steps measured), and `transfer`, the first
+point's (the default job's) fit pricing every other shape, as a running job prices a shape it has not run. Each
+is also priced without the fitted cores (`cpu only`: the probe's cores), the prediction before the cores' fit.
+`--points N --seed S` runs a seeded sample of the grid (the default job, context 128 with 4 samples per
+micro-batch on 4 stages, 1F1B, is always in it); `--emulate F` slows every rank F times (duty cycle); `--repeat`
+measures the first point twice (A/A)."""
 
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ from pathlib import Path
 
 import harness
 from gearshift.cluster.cores import effective_cores
-from gearshift.cluster.state import local_pipeline_state
+from gearshift.cluster.state import available_cores, local_pipeline_state
+from gearshift.planner.host_cores import fitted_cores
 from gearshift.planner.predict import messages, own_compute_s, predict, sim_cost
 from gearshift.profile.overhead import RankStep, StepOverhead, fit_overhead
 from gearshift.train.build import equal_time_slices, job_schedule, slice_act_bytes
@@ -113,12 +116,19 @@ def predictions(args: list[str]) -> tuple[dict, tuple]:
 
 def job_overhead(run: harness.Run, inputs: tuple, lo: int, hi: int) -> StepOverhead:
     """The overhead fitted from the run's steps lo <= step < hi: every rank's compute CPU against the calibrated
-    simulator's compute for it, and its CPU beside the compute against its sends and receives."""
+    simulator's compute for it, its CPU beside the compute against its sends and receives, and the cores the ranks
+    got together (the simulator, so priced, bisected on the host's cores to the steps' median time)."""
     prof, bounds, schedule, state, mb, cal = inputs
     own = own_compute_s(sim_cost(prof, bounds, schedule, state, mb, cal), schedule)
     msgs, n = messages(schedule), schedule.num_ranks
-    return fit_overhead([RankStep(own[r % n], c, u, msgs[r % n]) for rec in run.steps if lo <= rec["step"] < hi
+    over = fit_overhead([RankStep(own[r % n], c, u, msgs[r % n]) for rec in run.steps if lo <= rec["step"] < hi
                          for r, (c, u) in enumerate(zip(rec.get("compute_cpu_s") or [], rec.get("cpu_s") or []))])
+    step_s = run.median("step_time_s", lo=lo, hi=hi)
+    if over.points == 0 or not step_s > 0:
+        return over
+    cores = fitted_cores(prof, bounds, schedule, state, mb, dataclasses.replace(cal, overhead=over), step_s,
+                         most=available_cores())  # one replica: the host's cores are the pipeline's
+    return dataclasses.replace(over, cores=cores)
 
 
 def with_overhead(inputs: tuple, over: StepOverhead) -> float:
@@ -131,18 +141,24 @@ def measure(point: tuple, a, work: Path, name: str, transfer: StepOverhead | Non
     """The point's row; `transfer`: another job's overhead to price it by as well (None: its own)."""
     ctx, n, stages, kind = point
     args = job_args(ctx, n, stages, kind, a.emulate, a.steps)
+    if a.trace:  # the last step's timeline per rank and action, beside the simulator's (RUN_DIR/trace.json)
+        args = [x for x in args if x != "--output.trace=false"] + ["--output.trace=true"]
     load0 = os.getloadavg()[0]
     pred, inputs = predictions(args)
     run = harness.run_job(name, args, work, nice=0)
     meas = run.median("step_time_s", lo=a.skip)
     own = job_overhead(run, inputs, 1, a.skip)
     transfer = transfer or own
+    cpu_only = dataclasses.replace(own, cores=0.0), dataclasses.replace(transfer, cores=0.0)
     pred |= {"predicted_own_s": with_overhead(inputs, own), "predicted_transfer_s": with_overhead(inputs, transfer),
-             "overhead": own.to_dict()}
+             "predicted_own_cpu_only_s": with_overhead(inputs, cpu_only[0]),
+             "predicted_transfer_cpu_only_s": with_overhead(inputs, cpu_only[1]),
+             "fitted_cores": round(own.cores, 3), "overhead": own.to_dict()}
     measured = [r for r in run.steps if r["step"] >= a.skip and r.get("cpu_s")]
-    for key in ("cpu_s", "compute_cpu_s"):  # per rank, the measured steps' median: the step's CPU, split
-        pred[key.replace("_s", "_ms")] = [round(1e3 * statistics.median(r[key][i] for r in measured), 3)
-                                          for i in range(len(measured[0][key]))] if measured else None
+    for key in ("cpu_s", "compute_cpu_s", "core_wait_s"):  # per rank, the measured steps' median: the step's CPU,
+        has = measured and measured[0].get(key)  # split, and the time its main thread was ready without a core
+        pred[key[:-2] + "_ms"] = [round(1e3 * statistics.median(r[key][i] for r in measured), 3)
+                                  for i in range(len(measured[0][key]))] if has else None
     row = {"context": ctx, "microbatch_samples": n, "stages": stages,
            "schedule": {"kfkb": "kfkb K=2", "multidir": "multidir flush", "moe": "moe 2 experts 1f1b"}.get(kind, kind),
            "emulated": a.emulate != 1.0, "measured_step_s": meas, **pred,
@@ -151,6 +167,8 @@ def measure(point: tuple, a, work: Path, name: str, transfer: StepOverhead | Non
     row["error_uncalibrated"] = row["predicted_uncalibrated_s"] / meas - 1
     row["error_own"] = row["predicted_own_s"] / meas - 1
     row["error_transfer"] = row["predicted_transfer_s"] / meas - 1
+    row["error_own_cpu_only"] = row["predicted_own_cpu_only_s"] / meas - 1
+    row["error_transfer_cpu_only"] = row["predicted_transfer_cpu_only_s"] / meas - 1
     return row
 
 
@@ -170,6 +188,8 @@ def main() -> None:
                                                       "skip - 1 fit the job's own overhead)")
     p.add_argument("--repeat", action="store_true", help="measure the first point twice (A/A)")
     p.add_argument("--keep", default="", help="keep run directories here (default: a temp dir)")
+    p.add_argument("--trace", action="store_true", help="each run writes trace.json (with --keep): its last step "
+                                                        "per rank and action, beside the simulator's")
     p.add_argument("--merge", action="store_true", help="keep the rows of --out measured the other way (quiet or "
                                                         "emulated), so that one file holds both runs")
     p.add_argument("--moe", action="store_true", help="add the 2-stage x 2-expert MoE row (the simulator prices "
@@ -185,7 +205,9 @@ def main() -> None:
         first = first or StepOverhead.from_dict(r["overhead"])
         print(f"  {pt}: measured {r['measured_step_s']:.4f} predicted {r['predicted_step_s']:.4f} "
               f"({r['error']:+.1%}; uncalibrated {r['error_uncalibrated']:+.1%}; own steps {r['error_own']:+.1%}; "
-              f"transfer {r['error_transfer']:+.1%}) load {r['load_1min']}", flush=True)
+              f"transfer {r['error_transfer']:+.1%}; cpu only: own {r['error_own_cpu_only']:+.1%}, transfer "
+              f"{r['error_transfer_cpu_only']:+.1%}; fitted cores {r['fitted_cores']}) load {r['load_1min']}",
+              flush=True)
     aa = None
     if a.repeat:
         again = measure(pts[0], a, work, "aa", first)
@@ -195,6 +217,8 @@ def main() -> None:
                                     "skip": a.skip},
            "calibrated": summary(rows, "error"), "uncalibrated": summary(rows, "error_uncalibrated"),
            "own_steps": summary(rows, "error_own"), "transfer": summary(rows[1:], "error_transfer"),
+           "own_steps_cpu_only": summary(rows, "error_own_cpu_only"),
+           "transfer_cpu_only": summary(rows[1:], "error_transfer_cpu_only"),
            "default_job_error": rows[0]["error"], "default_job_error_own": rows[0]["error_own"], "aa": aa,
            "wall_s": time.perf_counter() - t0}
     if a.merge and Path(a.out).is_file():  # the other run's rows and summaries stay beside this one's
@@ -204,6 +228,7 @@ def main() -> None:
         prev_quiet = (prev.get("machine") or {}).get("emulation") is None
         top_is_other = prev_quiet == (other == "quiet")  # the summaries at prev's top level are the other run's
         out[other] = {k: prev.get(k) for k in ("calibrated", "uncalibrated", "own_steps", "transfer",
+                                                "own_steps_cpu_only", "transfer_cpu_only",
                                                 "default_job_error", "default_job_error_own", "aa", "sample",
                                                 "machine")} if top_is_other else prev.get(other)
     emulation = f"duty-cycle x{a.emulate:g} on every rank" if a.emulate != 1.0 else None
@@ -217,6 +242,10 @@ def main() -> None:
                                        "own steps: worst": (own["worst_abs"], "<= 0.20"),
                                        "own steps: default job": (abs(out["default_job_error_own"]), "<= 0.10"),
                                        "transfer: median": (tr.get("median_abs", float("nan")), "<= 0.10"),
+                                       "transfer: worst": (tr.get("worst_abs", float("nan")), "<= 0.20"),
+                                       "own steps, cpu only: median": (out["own_steps_cpu_only"]["median_abs"], "-"),
+                                       "transfer, cpu only: median": (out["transfer_cpu_only"].get(
+                                           "median_abs", float("nan")), "-"),
                                        "uncalibrated median": (unc["median_abs"], "-")}))
 
 

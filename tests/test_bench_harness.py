@@ -109,6 +109,7 @@ def test_interleave_rotates_the_order_and_times_after_the_warmup():
         assert out["ours"]["losses"] == [0.0, 10.0, 20.0] and out["theirs"]["losses"] == [0.5, 1.5, 2.5]
         assert len(out["ours"]["times"]) == len(out["theirs"]["cpu"]) == 2
         assert out["ours"]["records"] == [{"lr": 0.5}] * 2 and out["theirs"]["records"] == [None, None]
+        assert out["ours"]["warm_records"] == [{"lr": 0.5}] and out["theirs"]["warm_records"] == [None]
 
 
 def test_goals_table_prints_goals_output_or_its_input_tuples(capsys):

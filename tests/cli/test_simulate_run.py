@@ -12,13 +12,15 @@ from gearshift.errors import ConfigError
 from gearshift.train.config import load_config
 
 TINY = ["--model.layers=2", "--model.width=32", "--model.heads=2", "--model.context=16", "--train.batch_size=16",
-        "--data.max_bytes=100000", "--parallel.microbatches=2"]
+        "--data.max_bytes=100000", "--parallel.microbatches=2",
+        "--output.report=false"]
 
 
 def _run(out, job: list[str], schedule_events: dict[int, list[int]] = (), steps: int = 6,
-         recompute: dict[int, list[int]] | None = None) -> None:
+         recompute: dict[int, list[int]] | None = None, cpu: bool = False) -> None:
     """A run's files as training writes them: config.json, and metrics.jsonl with a step line each (step i took
-    (i + 1) / 8 s) and a "schedule" event where the (m, K) changed (with the stages recomputing, where given)."""
+    (i + 1) / 8 s; with `cpu`, each of 2 ranks 1 / 32 s of CPU in its compute and 1 / 16 s in all) and a
+    "schedule" event where the (m, K) changed (with the stages recomputing, where given)."""
     cfg = load_config(None, [*job, f"--output.dir={out}"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg.to_dict()))
@@ -28,7 +30,8 @@ def _run(out, job: list[str], schedule_events: dict[int, list[int]] = (), steps:
             lines.append({"event": "schedule", "step": i, "chosen": dict(schedule_events)[i],
                           **({"recompute": recompute[i]} if recompute and i in recompute else {})})
         lines.append({"step": i, "step_time_s": (i + 1) / 8, "bubble_fraction": 0.25,
-                      "partition": [[0, 2], [2, 4]]})
+                      "partition": [[0, 2], [2, 4]], **({"cpu_s": [1 / 16] * 2, "compute_cpu_s": [1 / 32] * 2}
+                                                        if cpu else {})})
     (out / "metrics.jsonl").write_text("".join(json.dumps(d) + "\n" for d in lines))
 
 
@@ -93,10 +96,11 @@ def test_simulate_names_the_run_s_job_and_predicts_each_m_k(tmp_path, gearshift,
     r = gearshift("profile", *AUTO, f"--output.dir={tmp_path}", "--out", str(prof), "--repeats", "1", "--warmup", "0")
     assert r.returncode == 0, r.stderr
     auto, md = tmp_path / "auto", tmp_path / "md"
-    _run(auto, AUTO, {0: [2, 1], 3: [8, 3]})
+    _run(auto, AUTO, {0: [2, 1], 3: [8, 3]}, cpu=True)
     r = gearshift("simulate", f"--output.dir={auto}", "--profile", str(prof))
     assert r.returncode == 0, r.stderr
     assert f"{auto}: gpt, 2 workers, 2 stages x 1 replica, auto" in r.stdout
+    assert "predicted with the run's CPU" in r.stdout and "cores together (fitted to the measured step)" in r.stdout
     for label in ("m=2 K=1, steps 0-2", "m=8 K=3, steps 3-5"):
         assert f"{label}: predicted" in r.stdout and f"{label}: measured" in r.stdout
     _run(md, MULTIDIR)

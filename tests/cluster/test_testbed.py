@@ -140,7 +140,7 @@ def test_monitor_measures_each_direction_of_an_asymmetric_link(tmp_path) -> None
                              "--cluster.workers=2", "--cluster.ranks_per_node=1", "--parallel.stages=2",
                              "--parallel.partition=adaptive",
                              "--adapt.every=0", "--train.steps=1", "--train.eval_every=0", "--output.trace=false",
-                             "--output.progress=false", f"--output.dir={tmp_path / 'run'}"])
+                             "--output.progress=false", "--output.report=false", f"--output.dir={tmp_path / 'run'}"])
     with Testbed(cfg) as tb:
         assert launch(job, testbed=tb, quiet=True) == 0
         hosts = status(PREFIX)["namespaces"]
@@ -175,7 +175,7 @@ def test_monitor_follows_a_rate_change_and_bulk_flows(tmp_path) -> None:
                              "--cluster.testbed=true", "--parallel.schedule=auto", "--adapt.every=3",
                              "--adapt.link_change=0", '--cluster.traffic=["4:rate:1:40mbit", "7:rate:1:200mbit", '
                              '"7:flows:0:1:4"]', "--train.steps=9", "--train.eval_every=0", "--output.trace=false",
-                             "--output.progress=false", f"--output.dir={tmp_path / 'run'}"])
+                             "--output.progress=false", "--output.report=false", f"--output.dir={tmp_path / 'run'}"])
     with Testbed(TestbedConfig(2, bandwidth="200mbit", prefix=PREFIX, subnet=SUBNET)) as tb:
         assert launch(job, testbed=tb, quiet=True) == 0
         hosts = status(PREFIX)["namespaces"]

@@ -94,9 +94,9 @@ def test_the_monitor_refines_the_line_once_two_sizes_ran():
 
 
 def test_the_jobs_overhead_prices_compute_messages_and_steps(make_profile):
-    """Compute scaled; each rank's sends' and receives' CPU spread over its compute actions (end ranks of a
-    4-stage 1F1B send and receive half as much as middle ones); the per-step CPU on every rank's STEP; and with
-    ranks sharing cores, more CPU per message makes the step longer."""
+    """Compute scaled; each rank's sends' and receives' CPU spread over its compute actions, unstretched by a duty
+    cycle (end ranks of a 4-stage 1F1B send and receive half as much as middle ones); the per-step CPU on every
+    rank's STEP; and with ranks sharing cores, more CPU per message makes the step longer."""
     from gearshift.planner.predict import compute_ops, messages, own_compute_s
     from gearshift.profile.overhead import StepOverhead
 
@@ -110,7 +110,8 @@ def test_the_jobs_overhead_prices_compute_messages_and_steps(make_profile):
     plain, priced = sim_cost(prof, bounds, sch, state, calibration=base), sim_cost(prof, bounds, sch, state,
                                                                                  calibration=over)
     assert priced.forward_s == pytest.approx([1.5 * x for x in plain.forward_s])
-    assert priced.per_op_s == pytest.approx([1.5 * 0.001 + 0.0005 * n / 16 for n in (16, 32, 32, 16)])
+    assert priced.per_op_s == pytest.approx([1.5 * 0.001] * 4)
+    assert priced.unstretched_op_s == pytest.approx([0.0005 * n / 16 for n in (16, 32, 32, 16)])
     assert priced.step_times(4) == pytest.approx([x + 0.002 for x in plain.step_times(4)])
     assert own_compute_s(plain, sch) == pytest.approx([8 * (f + b) + 16 * 0.001
                                                        for f, b in zip(plain.forward_s, plain.backward_s)])

@@ -98,6 +98,9 @@ def test_step_line_carries_each_ranks_cpu_after_the_old_fields() -> None:
     cpu = {"cpu_s": [0.2, 0.3, 0.25, 0.1], "compute_cpu_s": [0.15, 0.2, 0.2, 0.05]}
     line = step_metrics(3, 1.0, 1.0, 1.0, [(0, 8)], 10, by_field(ROWS) | cpu).to_dict()
     assert list(line)[-2:] == ["cpu_s", "compute_cpu_s"] and {k: line[k] for k in cpu} == cpu
+    waits = cpu | {"core_wait_s": [0.01, 0.0, 0.03, 0.02]}
+    line = step_metrics(3, 1.0, 1.0, 1.0, [(0, 8)], 10, by_field(ROWS) | waits).to_dict()
+    assert list(line)[-3:] == ["cpu_s", "compute_cpu_s", "core_wait_s"] and {k: line[k] for k in waits} == waits
 
 
 # ---- decisions ------------------------------------------------------------------------------------------------

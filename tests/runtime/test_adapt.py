@@ -22,7 +22,7 @@ pytestmark = pytest.mark.serial  # races the clock: `make test` runs it alone
 
 ARGS = ["--model.layers=6", "--model.width=32", "--model.heads=2", "--model.context=16", "--train.batch_size=8",
         "--data.max_bytes=100000", "--train.eval_every=0", "--parallel.microbatches=2", "--output.trace=false",
-        "--output.progress=false", "--cluster.workers=2", "--parallel.stages=2"]
+        "--output.progress=false", "--output.report=false", "--cluster.workers=2", "--parallel.stages=2"]
 
 
 def _train_adaptive(out, *extra: str) -> list[dict]:

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.multiprocess
 STEPS = 3
 BASE = ["--model.layers=2", "--model.width=32", "--model.heads=2", "--model.context=16",
         "--train.batch_size=8", "--data.max_bytes=100000", "--train.warmup_steps=1", "--train.lr=1e-3",
-        "--train.grad_clip=0.5"]
+        "--train.grad_clip=0.5",
+        "--output.report=false"]
 SWITCHES = [(4, 1), (2, 2), (8, 8)]  # (m, K) of steps 0, 1, 2 of a "switch" run: 1F1B, 2F2B on 2, GPipe on 8
 MODELS = {"gpt": [], "mlp": ["--model.name=examples.mlp:build", "--model.depth=2", "--model.width=16",
                              "--data.name=examples.mlp:data", "--data.samples=64"]}

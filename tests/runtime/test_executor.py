@@ -4,11 +4,13 @@ known by the weights they ran on."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from torch import nn
 
-from gearshift.runtime.executor import PipelineExecutor
+from gearshift.runtime.executor import PipelineExecutor, core_wait_s
 from gearshift.schedules import Action, Op, Schedule, make_schedule
 
 M = 4
@@ -37,6 +39,7 @@ def test_stages_on_one_rank_train_like_the_whole_model(name):
     sch = make_schedule(name, 3, M, k=2, placement=[0, 0, 0])
     ex = PipelineExecutor(sch, 0, stages, _mse, lambda s: ((2, 6), torch.float32))
     synced, stepped = [], []
+    t0 = time.perf_counter()
     rec = ex.run(xs, ys, on_sync=lambda: synced.append(1), on_step=lambda: stepped.append(1))
     got = [p.grad.clone() for p in whole.parameters()]
 
@@ -51,6 +54,7 @@ def test_stages_on_one_rank_train_like_the_whole_model(name):
     assert [label for label, _, _ in rec.events] == [a.label for a in sch.actions[0]]
     assert set(rec.compute_s) == {0, 1, 2} and rec.peak_act_bytes > 0 and ex.act_meter.held == 0
     assert 0 < rec.compute_cpu_s <= rec.cpu_s  # the compute's CPU is part of the process's over the step
+    assert 0 <= rec.core_wait_s <= time.perf_counter() - t0  # ready without a core: within the step's wall time
     assert all(not st.saved and not st.inputs and not st.out_grads for st in ex.stage_states)
 
     ev = PipelineExecutor(sch, 0, stages, _mse, lambda s: ((2, 6), torch.float32))
@@ -89,3 +93,10 @@ def test_a_dropped_executor_is_freed_at_once():
     finally:
         if was_on:
             gc.enable()
+
+
+def test_core_wait_is_the_schedstat_run_queue_wait_and_zero_without_one(tmp_path):
+    f = tmp_path / "schedstat"
+    f.write_text("123456 4500000000 7\n")
+    assert core_wait_s(str(f)) == 4.5
+    assert core_wait_s(str(tmp_path / "missing")) == 0.0

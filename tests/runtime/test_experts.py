@@ -28,7 +28,8 @@ PARAM_ATOL = 5e-6
 BASE = ["--model.name=moe_gpt", "--model.layers=2", "--model.width=32", "--model.heads=2", "--model.context=16",
         "--model.experts=4", "--model.moe_every=1", "--model.aux_loss=0.1", "--train.batch_size=16",
         "--data.max_bytes=100000", "--train.warmup_steps=1", "--train.lr=1e-3", "--train.grad_clip=0.5",
-        "--parallel.microbatches=2"]
+        "--parallel.microbatches=2",
+        "--output.report=false"]
 # (stages, expert-parallel width, top_k, capacity_factor, schedule, placement of every MoE layer or None)
 # (the resume below adds 2 stages x 2 replicas x EP 2 without capacity)
 RUNS = [

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.multiprocess
 
 ARGS = ["--model.layers=4", "--model.width=32", "--model.heads=2", "--model.context=16", "--train.batch_size=8",
         "--data.max_bytes=100000", "--train.warmup_steps=1", "--train.lr=1e-3", "--parallel.microbatches=4",
-        "--cluster.workers=4", "--parallel.stages=2", "--parallel.schedule=1f1b"]  # 2 replicas x 2 stages
+        "--cluster.workers=4", "--parallel.stages=2", "--parallel.schedule=1f1b",
+        "--output.report=false"]  # 2 replicas x 2 stages
 MOVES = {2: [(0, 1), (1, 6)], 4: [(0, 5), (5, 6)]}  # after step 2 and after step 4
 STEPS = 6
 

@@ -26,7 +26,8 @@ pytestmark = pytest.mark.multiprocess
 WORLD, D, M, STEPS = 4, 2, 4, 3
 BASE = ["--model.layers=2", "--model.width=32", "--model.heads=2", "--model.context=16", "--train.batch_size=16",
         "--data.max_bytes=100000", "--train.warmup_steps=1", "--train.lr=3e-3", "--train.grad_clip=0.5",
-        f"--cluster.workers={WORLD}", f"--parallel.stages={WORLD}", "--parallel.partition=[[0,1],[1,2],[2,3],[3,4]]"]
+        f"--cluster.workers={WORLD}", f"--parallel.stages={WORLD}", "--parallel.partition=[[0,1],[1,2],[2,3],[3,4]]",
+        "--output.report=false"]
 
 
 def _cfg(schedule: str, update: str = "flush"):

@@ -32,7 +32,7 @@ EIGHT = ("--model.experts=8",)
 # slot per rank on the loads seen
 FIRST = ((0, 1, 2), (3,), (1,), (0, 2), (2,), (1, 3), (0,), (3,))
 LOOP = ("--moe.every=1", "--moe.window=3", "--moe.replicas=1", "--train.steps=5", "--train.eval_every=0",
-        "--output.trace=false", "--output.progress=false", "--train.checkpoint_every=0")
+        "--output.trace=false", "--output.progress=false", "--output.report=false", "--train.checkpoint_every=0")
 MOVE = Forcing(move_experts=True)  # a placement decision after every step, moved whatever the switch rule says
 STOP = ("--train.stop_after=3",)  # the loop run stops after STEPS = 3 of its 5 steps, with a checkpoint
 

@@ -64,6 +64,32 @@ def test_an_emulated_sleep_is_not_waiting():
     assert f1 == (0.0, pytest.approx(5.0))
 
 
+def test_a_split_backward_shares_the_backwards_fixed_cost():
+    """BI and BW split a backward's ops, so its fixed cost too, in proportion to their times: one stage, one rank,
+    F0 BI0 BW0 F1 BI1 BW1 under zb1p costs what F0 B0 F1 B1 does; BI 3x BW takes 3/4 of it."""
+    cost = ScheduleCosts.uniform(1, 1, fwd=1.0, bwd=2.0)
+    cost.per_op_s, cost.input_fraction = 0.4, 0.75
+    zb, fused = make_schedule("zb1p", 1, 2), make_schedule("1f1b", 1, 2)
+    res = simulate(zb, cost)
+    assert res.iteration_s == pytest.approx(simulate(fused, cost).iteration_s) == pytest.approx(2 * (1.4 + 2.4))
+    took = {a.label: e - s for a, s, e in res.timelines[0] if a.op.is_backward}
+    assert took["BI0"] == pytest.approx(1.5 + 0.3) and took["BW0"] == pytest.approx(0.5 + 0.1)
+
+
+@pytest.mark.parametrize("cores", [None, 1.0])
+def test_the_duty_cycle_stretches_the_compute_not_the_unstretched_cpu(cores):
+    """A rank at duty 4 sleeps 3x its compute (per-op cost included) but not 3x the CPU beside it (its messages'),
+    alone on its cores or on a shared host (the processor-shared replay)."""
+    cost = ScheduleCosts.uniform(1, 1, fwd=1.0, bwd=2.0)
+    cost.duty, cost.per_op_s, cost.unstretched_op_s = [4.0], 0.25, 0.5
+    if cores is not None:
+        cost.host, cost.cores = [0], [cores]
+    res = simulate(make_schedule("1f1b", 1, 2), cost)
+    f = next((s, e) for a, s, e in res.timelines[0] if a.op is Op.FORWARD)
+    assert f == (0.0, pytest.approx(4 * 1.25 + 0.5))
+    assert res.iteration_s == pytest.approx(2 * (4 * 1.25 + 0.5) + 2 * (4 * 2.25 + 0.5))
+
+
 def test_check_names_the_bad_term():
     cost = ScheduleCosts.uniform(2, 2)
     cost.wait_cpu = 1.5
@@ -71,4 +97,7 @@ def test_check_names_the_bad_term():
         cost.check(2, 2)
     cost.wait_cpu, cost.per_op_s = 0.0, [0.1]
     with pytest.raises(ValueError, match="per_op_s"):
+        cost.check(2, 2)
+    cost.per_op_s, cost.unstretched_op_s = 0.0, [0.1]
+    with pytest.raises(ValueError, match="unstretched_op_s"):
         cost.check(2, 2)

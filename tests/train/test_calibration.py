@@ -16,7 +16,8 @@ from gearshift.train.model import job_model
 from gearshift.train.profiling import profile_job
 
 TINY = ["--model.layers=2", "--model.width=32", "--model.heads=2", "--model.context=16", "--train.batch_size=8",
-        "--data.max_bytes=100000", "--cluster.workers=2", "--parallel.stages=2", "--parallel.microbatches=2"]
+        "--data.max_bytes=100000", "--cluster.workers=2", "--parallel.stages=2", "--parallel.microbatches=2",
+        "--output.report=false"]
 
 
 @pytest.mark.parametrize("mb, batch, sizes", [(4, 8, [1, 4]), (8, 16, [2, 8]), (2, 8, [1, 2]), (1, 8, [1, 2]),

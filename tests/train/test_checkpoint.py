@@ -27,6 +27,7 @@ from gearshift.train.checkpoint import (
     save_checkpoint,
 )
 from gearshift.train.config import load_config
+from gearshift.train.launch import launch
 
 
 def _train(out: Path, *args: str) -> subprocess.CompletedProcess:
@@ -45,17 +46,22 @@ def _final(out: Path) -> dict:
     return ck
 
 
+def _launch(out: Path, *args: str, resume: bool = False) -> int:
+    """_train's job launched from this process (no launcher interpreter to start): where no console line is tested."""
+    cfg = load_config(None, [*TINY, f"--output.dir={out}", "--train.steps=10", "--train.checkpoint_every=5",
+                             "--train.warmup_steps=2", *args])
+    return launch(cfg, resume=resume, quiet=True)
+
+
 @pytest.mark.multiprocess
 def test_resume_is_exact_and_partition_independent(tmp_path):
     straight, resumed, moved = tmp_path / "straight", tmp_path / "resumed", tmp_path / "moved"
     two = ["--cluster.workers=2", "--parallel.stages=2"]
-    assert _train(straight, *two).returncode == 0
+    assert _launch(straight, *two) == 0
     # 5 steps (a run cut short, as by a preemption), then resume for the last 5
-    r = _train(resumed, *two, "--train.stop_after=5")
-    assert r.returncode == 0, r.stderr
+    assert _launch(resumed, *two, "--train.stop_after=5") == 0
     shutil.copytree(resumed, moved)  # the same cut-short run, resumed below by another layout
-    r = _train(resumed, *two, "--resume")
-    assert r.returncode == 0, r.stderr
+    assert _launch(resumed, *two, resume=True) == 0
     assert _losses(resumed) == _losses(straight)
     a, b = _final(straight), _final(resumed)
     for name in a["model"]:
@@ -64,8 +70,7 @@ def test_resume_is_exact_and_partition_independent(tmp_path):
         for k in a["optim"][name]:
             assert torch.equal(a["optim"][name][k], b["optim"][name][k]), (name, k)
     # the same checkpoint resumed by a 1-stage job on 1 worker: state is keyed by global layer index
-    r = _train(moved, "--cluster.workers=1", "--parallel.stages=1", "--resume")
-    assert r.returncode == 0, r.stderr
+    assert _launch(moved, "--cluster.workers=1", "--parallel.stages=1", resume=True) == 0
     torch.testing.assert_close(torch.tensor(_losses(moved)), torch.tensor(_losses(straight)), rtol=1e-5, atol=1e-6)
     c = _final(moved)
     for name in a["model"]:

@@ -16,7 +16,7 @@ from gearshift.errors import ConfigError
 from gearshift.train.forcing import Forcing
 
 ROOT = Path(__file__).resolve().parents[2]
-QUIET = ["--output.trace=false", "--output.progress=false"]
+QUIET = ["--output.trace=false", "--output.progress=false", "--output.report=false"]
 MLP = ["--cluster.workers=2", "--parallel.stages=2", "--parallel.microbatches=2", "--train.batch_size=8",
        "--train.warmup_steps=2", "--train.eval_every=3", "--train.eval_batches=2", *QUIET]
 MIGRATE = Forcing(partitions={4: [(0, 2), (2, 8)]})  # layers 2-3 move to the other stage before step 4

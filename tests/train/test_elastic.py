@@ -17,7 +17,7 @@ from gearshift.train.config import load_config
 from gearshift.train.forcing import Forcing
 from gearshift.train.launch import launch
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.serial]
+pytestmark = pytest.mark.multiprocess
 
 JOB = [*TINY, "--cluster.workers=2", "--parallel.stages=2", "--train.steps=4", "--train.checkpoint_every=0",
        "--train.warmup_steps=1"]
@@ -92,6 +92,7 @@ def test_workers_lost_for_good_shrink_the_job_then_stop_it_with_a_checkpoint(tmp
 STEPS_BACK = 60  # a tiny step takes milliseconds: enough of them for the agent to see the worker back and regroup
 
 
+@pytest.mark.serial  # the agent must regroup before the job's steps run out: it races the clock
 def test_a_worker_back_grows_the_job_again_with_the_same_losses(tmp_path):
     """Rank 1 is lost for good at step 1 (the job goes on with 1 stage), and is back once step 1 is finished: the
     job grows back to 2 stages at a step boundary, from the in-memory copies. Each step once, the same losses."""

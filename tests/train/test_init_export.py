@@ -20,7 +20,8 @@ from gearshift.train.init_weights import check_init, load_init
 from gearshift.train.rundir import write_config
 
 TINY = ["--model.layers=2", "--model.width=32", "--model.heads=2", "--model.context=16", "--train.batch_size=8",
-        "--data.max_bytes=100000", "--parallel.microbatches=2", "--cluster.workers=2", "--parallel.stages=2"]
+        "--data.max_bytes=100000", "--parallel.microbatches=2", "--cluster.workers=2", "--parallel.stages=2",
+        "--output.report=false"]
 
 
 def _weights(seed: int) -> dict[str, torch.Tensor]:

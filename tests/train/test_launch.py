@@ -16,7 +16,7 @@ from conftest import TINY
 from gearshift.train.config import load_config
 from gearshift.train.launch import run_ranks
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.serial]
+pytestmark = pytest.mark.multiprocess
 
 
 def _gearshift(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -117,7 +117,7 @@ def test_train_writes_its_run_and_emulation_on_some_ranks_only_does_not_deadlock
     out = tmp_path / "emu"
     r = _gearshift("train", *TINY, "--cluster.workers=2", "--parallel.stages=2", "--train.steps=2",
                    "--emulate.slowdown=[1,2]", "--cluster.timeout_s=30", f"--output.dir={out}", "--output.trace=true",
-                   timeout=90)
+                   "--output.report=true", timeout=90)
     assert r.returncode == 0, r.stderr
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
     assert "unigram entropy" in r.stdout and "(open in a browser)" in r.stdout  # the summary points at the report

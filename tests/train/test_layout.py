@@ -10,6 +10,7 @@ from torch import nn
 
 from gearshift.errors import ConfigError
 from gearshift.models import ModelSpec
+from gearshift.train import layout
 from gearshift.train.config import load_config
 from gearshift.train.layout import layer_inputs, resolve_partition
 from gearshift.train.model import check_job, job_model
@@ -21,7 +22,9 @@ CUSTOM = ["--data.name=custom_parts:batches", "--cluster.workers=2", "--parallel
           "--parallel.microbatches=2"]
 
 
-def test_shapes_come_from_the_data_and_the_layers():
+@pytest.mark.parametrize("cpu_limit", [layout.CPU_SHAPE_PASS, -1], ids=["small-on-cpu", "large-on-meta"])
+def test_shapes_come_from_the_data_and_the_layers(monkeypatch, cpu_limit):
+    monkeypatch.setattr(layout, "CPU_SHAPE_PASS", cpu_limit)
     gpt = load_config(None, ["--model.layers=2", "--model.width=32", "--model.heads=2", "--model.context=16",
                              "--data.max_bytes=100000"])
     assert check_job(gpt) == [((16,), torch.int64)] + [((16, 32), torch.float32)] * 3

@@ -20,7 +20,8 @@ def test_auto_strategy_metrics_and_trace(tmp_path):
                              "--model.context=8", "--model.experts=4", "--model.moe_every=1", "--train.batch_size=16",
                              "--parallel.microbatches=2", "--cluster.workers=4", "--train.steps=3",
                              "--train.eval_every=0", "--parallel.strategy=auto", "--output.moe_trace=true",
-                             "--output.trace=false", "--output.progress=false", f"--output.dir={tmp_path}"])
+                             "--output.trace=false", "--output.progress=false", "--output.report=false",
+                             f"--output.dir={tmp_path}"])
     assert launch(cfg, quiet=True) == 0
     lines = [json.loads(s) for s in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     event = lines[0]

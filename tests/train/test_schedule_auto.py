@@ -17,7 +17,8 @@ pytestmark = pytest.mark.multiprocess
 
 TINY = ["--model.layers=2", "--model.width=32", "--model.heads=2", "--model.context=16", "--train.batch_size=8",
         "--data.max_bytes=100000", "--cluster.workers=2", "--parallel.stages=2", "--train.eval_every=0",
-        "--output.trace=false"]
+        "--output.trace=false",
+        "--output.report=false"]
 
 
 def test_auto_start_forced_switch_and_period(tmp_path, capfd) -> None:

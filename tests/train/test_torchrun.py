@@ -24,7 +24,8 @@ def _torchrun(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 def test_example_job_runs_under_torchrun(tmp_path):
     r = _torchrun(str(EXAMPLE), "--train.steps=2", "--train.eval_every=0", "--data.max_bytes=100000",
-                  "--output.trace=false", "--output.progress=false", f"--output.dir={tmp_path / 'run'}", cwd=tmp_path)
+                  "--output.trace=false", "--output.progress=false", "--output.report=false",
+                  f"--output.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 2
 

@@ -10,7 +10,8 @@ from gearshift.runtime.shares import measured_weights, share_rows
 from gearshift.train.config import load_config
 from gearshift.train.profiling import profile_job
 
-TINY = ["--model.layers=2", "--model.width=32", "--model.heads=2", "--model.context=16", "--data.max_bytes=100000"]
+TINY = ["--model.layers=2", "--model.width=32", "--model.heads=2", "--model.context=16", "--data.max_bytes=100000",
+        "--output.report=false"]
 
 
 @pytest.mark.parametrize("args, says", [

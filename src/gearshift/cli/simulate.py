@@ -89,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
     if has_run:
         plans = [(seg, *_plan(cfg, seg, profile_at, per_part, bounds)) for seg in segs]
         over = run_overhead(out, [(seg.steps[1:], sprof, sbounds, sch, state, per_part // seg.m, cal)
-                                  for seg, sprof, sbounds, sch in plans])
+                                  for seg, sprof, sbounds, sch in plans],
+                            most=available_cores() / max(cfg.cluster.workers // p.stages, 1))
     for seg in segs:
         seg_cfg = _with_mk(cfg, seg.m, seg.k)
         sprof = profile_at(per_part // seg.m)
@@ -139,10 +140,15 @@ def _plan(cfg: JobConfig, seg, profile_at, per_part: int, bounds: list[tuple[int
     return sprof, sbounds, job_schedule(_with_mk(cfg, seg.m, seg.k), slice_act_bytes(sprof, sbounds))
 
 
-def run_overhead(out: Path, segs: list[tuple]):
+def run_overhead(out: Path, segs: list[tuple], most: float | None = None):
     """The overhead fitted from the run's steps (profile.overhead), each segment's steps (after its first) against
-    its own plan `(steps, profile, bounds, schedule, state, micro-batch size, calibration)`; None where no step
-    measured its CPU (a run from before metrics.jsonl had cpu_s)."""
+    its own plan `(steps, profile, bounds, schedule, state, micro-batch size, calibration)`, with the cores the
+    ranks got together (planner.host_cores, at most `most`) fitted to the median step of the segment with the most
+    steps; None where no step measured its CPU (a run from before metrics.jsonl had cpu_s)."""
+    import dataclasses
+    import statistics
+
+    from gearshift.planner.host_cores import fitted_cores
     from gearshift.planner.predict import messages, own_compute_s, sim_cost
     from gearshift.profile.overhead import RankStep, fit_overhead
     from gearshift.train.metrics import read_metrics
@@ -154,7 +160,16 @@ def run_overhead(out: Path, segs: list[tuple]):
             schedule.num_ranks
         samples += [RankStep(own[r % n], c, u, msgs[r % n]) for k in steps if k in by_step
                     for r, (c, u) in enumerate(zip(by_step[k]["compute_cpu_s"], by_step[k]["cpu_s"]))]
-    return fit_overhead(samples) if samples else None
+    if not samples:
+        return None
+    over = fit_overhead(samples)
+    steps, prof, bounds, schedule, state, mb, cal = max(segs, key=lambda seg: sum(k in by_step for k in seg[0]))
+    times = [by_step[k]["step_time_s"] for k in steps if k in by_step]
+    if not times:
+        return over
+    cores = fitted_cores(prof, bounds, schedule, state, mb, dataclasses.replace(cal, overhead=over),
+                         statistics.median(times), most)
+    return dataclasses.replace(over, cores=cores)
 
 
 def _with_mk(cfg: JobConfig, m: int, k: int) -> JobConfig:

@@ -102,13 +102,18 @@ def backward_input(output: Tensor, grad: Tensor | None) -> list[Deferred]:
 
 
 def backward_weight(items: list[Deferred]) -> None:
-    """BW: the deferred layers' weight and bias gradients, added to their .grad."""
+    """BW: the deferred layers' weight and bias gradients, added to their .grad (a weight's matmul accumulates
+    into the .grad there is, as autograd's would after a whole backward, without a temporary)."""
     for d in items:
         w, b = d.module.weight, d.module.bias
-        gw, gb = _weight_grads(d.x, d.grad, w.requires_grad, b is not None and b.requires_grad)
-        for p, g in ((w, gw), (b, gb)):
-            if g is not None:
-                if p.grad is None:
-                    p.grad = g
-                else:
-                    p.grad += g
+        g2, x2 = d.grad.reshape(-1, d.grad.shape[-1]), d.x.reshape(-1, d.x.shape[-1])
+        if w.requires_grad:
+            if w.grad is None:
+                w.grad = g2.t() @ x2
+            else:
+                w.grad.addmm_(g2.t(), x2)
+        if b is not None and b.requires_grad:
+            if b.grad is None:
+                b.grad = g2.sum(0)
+            else:
+                b.grad.add_(g2.sum(0))

@@ -3,6 +3,8 @@ schedule's action lists (the same lists the runtime executes)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from gearshift.cluster.state import ClusterState
 from gearshift.errors import PlanError
 from gearshift.profile.calibration import Calibration
@@ -26,12 +28,14 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
     a measured latency take the calibration's. Where the calibration carries the job's own steps (its
     `overhead`, profile.overhead): compute times scaled by its compute_scale; each send's and receive's CPU
     spread over the rank's compute actions (a per-op cost: compute that shares the host's cores, which is
-    where it is spent); and its per-step CPU added to each rank's STEP."""
+    where it is spent; the duty cycle does not stretch it: ScheduleCosts.unstretched_op_s); and its per-step CPU
+    added to each rank's STEP."""
     if len(bounds) == schedule.stages_per_pipe < schedule.num_stages:
         bounds = [bounds[s % schedule.stages_per_pipe] for s in range(schedule.num_stages)]
     if bounds[-1][1] != profile.num_layers:
         raise PlanError(f"profile: has {profile.num_layers} layers but the partition covers {bounds[-1][1]} "
                         "(a profile of another model? run `gearshift profile` again)")
+    state = with_fitted_cores(state, calibration)
     mb = microbatch_size or profile.microbatch_size
     scale = mb / profile.microbatch_size  # profiled per micro-batch of profile.microbatch_size samples
     place = schedule.placement
@@ -65,16 +69,19 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
     if calibration is not None and state.source != "monitor":  # a job's monitor has its links as probed
         latency, bandwidth = _links(latency, calibration.latency_s), _links(bandwidth, calibration.bandwidth_Bps)
     over = calibration.overhead if calibration is not None else None
+    beside = [0.0] * len(state.speeds)
     if over is not None:
         c = over.compute_scale
         fwd, bwd, wgt = [c * x for x in fwd], [c * x for x in bwd], [c * x for x in wgt]
+        per_op = [c * x for x in per_op]
+        # the host's CPU, not the device's compute: not divided by a rank's speed, and spent in the sends and
+        # receives, outside the compute ops that an emulated duty cycle stretches
         msgs, ops = messages(schedule), compute_ops(schedule)
-        # the host's CPU, not the device's compute: not divided by a rank's speed
-        per_op = [c * x + (over.message_cpu_s * n / k if k else 0.0) for x, n, k in zip(per_op, msgs, ops)]
+        beside = [over.message_cpu_s * n / k if k else 0.0 for n, k in zip(msgs, ops)]
         step = [x + over.step_cpu_s for x in step]
     return ScheduleCosts(fwd, bwd, act, bandwidth, latency, act_mem, params, state.memory,
                          step_s=step, step_barrier_s=0.0, host=state.hosts, cores=state.cores, duty=state.duty,
-                         param_bytes=moved, per_op_s=per_op, input_fraction=frac, weight_s=wgt,
+                         param_bytes=moved, per_op_s=per_op, input_fraction=frac, weight_s=wgt, unstretched_op_s=beside,
                          wait_cpu=calibration.wait_cpu if calibration is not None else 0.0)
 
 
@@ -93,10 +100,11 @@ def own_compute_s(cost: ScheduleCosts, schedule: Schedule) -> list[float]:
     """Per rank: the seconds its compute actions take on a core of its own (per-op cost included): what the
     job's compute CPU is measured against (profile.overhead)."""
     fwd, bwd, bi, bw = cost.forward_s, cost.backward_s, cost.input_grad_s(), cost.weight_grad_s()
-    per_op = cost.op_times(schedule.num_ranks)
+    per_op, share = cost.op_times(schedule.num_ranks), cost.input_op_share()
     each = {Op.FORWARD: fwd, Op.BACKWARD: bwd, Op.BACKWARD_INPUT: bi, Op.BACKWARD_WEIGHT: bw}
-    return [sum(each[a.op][a.stage] + per_op[r] for a in acts if a.op in each)
-            for r, acts in enumerate(schedule.actions)]
+    part = {Op.BACKWARD_INPUT: share, Op.BACKWARD_WEIGHT: [1.0 - x for x in share]}  # of a split's fixed cost
+    return [sum(each[a.op][a.stage] + per_op[r] * (part[a.op][a.stage] if a.op in part else 1.0)
+                for a in acts if a.op in each) for r, acts in enumerate(schedule.actions)]
 
 
 def _links(matrix: list[list[float]], per_link: list[float | None] | None) -> list[list[float]]:
@@ -112,6 +120,15 @@ def _links(matrix: list[list[float]], per_link: list[float | None] | None) -> li
         if x is not None:
             out[p][p + 1] = out[p + 1][p] = x
     return out
+
+
+def with_fitted_cores(state: ClusterState, calibration: Calibration | None) -> ClusterState:
+    """`state` with each host's cores replaced by the cores the job's ranks got together, where the calibration's
+    overhead fitted them from the job's own steps (StepOverhead.cores > 0; planner.host_cores); else `state`."""
+    over = calibration.overhead if calibration is not None else None
+    if over is None or over.cores <= 0 or state.cores is None:
+        return state
+    return dataclasses.replace(state, cores=[over.cores] * len(state.cores))
 
 
 def predict(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Schedule, state: ClusterState,

@@ -32,7 +32,10 @@ class StepOverhead:
     message_cpu_s: CPU seconds per send or receive and step_cpu_s: CPU seconds per step and rank beside its
     compute (the Theil-Sen line of each rank's CPU beyond its compute against its message count; with one message
     count among the ranks, a line through 0). residual: the line's median |fit / measured - 1|; points: rank-steps
-    fitted."""
+    fitted. cores: the cores' worth of throughput the job's ranks got together on their host (planner.host_cores:
+    the simulator, priced with the rest of this overhead, bisected on it until it gives the job's measured step);
+    it replaces the cluster state's count, which a probe of independent processes measures and which misses the
+    ranks' wake-ups on each other's messages. 0: not fitted."""
 
     compute_scale: float = 1.0
     message_cpu_s: float = 0.0
@@ -40,6 +43,7 @@ class StepOverhead:
     residual: float = 0.0
     points: int = 0
     method: str = "none"
+    cores: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -52,7 +56,9 @@ class StepOverhead:
         """One line for `gearshift simulate` and the benchmarks."""
         return (f"the job's steps ({self.method}, {self.points} rank-steps): compute x{self.compute_scale:.3f} of "
                 f"the calibration, {self.message_cpu_s * 1e3:.3f} ms CPU per send or receive, "
-                f"{self.step_cpu_s * 1e3:.3f} ms CPU per step and rank; residual {self.residual:.1%}")
+                f"{self.step_cpu_s * 1e3:.3f} ms CPU per step and rank; residual {self.residual:.1%}"
+                + (f"; the ranks got {self.cores:.2f} cores together (fitted to the measured step)" if self.cores > 0
+                   else ""))
 
 
 def fit_overhead(samples: Sequence[RankStep], scale: bool = True) -> StepOverhead:

@@ -47,6 +47,7 @@ class StepMetrics:
     val_loss: float | None = None
     cpu_s: list[float] | None = None  # per rank: CPU seconds of the process (every thread) over the step
     compute_cpu_s: list[float] | None = None  # per rank: CPU seconds inside its forwards and backwards
+    core_wait_s: list[float] | None = None  # per rank: seconds its main thread was ready but had no core
 
     def to_dict(self) -> dict:
         d = {"step": self.step, "loss": self.loss, "lr": self.lr, "grad_norm": self.grad_norm,
@@ -61,13 +62,15 @@ class StepMetrics:
             d["val_loss"] = self.val_loss
         if self.cpu_s is not None:
             d.update(cpu_s=list(self.cpu_s), compute_cpu_s=list(self.compute_cpu_s or []))
+        if self.core_wait_s is not None:
+            d["core_wait_s"] = list(self.core_wait_s)
         return d
 
 
 def step_metrics(step: int, loss: float, grad_norm: float, lr: float, bounds: list, tokens: int,
                  ranks: dict[str, list[float]]) -> StepMetrics:
     """The step's record from every rank's numbers (`ranks`: field -> values by rank, as train.step_stats.StepStats
-    reduces them: busy_s, step_s, speed, has_speed, peak_act_bytes, and where given cpu_s, compute_cpu_s).
+    reduces them: busy_s, step_s, speed, has_speed, peak_act_bytes, and where given cpu_s, compute_cpu_s, core_wait_s).
     `tokens`: the job's tokens per step."""
     busy, step_s = ranks["busy_s"], ranks["step_s"]
     wall = max(step_s)
@@ -77,7 +80,7 @@ def step_metrics(step: int, loss: float, grad_norm: float, lr: float, bounds: li
     return StepMetrics(step, loss, lr, grad_norm, tokens / wall, wall, busy,
                        1.0 - sum(busy) / (len(busy) * wall), [list(b) for b in bounds],
                        [int(b) for b in ranks["peak_act_bytes"]], speed, cpu_s=ranks.get("cpu_s"),
-                       compute_cpu_s=ranks.get("compute_cpu_s"))
+                       compute_cpu_s=ranks.get("compute_cpu_s"), core_wait_s=ranks.get("core_wait_s"))
 
 
 @dataclass

@@ -40,6 +40,7 @@ class StepRecord:
     peak_act_bytes: int = 0  # most bytes of activations saved for backward held at once
     cpu_s: float = 0.0  # CPU seconds of the whole process (every thread: gloo's too) over the step
     compute_cpu_s: float = 0.0  # CPU seconds of this thread inside the compute ops (F, B, BI, BW)
+    core_wait_s: float = 0.0  # seconds this thread was ready to run but had no core (the kernel's run-queue wait)
     event_stages: list[int] = field(default_factory=list)  # stage of each event (-1: none)
 
     @property
@@ -159,6 +160,16 @@ def _process_cpu_s() -> float:
     return time.process_time()
 
 
+def core_wait_s(path: str = "/proc/thread-self/schedstat") -> float:
+    """Seconds the calling thread has waited on a run queue (ready, no core free) since it started: the second
+    field of Linux's schedstat; 0 where there is none. What ranks sharing cores lose to each other, measured."""
+    try:
+        with open(path) as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def _dispatch(handlers: dict[Op, Handler]) -> dict[Op, Handler]:
     """A dispatch table: each op's handler, a compute op's timed, every other op's traced."""
     return {op: (_timed if op.is_compute else _traced)(fn) for op, fn in handlers.items()}
@@ -273,7 +284,7 @@ class PipelineExecutor:
         rec = StepRecord()
         self.act_meter.begin()
         self.transport.start(plan.actions, plan.recvs, shift, rec.sent_bytes, rec.recv_wait_s)
-        cpu0 = _process_cpu_s()
+        cpu0, wait0 = _process_cpu_s(), core_wait_s()
         step = _Step(plan, rec, inputs, targets, on_sync, on_step, time.perf_counter(), on_last_backward)
         for i, (a, handle) in enumerate(zip(plan.actions, plan.handlers)):
             handle(self, step, i, a, (a.mb + shift) % num_ids if a.mb >= 0 else 0)
@@ -281,6 +292,7 @@ class PipelineExecutor:
         rec.peak_act_bytes = self.act_meter.peak
         rec.step_s = time.perf_counter() - step.t0
         rec.cpu_s = _process_cpu_s() - cpu0
+        rec.core_wait_s = core_wait_s() - wait0
         return rec
 
     def _reset(self) -> None:

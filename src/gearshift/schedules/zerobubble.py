@@ -1,16 +1,16 @@
 """Zero-bubble and interleaved schedules: `zb1p` (ZB-H1: one stage per rank, backwards split into BI and BW, the
 BWs filling the bubbles at 1F1B's peak memory), `interleaved` (v virtual stages per rank, looping placement: stage j on
 rank j mod P) and `zbv` (two virtual stages per rank in a V: rank r holds stages r and 2P - 1 - r, split backwards).
-Interleaved on its looping placement with micro-batches a multiple of the ranks runs Megatron's order; the rest
-are built by one generator.
+zb1p with one stage per rank runs ZB-H1's order (zb_h1_orders: on unit costs the paper's 3m + P - 1, against 1F1B's
+3(m + P - 1)); interleaved on its looping placement with micro-batches a multiple of the ranks runs Megatron's
+order; the rest are built by one greedy generator.
 
-One generator builds all three: a greedy list schedule on a unit clock (F = 1, a whole B = 2, BI = BW = 1). An idle
-rank runs the first ready of: a backward (B or BI; the deepest stage first), a forward (the deepest stage first)
-that its stage's memory cap admits, and, only when neither is ready, its oldest pending BW. A stage's cap is the
-number of micro-batches 1F1B holds there (the stages from it to its pipe's end), so no stage holds more than 1F1B
-would, and BW runs when the rank would otherwise wait; zb1p's cap is 1F1B's peak, its first stage's, on every
-stage (ZB-H1: the same peak memory as 1F1B; a later stage that defers its BWs fills the bubbles of the stages
-before it). Any placement works (the validator replays the lists)."""
+The greedy generator is a list schedule on a unit clock (F = 1, a whole B = 2, BI = BW = 1). An idle rank runs the
+first ready of: a backward (B or BI; the deepest stage first), a forward (the deepest stage first) that its stage's
+memory cap admits, and, only when neither is ready, its oldest pending BW. A stage's cap is the number of
+micro-batches 1F1B holds there (the stages from it to its pipe's end), so no stage holds more than 1F1B would, and
+BW runs when the rank would otherwise wait; zb1p's cap (several stages on a rank) is 1F1B's peak, its first
+stage's, on every stage. Any placement works (the validator replays the lists)."""
 
 from __future__ import annotations
 
@@ -88,6 +88,30 @@ def greedy_orders(placement: list[int], num_microbatches: int, split: bool,
     return out
 
 
+def zb_h1_orders(num_stages: int, num_microbatches: int) -> list[list[Action]]:
+    """ZB-H1 (one stage per rank; list s is stage s's): 1F1B's forwards and input gradients (S - s forwards, then
+    one BI and one forward in turn, then the last BIs), with BW j right after BI j + s, the BWs left after the last
+    BI. Stage s defers s BWs beyond 1F1B's S - s micro-batches, so every stage holds at most S (1F1B's first stage's
+    peak), and a later stage's deferred BWs fill the bubbles the earlier stages' backwards leave it: on unit costs
+    (F = BI = BW) the step is 3m + S - 1 units, the paper's (1F1B: 3(m + S - 1))."""
+    S, M = num_stages, num_microbatches
+    out = []
+    for s in range(S):
+        nf = min(M, S - s)
+        acts = [Action(Op.FORWARD, s, j) for j in range(nf)]
+        w = 0
+        for b in range(M):
+            acts.append(Action(Op.BACKWARD_INPUT, s, b))
+            if b - w >= s:
+                acts.append(Action(Op.BACKWARD_WEIGHT, s, w))
+                w += 1
+            if nf < M:
+                acts.append(Action(Op.FORWARD, s, nf))
+                nf += 1
+        out.append(acts + [Action(Op.BACKWARD_WEIGHT, s, j) for j in range(w, M)])
+    return out
+
+
 def megatron_orders(ranks: int, virtual: int, num_microbatches: int) -> list[list[Action]]:
     """Megatron's interleaved 1F1B (micro-batches a multiple of ranks): rank r runs forwards of its chunks in
     groups of `ranks` micro-batches, (ranks - r - 1) x 2 + (virtual - 1) x ranks of them before its first
@@ -150,6 +174,10 @@ def _build(name: str, num_stages: int, num_microbatches: int, placement: list[in
     v = len(placement) // num_ranks
     if not split and num_microbatches % num_ranks == 0 and placement == looping(num_ranks, v):
         compute = megatron_orders(num_ranks, v, num_microbatches)
+    elif name == "zb1p" and v == 1:  # one stage per rank: ZB-H1's order, whatever rank holds each stage
+        compute = [[]] * num_ranks
+        for s, acts in enumerate(zb_h1_orders(len(placement), num_microbatches)):
+            compute[placement[s]] = acts
     else:
         caps = [num_ranks] * len(placement) if name == "zb1p" else None
         compute = greedy_orders(placement, num_microbatches, split, caps)

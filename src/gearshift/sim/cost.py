@@ -19,9 +19,13 @@ class ScheduleCosts:
     that took t, rank r sleeps (f - 1) t without holding a core.
 
     Beside each stage's work: `per_op_s[r]`, a fixed cost of every forward and backward on rank r (dispatch,
-    autograd, cold caches: the intercept of the job's calibration), and `wait_cpu`, the share of a core that a
+    autograd, cold caches: the intercept of the job's calibration; a split backward's BI and BW share its
+    backward's in proportion to their times, as they share its ops), and `wait_cpu`, the share of a core that a
     rank uses while it waits (a blocked receive, the clip's barrier) on a host whose ranks share cores: while k
-    of a host's ranks compute and w wait, each computing rank runs at min(1, cores / (k + wait_cpu * w))."""
+    of a host's ranks compute and w wait, each computing rank runs at min(1, cores / (k + wait_cpu * w)).
+    `unstretched_op_s[r]`: CPU each compute action of rank r carries that the duty cycle does not stretch (the share
+    of its sends' and receives' CPU spread over its compute actions: spent outside the compute ops the emulation
+    slows, on the same cores); an emulated rank sleeps (f - 1) x the rest of the action's time."""
 
     forward_s: list[float]
     backward_s: list[float]
@@ -42,6 +46,7 @@ class ScheduleCosts:
     weight_s: list[float] | None = None  # per stage: a split backward's BW; None: backward_s less BI
     per_op_s: float | list[float] = 0.0  # fixed cost of each F and B: one for every rank, or one per rank
     wait_cpu: float = 0.0  # cores a waiting rank uses on a shared host (0: waiting is free)
+    unstretched_op_s: float | list[float] = 0.0  # CPU beside each F and B that the duty cycle does not stretch
 
     @classmethod
     def uniform(
@@ -71,6 +76,11 @@ class ScheduleCosts:
         fracs = list(fr) if isinstance(fr, list) else [fr] * len(self.backward_s)
         return [b * f for b, f in zip(self.backward_s, fracs)]
 
+    def input_op_share(self) -> list[float]:
+        """Per stage: BI's share of a split backward's fixed cost (per_op_s), its share of the split's time; BW
+        pays the rest (a pipe's first stage, whose BI computes nothing: all of it)."""
+        return [i / (i + w) if i + w > 0 else 0.5 for i, w in zip(self.input_grad_s(), self.weight_grad_s())]
+
     def weight_grad_s(self) -> list[float]:
         """Per stage: the time of a split backward's BW (parameter gradients)."""
         if self.weight_s is not None:
@@ -84,6 +94,11 @@ class ScheduleCosts:
     def op_times(self, num_ranks: int) -> list[float]:
         """Fixed cost of each forward and backward, per rank."""
         return list(self.per_op_s) if isinstance(self.per_op_s, list) else [self.per_op_s] * num_ranks
+
+    def unstretched_times(self, num_ranks: int) -> list[float]:
+        """CPU beside each compute action that the duty cycle does not stretch, per rank."""
+        u = self.unstretched_op_s
+        return list(u) if isinstance(u, list) else [u] * num_ranks
 
     def oversubscribed(self) -> bool:
         """Whether some host has more ranks than cores (so compute times depend on what runs at once)."""
@@ -118,7 +133,8 @@ class ScheduleCosts:
                 )
         per_rank = {"memory_bytes": self.memory_bytes, "sync_s": self.sync_s, "host": self.host,
                     "duty": self.duty, "step_s": self.step_s if isinstance(self.step_s, list) else None,
-                    "per_op_s": self.per_op_s if isinstance(self.per_op_s, list) else None}
+                    "per_op_s": self.per_op_s if isinstance(self.per_op_s, list) else None,
+                    "unstretched_op_s": self.unstretched_op_s if isinstance(self.unstretched_op_s, list) else None}
         for name, xs in per_rank.items():
             if xs is not None and len(xs) != num_ranks:
                 raise ValueError(

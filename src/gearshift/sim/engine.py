@@ -145,7 +145,10 @@ def _compile(schedule: Schedule, cost: ScheduleCosts) -> _Program:
     mem = [0.0] * n
     fwd, bwd, nbytes, act_mem = cost.forward_s, cost.backward_s, cost.act_bytes, cost.act_mem_bytes
     bwd_in, bwd_w = cost.input_grad_s(), cost.weight_grad_s()
-    sync, step, per_op = cost.sync_s, cost.step_times(num_ranks), cost.op_times(num_ranks)
+    sync, step = cost.sync_s, cost.step_times(num_ranks)
+    fixed, plain = cost.op_times(num_ranks), cost.unstretched_times(num_ranks)
+    per_op = [x + u for x, u in zip(fixed, plain)]
+    bi_share = cost.input_op_share()  # of a split backward's fixed cost, BI's (BW has the rest)
     pbytes = cost.param_bytes or [0.0] * num_stages
     seen: dict[tuple, int] = {}  # (kind, stage, peer, rank) -> occurrences so far (update messages pair in order)
     updates: dict[tuple, list[int]] = {}
@@ -164,12 +167,12 @@ def _compile(schedule: Schedule, cost: ScheduleCosts) -> _Program:
                     d = slot[ras + i]
                     dep1[g] = d if d >= 0 and ranks[d] == r else _NEVER
         elif k == _BW:  # after its BI, on the same rank; frees what the forward saved
-            dur[g] = bwd_w[s] + per_op[r]
+            dur[g] = bwd_w[s] + (1.0 - bi_share[s]) * fixed[r] + plain[r]
             mem[g] = -act_mem[s]
             d = slot[bs + i]
             dep1[g] = d if d >= 0 and ranks[d] == r and kind[d] == _BI else _NEVER
         elif k == _B or k == _BI:
-            dur[g] = (bwd[s] if k == _B else bwd_in[s]) + per_op[r]
+            dur[g] = bwd[s] + per_op[r] if k == _B else bwd_in[s] + bi_share[s] * fixed[r] + plain[r]
             mem[g] = -act_mem[s] if k == _B else 0.0
             dep2[g] = carried(slot[fs + i], mb)
             if dep2[g] == _NONE:
@@ -269,10 +272,17 @@ class _Replay:
         self.pc = list(prog.offs[:-1])  # per rank: index of the first action not run (offs[r+1] when finished)
         self.clock = [0.0] * num_ranks
         self.slow = [max(1.0, f) for f in cost.duty] if cost.duty is not None else [1.0] * num_ranks
+        self.plain = cost.unstretched_times(num_ranks)  # per rank: of each compute's time, what is not stretched
         self.gate = _Barrier(prog, cost)
         self.waiters: dict[int, list[int]] = {}  # action (or _BARRIER) -> ranks blocked on it
         self.xfers: list[tuple[int, int, float]] = []  # (send index, src rank, transfer start)
         self.wake: Callable[[float, int], None] = lambda t, r: None  # the driver's: rank r may go on at t
+
+    def stretched(self, g: int, r: int, took: float) -> float:
+        """Wall time of compute g on rank r that took `took` before the duty cycle's sleep: the rank sleeps
+        (f - 1) x the share of it that is not unstretched_op_s."""
+        slow, plain, d = self.slow[r], self.plain[r], self.prog.dur[g]
+        return took * (slow - (slow - 1.0) * plain / d if plain and d > 0 else slow)
 
     def advance(self, r: int) -> int:
         """Run rank r's list from its clock until it blocks or ends (-1) or, on shared hosts, reaches a compute
@@ -322,7 +332,7 @@ class _Replay:
                     break
                 if k <= _BW:
                     start[g] = t
-                    self.took[g] = dur[g] * self.slow[r]
+                    self.took[g] = self.stretched(g, r, dur[g])
                     t += self.took[g]
                 else:
                     if not gate.on or ds is not None:
@@ -372,7 +382,7 @@ def _run_shared(prog: _Program, cost: ScheduleCosts) -> _Replay:
     its host's computing ranks."""
     rp = _Replay(prog, cost, shared=True)
     kind, dur, host, cores, gate = prog.kind, prog.dur, cost.host, cost.cores, rp.gate
-    start, end, took, clock, pc, slow = rp.start, rp.end, rp.took, rp.clock, rp.pc, rp.slow
+    start, end, took, clock, pc = rp.start, rp.end, rp.took, rp.clock, rp.pc
     ready = [(0.0, r) for r in range(len(prog.offs) - 1)]  # (time, rank): rank goes on at that time
     now = 0.0
     vtime = [0.0] * len(cores)  # per host: work each computing rank has done so far
@@ -414,7 +424,7 @@ def _run_shared(prog: _Program, cost: ScheduleCosts) -> _Replay:
             rerate(fin_h)
             end[g] = now
             if kind[g] <= _BW:  # the emulation sleeps (f - 1) x the time it computed
-                end[g] = began + (now - began) * slow[r]
+                end[g] = began + rp.stretched(g, r, now - began)
                 took[g] = end[g] - began
             rp.done[g] = 1
             busy[r], asleep[r] = 0, end[g]

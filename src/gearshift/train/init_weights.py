@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from gearshift.errors import ConfigError
+from gearshift.models.meta import on_meta
 from gearshift.models.spec import ModelSpec
 
 HF_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
@@ -90,7 +91,7 @@ def model_entries(spec: ModelSpec, seed: int, layers: list[int] | None = None) -
     """Own name -> (layer, its state-dict key, shape) of `layers` (default: all), built on the meta device."""
     out = {}
     for i in range(spec.num_layers) if layers is None else layers:
-        with torch.device("meta"):
+        with on_meta():
             layer = spec.layer(i, seed)
         for key, t in layer.state_dict().items():
             out[spec.own_name(i, key)] = (i, key, tuple(t.shape))

@@ -207,25 +207,32 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
     if rank == 0:
         if log:
             log.close()
-            from gearshift.report.html import write_report
-            from gearshift.report.plots import emulated_steps, plot_run
             from gearshift.report.run_info import RunInfo
 
             info = RunInfo.of_job(cfg.model.name, data.tokens_per_sample, summary["unigram_entropy"])
             info.write(out)
-            plot_run(read_metrics(log.path), out / "metrics.png", info.unigram_entropy, info.loss_label, info.rate,
-                     emulated_steps(cfg.to_dict()))
-            if placer:
-                from gearshift.report.placement_plots import plot_run_placement
-
-                plot_run_placement(read_metrics(log.path), cfg.parallel.experts, out / "placement.png")
-            summary["report"] = str(write_report(out))
+            if cfg.output.report:
+                summary["report"] = _draw_report(cfg, out, log.path, info, placer is not None)
         print_summary(cfg, summary)
         if stopped:
             print(f"gearshift: stopped after step {history[-1].step + 1} ({stop.signal_name}); checkpoint "
                   f"{path}; --resume continues", flush=True)
     summary["stopped"] = stopped
     return summary
+
+
+def _draw_report(cfg: JobConfig, out: Path, metrics: Path, info, placement: bool) -> str:
+    """metrics.png (and placement.png where experts were placed) and report.html; returns the report's path."""
+    from gearshift.report.html import write_report
+    from gearshift.report.plots import emulated_steps, plot_run
+
+    plot_run(read_metrics(metrics), out / "metrics.png", info.unigram_entropy, info.loss_label, info.rate,
+             emulated_steps(cfg.to_dict()))
+    if placement:
+        from gearshift.report.placement_plots import plot_run_placement
+
+        plot_run_placement(read_metrics(metrics), cfg.parallel.experts, out / "placement.png")
+    return str(write_report(out))
 
 
 def _summary(cfg: JobConfig, history: list[StepMetrics], start: int, wall_s: float, data: JobData) -> dict:

@@ -14,7 +14,7 @@ from gearshift.runtime.executor import StepRecord
 class StepStats:
     """One float64 all_reduce per step, of a table made once on the rank's device (runtime.agree.PerRank)."""
 
-    FIELDS = ("busy_s", "step_s", "speed", "has_speed", "peak_act_bytes", "cpu_s", "compute_cpu_s")
+    FIELDS = ("busy_s", "step_s", "speed", "has_speed", "peak_act_bytes", "cpu_s", "compute_cpu_s", "core_wait_s")
 
     def __init__(self, device: torch.device | str = "cpu"):
         self._ranks = PerRank(self.FIELDS, device)
@@ -26,5 +26,5 @@ class StepStats:
         `tokens`: the job's tokens per step."""
         ranks = self._ranks({"busy_s": rec.busy_s, "step_s": rec.step_s, "speed": speed or 0.0,
                              "has_speed": speed is not None, "peak_act_bytes": rec.peak_act_bytes,
-                             "cpu_s": rec.cpu_s, "compute_cpu_s": rec.compute_cpu_s})
+                             "cpu_s": rec.cpu_s, "compute_cpu_s": rec.compute_cpu_s, "core_wait_s": rec.core_wait_s})
         return step_metrics(step, loss, grad_norm, lr, bounds, tokens, ranks)
