@@ -245,6 +245,8 @@ class PipelineRuntime:
         norm = [0.0]
 
         def on_sync() -> None:
+            if self._expert_sync is not None:  # the copies' all_reduces in flight beside the dense sync
+                self._expert_sync.start()
             if self._grad_sync is not None:
                 self._grad_sync()
             if self._expert_sync is not None:
