@@ -6,10 +6,13 @@ greedy packing, an even split, placed for the previous period), greedy_replicas 
 step's tokens split over the copies as training's all-to-all does) and the per-point oracle. Pure computation.
 
 --training: 4 ranks (expert-parallel width 4), a MoE GPT whose router is biased so a few experts are hot
-(emulate.router_skew) and drift (emulate.router_drift), with the contiguous placement (static) and with moe.every
-re-placement and replicas (dynamic), alternating, under emulate.slowdown on every rank with emulate.basis = cpu (an
-op lasts slowdown x its thread's CPU time, so ranks computing at once do not stretch each other's ops); tokens/s after
-the first decision. --diagnose: where one such job's step goes, per rank."""
+(emulate.router_skew), drift (emulate.router_drift) and flare (emulate.router_bursts: with probability 0.1 a step,
+one of the experts outside the two hottest becomes as hot as the second hottest for 2..8 steps, about 0.8 of a
+rank's fair share of the assignments; the bursty replay family's flares add 0.3-1.0 of a device's fair share and
+last as long), with the contiguous placement (static) and with moe.every re-placement and replicas (dynamic),
+alternating, under emulate.slowdown on every rank with emulate.basis = cpu (an op lasts slowdown x its thread's CPU
+time, so ranks computing at once do not stretch each other's ops); tokens/s after the first decision. --diagnose:
+where one such job's step goes, per rank."""
 
 from __future__ import annotations
 
@@ -76,6 +79,7 @@ def train_args(a: argparse.Namespace, dynamic: bool) -> list[str]:
     return ["--model.name=moe_gpt", "--model.layers=2", "--model.moe_every=1", *harness.job_overrides(
             a, "width", "context", "batch"), "--model.heads=4", "--model.experts=8", "--model.top_k=2",
             f"--emulate.router_skew={a.skew}", f"--emulate.router_drift={a.drift}", f"--model.aux_loss={a.aux_loss}",
+            f"--emulate.router_bursts={a.bursts}", f"--emulate.router_burst_steps={a.burst_steps}",
             "--cluster.workers=4", "--parallel.stages=1", "--parallel.experts=4", "--parallel.microbatches=2",
             f"--train.steps={a.train_steps}", *harness.QUIET, "--data.max_bytes=200000",
             harness.slowdown([a.slowdown] * 4), f"--emulate.basis={a.basis}",
@@ -121,6 +125,7 @@ def training_rows(a: argparse.Namespace) -> tuple[list[dict], dict]:
             row["row_cost_s"] = cost
     setup = {"workers": 4, "stages": 1, "expert_parallel": 4, "experts": 8, "top_k": 2, "width": a.width,
              "context": a.context, "batch_size": a.batch, "router_skew": a.skew, "router_drift": a.drift,
+             "router_bursts": a.bursts, "router_burst_steps": a.burst_steps,
              "aux_loss": a.aux_loss, "every": a.every, "replicas": a.replicas, "steps": a.train_steps,
              "repeats": a.repeats, "emulate_slowdown": a.slowdown, "emulate_basis": a.basis,
              "measured_from_step": a.every + 1}
@@ -213,6 +218,8 @@ def main() -> None:
     p.add_argument("--train-steps", type=int, default=None, help="training steps (default 40; --diagnose 20)")
     for name, default, text in (("every", 5, "moe.every"), ("replicas", 1, "extra expert slots per rank"),
                                 ("skew", 2.0, "emulate.router_skew"), ("drift", 15, "emulate.router_drift"),
+                                ("bursts", 0.1, "emulate.router_bursts (0: a skewed, drifting router without flares)"),
+                                ("burst-steps", 8, "emulate.router_burst_steps"),
                                 ("aux-loss", 0.0, "model.aux_loss (0: the routing stays skewed)")):
         p.add_argument(f"--{name}", type=type(default), default=default, help=text)
     a = p.parse_args()

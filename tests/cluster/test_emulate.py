@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from gearshift.cluster.emulate import EmulationConfig, Emulator, ScenarioEvent, parse_event
+from gearshift.cluster.emulate import EmulationConfig, Emulator, Flares, ScenarioEvent, parse_event, popularity_ranks
 from gearshift.errors import ConfigError
 
 
@@ -55,6 +55,8 @@ def test_parse_full_config():
     ({"scenario": [5]}, r"scenario\[0\]: expected a table"),
     ({"router_skew": -0.5}, r"emulate.router_skew: must be a number >= 0 \(got -0.5\)"),
     ({"router_drift": -1}, r"emulate.router_drift: must be an integer >= 0 \(got -1\)"),
+    ({"router_bursts": 1.5}, r"emulate.router_bursts: must be a probability in 0..1 \(got 1.5\)"),
+    ({"router_burst_steps": 1}, r"emulate.router_burst_steps: must be an integer >= 2 \(got 1\)"),
 ])
 def test_validation_errors_name_the_field(d, msg):
     with pytest.raises(ConfigError, match=msg):
@@ -127,3 +129,23 @@ def test_the_skewed_router_s_bias_ranks_the_experts_and_drifts():
     assert first[3] == pytest.approx(-2.0 * math.log(4))
     assert em.router_bias(3, 4).tolist() == [first[3], *first[:3]]  # after 3 steps expert 1 is the hottest
     assert Emulator(EmulationConfig(router_skew=1.0), 0).router_bias(99, 4).argmax() == 0  # no drift: fixed
+
+
+def test_the_bursty_router_flares_cold_experts_for_a_while_the_same_on_every_rank():
+    flares = Flares(0.3, 6, drift=5)
+    seen = [flares.at(t, 8) for t in range(400)]
+    assert [Flares(0.3, 6, drift=5).at(t, 8) for t in range(400)] == seen  # drawn from a fixed seed
+    assert Flares(0.3, 6, drift=5).at(250, 8) == seen[250]  # a resumed run's first step sees the same flares
+    drawn = flares.upto(399, 8)
+    assert 0.3 * 400 * 0.6 < len(drawn) < 0.3 * 400 * 1.2  # about `rate` flares start per step
+    for start, end, e in drawn:
+        assert popularity_ranks(start, 8, 5)[e] >= 2  # never one of the two hottest when it starts
+        assert 2 <= end - start <= 6 and all(e in seen[t] for t in range(start, min(end, 400)))
+    assert all(any(s <= t < end for s, end, x in drawn if x == e) for t in range(400) for e in seen[t])
+    assert Flares(0.0, 6, drift=5).at(10, 8) == []
+    em = Emulator(EmulationConfig(router_skew=2.0, router_drift=5, router_bursts=0.3, router_burst_steps=6), 0)
+    t, _, e = drawn[0]
+    bias, plain = em.router_bias(t, 8).tolist(), Emulator(EmulationConfig(router_skew=2.0, router_drift=5), 0)
+    assert bias[e] == pytest.approx(-2.0 * math.log(2)) and max(bias) == 0.0  # as hot as the second hottest
+    assert [x for k, x in enumerate(bias) if k not in seen[t]] == [
+        x for k, x in enumerate(plain.router_bias(t, 8).tolist()) if k not in seen[t]]  # the others as without

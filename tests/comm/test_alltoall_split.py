@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gearshift.comm.alltoall import split_rows
+from gearshift.comm.alltoall import runs_index, split_rows
 from gearshift.planner.expert_map import ExpertMap
 from gearshift.planner.placement import balanced_split, device_loads
 
@@ -36,3 +36,12 @@ def test_the_cut_gives_each_copy_its_balanced_share_from_the_sources_in_order():
                 rows[d] += int(runs[:, e, j].sum())
         assert rows.tolist() == device_loads(total.tolist(), placement).tolist()
         assert rows.max() <= device_loads(total.tolist(), placement, "even").max()
+
+
+def test_runs_index_concatenates_the_runs_in_order():
+    rng = np.random.default_rng(1)
+    for _ in range(5):
+        starts, lengths = rng.integers(0, 50, 12), rng.integers(0, 4, 12)
+        want = [i for a, n in zip(starts, lengths) for i in range(a, a + n)]
+        assert runs_index(torch.from_numpy(starts), torch.from_numpy(lengths)).tolist() == want
+    assert runs_index(torch.tensor([3, 7]), torch.tensor([0, 0])).tolist() == []

@@ -7,6 +7,7 @@ from gearshift.planner.expert_map import ExpertMap
 from gearshift.planner.placement import PlacementDecision
 from gearshift.planner.replan import FirstPlan, ReplanDecision
 from gearshift.planner.schedule_choice import Candidate, ScheduleChoice
+from gearshift.planner.shares import decide_shares
 from gearshift.report.decisions import decision_row, decision_rows, emulated_rows
 from gearshift.report.records import ExpertMove, Migration, PlacementEvent, ReplanEvent, ScheduleEvent
 
@@ -48,6 +49,11 @@ def test_each_kind_in_words():
     assert row.gain == "200 ms/step (25.0%)"
     forced = decision_row(ScheduleEvent(choice, "forced", forced=(8, 1)).to_dict())
     assert forced.kind == "schedule (forced)"
+
+    row = decision_row(decide_shares(3, [24, 24], [[16.0, 8.0]] * 3, 48, 4).to_dict())
+    assert (row.kind, row.changed, row.applied) == ("replica shares", "rows per replica [24, 24] → [32, 16]", True)
+    assert row.gain == "33.3% of the slowest replica's compute" and row.inputs["speeds"] == [16.0, 8.0]
+    assert decision_row(decide_shares(3, [32, 16], [[16.0, 8.0]] * 3, 48, 4).to_dict()).changed == "kept [32, 16]"
 
 
 def test_an_unknown_kind_still_gets_a_row_and_the_scenario_its_own():

@@ -46,7 +46,7 @@ def _run(rank: int, world: int, out_dir: str) -> dict:
     cfg = _cfg(1, 4, 2, 0.0, "1f1b", world, more=EIGHT)
     data = job_data(cfg)
     rt = build_runtime(cfg, data=data)
-    losses, moved, held = [], [], []
+    losses, moved, held, groups = [], [], [], []
     for step in range(STEPS):
         res = rt.step(*data.batch(step, cfg.train.batch_size, cfg.train.seed), lr_at(step, cfg))
         losses.append(res.loss)
@@ -57,9 +57,11 @@ def _run(rank: int, world: int, out_dir: str) -> dict:
                    for k, i in enumerate(rt.experts.moe_layers)}
         else:
             continue
-        moved.append(move_experts(rt, new).moved)
+        rep = move_experts(rt, new)
+        moved.append(rep.moved)
+        groups.append((rep.groups_s, rep.seconds))
         held.append([sorted(int(e) for e in m.experts) for i in sorted(rt.layers) for m in moe_modules(rt.layers[i])])
-    runtime = {"losses": losses, "params": {k: v.numpy() for k, v in rt.saved_state()[0].items()},
+    runtime = {"losses": losses, "groups": groups, "params": {k: v.numpy() for k, v in rt.saved_state()[0].items()},
                "copies": {k: v.numpy() for k, v in _copies(rt).items()}, "moved": moved, "held": held,
                "holders": {i: p.holders for i, p in rt.experts.placements.items()}}
     # the training loop: 2 stages x 2 replicas, expert-parallel width 2, top-1 with a capacity; a placement
@@ -82,6 +84,8 @@ def test_moves_and_replicas_equal_training_without_them(tmp_path) -> None:
     rt = [r["runtime"] for r in results]
     torch.testing.assert_close(torch.tensor(rt[0]["losses"]), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6)
     assert rt[0]["moved"][0] and rt[0]["moved"][1]  # copies travelled at both switches
+    # the first switch made process groups for its new sets of holders (what the switch rule's fixed cost leaves out)
+    assert all(r["groups"][0][0] > 0 and all(0 <= g <= s for g, s in r["groups"]) for r in rt)
     assert rt[0]["held"][0][0] == [0, 3, 6] and rt[3]["held"][0][0] == [1, 5, 7]
     assert all(len(h) == 3 for r in rt for h in r["held"][1])  # E / 4 + 1 slots each after greedy with replicas
     params = {k: torch.from_numpy(v) for r in rt for k, v in r["params"].items()}

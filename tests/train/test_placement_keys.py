@@ -24,6 +24,7 @@ MOE = ["--model.name=moe_gpt", "--parallel.stages=1", "--parallel.experts=4", "-
     (["--emulate.router_skew=-1"], "emulate.router_skew: must be a number >= 0 (got -1.0)"),
     (["--emulate.router_drift=1.5"], "emulate.router_drift: expected an integer, got 1.5"),
     (["--emulate.router_drift=-2"], "emulate.router_drift: must be an integer >= 0 (got -2)"),
+    (["--emulate.router_bursts=2"], "emulate.router_bursts: must be a probability in 0..1 (got 2.0)"),
     (["--model.router_skew=1"], "model.router_skew: unknown key"),
 ])
 def test_bad_placement_keys_are_one_line(args, message):

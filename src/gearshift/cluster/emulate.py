@@ -1,6 +1,6 @@
 """Emulated heterogeneity: slow a rank's compute by sleeping (f - 1) x measured time, and cap its link
 bandwidth by delaying transfers; both can change at given steps. A skewed router (a MoE model's few hot experts,
-drifting) is emulated here too. EmulationConfig is the job config's [emulate] section; this module is the only
+drifting, flaring) is emulated here too. EmulationConfig is the job config's [emulate] section; this module is the only
 reader of its settings.
 
 The compute an op is stretched from is its wall time (basis "wall"), or, on CPU devices, the CPU time the op's
@@ -11,6 +11,8 @@ time, so under "wall" an op's emulated time follows how many ranks compute at on
 from __future__ import annotations
 
 import dataclasses
+import math
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,6 +55,11 @@ class EmulationConfig:
                                   "0 = off")
     router_drift: int = key(0, "moe_gpt: with router_skew, the hot set moves by one expert every this many steps; "
                                "0 = fixed")
+    router_bursts: float = key(0.0, "moe_gpt: with router_skew, the chance per step that a flare starts: an expert "
+                                    "outside the two hottest becomes as hot as the second hottest for "
+                                    "2..router_burst_steps steps (the same flares on every rank and run); 0 = none")
+    router_burst_steps: int = key(8, "moe_gpt: with router_bursts, the longest a flare lasts, in steps (>= 2); each "
+                                     "lasts a uniform 2..this")
 
     @classmethod
     def none(cls, world_size: int) -> EmulationConfig:
@@ -106,6 +113,12 @@ class EmulationConfig:
         drift = self.router_drift
         if isinstance(drift, bool) or not isinstance(drift, int) or drift < 0:
             raise ConfigError(f"{where}.router_drift: must be an integer >= 0 (got {drift!r})")
+        bursts = self.router_bursts
+        if isinstance(bursts, bool) or not isinstance(bursts, (int, float)) or not 0 <= bursts <= 1:
+            raise ConfigError(f"{where}.router_bursts: must be a probability in 0..1 (got {bursts!r})")
+        longest = self.router_burst_steps
+        if isinstance(longest, bool) or not isinstance(longest, int) or longest < 2:
+            raise ConfigError(f"{where}.router_burst_steps: must be an integer >= 2 (got {longest!r})")
 
     def slowdowns(self, world_size: int) -> list[float]:
         """Each rank's compute slowdown factor at the start (1.0 = as fast as the host)."""
@@ -183,6 +196,7 @@ class Emulator:
         self.cfg, self.rank, self._sleep = cfg, rank, sleep
         self._events = [e for e in cfg.events() if e.rank == rank]
         self._links = [r for r in cfg.trace_rows() if r.link is not None and r.link[1] == rank]  # into this rank
+        self._flares = Flares(cfg.router_bursts, cfg.router_burst_steps, cfg.router_drift)
 
     def slowdown_at(self, step: int) -> float:
         """This rank's slowdown factor at `step` (the latest scenario event at or before it wins)."""
@@ -234,15 +248,16 @@ class Emulator:
         """The skewed router's logit bias at training step `step` (a float32 tensor of `experts` values, in units of a
         token's logit spread; None without router_skew): -router_skew * log(1 + r) for the expert at popularity rank
         r, expert (step // router_drift) mod E the hottest (the hot set moves by one expert every router_drift
-        steps). The runtime adds it to each MoE layer's router (runtime.adapt.Adapter.begin_step)."""
+        steps); a flaring expert (router_bursts: Flares) gets the second hottest's bias. The runtime adds it to each
+        MoE layer's router (runtime.adapt.Adapter.begin_step)."""
         if not self.cfg.router_skew:
             return None
         import torch  # only where a skew is emulated: this module and the config that embeds it stay torch-free
 
-        drift = self.cfg.router_drift
-        shift = step // drift if drift else 0
-        ranks = (torch.arange(experts) - shift) % experts
-        return -float(self.cfg.router_skew) * torch.log1p(ranks.float())
+        ranks = torch.tensor(popularity_ranks(step, experts, self.cfg.router_drift))
+        bias = -float(self.cfg.router_skew) * torch.log1p(ranks.float())
+        bias[self._flares.at(step, experts)] = -float(self.cfg.router_skew) * math.log(2.0)
+        return bias
 
     @property
     def skews_router(self) -> bool:
@@ -255,3 +270,43 @@ class Emulator:
         the hooks)."""
         return (self.slowdown_at(0) != 1.0 or self.bandwidth_at(0) is not None or self.cfg.link_latency_s > 0
                 or bool(self._events) or bool(self._links) or self.skews_router)
+
+
+def popularity_ranks(step: int, experts: int, drift: int) -> list[int]:
+    """Each expert's popularity rank at `step` under the emulated skewed router (0 the hottest): expert
+    (step // drift) mod E is the hottest, the next one the second, and so on (drift 0: expert 0 always)."""
+    shift = step // drift if drift else 0
+    return [(e - shift) % experts for e in range(experts)]
+
+
+class Flares:
+    """The emulated router's bursts (emulate.router_bursts): at each step from 0 on, a flare starts with
+    probability `rate` on an expert that is neither flaring nor one of the two hottest then, lasting a uniform
+    2..`longest` steps. Drawn in step order from a fixed seed, so every rank, a resumed run and the run it
+    resumes see the same flares."""
+
+    SEED = 43
+
+    def __init__(self, rate: float, longest: int, drift: int):
+        self.rate, self.longest, self.drift = float(rate), int(longest), drift
+        self._drawn: dict[int, tuple[random.Random, list[tuple[int, int, int]]]] = {}  # experts -> (rng, flares)
+        self._upto: dict[int, int] = {}  # experts -> steps drawn so far
+
+    def at(self, step: int, experts: int) -> list[int]:
+        """The experts flaring at `step` (ascending)."""
+        return sorted({e for s, end, e in self.upto(step, experts) if s <= step < end})
+
+    def upto(self, step: int, experts: int) -> list[tuple[int, int, int]]:
+        """(first step, step after the last, expert) of every flare started at or before `step`."""
+        if self.rate <= 0:
+            return []
+        rng, flares = self._drawn.setdefault(experts, (random.Random(self.SEED), []))
+        for t in range(self._upto.get(experts, 0), step + 1):
+            if rng.random() < self.rate:
+                ranks = popularity_ranks(t, experts, self.drift)
+                busy = {e for s, end, e in flares if s <= t < end}
+                free = [e for e in range(experts) if ranks[e] >= 2 and e not in busy]
+                if free:
+                    flares.append((t, t + rng.randint(2, self.longest), rng.choice(free)))
+        self._upto[experts] = max(self._upto.get(experts, 0), step + 1)
+        return [f for f in flares if f[0] <= step]

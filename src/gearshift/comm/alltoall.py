@@ -122,18 +122,25 @@ class AllToAllDispatch:
             got[:, e] = runs[:, e, j]
         send = per.view(W, E).sum(1).tolist()
         recv = got.sum(1).tolist()
-        rows = all_to_all(h[order], send, recv, self.group, self.clock)
+        rows = all_to_all(h.index_select(0, order), send, recv, self.group, self.clock)
         # received: source-major, expert-ascending inside a source; the experts run expert-major
         mine = got[:, self.held]  # (W, held)
         src_start = torch.cumsum(got.sum(1), 0) - got.sum(1)
         offset = src_start[:, None] + torch.cumsum(mine, 1) - mine  # where (s, e) starts in `rows`
-        idx = torch.cat([torch.arange(int(offset[s, j]), int(offset[s, j] + mine[s, j]))
-                         for j in range(len(self.held)) for s in range(W)]) if self.held else \
-            torch.zeros(0, dtype=torch.int64)
-        out = run_experts(rows[idx], mine.sum(0).tolist(), self.held, modules)
+        idx = runs_index(offset.t().reshape(-1), mine.t().reshape(-1))  # expert-major, then source
+        out = run_experts(rows.index_select(0, idx), mine.sum(0).tolist(), self.held, modules)
         back = torch.empty_like(idx)
         back[idx] = torch.arange(len(idx))
-        y = all_to_all(out[back], recv, send, self.group, self.clock)
+        y = all_to_all(out.index_select(0, back), recv, send, self.group, self.clock)
         undo = torch.empty_like(order)
         undo[order] = torch.arange(len(order))
-        return y[undo]
+        return y.index_select(0, undo)
+
+
+def runs_index(starts: Tensor, lengths: Tensor) -> Tensor:
+    """The concatenation of arange(starts[k], starts[k] + lengths[k]) over k, without a Python loop."""
+    total = int(lengths.sum())
+    if total == 0:
+        return torch.zeros(0, dtype=torch.int64)
+    before = torch.cumsum(lengths, 0) - lengths  # where run k begins in the result
+    return torch.arange(total) + torch.repeat_interleave(starts - before, lengths)

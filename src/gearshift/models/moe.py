@@ -133,7 +133,7 @@ class MoEFeedForward(nn.Module):
         keep = position < self.capacity(n)
         order, position = order[keep], position[keep]
         counts = routed.clamp(max=self.capacity(n))
-        y = self.dispatch(h[token[order]], expert[order], position, counts, self.experts)
+        y = self.dispatch(h.index_select(0, token[order]), expert[order], position, counts, self.experts)
         out = torch.zeros_like(h).index_add(0, token[order], y * gate[order, None])
         aux = E * torch.sum(routed.to(probs.dtype) / (n * k) * probs.mean(dim=0))
         if torch.is_grad_enabled() and self.training:

@@ -136,8 +136,16 @@ def _strategy(r: dict) -> tuple[str, str, str, bool]:
     return f"run {r.get('chosen')}", gain, "-", True
 
 
+def _shares(r: dict) -> tuple[str, str, str, bool]:
+    applied = bool(r.get("apply"))
+    changed = f"rows per replica {r.get('rows')} → {r.get('new_rows')}" if applied else f"kept {r.get('rows')}"
+    gain = f"{sig3(100 * r['gain'])}% of the slowest replica's compute" if r.get("gain") is not None else "-"
+    return changed, gain, "a warm-up step" if applied else "-", applied
+
+
 KINDS = {"plan": ("first plan", _plan), "replan": ("re-plan", _replan), "schedule": ("schedule", _schedule),
-         "placement": ("expert placement", _placement), "strategy": ("strategy", _strategy)}
+         "placement": ("expert placement", _placement), "strategy": ("strategy", _strategy),
+         "shares": ("replica shares", _shares)}
 
 
 def decision_row(r: dict) -> DecisionRow:

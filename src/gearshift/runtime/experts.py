@@ -11,7 +11,7 @@ and divided by D, as the dense parameters are averaged over the D replicas."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +39,47 @@ class MoEStats:
         return {"expert_tokens": self.routed, "dropped_tokens": self.dropped, "aux_loss": self.aux_loss}
 
 
+class ExpertSync:
+    """The gradient sync of expert parameters: per set of ranks holding copies (`groups[ranks]`, their process groups
+    `pgs[ranks]`), the gradients summed over the copies and divided by the `replicas`. start() issues every copy
+    group's all_reduce at once (in one order on every rank; groups of disjoint ranks proceed side by side, none
+    waits for another's); calling it waits for them. An expert held by one rank alone is only scaled, in place."""
+
+    def __init__(self, groups: dict[tuple[int, ...], list[nn.Parameter]],
+                 pgs: dict[tuple[int, ...], dist.ProcessGroup | None], replicas: int):
+        self.groups, self.pgs, self.replicas = groups, pgs, replicas
+        self._pending: list[tuple[list[nn.Parameter], torch.Tensor, dist.Work]] | None = None
+
+    @torch.no_grad()
+    def start(self) -> None:
+        """Issue the all_reduces of the replicated experts' gradients (once per step; a second call is a no-op)."""
+        if self._pending is not None:
+            return
+        self._pending = []
+        for ranks in sorted(self.groups):
+            if len(ranks) > 1:
+                params = self.groups[ranks]
+                flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                                  for p in params])
+                self._pending.append((params, flat, dist.all_reduce(flat, group=self.pgs[ranks], async_op=True)))
+
+    @torch.no_grad()
+    def __call__(self) -> None:
+        self.start()
+        for ranks in sorted(self.groups):
+            if len(ranks) == 1:
+                for p in self.groups[ranks]:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                    else:
+                        p.grad.div_(self.replicas)
+        for params, flat, work in self._pending:
+            work.wait()
+            flat /= self.replicas
+            scatter_grads(flat, params)
+        self._pending = None
+
+
 class ExpertShards:
     """This rank's share of every MoE layer, and what the runtime does about experts (all ranks construct it
     together: it creates process groups)."""
@@ -57,6 +98,7 @@ class ExpertShards:
         self.replica, self.pipe_rank = divmod(self.rank, stages)
         self.group_index, self.index = divmod(self.replica, width)
         self.clock = Clock()
+        self.groups_s = 0.0  # the last reshard's seconds making process groups (once per new set of holders)
         self._groups: dict[tuple[int, ...], dist.ProcessGroup | None] = {}
         self.ep_group = None
         for p in range(stages):  # every rank creates every group, in the same order
@@ -112,25 +154,13 @@ class ExpertShards:
                         out.setdefault(ranks, []).extend(m.experts[str(e)].parameters())
         return out
 
-    def sync_fn(self, layers: dict[int, nn.Module]) -> tuple[Callable[[], None], dict[int, float]]:
+    def sync_fn(self, layers: dict[int, nn.Module]) -> tuple[ExpertSync, dict[int, float]]:
         """(sync, weights): sync() sums each expert's gradient over its copies and divides by the replicas;
         weights[id(param)] = 1 / copies of it in the job (what the global gradient norm counts it by)."""
         groups = self.expert_params(layers)
         weights = {id(p): 1.0 / len(ranks) for ranks, ps in groups.items() for p in ps}
-        D = self.replicas
-
-        @torch.no_grad()
-        def sync() -> None:
-            for ranks in sorted(groups):
-                params = groups[ranks]
-                flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                                  for p in params])
-                if len(ranks) > 1:
-                    dist.all_reduce(flat, group=self._groups[ranks])
-                flat /= D
-                scatter_grads(flat, params)
-
-        return sync, weights
+        return ExpertSync({r: ps for r, ps in groups.items()}, {r: self._groups[r] for r in groups if len(r) > 1},
+                          self.replicas), weights
 
     def saves(self, name: str) -> bool:
         """Whether this rank writes the parameter or buffer `name` ("layers.{i}...") into a checkpoint: replica
@@ -148,9 +178,11 @@ class ExpertShards:
         routes by the new map."""
         self._check(placements)
         self.placements.update(placements)
+        t0 = time.perf_counter()
         for pos in range(self.pipe_ranks):
             for holders in sorted({h for pl in self.placements.values() for h in pl.holders}):
                 self._group(self.copies_of(holders, pos))
+        self.groups_s = time.perf_counter() - t0  # process groups made for sets of holders never seen before
         for i, layer in layers.items():
             if i not in placements:
                 continue

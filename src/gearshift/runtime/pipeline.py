@@ -15,12 +15,12 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from gearshift.optim import OptimConfig, adamw, clip_coef
+from gearshift.planner.shares import share_rows
 from gearshift.runtime.executor import PipelineExecutor, StepRecord
 from gearshift.runtime.experts import ExpertShards, MoEStats
 from gearshift.runtime.links import LinkGroups
 from gearshift.runtime.precision import FP32, Precision
 from gearshift.runtime.recompute import stages_to_recompute
-from gearshift.runtime.shares import share_rows
 from gearshift.schedules import Op, Schedule, make_schedule, validate
 
 
@@ -245,6 +245,8 @@ class PipelineRuntime:
         norm = [0.0]
 
         def on_sync() -> None:
+            if self._expert_sync is not None:  # the copies' all_reduces in flight beside the dense sync
+                self._expert_sync.start()
             if self._grad_sync is not None:
                 self._grad_sync()
             if self._expert_sync is not None:

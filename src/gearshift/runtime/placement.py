@@ -28,6 +28,7 @@ class MoveReport:
     bytes_received: int  # by this rank
     transfer_s: float  # this rank's wait for its transfers
     seconds: float  # the whole switch on this rank
+    groups_s: float = 0.0  # of it, making process groups for sets of holders never seen before (once each)
 
 
 def transfers(shards: ExpertShards, rt: PipelineRuntime, new: dict[int, ExpertMap]
@@ -116,7 +117,7 @@ def move_experts(rt: PipelineRuntime, new: dict[int, ExpertMap]) -> MoveReport:
             rt.optimizer.state[p] = states[p]
     moved = sorted({(i, e, (dst // shards.pipe_ranks) % shards.width) for i, e, _, dst in plan})
     received = sum(buf.numel() * buf.element_size() for buf, *_ in recvs.values())
-    return MoveReport(moved, received, transfer_s, time.perf_counter() - t0)
+    return MoveReport(moved, received, transfer_s, time.perf_counter() - t0, shards.groups_s)
 
 
 def probe_bandwidth(shards: ExpertShards, nbytes: int) -> float:

@@ -125,7 +125,7 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
     per_part = t.batch_size // cfg.batch_parts
     history: list[StepMetrics] = []
     stats, any_stop = StepStats(rt.device), AnyRank(rt.device)  # the step's collectives, made once
-    shares = MeasuredShares(cfg) if cfg.parallel.shares == "measured" else None
+    shares = MeasuredShares.of(cfg) if cfg.parallel.shares == "measured" else None
     wall0 = time.perf_counter()
     stopped = False
     changes = cfg.emulate.changes() if log else {}
@@ -149,8 +149,7 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
         if adapter:
             adapter.observe_cpu(rt, rec)
         stopped = any_stop(stop is not None and stop.requested)  # every rank stops after the same step
-        if shares and (note := shares.after_step(rt, step, rec)):
-            bar.note(note)
+        split = shares.after_step(rt, step, rec) if shares else None  # before a re-plan: it measures the new split
         if res.moe is not None:
             rec = dataclasses.replace(rec, **res.moe.record())
             if trace:
@@ -163,7 +162,11 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
         history.append(rec)
         if log:
             log.write(rec)
+            if split:
+                log.write(split)
         bar.update(step, rec)
+        if split and split.apply:
+            bar.note(f"shares measured at step {step}: rows per replica {split.rows} -> {split.new_rows}")
         if controller:  # one decision over partition and schedule (none after the last step: nothing runs it)
             decision = controller.after_step(rt, step, rec.step_time_s) if step + 1 < end else None
             if decision and decision.placement:

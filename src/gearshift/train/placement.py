@@ -3,7 +3,9 @@ every moe.every steps (with adapt.controller = joint: at the controller's decisi
 0 fits the compute seconds per expert row from every rank's samples, places each MoE layer for the loads
 moe.forecast predicts from the last moe.window steps' and applies the switch rule; the decision is broadcast and
 every rank moves its experts at the same step boundary (runtime.placement). The link bandwidth the move's cost is
-priced at is probed once, then taken from the moves themselves."""
+priced at is probed once, then taken from the moves themselves, and so is the fixed cost of a switch, less the
+process groups a switch makes for sets of holders never seen before (each made once in a job: the first moves pay
+them, later ones reuse them)."""
 
 from __future__ import annotations
 
@@ -108,13 +110,14 @@ class Placer:
             new = dict(d.placements)
             rep = move_experts(rt, new)
             rows: list = [None] * dist.get_world_size()
-            dist.all_gather_object(rows, (rep.bytes_received, rep.transfer_s, rep.seconds))
+            dist.all_gather_object(rows, (rep.bytes_received, rep.transfer_s, rep.seconds, rep.groups_s))
             most = max(rows, key=lambda r: r[0])
             secs = max(r[2] for r in rows)
             out.move = ExpertMove(sum(r[0] for r in rows), secs, max(r[1] for r in rows))
             if most[0] > 0 and most[1] > 0:
                 self.bandwidth = most[0] / most[1]
-            self.fixed_s = max(0.0, secs - max(r[1] for r in rows))
+            # a switch's fixed cost, less the process groups made for new sets of holders: those are made once
+            self.fixed_s = max(0.0, max(r[2] - r[3] for r in rows) - max(r[1] for r in rows))
             self._skip = self.skip
         self.samples = []
         return out

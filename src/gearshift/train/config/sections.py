@@ -132,9 +132,10 @@ class ParallelConfig:
                                  "the backward: less memory, one more forward) or auto (parallel.schedule = auto "
                                  "turns it on for the stages over cluster.memory_gb where that lets a faster "
                                  "(m, K) fit)")
-    shares: Any = key("equal", "each replica's share of a batch: equal, measured (in proportion to each replica's "
-                               "measured speed, after the first step) or [w0, w1, ...] one weight > 0 per replica; "
-                               "whole micro-batches each, gradients averaged by samples")
+    shares: Any = key("equal", "each replica's share of a batch: equal, measured (the split that finishes first at "
+                               "each replica's speed, the median over a few steps; re-measured until the split holds, "
+                               "then every adapt.every steps) or [w0, w1, ...] one weight > 0 per replica; whole "
+                               "micro-batches each, gradients averaged by samples")
 
     @property
     def per_rank(self) -> int:
