@@ -119,3 +119,20 @@ def test_a_worker_back_grows_the_job_again_with_the_same_losses(tmp_path):
     assert [r["step"] for r in got] == list(range(STEPS_BACK))
     assert ranks[0] == 2 and 1 in ranks and ranks[-1] == 2  # 2 workers, then 1, then 2 again
     assert max(abs(a["loss"] - b["loss"]) for a, b in zip(got, want)) <= 1e-5
+
+
+def test_a_signal_hidden_behind_torch_s_metrics_wrapper_is_still_the_exit_code():
+    """SIGTERM landing inside torch.distributed.elastic's metrics wrapper surfaces as its UnboundLocalError with
+    the SignalException as context: the launcher still exits 128 + 15 (seen in `make test`)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from gearshift.train.elastic import _signal_in
+
+    try:
+        try:
+            raise SignalException("got signal: 15", sigval=15)
+        except SignalException:
+            raise UnboundLocalError("cannot access local variable 'start'") from None
+    except UnboundLocalError as e:
+        assert e.__context__ is not None and _signal_in(e, SignalException) == 15
+    assert _signal_in(ValueError("no signal"), SignalException) is None

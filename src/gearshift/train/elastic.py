@@ -109,6 +109,24 @@ def run_elastic(args: list[str], n: int, run_dir: Path, env: dict[str, str] | No
         except NoLayout as e:
             print(f"gearshift: {e}", file=sys.stderr)
             return 1
+        except Exception as e:
+            # A signal that lands inside torch's metrics wrapper surfaces as that wrapper's own error (its
+            # `start` unset), with the SignalException as its context; the agent has still stopped the workers.
+            sig = _signal_in(e, SignalException)
+            if sig is None:
+                raise
+            return 128 + sig
+
+
+def _signal_in(e: BaseException | None, kind: type) -> int | None:
+    """The signal number of the first `kind` (SignalException) in e's chain of causes and contexts, if any."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, kind):
+            return int(e.sigval)
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
 
 
 class NoLayout(Exception):
