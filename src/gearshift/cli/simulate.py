@@ -71,8 +71,9 @@ def run(args: argparse.Namespace) -> int:
         bounds = resolve_partition(cfg, spec)
     segs = segments(cfg, out, bounds) if has_run else [Segment(p.microbatches, p.k, bounds)]
     # this host's cores as measured with the job's workers computing at once (what processor sharing divides)
+    eff = effective_cores(cfg.cluster.workers)
     state = local_pipeline_state(cfg.cluster.workers, p.stages, cfg.emulate.slowdowns(cfg.cluster.workers),
-                                 cores=effective_cores(cfg.cluster.workers))
+                                 cores=eff)
     cal = _calibration(cfg, prof, bounds, spec, args.links)
     cores = state.cores[0] * cfg.cluster.workers / p.stages
     title = f"{out}: {job_title(cfg)}" if has_run else job_title(cfg)
@@ -122,6 +123,8 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     console.print(title, markup=False, highlight=False)  # the job, unwrapped by the table's width
     console.print(t)
+    if cfg.replicas > 1 and p.schedule != "multidir" and not ep:
+        console.print(_shares_table(cfg, profile_at, bounds, cal, eff, tokens))
     print(dataclasses.replace(cal, overhead=over).describe() if over is not None else cal.describe())
     if args.trace:
         res, schedule = shown
@@ -129,6 +132,41 @@ def run(args: argparse.Namespace) -> int:
         write_trace(Path(args.trace), sim_trace(res, "predicted", pipes))
         print(f"wrote {args.trace}")
     return 0
+
+
+def _shares_table(cfg: JobConfig, profile_at, bounds: list[tuple[int, int]], cal, cores: float, tokens: int) -> Table:
+    """Each replica's pipeline priced at its share of the batch (its own ranks' emulated speeds), for the equal
+    split, the configured one (a list of weights) and the one `measured` heads for (planner.shares.predicted_split):
+    the slowest replica sets the step, the others wait for it at the gradient all-reduce."""
+    from gearshift.planner.shares import predicted_split, share_rows
+    from gearshift.train.build import job_schedule, slice_act_bytes
+
+    p, n = cfg.parallel, cfg.replicas
+    m = p.microbatches
+    batch = cfg.train.batch_size // m * m
+    slow = cfg.emulate.slowdowns(cfg.cluster.workers)
+    schedule = job_schedule(cfg, slice_act_bytes(profile_at(batch // n // m), bounds))
+
+    def replica_s(r: int, rows: int) -> float:
+        own = [slow[r * p.stages + s] for _ in range(n) for s in range(p.stages)]  # every replica as replica r
+        state = local_pipeline_state(cfg.cluster.workers, p.stages, own, cores=cores)
+        return predict(profile_at(rows // m), bounds, schedule, state, rows // m, cal).iteration_s
+
+    splits = {"equal": share_rows([1.0] * n, batch, m)}
+    if isinstance(p.shares, list):
+        splits[str(p.shares)] = share_rows([float(w) for w in p.shares], batch, m)
+    splits["measured (priced)"] = predicted_split(replica_s, n, batch, m)
+    t = Table(caption="parallel.shares: each replica priced at its rows; the slowest sets the step")
+    for col in ("shares", "rows per replica", "replicas (s)", "iteration (s)", "tokens/s", "x equal"):
+        t.add_column(col, justify="right")
+    equal_s = None
+    for name, rows in splits.items():
+        each = [replica_s(r, rows[r]) for r in range(n)]
+        step = max(each)
+        equal_s = equal_s or step
+        t.add_row(name, str(rows), " / ".join(f"{x:.4f}" for x in each), f"{step:.4f}", f"{tokens / step:,.0f}",
+                  f"{equal_s / step:.2f}")
+    return t
 
 
 def _plan(cfg: JobConfig, seg, profile_at, per_part: int, bounds: list[tuple[int, int]]) -> tuple:

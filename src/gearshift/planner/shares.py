@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 
@@ -40,6 +41,13 @@ def fastest_split(speeds: list[float], batch: int, micro: int) -> list[int]:
         j = min(range(n), key=lambda i: (got[i] + 1) / max(speeds[i], 1e-12))
         got[j] += 1
     return [g * micro for g in got]
+
+
+def predicted_split(replica_s: Callable[[int, int], float], replicas: int, batch: int, micro: int) -> list[int]:
+    """The split `measured` heads for, priced instead of measured: each replica's speed from its predicted time
+    (`replica_s(replica, rows)`) at the equal split, then the split that finishes first at those speeds."""
+    equal = share_rows([1.0] * replicas, batch, micro)
+    return fastest_split([rows / replica_s(r, rows) for r, rows in enumerate(equal)], batch, micro)
 
 
 def measured_weights(rows: list[int], busy_s: list[float]) -> list[float]:
