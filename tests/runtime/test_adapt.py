@@ -9,7 +9,6 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-import torch.distributed as dist
 
 from gearshift.cluster.spec import ClusterSpec, load_spec
 from gearshift.cluster.state import ClusterState
@@ -104,15 +103,6 @@ def test_first_plan_from_the_spec_holds_gpipes_activations(tmp_path):
     assert plan["in_flight"] == [2, 2] and "specified" in plan["reason"]
     (replan,) = [x for x in rows if x.get("event") == "replan"]
     assert replan["in_flight"] == [2, 2] and replan["new_bounds"][1][0] >= 3, replan
-
-
-@pytest.fixture
-def one_rank():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _profile(n: int = 2) -> ModelProfile:

@@ -4,7 +4,6 @@ and the profile of a bf16 job pricing what crosses a cut in bf16."""
 from __future__ import annotations
 
 import pytest
-import torch.distributed as dist
 
 from gearshift.errors import ConfigError
 from gearshift.planner.shares import (
@@ -18,16 +17,6 @@ from gearshift.planner.shares import (
 )
 from gearshift.train.config import load_config
 from gearshift.train.profiling import profile_job
-
-
-@pytest.fixture
-def one_rank():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
 
 TINY = ["--model.layers=2", "--model.width=32", "--model.heads=2", "--model.context=16", "--data.max_bytes=100000",
         "--output.report=false"]
