@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -147,6 +148,7 @@ def _shares_table(cfg: JobConfig, profile_at, bounds: list[tuple[int, int]], cal
     slow = cfg.emulate.slowdowns(cfg.cluster.workers)
     schedule = job_schedule(cfg, slice_act_bytes(profile_at(batch // n // m), bounds))
 
+    @functools.cache  # the equal split is priced for the split `measured` heads for and for the table
     def replica_s(r: int, rows: int) -> float:
         own = [slow[r * p.stages + s] for _ in range(n) for s in range(p.stages)]  # every replica as replica r
         state = local_pipeline_state(cfg.cluster.workers, p.stages, own, cores=cores)
