@@ -46,6 +46,34 @@ def _profile(a: argparse.Namespace, out: Path, device: str) -> dict:
             "backward_ms": 1e3 * sum(lp["backward_s"] for lp in d["layers"])}
 
 
+SYNC_SITE = "import os\nif os.environ.get('GEARSHIFT_BENCH_SYNC_DEBUG'):\n    import torch\n    " \
+            "torch.cuda.set_sync_debug_mode('warn')\n"
+
+
+def _sync_sites(a: argparse.Namespace, work: Path) -> dict:
+    """A 1-rank CUDA job under torch.cuda.set_sync_debug_mode("warn") (set in every process by a sitecustomize on
+    the path): each site in Gearshift's code that synchronised the device, once (Python shows a warning once per
+    line). Issue 41's hygiene rule: no site inside the executor's per-op path."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    site = work / "sync-site"
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "sitecustomize.py").write_text(SYNC_SITE)
+    env = {**os.environ, "GEARSHIFT_BENCH_SYNC_DEBUG": "1",
+           "PYTHONPATH": os.pathsep.join([str(site), str(harness.ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "gearshift.cli.main", "train", *_job(a), "--train.steps=4", "--cluster.workers=1",
+           "--parallel.stages=1", "--cluster.device=cuda", "--output.report=false", f"--output.dir={work / 'sync'}"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    if r.returncode:
+        return {"ran": False, "error": ((r.stderr + r.stdout).strip().splitlines() or ["?"])[-1]}
+    sites = sorted({m.group(1) for m in re.finditer(r"(src/gearshift/[\w/]+\.py:\d+): UserWarning: called a "
+                                                    r"synchronizing CUDA", r.stdout + r.stderr)})
+    return {"ran": True, "sites": sites}
+
+
 def _nccl_worker(rank: int, world: int, port: int, queue, backend: str = "nccl") -> None:
     """One NCCL rank: every composed form in every node matrix of 2 ranks per node against dist.all_reduce
     (exactness), then each form and NCCL's own timed at 4 MiB and 64 MiB (median of 10 after 3 warm-ups).
@@ -143,6 +171,7 @@ def main() -> int:
           for mode in ("overlap", "after_backward")} if gpus >= 2 else \
         {mode: {"ran": False, "error": "needs 2 GPUs or more"} for mode in ("overlap", "after_backward")}
     nccl = _nccl_forms()
+    syncs = _sync_sites(a, t)
     both = cpu["ran"] and cuda["ran"]
     diffs = [abs(x - y) / abs(y) for x, y in zip(cuda["losses"][:LOSS_STEPS], cpu["losses"][:LOSS_STEPS])] \
         if both else []
@@ -158,6 +187,7 @@ def main() -> int:
         "nccl_hierarchical": nccl,
         "multidir": multidir,
         "data_parallel": dp,
+        "sync_sites": syncs,
     }
     harness.write_results("gpu", result, a.out)
     print(f"{result['gpu']} ({result['gpus']} GPU(s)), torch {torch.__version__}, CUDA {result['cuda']}")
@@ -173,6 +203,8 @@ def main() -> int:
         f"{k} {v * 1e3:.2f} ms" for k, v in nccl["times_s"].items()) if nccl["ran"] else nccl["error"]))
     for name, run in (("multidir", multidir), ("dp overlap", dp["overlap"]), ("dp after bwd", dp["after_backward"])):
         print(f"  {name:15s} " + (f"{run['tokens_per_s']:,.0f} tokens/s" if run["ran"] else run["error"]))
+    print("  device syncs in Gearshift's code (1 rank, 4 steps, each site once): " +
+          ("; ".join(syncs["sites"]) or "none" if syncs["ran"] else syncs["error"]))
     for device, prof in profiles.items():
         print(f"  profile on {device}: " + (f"{prof['device']}, forward {prof['forward_ms']:.2f} ms, backward "
                                             f"{prof['backward_ms']:.2f} ms" if prof["ran"] else prof["error"]))

@@ -8,6 +8,7 @@ outcome into one line and the launcher's exit code."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import logging
 import os
@@ -167,8 +168,10 @@ def _run_agent(args: list[str], n: int, run_dir: Path, grace_s: float, max_resta
     spec = WorkerSpec(role="gearshift", local_world_size=n, entrypoint=sys.executable, args=tuple(args),
                       rdzv_handler=handler, max_restarts=max_restarts,
                       monitor_interval=0.05, local_addr="127.0.0.1")
+    # shutdown_timeout came in torch 2.12; before it the agent gives workers its fixed 30 s after SIGTERM
+    grace = {"shutdown_timeout": int(grace_s)} if "shutdown_timeout" in inspect.signature(Agent).parameters else {}
     agent = Agent(spec=spec, logs_specs=DefaultLogsSpecs(log_dir=str(run_dir / "elastic")), start_method="spawn",
-                  shutdown_timeout=int(grace_s))
+                  **grace)
     try:
         result = agent.run()
         if result.is_failed():
