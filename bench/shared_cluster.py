@@ -36,27 +36,107 @@ from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
 
 import harness
 from gearshift.cluster.emulate import Emulator
+from gearshift.cluster.state import ClusterState, local_pipeline_state
 from gearshift.cluster.trace import TraceRow, changes_at, read_trace, write_trace
 from gearshift.cluster.trace_synth import synth
-from gearshift.planner.schedule_choice import splits
+from gearshift.planner.schedule_choice import price, splits
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.testing import spawn
 from gearshift.train.build import equal_time_slices, lr_at
 from gearshift.train.config import load_config
 from gearshift.train.datasets import job_data
 from gearshift.train.forcing import Forcing
+from gearshift.train.profiling import profile_sizes
 from torch_pipe import Slowed, TorchPipeline
 
 WORLD = 4
 TRACES = {"cotenant": ("cotenant", 0.0), "burst": ("burst", 0.0), "link": ("cotenant", 2e7)}
 
 
-def make_trace(kind: str, link_bw: float, steps: int, seed: int, base: float, path: Path) -> list[TraceRow]:
-    """A synthesized trace with every rank's slowdown times `base` (the duty-cycle floor), written to `path`."""
+def make_trace(kind: str, link_bw: float, steps: int, seed: int, base: float, gap: float, stay: float,
+               depth: float, grain: int = 1) -> list[TraceRow]:
+    """A synthesized trace with every rank's slowdown times `base` (the duty-cycle floor): co-tenants arriving
+    every `gap` x steps on a device and staying `stay` x steps on average, bursts lasting stay/2..stay x steps,
+    every change on a multiple of `grain` steps."""
+    burst = (max(2, int(steps * stay / 2)), max(3, int(steps * stay)))
     rows = [TraceRow(r.step, r.rank, r.slowdown * base) if r.rank is not None else r
-            for r in synth(kind, WORLD, steps, seed, link_bandwidth=link_bw, mean_gap=steps / 3, mean_stay=steps / 4)]
-    write_trace(rows, path)
-    return read_trace(path, WORLD)
+            for r in synth(kind, WORLD, steps, seed, depth, link_bw, steps * gap, steps * stay, burst)]
+    return snapped(rows, grain) if grain > 1 else rows
+
+
+def snapped(rows: list[TraceRow], grain: int) -> list[TraceRow]:
+    """The trace with every change moved to the nearest multiple of `grain` steps (a co-tenant's arrival lands on
+    the cluster scheduler's slots: phases last `grain` steps or more); a rank's or link's later row at one step
+    wins, and a row that no longer changes its value is dropped."""
+    at: dict[tuple, TraceRow] = {}
+    for r in rows:
+        s = int(round(r.step / grain)) * grain
+        at[(s, r.rank, r.link)] = TraceRow(s, r.rank, r.slowdown) if r.link is None else \
+            TraceRow(s, link=r.link, bandwidth=r.bandwidth)
+    out, last = [], {}
+    for (_s, rank, link), r in sorted(at.items(), key=lambda kv: (kv[0][0], kv[0][2] is not None, kv[0][1] or 0,
+                                                                  kv[0][2] or ())):
+        v = r.slowdown if link is None else r.bandwidth
+        if last.get((rank, link)) != v:
+            out.append(r)
+            last[(rank, link)] = v
+    return out
+
+
+def cluster_state(state: tuple, cores: float | None = None) -> ClusterState:
+    """A phase's environment as the simulator prices it: each rank's duty cycle, each capped link's bandwidth."""
+    d = dict(state)
+    cs = local_pipeline_state(WORLD, WORLD, [d.get(("r", r), 1.0) for r in range(WORLD)], cores)
+    for k, v in d.items():
+        if k[0] == "l":
+            cs.bandwidth[k[1][0]][k[1][1]] = v
+    return cs
+
+
+def predicted(profiles: dict, configs: list[tuple], ph: list[tuple], batch: int, cores: float | None = None) -> dict:
+    """The simulator's step time of each (bounds, (m, k)) of `configs` in each phase of `ph` (pure: no job runs)."""
+    keys: dict[tuple, set] = {}
+    for b, mk in configs:
+        keys.setdefault(tuple(b), set()).add(tuple(mk))
+    out: dict[tuple, list[float]] = {c: [] for c in configs}
+    cache: dict[tuple, dict] = {}
+    for *_, st in ph:
+        if st not in cache:
+            cs = cluster_state(st, cores)
+            cache[st] = {(b, c.key): c.predicted_s for b, ks in keys.items()
+                         for c in price(profiles, b, cs, batch, ms=sorted({k[0] for k in ks})) if c.key in ks}
+        for c in configs:
+            out[c].append(cache[st][(tuple(c[0]), tuple(c[1]))])
+    return out
+
+
+def headroom(times: dict, ph: list[tuple]) -> float:
+    """best static total / oracle total: what switching to each phase's best at no cost would gain."""
+    oracle = sum(min(ts[i] for ts in times.values()) * (e - s) for i, (s, e, _) in enumerate(ph))
+    return min(totals(times, ph).values()) / oracle
+
+
+def pick_trace(name: str, a, configs: list[tuple], profiles: dict, path: Path) -> tuple[int, float]:
+    """The first seed from --seed whose trace the simulator gives the oracle --headroom over the best static
+    configuration, in at most --max-phases phases of at least --min-phase steps (the premise of issue 39's goal:
+    where no static plan fits every phase). Written to `path`; returns (seed, predicted headroom)."""
+    kind, link_bw = TRACES[name]
+    best = (a.seed, 0.0, None)
+    for seed in range(a.seed, a.seed + a.tries):
+        rows = make_trace(kind, link_bw, a.steps, seed, a.base, a.gap, a.stay, a.depth, a.grain)
+        ph = phases(rows, a.steps)
+        if len(ph) > a.max_phases or min(e - s for s, e, _ in ph) < a.min_phase:
+            continue
+        h = headroom(predicted(profiles, configs, ph, a.batch), ph)
+        if h > best[1]:
+            best = (seed, h, rows)
+        if h >= a.headroom:
+            break
+    if best[2] is None:
+        raise SystemExit(f"{name}: no seed in {a.seed}..{a.seed + a.tries - 1} gives at most {a.max_phases} phases "
+                         f"of {a.min_phase} steps or more (--max-phases, --min-phase, --gap, --stay)")
+    write_trace(best[2], path)
+    return best[0], best[1]
 
 
 def phases(rows: list[TraceRow], steps: int) -> list[tuple[int, int, tuple]]:
@@ -180,52 +260,93 @@ def totals(times: dict, ph: list[tuple]) -> dict:
     return {c: sum(t * (e - s) for t, (s, e, _) in zip(ts, ph)) for c, ts in times.items()}
 
 
+def candidates(pred: dict, ph: list[tuple], top: int, per_phase: int, always: tuple) -> list[tuple]:
+    """The static configurations worth measuring, by the simulator's prediction `pred` over every partition and
+    (m, K): the `top` best over the whole trace, each phase's `per_phase` best (the oracle's picks) and `always`
+    (uniform 1F1B); ordered by partition, so a sweep re-partitions least."""
+    tot = totals(pred, ph)
+    pick = {always, *sorted(tot, key=tot.get)[:top]}
+    for i in range(len(ph)):
+        pick.update(sorted(pred, key=lambda c: pred[c][i])[:per_phase])
+    return sorted(pick)
+
+
 def main() -> None:
     quick = {"layers": 3, "width": 32, "context": 32, "batch": 8, "steps": 24, "segment": 3, "traces": "cotenant",
-             "top": 1, "every": 8, "torch": 0}
+             "top": 1, "every": 8, "torch": 0, "separate": 0, "grain": 6, "per_phase": 1, "tries": 4, "headroom": 1.0}
     p = harness.parser(__doc__, "shared_cluster", quick, layers=4, width=64, context=64, batch=16, micro=4,
                        max_bytes=2_000_000, steps=120, keep="", nice=0)
     p.add_argument("--base", type=float, default=4.0, help="duty-cycle slowdown floor on every rank (>= 4)")
     p.add_argument("--segment", type=int, default=4, help="steps per static candidate in the measuring jobs")
     p.add_argument("--traces", default="cotenant,burst,link", help="which traces (cotenant, burst, link)")
-    p.add_argument("--top", type=int, default=3, help="best partitions the (m, K) grid is measured on")
+    p.add_argument("--top", type=int, default=3, help="best configurations (by the simulator, then as measured) "
+                   "measured twice; with --per-phase 0: best partitions the (m, K) grid is measured on")
+    p.add_argument("--per-phase", type=int, default=3, help="each phase's best configurations by the simulator "
+                   "measured (0: every partition at the default schedule, then the grid on the --top best)")
+    p.add_argument("--grain", type=int, default=10, help="trace changes land on multiples of this many steps")
+    p.add_argument("--gap", type=float, default=1.0, help="mean steps between co-tenant arrivals (or bursts) on a "
+                   "device, as a fraction of --steps")
+    p.add_argument("--stay", type=float, default=0.35, help="mean stay of a co-tenant (a burst's longest), as a "
+                   "fraction of --steps")
+    p.add_argument("--depth", type=float, default=6.0, help="the trace's deepest slowdown (on top of --base)")
+    p.add_argument("--headroom", type=float, default=1.4, help="the oracle's predicted headroom over the best "
+                   "static configuration a trace's seed must give (the first seed from --seed that does)")
+    p.add_argument("--tries", type=int, default=16, help="seeds tried per trace")
+    p.add_argument("--max-phases", type=int, default=6, help="most phases a trace may have")
+    p.add_argument("--min-phase", type=int, default=1, help="fewest steps a phase may have")
     p.add_argument("--every", type=int, default=10, help="gearshift's adapt.every")
     p.add_argument("--detect", type=float, default=2.0, help="gearshift's adapt.detect")
     p.add_argument("--confirm", type=int, default=2, help="gearshift's adapt.confirm")
     p.add_argument("--hysteresis", type=float, default=0.25, help="gearshift's adapt.hysteresis")
     p.add_argument("--kinds", default="kfkb,zb1p", help="the live runs' adapt.schedule_kinds (the static grid is "
                    "kFkB's: kfkb alone compares like with like)")
+    p.add_argument("--separate", type=int, default=1, help="1: run gearshift_separate too (0: leave it out)")
     p.add_argument("--torch", type=int, default=1, help="1: measure torch's schedules too (0: leave them out)")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
     work, t_start, seg = harness.workdir("shared_cluster", a.keep), time.perf_counter(), a.segment
     base = [*harness.job_overrides(a), f"--cluster.workers={WORLD}", f"--parallel.stages={WORLD}", *harness.QUIET,
             "--train.warmup_steps=5", f"--adapt.profiles={work / 'profiles'}", f"--adapt.profile={work / 'p.json'}"]
-    profile = harness.robust_profile(load_config(None, [o for o in base if "adapt.profile" not in o]), 3,
-                                     work / "p.json")
+    cfg = load_config(None, [o for o in base if "adapt.profile" not in o])
+    profile = harness.robust_profile(cfg, 3, work / "p.json")
+    # every micro-batch size a split of the batch gives, profiled once here: the simulator's picks below, and the
+    # live runs read them from adapt.profiles (none profiles at its start)
+    profiles = {**profile_sizes(cfg, [a.batch // m for m in splits(a.batch)], str(work / "profiles"), passes=2),
+                profile.microbatch_size: profile}
     tokens = a.batch * a.context
     units = a.layers + 2
     parts = partitions(units, WORLD)
     grid = [(m, k) for m in splits(a.batch) if WORLD <= m <= 2 * a.micro for k in range(1, m + 1) if m % k == 0]
     default = (a.micro, 1)
+    every = [(tuple(b), mk) for b in parts for mk in grid]
+    uni = tuple(min(parts, key=lambda b: max(y - x for x, y in b) - min(y - x for x, y in b)))
     rows, report = [], {}
     for name in a.traces.split(","):
-        kind, link_bw = TRACES[name]
         path = work / f"{name}.json"
-        trace = make_trace(kind, link_bw, a.steps, a.seed, a.base, path)
+        seed, predicted_headroom = pick_trace(name, a, every, profiles, path)
+        trace = read_trace(path, WORLD)
         ph = phases(trace, a.steps)
+        print(f"{name}: seed {seed}, {len(ph)} phases, predicted oracle / best_static headroom "
+              f"{predicted_headroom:.3f}x", flush=True)
         # Interleaved, as bench/hetero.py: each live run sits between jobs measuring the static configurations, and
         # the configurations that can be best are measured twice (before and after the live runs), so a shared
         # machine's load drifts over every system alike; the two measurements are also best_static's A/A.
-        first = sweep(f"{name}.partitions", [(tuple(b), default) for b in parts], ph, seg, base, work, a.nice)
-        joint = live(name, "joint", path, a, base, work)
-        top = [b for b, _ in sorted(totals(first, ph), key=totals(first, ph).get)[:a.top]]  # the grid's partitions
-        first.update(sweep(f"{name}.grid", [(b, mk) for b in top for mk in grid if mk != default], ph, seg, base,
-                           work, a.nice))
-        separate = live(name, "separate", path, a, base, work)
-        uni = tuple(min(parts, key=lambda b: max(y - x for x, y in b) - min(y - x for x, y in b)))
-        # measured again: the configurations that can be best_static (the grid's partitions, every key) and uniform
-        second = sweep(f"{name}.again", [c for c in first if c[0] in top or c[0] == uni], ph, seg, base, work,
+        if a.per_phase:  # the simulator picks what is measured
+            first = sweep(f"{name}.candidates", candidates(predicted(profiles, every, ph, a.batch), ph, a.top,
+                                                           a.per_phase, (uni, default)), ph, seg, base, work, a.nice)
+            joint = live(name, "joint", path, a, base, work)
+            tot = totals(first, ph)
+            top = sorted(tot, key=tot.get)[:a.top]
+        else:  # every partition at the default schedule, then the grid on the best
+            first = sweep(f"{name}.partitions", [(tuple(b), default) for b in parts], ph, seg, base, work, a.nice)
+            joint = live(name, "joint", path, a, base, work)
+            best_parts = [b for b, _ in sorted(totals(first, ph), key=totals(first, ph).get)[:a.top]]
+            first.update(sweep(f"{name}.grid", [(b, mk) for b in best_parts for mk in grid if mk != default], ph,
+                               seg, base, work, a.nice))
+            top = [c for c in first if c[0] in best_parts]
+        separate = live(name, "separate", path, a, base, work) if a.separate else None
+        # measured again: the configurations that can be best_static, and uniform
+        second = sweep(f"{name}.again", [c for c in first if c in top or c == (uni, default)], ph, seg, base, work,
                        a.nice)
         times = {c: [(x + y) / 2 for x, y in zip(first[c], second[c])] if c in second else first[c] for c in first}
         total = totals(times, ph)
@@ -236,40 +357,45 @@ def main() -> None:
         torch_s = run_torch([*base, f"--emulate.trace={path}", f"--train.steps={a.steps}"], profile, a.micro) \
             if a.torch else {}
         best_torch = min(torch_s, key=torch_s.get) if torch_s else None
-        tps = {"gearshift": tokens * a.steps / joint["time_s"], "gearshift_separate": tokens * a.steps /
-               separate["time_s"], "best_static": tokens * a.steps / total[best],
-               "uniform_1f1b": tokens * a.steps / total[(uni, default)], "oracle": tokens * a.steps / oracle_s,
+        lives = {"gearshift": joint, **({"gearshift_separate": separate} if separate else {})}
+        tps = {**{k: tokens * a.steps / v["time_s"] for k, v in lives.items()},
+               "best_static": tokens * a.steps / total[best], "uniform_1f1b": tokens * a.steps / total[(uni, default)],
+               "oracle": tokens * a.steps / oracle_s,
                **({"torch": tokens * a.steps / torch_s[best_torch]} if torch_s else {})}
-        lives = {"gearshift": joint, "gearshift_separate": separate}
         for system, v in tps.items():
             rows.append({"trace": name, "system": system, "tokens_per_s": v,
                          "reaction_steps": lives[system]["reaction_steps"] if system in lives else None,
                          "moves": lives[system]["moves"] if system in lives else 0})
-        report[name] = {"phases": len(ph), "best_static": [list(best[0]), list(best[1])],
-                        "best_static_aa_s": aa, "best_static_aa_spread": abs(aa[0] - aa[1]) / statistics.mean(aa),
+        report[name] = {"seed": seed, "phases": len(ph), "measured": len(first),
+                        "best_static": [list(best[0]), list(best[1])], "best_static_aa_s": aa,
+                        "best_static_aa_spread": abs(aa[0] - aa[1]) / statistics.mean(aa),
+                        "predicted_headroom": predicted_headroom,
                         "headroom_oracle_over_best_static": tps["oracle"] / tps["best_static"],
                         "gearshift_over_oracle": tps["gearshift"] / tps["oracle"],
-                        "gearshift_over_best_static": tps["gearshift"] / tps["best_static"],
-                        "separate_over_best_static": tps["gearshift_separate"] / tps["best_static"],
-                        "joint_over_separate": tps["gearshift"] / tps["gearshift_separate"],
-                        "joint": joint, "separate": separate}
+                        "gearshift_over_best_static": tps["gearshift"] / tps["best_static"], "joint": joint}
+        if separate:
+            report[name].update(separate_over_best_static=tps["gearshift_separate"] / tps["best_static"],
+                                joint_over_separate=tps["gearshift"] / tps["gearshift_separate"], separate=separate)
         if torch_s:
             report[name].update(torch_schedule=best_torch, gearshift_over_torch=tps["gearshift"] / tps["torch"],
                                 torch_tokens_per_s={k: tokens * a.steps / v for k, v in torch_s.items()})
         r = report[name]
         print(f"{name}: oracle / best_static headroom {r['headroom_oracle_over_best_static']:.3f}x "
-              f"(best_static A/A {r['best_static_aa_spread']:.1%}); gearshift {r['gearshift_over_oracle']:.3f}x "
-              f"oracle, {r['gearshift_over_best_static']:.3f}x best_static, {r['joint_over_separate']:.3f}x separate "
-              f"({r['separate_over_best_static']:.3f}x best_static)"
+              f"(best_static A/A {r['best_static_aa_spread']:.1%}; {len(first)} configurations measured); gearshift "
+              f"{r['gearshift_over_oracle']:.3f}x oracle, {r['gearshift_over_best_static']:.3f}x best_static"
+              + (f", {r['joint_over_separate']:.3f}x separate ({r['separate_over_best_static']:.3f}x best_static)"
+                 if separate else "")
               + (f", {r['gearshift_over_torch']:.3f}x torch ({best_torch})" if torch_s else "")
               + f"; {joint['changes']} changes: joint {joint['decision_points']} decision points, "
-              f"{joint['moves']} moves, reaction {joint['reaction_steps']} steps; "
-              f"separate {separate['decision_points']} decision points, "
-              f"{separate['moves']} moves", flush=True)
+              f"{joint['moves']} moves, reaction {joint['reaction_steps']} steps"
+              + (f"; separate {separate['decision_points']} decision points, {separate['moves']} moves"
+                 if separate else "") + f" [{time.perf_counter() - t_start:.0f} s]", flush=True)
     harness.write_results("shared_cluster", {
         "rows": rows, "summary": report, "traces": a.traces, "steps": a.steps, "base_slowdown": a.base,
-        "segment": seg, "controller": {"every": a.every, "detect": a.detect, "confirm": a.confirm,
-                                       "hysteresis": a.hysteresis, "schedule_kinds": a.kinds},
+        "segment": seg, "trace_synth": {"grain": a.grain, "gap": a.gap, "stay": a.stay, "depth": a.depth,
+                                        "headroom": a.headroom, "per_phase": a.per_phase, "top": a.top},
+        "controller": {"every": a.every, "detect": a.detect, "confirm": a.confirm,
+                       "hysteresis": a.hysteresis, "schedule_kinds": a.kinds},
         "model": {"layers": a.layers, "width": a.width, "context": a.context, "batch": a.batch},
         "wall_s": time.perf_counter() - t_start}, a.out, emulation=f"duty cycle x{a.base:g} on every rank + trace")
     print(json.dumps({k: {x: y for x, y in v.items() if x not in ("joint", "separate")} for k, v in report.items()},

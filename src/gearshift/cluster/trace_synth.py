@@ -15,10 +15,11 @@ KINDS = ("cotenant", "burst", "diurnal")
 
 
 def synth(kind: str, ranks: int, steps: int, seed: int = 0, depth: float = 6.0, link_bandwidth: float = 0.0,
-          mean_gap: float = 40.0, mean_stay: float = 30.0) -> list[TraceRow]:
+          mean_gap: float = 40.0, mean_stay: float = 30.0, burst_steps: tuple[int, int] = (2, 5)) -> list[TraceRow]:
     """A trace of `kind` over `steps` steps for `ranks` ranks. `depth`: the deepest slowdown; `link_bandwidth`
     (bytes/s, 0 = no link rows): the links' uncontended bandwidth (cotenant only); `mean_gap`, `mean_stay`: the
-    steps between arrivals on one device and how long a co-tenant stays, on average."""
+    steps between arrivals on one device and how long a co-tenant stays, on average; `burst_steps`: the shortest
+    and longest burst (burst only)."""
     if kind not in KINDS:
         raise ValueError(f"trace kind {kind!r} (allowed: {', '.join(KINDS)})")
     rng = np.random.default_rng(seed)
@@ -26,7 +27,7 @@ def synth(kind: str, ranks: int, steps: int, seed: int = 0, depth: float = 6.0, 
         level = [_cotenant(rng, steps, mean_gap, mean_stay, lambda n: min(depth, 1.0 + n * (depth - 1) / 2))
                  for _ in range(ranks)]
     elif kind == "burst":
-        level = [_bursts(rng, steps, depth, mean_gap) for _ in range(ranks)]
+        level = [_bursts(rng, steps, depth, mean_gap, burst_steps) for _ in range(ranks)]
     else:
         period, phase = max(steps / 2, 8), rng.uniform(0, 2 * math.pi, ranks)  # a seeded phase per rank
         level = [[_quantize(1 + (depth - 1) * (1 + math.sin(2 * math.pi * s / period + float(phase[r]))) / 2)
@@ -51,12 +52,12 @@ def _cotenant(rng: np.random.Generator, steps: int, gap: float, stay: float, val
     return [_quantize(value(int(n))) for n in count]
 
 
-def _bursts(rng: np.random.Generator, steps: int, depth: float, gap: float) -> list[float]:
-    """Short (2-5 steps) deep (depth/2..depth) slowdowns at Poisson times."""
+def _bursts(rng: np.random.Generator, steps: int, depth: float, gap: float, length: tuple[int, int]) -> list[float]:
+    """Short (`length` steps, 2-5 by default) deep (depth/2..depth) slowdowns at Poisson times."""
     out = [1.0] * steps
     t = float(rng.exponential(gap))
     while t < steps:
-        a, n, f = int(t), int(rng.integers(2, 6)), _quantize(float(rng.uniform(depth / 2, depth)))
+        a, n, f = int(t), int(rng.integers(length[0], length[1] + 1)), _quantize(float(rng.uniform(depth / 2, depth)))
         for s in range(a, min(steps, a + n)):
             out[s] = f
         t += float(rng.exponential(gap)) + n
