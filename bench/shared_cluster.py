@@ -248,7 +248,12 @@ def live(name: str, controller: str, trace: Path, a, base: list[str], work: Path
     changes = [c for c in changes_at(read_trace(trace, WORLD)) if c > 0]
     react = [x for x in (next((d - c for d in at if d > c), None) for c in changes) if x is not None]
     spent = sum(d.get("decision_s") or 0 for d in decisions)
-    return {"time_s": sum(r["step_time_s"] for r in run.steps) + spent, "decision_s": spent,
+    step_s = [r["step_time_s"] for r in sorted(run.steps, key=lambda r: r["step"])]
+    # the job's first step (allocations, first calls) at its second's time: each static segment's first step is
+    # left out of its measurement alike
+    step_s[0] = step_s[1] if len(step_s) > 1 else step_s[0]
+    return {"time_s": sum(step_s) + spent, "decision_s": spent, "step_s": step_s,
+            "decision_s_at": {d["step"]: d.get("decision_s") or 0 for d in decisions},
             "migration_s": sum((d.get("migration") or {}).get("seconds", 0) for d in decisions),
             "changes": len(changes), "decision_points": len(at), "moves": len({d["step"] for d in moved}),
             "detected": sum(1 for d in decisions if "change detected" in d.get("trigger", "")),
@@ -279,9 +284,9 @@ def main() -> None:
     p.add_argument("--base", type=float, default=4.0, help="duty-cycle slowdown floor on every rank (>= 4)")
     p.add_argument("--segment", type=int, default=4, help="steps per static candidate in the measuring jobs")
     p.add_argument("--traces", default="cotenant,burst,link", help="which traces (cotenant, burst, link)")
-    p.add_argument("--top", type=int, default=3, help="best configurations (by the simulator, then as measured) "
+    p.add_argument("--top", type=int, default=2, help="best configurations (by the simulator, then as measured) "
                    "measured twice; with --per-phase 0: best partitions the (m, K) grid is measured on")
-    p.add_argument("--per-phase", type=int, default=3, help="each phase's best configurations by the simulator "
+    p.add_argument("--per-phase", type=int, default=2, help="each phase's best configurations by the simulator "
                    "measured (0: every partition at the default schedule, then the grid on the --top best)")
     p.add_argument("--grain", type=int, default=10, help="trace changes land on multiples of this many steps")
     p.add_argument("--gap", type=float, default=1.0, help="mean steps between co-tenant arrivals (or bursts) on a "
@@ -366,7 +371,13 @@ def main() -> None:
             rows.append({"trace": name, "system": system, "tokens_per_s": v,
                          "reaction_steps": lives[system]["reaction_steps"] if system in lives else None,
                          "moves": lives[system]["moves"] if system in lives else 0})
-        report[name] = {"seed": seed, "phases": len(ph), "measured": len(first),
+        by_phase = [{"steps": [s, e], "oracle_s": min(ts[i] for ts in times.values()) * (e - s),
+                     "oracle": [list(map(list, c[0])) + [list(c[1])] for c in times
+                                if times[c][i] == min(ts[i] for ts in times.values())][0],
+                     "best_static_s": times[best][i] * (e - s), "gearshift_s": sum(joint["step_s"][s:e])
+                     + sum(v for k, v in joint["decision_s_at"].items() if s <= k < e)}
+                    for i, (s, e, _) in enumerate(ph)]
+        report[name] = {"seed": seed, "phases": len(ph), "measured": len(first), "by_phase": by_phase,
                         "best_static": [list(best[0]), list(best[1])], "best_static_aa_s": aa,
                         "best_static_aa_spread": abs(aa[0] - aa[1]) / statistics.mean(aa),
                         "predicted_headroom": predicted_headroom,
@@ -398,7 +409,8 @@ def main() -> None:
                        "hysteresis": a.hysteresis, "schedule_kinds": a.kinds},
         "model": {"layers": a.layers, "width": a.width, "context": a.context, "batch": a.batch},
         "wall_s": time.perf_counter() - t_start}, a.out, emulation=f"duty cycle x{a.base:g} on every rank + trace")
-    print(json.dumps({k: {x: y for x, y in v.items() if x not in ("joint", "separate")} for k, v in report.items()},
+    print(json.dumps({k: {x: y for x, y in v.items() if x not in ("joint", "separate", "by_phase")}
+                      for k, v in report.items()},
                      indent=1))
 
 

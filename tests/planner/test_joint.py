@@ -103,6 +103,15 @@ def test_the_bar_widens_to_the_measured_spread_of_a_noisy_series() -> None:
     assert noisy.noise > 0.05  # the machine's noise outlives a new level
 
 
+def test_level_shifts_below_the_bar_are_not_counted_as_noise() -> None:
+    det = Detector(2.0, confirm=2)
+    for level in (1.0, 1.5, 1.0, 1.6, 1.1, 1.5):  # an environment that moves by less than the threshold
+        for i in range(5):
+            assert not det.update(level * (1.01 if i % 2 else 0.99))
+    assert 0.0 < det.noise < 0.05  # the samples' own +-1%, not the shifts
+    assert not det.update(4.0) and det.update(4.0)  # a co-tenant's 2.7x, twice: a change
+
+
 def _fastest(**kw):
     return _decide([0.25, 1, 1, 1], schedules=False, **kw)
 
