@@ -8,7 +8,7 @@ import math
 import pytest
 
 from gearshift.cluster.state import ClusterState
-from gearshift.planner.joint import decide_joint, expected_horizon
+from gearshift.planner.joint import decide_joint, expected_horizon, moved
 from gearshift.profile.model_profile import LayerProfile, ModelProfile
 from gearshift.runtime.detect import Detector
 
@@ -110,6 +110,20 @@ def test_level_shifts_below_the_bar_are_not_counted_as_noise() -> None:
             assert not det.update(level * (1.01 if i % 2 else 0.99))
     assert 0.0 < det.noise < 0.05  # the samples' own +-1%, not the shifts
     assert not det.update(4.0) and det.update(4.0)  # a co-tenant's 2.7x, twice: a change
+
+
+def test_only_a_detection_that_moved_a_speed_or_a_link_counts_as_a_change() -> None:
+    def state(speeds, fwd=1e8):
+        n = len(speeds)
+        bw = [[float("inf") if a == b else fwd if b == a + 1 else 1e8 for b in range(n)] for a in range(n)]
+        return ClusterState(list(speeds), bw, [[0.0] * n for _ in range(n)], [1e9] * n)
+
+    before = state([1, 1, 0.25, 1])
+    assert moved(None, before, 2.0, 4)  # the first measurement
+    assert not moved(before, state([0.8, 1.1, 0.3, 1]), 2.0, 4)  # noise: no speed moved 2x
+    assert moved(before, state([1, 1, 1, 1]), 2.0, 4)  # the co-tenant on rank 2 left
+    assert moved(before, state([1, 1, 0.25, 1], fwd=2e7), 2.0, 4)  # a contended link
+    assert not moved(before, state([1, 1, 0.25, 1, 0.1]), 2.0, 4)  # past the pipeline's stages: not its change
 
 
 def _fastest(**kw):

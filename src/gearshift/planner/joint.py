@@ -105,6 +105,24 @@ def expected_horizon(changes: Sequence[int], horizon: int, window: int = 4) -> i
     return max(1, min(horizon, int(statistics.median(gaps))))
 
 
+def moved(before: ClusterState | None, now: ClusterState, ratio: float, stages: int) -> bool:
+    """Whether the measured environment moved by `ratio` or more from `before` (None: nothing measured yet) to
+    `now`: a rank's speed, or a neighbouring link's bandwidth either way. A detection that moved neither was the
+    machine's noise, or a change too small to plan for: it does not count towards the rate of change that a move's
+    horizon is cut to (expected_horizon), so a noisy machine does not shrink every horizon until no move pays."""
+    if before is None:
+        return True
+
+    def off(a: float, b: float) -> bool:
+        if a == b:
+            return False
+        return a <= 0 or b <= 0 or max(a / b, b / a) >= ratio  # an infinite one against a finite one: moved
+
+    links = [(s, s + 1) for s in range(stages - 1)] + [(s + 1, s) for s in range(stages - 1)]
+    return any(off(a, b) for a, b in zip(before.speeds[:stages], now.speeds[:stages])) or \
+        any(off(before.bandwidth[x][y], now.bandwidth[x][y]) for x, y in links)
+
+
 def decide_joint(profiles: Mapping[int, ModelProfile], state: ClusterState, bounds: Sequence[tuple[int, int]],
                  current: tuple, batch: int, step: int, trigger: str, horizon: int,
                  migration_bandwidth: float, switch_s: float = 0.0, memory: Sequence[float] | None = None,

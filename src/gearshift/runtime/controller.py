@@ -8,7 +8,9 @@ Against a shared machine's noise: a change must be confirmed by `confirm` sample
 spread (runtime.detect), a move's gain is counted less the step time's measured spread and must pay for the
 decision's own measured wall time too, and the plan the last move left is taken back only for a gain of
 `hysteresis`; where the running plan and an option both ran since the last change, their measured step times
-are compared instead of their predictions (planner.joint). The links are probed only where the step time moved and
+are compared instead of their predictions (planner.joint). A move's horizon is cut to the rate of the detected
+changes that moved the measured speeds or links by the detector's ratio (planner.joint.moved): a false alarm costs a
+pricing, not the horizon of every move after it. The links are probed only where the step time moved and
 no rank's speed explains it (or at the period): a rank's own change leaves them as last probed."""
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Protocol
 
 import torch.distributed as dist
 
-from gearshift.planner.joint import decide_joint, expected_horizon
+from gearshift.planner.joint import decide_joint, expected_horizon, moved
 from gearshift.report.records import DecisionEvent, PlacementEvent
 from gearshift.runtime.adapt import Adapter
 from gearshift.runtime.agree import AnyRank, rank0_decides
@@ -78,7 +80,8 @@ class Controller:
         self.left: tuple | None = None  # (bounds, key) the last move left
         self.ran: dict[tuple, list[float]] = {}  # (bounds, key) -> its step times since the last change (latest)
         self._skip = 1  # step times not watched (the first one, and the first after a move)
-        self.changes: list[int] = []  # the steps a change was detected at (agreed: the same on every rank)
+        self.changes: list[int] = []  # the steps a change was detected at that moved the measured state (agreed)
+        self._seen = None  # the state the last decision point measured
 
     def after_step(self, rt: PipelineRuntime, step: int, step_s: float) -> DecisionEvent | None:
         """After `step` (every rank; `step_s` the gathered step time): decide if due, detected or forced, and apply
@@ -97,7 +100,6 @@ class Controller:
         fb, fk = ad.forced.get(nxt), self.switcher.forced.get(nxt)
         due = any(e > 0 and nxt % e == 0 for e in (self.every, self.placer.every if self.placer else 0))
         if changed:  # what each plan measured before the change says nothing about it now
-            self.changes.append(step)
             self.ran.clear()
         if not skipped:
             seen = self.ran.setdefault(self._plan(rt), [])
@@ -113,6 +115,9 @@ class Controller:
             ad.measure_links(rt.pipe_ranks, rt.pipe_rank, rt.replica)
         S, sw = rt.pipe_ranks, self.switcher
         state = ad.pipeline_state(S, nxt)
+        if changed and moved(self._seen, state, self.detect or 2.0, S):  # noise does not cut the horizon
+            self.changes.append(step)
+        self._seen = state
         horizon = expected_horizon(self.changes, self.horizon)
         was = self._plan(rt)
         d = rank0_decides(lambda: decide_joint(
