@@ -14,9 +14,9 @@ staying --stay x steps, bursts lasting --stay/2..--stay x steps, up to --depth d
 co-tenants also cap the pipeline links), every change moved to a multiple of --grain steps, each at a fixed seed
 that the simulator found to give the oracle headroom over any static plan (--seed N searches again: the first seed
 whose predicted headroom reaches --headroom). The static configurations measured are picked by the simulator from
-every contiguous partition x the (m, K) grid (m from 4 to twice --micro): its --top best over the trace, each phase's
---per-phase best and uniform 1F1B (--per-phase 0: every partition at the default schedule, then the grid on the
---top best, all measured).
+every contiguous partition x the (m, K) grid (m from 4 to twice --micro): its --top best over the trace, each
+phase's --per-phase best, and the uniform partition at 1F1B and at GPipe (--per-phase 0: every partition at the
+default schedule, then the grid on the --top best, all measured).
 
 Interleaved, as bench/hetero.py: per trace the jobs run the static candidates' sweep, gearshift (joint),
 gearshift_separate, then again the measured --top best and uniform; each of those has the mean of its two
@@ -295,12 +295,13 @@ def totals(times: dict, ph: list[tuple]) -> dict:
     return {c: sum(t * (e - s) for t, (s, e, _) in zip(ts, ph)) for c, ts in times.items()}
 
 
-def candidates(pred: dict, ph: list[tuple], top: int, per_phase: int, always: tuple) -> list[tuple]:
+def candidates(pred: dict, ph: list[tuple], top: int, per_phase: int, always: list[tuple]) -> list[tuple]:
     """The static configurations worth measuring, by the simulator's prediction `pred` over every partition and
     (m, K): the `top` best over the whole trace, each phase's `per_phase` best (the oracle's picks) and `always`
-    (uniform 1F1B); ordered by partition, so a sweep re-partitions least."""
+    (uniform 1F1B and GPipe: the simulator's picks are checked against one other member of the family); ordered by
+    partition, so a sweep re-partitions least."""
     tot = totals(pred, ph)
-    pick = {always, *sorted(tot, key=tot.get)[:top]}
+    pick = {*always, *sorted(tot, key=tot.get)[:top]}
     for i in range(len(ph)):
         pick.update(sorted(pred, key=lambda c: pred[c][i])[:per_phase])
     return sorted(pick)
@@ -368,8 +369,9 @@ def main() -> None:
         # the configurations that can be best are measured twice (before and after the live runs), so a shared
         # machine's load drifts over every system alike; the two measurements are also best_static's A/A.
         if a.per_phase:  # the simulator picks what is measured
-            first = sweep(f"{name}.candidates", candidates(predicted(profiles, every, ph, a.batch), ph, a.top,
-                                                           a.per_phase, (uni, default)), ph, seg, base, work, a.nice)
+            pick = candidates(predicted(profiles, every, ph, a.batch), ph, a.top, a.per_phase,
+                              [(uni, default), (uni, (a.micro, a.micro))])
+            first = sweep(f"{name}.candidates", pick, ph, seg, base, work, a.nice)
             joint = live(name, "joint", path, a, base, work)
             tot = totals(first, ph)
             top = sorted(tot, key=tot.get)[:a.top]
