@@ -219,7 +219,7 @@ def _torch_worker(rank: int, world: int, overrides: list[str], cuts: dict[int, l
             def receive(nbytes: int, way: str) -> None:
                 if peer[way] is not None and peer[way] != rank:
                     em.transfer_delay(nbytes, 0.0, step[0], peer[way])
-            return Slowed(module, em.slowdown_at(0), receive)
+            return Slowed(module, em.slowdown_at(0), receive, cfg.emulate.basis)
         return make
 
     runners = {}
@@ -312,7 +312,7 @@ def main() -> None:
              "top": 1, "every": 8, "torch": 0, "separate": 0, "grain": 6, "per_phase": 1, "tries": 4, "headroom": 1.0,
              "seed": 0}
     p = harness.parser(__doc__, "shared_cluster", quick, layers=4, width=64, context=64, batch=16, micro=4,
-                       max_bytes=2_000_000, steps=120, keep="", nice=0)
+                       max_bytes=2_000_000, steps=120, keep="", nice=0, basis="wall")
     p.add_argument("--base", type=float, default=4.0, help="duty-cycle slowdown floor on every rank (>= 4)")
     p.add_argument("--segment", type=int, default=4, help="steps per static candidate in the measuring jobs")
     p.add_argument("--traces", default="cotenant,burst,link", help="which traces (cotenant, burst, link)")
@@ -342,7 +342,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=-1, help="-1: each trace's fixed seed; N: search from N (--tries)")
     a = p.parse_args()
     work, t_start, seg = harness.workdir("shared_cluster", a.keep), time.perf_counter(), a.segment
-    base = [*harness.job_overrides(a), f"--cluster.workers={WORLD}", f"--parallel.stages={WORLD}", *harness.QUIET,
+    base = [*harness.job_overrides(a), f"--emulate.basis={a.basis}", f"--cluster.workers={WORLD}",
+            f"--parallel.stages={WORLD}", *harness.QUIET,
             "--train.warmup_steps=5", f"--adapt.profiles={work / 'profiles'}", f"--adapt.profile={work / 'p.json'}"]
     cfg = load_config(None, [o for o in base if "adapt.profile" not in o])
     profile = harness.robust_profile(cfg, 3, work / "p.json")
@@ -440,7 +441,8 @@ def main() -> None:
         "controller": {"every": a.every, "detect": a.detect, "confirm": a.confirm,
                        "hysteresis": a.hysteresis, "schedule_kinds": a.kinds},
         "model": {"layers": a.layers, "width": a.width, "context": a.context, "batch": a.batch},
-        "wall_s": time.perf_counter() - t_start}, a.out, emulation=f"duty cycle x{a.base:g} on every rank + trace")
+        "wall_s": time.perf_counter() - t_start}, a.out,
+        emulation=f"duty cycle x{a.base:g} on every rank + trace, basis {a.basis}")
     print(json.dumps({k: {x: y for x, y in v.items() if x not in ("joint", "separate", "by_phase")}
                       for k, v in report.items()},
                      indent=1))
