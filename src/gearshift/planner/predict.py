@@ -26,7 +26,8 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
     by its fitted line: slope x profiled seconds, plus the intercept as a fixed cost of every forward and
     backward; a waiting rank uses the calibration's `wait_cpu` of a core where ranks share cores; links without
     a measured latency take the calibration's. Where the calibration carries the job's own steps (its
-    `overhead`, profile.overhead): compute times scaled by its compute_scale; each send's and receive's CPU
+    `overhead`, profile.overhead): compute times scaled by its compute scale (each rank's own where it has one:
+    StepOverhead.rank_scale); each send's and receive's CPU
     spread over the rank's compute actions (a per-op cost: compute that shares the host's cores, which is
     where it is spent; the duty cycle does not stretch it: ScheduleCosts.unstretched_op_s); and its per-step CPU
     added to each rank's STEP."""
@@ -71,9 +72,11 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
     over = calibration.overhead if calibration is not None else None
     beside = [0.0] * len(state.speeds)
     if over is not None:
-        c = over.compute_scale
-        fwd, bwd, wgt = [c * x for x in fwd], [c * x for x in bwd], [c * x for x in wgt]
-        per_op = [c * x for x in per_op]
+        c = [over.scale(r) for r in range(len(state.speeds))]  # each rank's own where the fit has one
+        fwd = [c[place[s]] * x for s, x in enumerate(fwd)]
+        bwd = [c[place[s]] * x for s, x in enumerate(bwd)]
+        wgt = [c[place[s]] * x for s, x in enumerate(wgt)]
+        per_op = [c[r] * x for r, x in enumerate(per_op)]
         # the host's CPU, not the device's compute: not divided by a rank's speed, and spent in the sends and
         # receives, outside the compute ops that an emulated duty cycle stretches
         msgs, ops = messages(schedule), compute_ops(schedule)
