@@ -140,3 +140,18 @@ def test_each_ranks_own_compute_scale_prices_its_stages(make_profile):
     assert b.per_op_s == pytest.approx([0.001 * c for c in (1.2, 1.5, 1.5, 2.0)])
     assert predict(prof, bounds, sch, state, calibration=per).iteration_s > \
         predict(prof, bounds, sch, state, calibration=one).iteration_s
+
+
+def test_a_split_stages_forward_is_its_deferrable_forward_but_a_pipes_first_stage_keeps_its_own(make_profile):
+    """zb1p's stages after the first run their linears deferrable (runtime.executor), priced by the profile's
+    forward_split_s; the first stage, and every stage of 1F1B, by the plain forward."""
+    import dataclasses
+
+    prof = make_profile([0.03] * 8)
+    prof = dataclasses.replace(prof, layers=[dataclasses.replace(lp, forward_split_s=1.5 * lp.forward_s)
+                                             for lp in prof.layers])
+    bounds = [(0, 2), (2, 4), (4, 6), (6, 8)]
+    state = local_cluster(4)
+    plain = sim_cost(prof, bounds, make_schedule("1f1b", 4, 8), state).forward_s
+    split = sim_cost(prof, bounds, make_schedule("zb1p", 4, 8), state).forward_s
+    assert split == pytest.approx([plain[0]] + [1.5 * x for x in plain[1:]])

@@ -18,9 +18,9 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
     """Stage times = profiled layer times / the speed of the rank holding the stage; transfers = output
     activation bytes of each stage's last layer over the measured links; a rank's STEP = the profiled update
     of its layers, after the clip's job-wide all-reduce (every rank waits for the last); a split backward's BI and
-    BW = its layers' profiled BI and BW; ranks that share a host's cores (state.hosts, state.cores) share them in
-    the simulation, as do emulated ranks' duty cycles. `bounds` has
-    one range per stage, or one per slice of a schedule of several pipes (the same cut in every pipe).
+    BW = its layers' profiled BI and BW, and its stage's forward their forward with deferrable linears; ranks that
+    share a host's cores (state.hosts, state.cores) share them in the simulation, as do emulated ranks' duty cycles.
+    `bounds` has one range per stage, or one per slice of a schedule of several pipes (the same cut in every pipe).
 
     With a `calibration` (the job's own measurement, profile.calibration), each rank's profiled compute is priced
     by its fitted line: slope x profiled seconds, plus the intercept as a fixed cost of every forward and
@@ -46,7 +46,12 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
         for r in range(len(state.speeds)):
             line = calibration.lines[min(r, len(calibration.lines) - 1)]
             slope[r], per_op[r] = line.slope, line.intercept / state.speeds[r]
-    fwd = [scale * slope[place[s]] * sum(lp.forward_s for lp in profile.layers[a:b]) / state.speeds[place[s]]
+    # a stage whose backward is split runs its linears deferrable (not a pipe's first: runtime.executor), at their
+    # forward's cost
+    split = {a.stage for acts in schedule.actions for a in acts
+             if a.op is Op.BACKWARD_INPUT and not schedule.is_first(a.stage)}
+    fwd = [scale * slope[place[s]] / state.speeds[place[s]] *
+           sum(lp.split_forward_s if s in split else lp.forward_s for lp in profile.layers[a:b])
            for s, (a, b) in enumerate(bounds)]
     bwd = [scale * slope[place[s]] * sum(lp.backward_s for lp in profile.layers[a:b]) / state.speeds[place[s]]
            for s, (a, b) in enumerate(bounds)]

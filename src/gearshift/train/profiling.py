@@ -92,12 +92,13 @@ def profile_sizes(cfg: JobConfig, sizes: list[int], cache: str = "", passes: int
     return out
 
 
-_TIMES = ("forward_s", "backward_s", "backward_input_s", "backward_weight_s", "step_s")  # BI, BW: < 0 = unmeasured
+# BI, BW and the split's forward: < 0 = unmeasured
+_TIMES = ("forward_s", "backward_s", "backward_input_s", "backward_weight_s", "forward_split_s", "step_s")
 
 
 def fastest_layers(runs: list[ModelProfile]) -> ModelProfile:
     """One profile from several passes of the same model: each layer's fastest forward, backward, split backward's
-    BI and BW, and update (a shared machine only ever adds time); meta["passes"] says how many."""
+    BI and BW and forward, and update (a shared machine only ever adds time); meta["passes"] says how many."""
     layers = [replace(lps[0], **{k: min(getattr(lp, k) for lp in lps) for k in _TIMES})
               for lps in zip(*(r.layers for r in runs))]
     return replace(runs[0], layers=layers, meta={**runs[0].meta, "passes": len(runs)})
