@@ -37,6 +37,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", help="write the predicted timeline as a Perfetto trace here")
     p.add_argument("--links", action="store_true", help="also time this machine's loopback between two processes "
                    "(message latency and rate, a waiting receive's CPU) and price by it (a few seconds)")
+    p.add_argument("--save-overhead", metavar="FILE", help="add the overhead fitted from the run's steps (output.dir "
+                   "holds a run whose steps measured their CPU) to FILE, for --overhead to price other shapes by")
+    p.add_argument("--overhead", metavar="FILE", help="price by the overhead carried from the fits in FILE (each "
+                   "figure's median over other runs on this machine, without their fitted cores): a shape not run "
+                   "yet, priced as its own steps would")
     add_config_help(p, full=False)
 
 
@@ -50,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
     cfg, has_run = the_job(args.config, args.overrides)  # the run's own job where output.dir holds one
     if args.trace:
         check_output_file(args.trace, "--trace")
+    if args.save_overhead:
+        check_output_file(args.save_overhead, "--save-overhead")
+    carried = _carried(args.overhead) if args.overhead else None
     spec = job_model(cfg)  # its layers, whichever model it is (the GPT's are model.layers + embedding + head)
     info = cfg.model.layer_info()  # what a built-in's layers are, for the message
     layers_are = info[1] if info is not None else f"in {cfg.model.name}"
@@ -76,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
     state = local_pipeline_state(cfg.cluster.workers, p.stages, cfg.emulate.slowdowns(cfg.cluster.workers),
                                  cores=eff)
     cal = _calibration(cfg, prof, bounds, spec, args.links)
+    if carried is not None:  # every price below carries the other runs' CPU beside compute
+        cal = dataclasses.replace(cal, overhead=carried)
     cores = state.cores[0] * cfg.cluster.workers / p.stages
     title = f"{out}: {job_title(cfg)}" if has_run else job_title(cfg)
     t = Table(caption=f"{cfg.cluster.workers} workers sharing {available_cores()} cores, measured as {cores:.2f} at "
@@ -93,6 +103,11 @@ def run(args: argparse.Namespace) -> int:
         over = run_overhead(out, [(seg.steps[1:], sprof, sbounds, sch, state, per_part // seg.m, cal)
                                   for seg, sprof, sbounds, sch in plans],
                             most=available_cores() / max(cfg.cluster.workers // p.stages, 1))
+        if over is not None and args.save_overhead:
+            from gearshift.profile.overhead_store import add_fit
+
+            held = add_fit(args.save_overhead, over, f"{out}: {job_title(cfg)}")
+            print(f"added the run's overhead to {args.save_overhead} ({held} fits)")
     for seg in segs:
         seg_cfg = _with_mk(cfg, seg.m, seg.k)
         sprof = profile_at(per_part // seg.m)
@@ -227,6 +242,22 @@ def _moe_comm(cfg: JobConfig):
     from gearshift.train.strategy import measure_local, spec_comm_costs
 
     return spec_comm_costs(cfg) if cfg.cluster.spec else measure_local(cfg.cluster.workers)
+
+
+def _carried(path: str):
+    """The overhead carried from the fits in `path` (--overhead); one line naming the option for a bad file."""
+    from gearshift.paths import check_input_file
+    from gearshift.profile.overhead import carried_overhead
+    from gearshift.profile.overhead_store import read_fits
+
+    check_input_file(path, "--overhead")
+    try:
+        got = carried_overhead(read_fits(path))
+    except ValueError as e:
+        raise UserError(f"--overhead: {e}") from None
+    if got is None:
+        raise UserError(f"--overhead: {path} holds no fit that measured a step (add one with --save-overhead)")
+    return got
 
 
 def _calibration(cfg, prof, bounds, spec, links: bool):

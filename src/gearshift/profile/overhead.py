@@ -74,3 +74,20 @@ def fit_overhead(samples: Sequence[RankStep], scale: bool = True) -> StepOverhea
         return StepOverhead(c, points=len(pts), method="compute only" if pts else "none")
     line = theil_sen([x for x, _ in beside], [y for _, y in beside])
     return StepOverhead(c, line.slope, line.intercept, line.residual, len(pts), line.method)
+
+
+def carried_overhead(fits: Sequence[StepOverhead]) -> StepOverhead | None:
+    """What other jobs' own steps on this machine say about a job that has not run yet (a shape not run here): each
+    figure the median over the fits that measured something (robust to one loaded job). The cores a job's ranks got
+    (StepOverhead.cores) do not carry: they depend on the shape (the shorter its ops and the fewer its ranks, the
+    fewer), so the carried overhead leaves them at 0 and the cluster state's count prices the new shape. None when
+    no fit measured anything."""
+    got = [f for f in fits if f.points > 0]
+    if not got:
+        return None
+
+    def med(key: str) -> float:
+        return statistics.median(getattr(f, key) for f in got)
+
+    return StepOverhead(med("compute_scale"), med("message_cpu_s"), med("step_cpu_s"), med("residual"),
+                        sum(f.points for f in got), f"carried: the median of {len(got)} jobs' fits", 0.0)
