@@ -129,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
         name = f"{seg.label()}: " if len(segs) > 1 else ""
         t.add_row(f"{name}predicted", f"{iteration_s:.4f}", f"{tokens / iteration_s:,.0f}", f"{bubble:.1%}")
         if over is not None and not ep:
-            again = predict(sprof, sbounds, schedule, state, per_part // seg.m, dataclasses.replace(cal, overhead=over))
+            own = dataclasses.replace(over, wake_s=None)  # its fitted cores price it (the wait is fitted apart)
+            again = predict(sprof, sbounds, schedule, state, per_part // seg.m, dataclasses.replace(cal, overhead=own))
             t.add_row(f"{name}predicted with the run's CPU", f"{again.iteration_s:.4f}",
                       f"{tokens / again.iteration_s:,.0f}", f"{again.bubble_fraction:.1%}")
         if seg.measured_s:
@@ -198,12 +199,13 @@ def _plan(cfg: JobConfig, seg, profile_at, per_part: int, bounds: list[tuple[int
 def run_overhead(out: Path, segs: list[tuple], most: float | None = None):
     """The overhead fitted from the run's steps (profile.overhead), each segment's steps (after its first) against
     its own plan `(steps, profile, bounds, schedule, state, micro-batch size, calibration)`, with the cores the
-    ranks got together (planner.host_cores, at most `most`) fitted to the median step of the segment with the most
-    steps; None where no step measured its CPU (a run from before metrics.jsonl had cpu_s)."""
+    ranks got together (planner.host_cores, at most `most`) and a woken rank's wait for a core (fitted_wake; where
+    the host has more ranks than cores) each fitted to the median step of the segment with the most steps; None
+    where no step measured its CPU (a run from before metrics.jsonl had cpu_s)."""
     import dataclasses
     import statistics
 
-    from gearshift.planner.host_cores import fitted_cores
+    from gearshift.planner.host_cores import fitted_cores, fitted_wake
     from gearshift.planner.predict import messages, own_compute_s, sim_cost
     from gearshift.profile.overhead import RankStep, fit_overhead
     from gearshift.train.metrics import read_metrics
@@ -222,9 +224,10 @@ def run_overhead(out: Path, segs: list[tuple], most: float | None = None):
     times = [by_step[k]["step_time_s"] for k in steps if k in by_step]
     if not times:
         return over
-    cores = fitted_cores(prof, bounds, schedule, state, mb, dataclasses.replace(cal, overhead=over),
-                         statistics.median(times), most)
-    return dataclasses.replace(over, cores=cores)
+    cal = dataclasses.replace(cal, overhead=over)
+    cores = fitted_cores(prof, bounds, schedule, state, mb, cal, statistics.median(times), most)
+    wake = fitted_wake(prof, bounds, schedule, state, mb, cal, statistics.median(times))
+    return dataclasses.replace(over, cores=cores, wake_s=wake)
 
 
 def _with_mk(cfg: JobConfig, m: int, k: int) -> JobConfig:
