@@ -250,17 +250,13 @@ def _moe_comm(cfg: JobConfig):
 def _carried(path: str):
     """The overhead carried from the fits in `path` (--overhead); one line naming the option for a bad file."""
     from gearshift.paths import check_input_file
-    from gearshift.profile.overhead import carried_overhead
-    from gearshift.profile.overhead_store import read_fits
+    from gearshift.profile.overhead_store import carried_from
 
     check_input_file(path, "--overhead")
     try:
-        got = carried_overhead(read_fits(path))
+        return carried_from(path)
     except ValueError as e:
         raise UserError(f"--overhead: {e}") from None
-    if got is None:
-        raise UserError(f"--overhead: {path} holds no fit that measured a step (add one with --save-overhead)")
-    return got
 
 
 def _calibration(cfg, prof, bounds, spec, links: bool):

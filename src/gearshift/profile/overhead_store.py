@@ -1,13 +1,14 @@
 """A file of jobs' own-step fits (profile.overhead) on one machine: what `gearshift simulate --save-overhead`
-adds a run's fit to and `--overhead` prices a shape not run yet by (carried_overhead: each figure's median over
-the fits, without their fitted cores). JSON: {"fits": [{"label": ..., StepOverhead's fields}, ...]}."""
+adds a run's fit to, and what `--overhead` and a job's start (adapt.overhead) price a shape not run yet by
+(carried_overhead: each figure's median over the fits, without their fitted cores). JSON: {"fits": [{"label":
+..., StepOverhead's fields}, ...]}."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from gearshift.profile.overhead import StepOverhead
+from gearshift.profile.overhead import StepOverhead, carried_overhead
 
 
 def read_fits(path: str | Path) -> list[StepOverhead]:
@@ -32,3 +33,13 @@ def add_fit(path: str | Path, fit: StepOverhead, label: str) -> int:
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps({"fits": fits}, indent=1) + "\n")
     return len(fits)
+
+
+def carried_from(path: str | Path) -> StepOverhead:
+    """The overhead carried from the fits in the file at `path` (carried_overhead); ValueError for a file that is
+    not a fits file or holds no fit that measured a step."""
+    got = carried_overhead(read_fits(path))
+    if got is None:
+        raise ValueError(f"{path} holds no fit that measured a step (add one with `gearshift simulate "
+                         "--save-overhead`)")
+    return got
