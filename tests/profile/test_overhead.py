@@ -54,7 +54,8 @@ def test_no_cpu_measured_is_the_neutral_overhead_and_it_travels_with_the_calibra
 
 def test_ranks_that_say_who_they_are_get_their_own_scale():
     """Every sample names its rank: each rank's scale is the median of its steps (one loaded step of three moves
-    it not at all), and the job-wide scale stays the median of all; a sample without its rank: no per-rank scale."""
+    it not at all), and the job-wide scale stays the median of all; a sample without its rank, or a rank with fewer
+    than three steps: no per-rank scale."""
     plain = steps(1.3, 0.0002, 0.003)
     ranked = [RankStep(s.predicted_compute_s, s.compute_cpu_s * (1.0 + 0.1 * (i % 4)), s.cpu_s, s.messages, i % 4)
               for i, s in enumerate(plain)]
@@ -65,6 +66,7 @@ def test_ranks_that_say_who_they_are_get_their_own_scale():
     assert [fit.scale(r) for r in (0, 3, 4)] == pytest.approx([1.3, 1.69, fit.compute_scale])
     assert "per rank 1.30, 1.43, 1.56, 1.69" in fit.describe()
     assert fit_overhead(ranked[:-1] + [RankStep(0.04, 0.05, 0.06, 16)]).rank_scale == []
+    assert fit_overhead(ranked[:8]).rank_scale == []  # two steps a rank: too few for a scale of its own
     assert fit_overhead(plain).rank_scale == [] and fit_overhead(ranked, scale=False).rank_scale == []
     assert StepOverhead.from_dict(fit.to_dict()) == fit
 

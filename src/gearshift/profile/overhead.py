@@ -41,9 +41,10 @@ class StepOverhead:
     for a core when its host's cores all compute (ScheduleCosts.wake_s; planner.host_cores.fitted_wake: the
     simulator bisected on it to the job's measured step); None: not fitted (no host had more ranks than cores,
     where it is never paid). rank_scale: per rank of the schedule, that rank's own compute scale (the median of its
-    steps), where every sample said its rank: the ranks' compute is not slowed alike (stages whose calibration fits
-    them less well, a split backward's extra ops, load that lands on some ranks), and the slowest rank sets the
-    step; [] = compute_scale for every rank (a carried overhead has none: it prices other jobs' ranks)."""
+    steps, RANK_STEPS at least), where every sample said its rank: the ranks' compute is not slowed alike (stages
+    whose calibration fits them less well, a split backward's extra ops, load that lands on some ranks), and the
+    slowest rank sets the step; [] = compute_scale for every rank (a carried overhead has none: it prices other
+    jobs' ranks)."""
 
     compute_scale: float = 1.0
     message_cpu_s: float = 0.0
@@ -94,16 +95,20 @@ def fit_overhead(samples: Sequence[RankStep], scale: bool = True) -> StepOverhea
     return StepOverhead(c, line.slope, line.intercept, line.residual, len(pts), line.method, rank_scale=ranks)
 
 
+RANK_STEPS = 3  # the fewest steps of a rank that give it a scale of its own: a median one loaded step does not move
+
+
 def _rank_scales(pts: Sequence[RankStep]) -> list[float]:
     """Per rank 0..n-1, the median of its steps' compute CPU per predicted second; [] unless every sample names
-    its rank and every rank has a step with compute predicted."""
+    its rank and every rank has RANK_STEPS steps with compute predicted (the step follows the slowest rank, so a
+    scale from fewer, noisy steps would price it high)."""
     by: dict[int, list[float]] = {}
     for s in pts:
         if s.rank < 0:
             return []
         if s.predicted_compute_s > 0:
             by.setdefault(s.rank, []).append(s.compute_cpu_s / s.predicted_compute_s)
-    if not by or set(by) != set(range(max(by) + 1)):
+    if not by or set(by) != set(range(max(by) + 1)) or min(len(v) for v in by.values()) < RANK_STEPS:
         return []
     return [statistics.median(by[r]) for r in range(len(by))]
 
