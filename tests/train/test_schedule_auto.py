@@ -9,6 +9,8 @@ import json
 import pytest
 
 from gearshift.cli.main import main
+from gearshift.profile.overhead import StepOverhead
+from gearshift.profile.overhead_store import add_fit
 from gearshift.train.config import load_config
 from gearshift.train.forcing import Forcing
 from gearshift.train.launch import launch
@@ -30,8 +32,11 @@ def test_auto_start_forced_switch_and_period(tmp_path, capfd) -> None:
     allowed = {(c["m"], c["k"]) for c in cands if max(c["peak_memory"]) <= limit}
     forced = min(allowed, key=lambda mk: (-mk[0], mk[1]))  # the most micro-batches that fit
     out = tmp_path / "run"
+    fits = tmp_path / "fits.json"  # another run's overhead on this machine (neutral: the choices stay the same)
+    add_fit(fits, StepOverhead(1.0, 0.0, 0.0, 0.1, 8, "theil-sen", cores=1.5, wake_s=0.0), "another run")
     cfg = load_config(None, [*job, "--parallel.schedule=auto", "--train.steps=5", "--adapt.every=4",
-                             f"--cluster.memory_gb={limit / 1e9!r}", f"--output.dir={out}", "--output.progress=true"])
+                             f"--cluster.memory_gb={limit / 1e9!r}", f"--output.dir={out}", "--output.progress=true",
+                             f"--adapt.overhead={fits}"])
     assert launch(cfg, quiet=True, forcing=Forcing(schedules={2: forced})) == 0
     stdout = capfd.readouterr().out  # rank 0's progress and summary
     rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
@@ -50,6 +55,9 @@ def test_auto_start_forced_switch_and_period(tmp_path, capfd) -> None:
         assert all(ln["sizes"] >= 2 and ln["slope"] > 0 and ln["intercept"] >= 0 for ln in cal["lines"])
         assert cal["seconds"] > 0 and 0 <= cal["wait_cpu"] <= 1
     assert all(ln["points"] >= 4 for ln in start["calibration"]["lines"])  # F and B at two sizes, at least
+    carried = start["calibration"]["overhead"]  # the other run's fit, without its cores; later: the job's own steps
+    assert carried["method"].startswith("carried") and carried["points"] == 8 and carried["cores"] == 0
+    assert carried["wake_s"] == 0.0 and not period["calibration"]["overhead"]["method"].startswith("carried")
     assert "refined" in period["calibration"]["meta"]
     assert (switch["step"], switch["trigger"], switch["chosen"]) == (2, "forced", list(forced))
     assert switch["current"] == start["chosen"] and switch["measured_steps"] == 1  # step 0 left out (warm-up)

@@ -28,8 +28,8 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
     a measured latency take the calibration's. Where the calibration carries the job's own steps (its
     `overhead`, profile.overhead): compute times scaled by its compute_scale; each send's and receive's CPU
     spread over the rank's compute actions (a per-op cost: compute that shares the host's cores, which is
-    where it is spent; the duty cycle does not stretch it: ScheduleCosts.unstretched_op_s); and its per-step CPU
-    added to each rank's STEP."""
+    where it is spent; the duty cycle does not stretch it: ScheduleCosts.unstretched_op_s); its per-step CPU
+    added to each rank's STEP; and its wait for a core where every core computes (wake_s), where fitted."""
     if len(bounds) == schedule.stages_per_pipe < schedule.num_stages:
         bounds = [bounds[s % schedule.stages_per_pipe] for s in range(schedule.num_stages)]
     if bounds[-1][1] != profile.num_layers:
@@ -82,7 +82,8 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
     return ScheduleCosts(fwd, bwd, act, bandwidth, latency, act_mem, params, state.memory,
                          step_s=step, step_barrier_s=0.0, host=state.hosts, cores=state.cores, duty=state.duty,
                          param_bytes=moved, per_op_s=per_op, input_fraction=frac, weight_s=wgt, unstretched_op_s=beside,
-                         wait_cpu=calibration.wait_cpu if calibration is not None else 0.0)
+                         wait_cpu=calibration.wait_cpu if calibration is not None else 0.0,
+                         wake_s=over.wake_s or 0.0 if over is not None else 0.0)
 
 
 def messages(schedule: Schedule) -> list[int]:

@@ -35,7 +35,10 @@ class StepOverhead:
     fitted. cores: the cores' worth of throughput the job's ranks got together on their host (planner.host_cores:
     the simulator, priced with the rest of this overhead, bisected on it until it gives the job's measured step);
     it replaces the cluster state's count, which a probe of independent processes measures and which misses the
-    ranks' wake-ups on each other's messages. 0: not fitted."""
+    ranks' wake-ups on each other's messages. 0: not fitted. wake_s: what a rank whose compute could start waits
+    for a core when its host's cores all compute (ScheduleCosts.wake_s; planner.host_cores.fitted_wake: the
+    simulator bisected on it to the job's measured step); None: not fitted (no host had more ranks than cores,
+    where it is never paid)."""
 
     compute_scale: float = 1.0
     message_cpu_s: float = 0.0
@@ -44,6 +47,7 @@ class StepOverhead:
     points: int = 0
     method: str = "none"
     cores: float = 0.0
+    wake_s: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -58,7 +62,9 @@ class StepOverhead:
                 f"the calibration, {self.message_cpu_s * 1e3:.3f} ms CPU per send or receive, "
                 f"{self.step_cpu_s * 1e3:.3f} ms CPU per step and rank; residual {self.residual:.1%}"
                 + (f"; the ranks got {self.cores:.2f} cores together (fitted to the measured step)" if self.cores > 0
-                   else ""))
+                   else "")
+                + (f"; a rank waits {self.wake_s * 1e3:.2f} ms for a core when every core computes"
+                   if self.wake_s is not None else ""))
 
 
 def fit_overhead(samples: Sequence[RankStep], scale: bool = True) -> StepOverhead:
@@ -74,3 +80,22 @@ def fit_overhead(samples: Sequence[RankStep], scale: bool = True) -> StepOverhea
         return StepOverhead(c, points=len(pts), method="compute only" if pts else "none")
     line = theil_sen([x for x, _ in beside], [y for _, y in beside])
     return StepOverhead(c, line.slope, line.intercept, line.residual, len(pts), line.method)
+
+
+def carried_overhead(fits: Sequence[StepOverhead]) -> StepOverhead | None:
+    """What other jobs' own steps on this machine say about a job that has not run yet (a shape not run here): each
+    figure the median over the fits that measured something (robust to one loaded job). The cores a job's ranks got
+    (StepOverhead.cores) do not carry: they depend on the shape (the shorter its ops and the fewer its ranks, the
+    fewer), so the carried overhead leaves them at 0 and the cluster state's count prices the new shape; the wait
+    for a core (wake_s) carries, the median over the fits that fitted one. None when no fit measured anything."""
+    got = [f for f in fits if f.points > 0]
+    if not got:
+        return None
+
+    def med(key: str) -> float:
+        return statistics.median(getattr(f, key) for f in got)
+
+    wakes = [f.wake_s for f in got if f.wake_s is not None]
+    return StepOverhead(med("compute_scale"), med("message_cpu_s"), med("step_cpu_s"), med("residual"),
+                        sum(f.points for f in got), f"carried: the median of {len(got)} jobs' fits", 0.0,
+                        statistics.median(wakes) if wakes else None)
