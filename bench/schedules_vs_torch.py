@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import statistics
 from pathlib import Path
 
@@ -120,15 +121,18 @@ def with_overhead(profile, cal, mb: int, inputs: tuple, warm: list[list[tuple[fl
     """The row's prediction priced as the running job prices itself: its calibration plus the overhead its own
     warm-up steps measured (profile.overhead: compute CPU against the calibrated compute, CPU per message and per
     step beside it), fitted from warm[r] = rank r's (compute CPU, process CPU) of each warm-up step after the
-    first (which pays one-time costs). None without such steps."""
+    first (which pays one-time costs), each rank's compute at its own scale (StepOverhead.rank_scale); and the same
+    with one scale for every rank (the median's, `predicted_one_scale_s`). None without such steps."""
     bounds, sch, state = inputs
     own = own_compute_s(sim_cost(profile, bounds, sch, state, mb, cal), sch)
     msgs, n = messages(sch), sch.num_ranks
-    samples = [RankStep(own[r % n], c, u, msgs[r % n]) for r, steps in enumerate(warm) for c, u in steps[1:]]
+    samples = [RankStep(own[r % n], c, u, msgs[r % n], r % n) for r, steps in enumerate(warm) for c, u in steps[1:]]
     if not samples:
-        return None, None
+        return None, None, None
     over = fit_overhead(samples)
-    return predict(profile, bounds, sch, state, mb, dataclasses.replace(cal, overhead=over)), over
+    one = dataclasses.replace(over, rank_scale=[])
+    return (predict(profile, bounds, sch, state, mb, dataclasses.replace(cal, overhead=over)), over,
+            predict(profile, bounds, sch, state, mb, dataclasses.replace(cal, overhead=one)))
 
 
 def _worker(rank: int, world: int, a: argparse.Namespace, plan: dict, torch_cuts: dict) -> dict:
@@ -163,7 +167,9 @@ def _worker(rank: int, world: int, a: argparse.Namespace, plan: dict, torch_cuts
                 "busy": [x.busy_s for x in r["records"] if x is not None],
                 "compute_cpu": [x.compute_cpu_s for x in r["records"] if x is not None],
                 "cpu": [x.cpu_s for x in r["records"] if x is not None],
-                "warm": [(x.compute_cpu_s, x.cpu_s) for x in r["warm_records"] if x is not None]}
+                "warm": [(x.compute_cpu_s, x.cpu_s) for x in r["warm_records"] if x is not None],
+                "events": [[(lab, st, t0, t1) for (lab, t0, t1), st in zip(x.events, x.event_stages)]
+                           for x in r["records"] if x is not None]}
             for k, r in res.items()}
 
 
@@ -179,9 +185,10 @@ def summarise(a: argparse.Namespace, results: list[dict], plan: dict, priced=Non
         med = statistics.median(r["times"])
         peaks = [max(res[key]["peak"]) for res in results if res[key]["peak"]]
         p = dict(plan.get(key, {}))
-        sim, over = priced(key, [x[key]["warm"] for x in results]) if priced and key in plan else (None, None)
+        sim, over, one = priced(key, [x[key]["warm"] for x in results]) if priced and key in plan else (None,) * 3
         if sim is not None:
             p |= {"predicted_calibrated_s": p["predicted_step_s"], "predicted_step_s": sim.iteration_s,
+                  "predicted_one_scale_s": one.iteration_s,
                   "predicted_busy_s": sim.busy_s, "overhead": over.to_dict()}
         rows.append({"system": system, "schedule": sched, "split": split, "tokens_per_s": tokens / med,
                      "peak_act_bytes": max(peaks) if peaks else None, "predicted_step_s": p.get("predicted_step_s"),
@@ -196,7 +203,8 @@ def summarise(a: argparse.Namespace, results: list[dict], plan: dict, priced=Non
                      if r["busy"] else None,
                      "cpu_s": [statistics.median(res[key]["cpu"]) for res in results] if r["busy"] else None,
                      "predicted_compute_s": p.get("predicted_compute_s"),
-                     "predicted_calibrated_s": p.get("predicted_calibrated_s"), "overhead": p.get("overhead")})
+                     "predicted_calibrated_s": p.get("predicted_calibrated_s"),
+                     "predicted_one_scale_s": p.get("predicted_one_scale_s"), "overhead": p.get("overhead")})
     by = {(r["system"], r["schedule"], r["split"]): r for r in rows}
 
     def tps(system: str, s: str, split: str) -> float | None:
@@ -226,6 +234,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--only", default="", help='rows to run, comma-separated, e.g. "1f1b/even,zb1p/even,'
                    'zb1p/uneven,torch:1F1B/even" (default: all): Gearshift rows as SCHEDULE/SPLIT, torch\'s as '
                    'torch:SCHEDULE/SPLIT')
+    p.add_argument("--events", default="", help="also write each Gearshift row's timed steps, per rank, as "
+                   "[label, stage, start s, end s] actions to this JSON file (bench/sched_events.py reads it)")
     a = p.parse_args(argv)
     rows = {f"{s}/{sp}" for s in OURS for sp in SPEEDS} | {f"torch:{t}/{sp}" for t in TORCH for sp in SPEEDS}
     bad = [k for k in a.only.split(",") if k and k not in rows] if a.only else []
@@ -242,13 +252,17 @@ def main(argv: list[str] | None = None) -> dict:
                           job_model(cfg))
     plan, inputs = plans(a, profile, str(path), cal)
     torch_cuts = {v: [list(b) for b in equal_time_slices(profile, v * WORLD)] for v in (1, 2)}
-    out = summarise(a, spawn(_worker, WORLD, a, plan, torch_cuts, timeout_s=3600), plan,
+    results = spawn(_worker, WORLD, a, plan, torch_cuts, timeout_s=3600)
+    out = summarise(a, results, plan,
                     lambda key, warm: with_overhead(profile, cal, a.batch // a.micro, inputs[key], warm))
     out["config"] = {"world": WORLD, "slowdown": a.slowdown, "speeds": SPEEDS, "layers": a.layers, "width": a.width,
                      "context": a.context, "batch": a.batch, "microbatches": a.micro, "timed_steps": a.steps,
                      "cuts": {k: v["cut"] for k, v in plan.items()}, "torch_cuts": torch_cuts, "basis": a.basis,
                      "calibration": cal.to_dict(),
                      "wall_s": harness.elapsed()}
+    if a.events:  # every timed step's actions per rank of each Gearshift row: (label, stage, start s, end s)
+        Path(a.events).write_text(json.dumps({k: [res[k]["events"] for res in results] for k in results[0]
+                                              if not k.startswith("torch:")}))
     harness.write_results("schedules_vs_torch", out, a.out,
                           emulation=f"duty cycle: emulate.slowdown {a.slowdown:g} / speed per rank")
     harness.table("schedules vs torch.distributed.pipelining",

@@ -3,13 +3,15 @@
 (flush). Each point: profile the job in this process, calibrate it (profile.calibration: every stage timed
 whole at a few micro-batch sizes, a Theil-Sen line against the profile), predict its step (`gearshift
 simulate`'s path: the local cores as measured with the job's workers, the emulated duty cycle), run it for a
-few steps and compare the median step (first steps left out). The prediction without the calibration is kept
-beside it, and two with what a job's own steps measure in CPU time (profile.overhead: its compute against the
-calibration's, the CPU of each send and receive and of each step beside it, and the cores the ranks got
-together: planner.host_cores, the simulator bisected on the host's cores until it gives the steps' median): `own`,
-fitted from the point's first steps after the warm-up (before the steps measured), and `transfer`, the first
-point's (the default job's) fit pricing every other shape, as a running job prices a shape it has not run. Each
-is also priced without the fitted cores (`cpu only`: the probe's cores), the prediction before the cores' fit.
+few steps and compare the median step (first steps left out). The headline price (`predicted_step_s`) is the
+calibration with the overhead carried from the other points' own steps (profile.overhead.carried_overhead: each
+figure's median over the other points, leave one out, with their wait for a core and without their fitted cores):
+what a job on this machine is priced at before its own steps, once other shapes have run here (`gearshift simulate
+--overhead`). Beside it: the same without the wait for a core, the calibration alone, no calibration, `own` (the
+point's own first steps after the warm-up, before the steps measured, with the wait for a core fitted to them:
+planner.host_cores.fitted_wake; `own cores`: with the cores its ranks got instead, fitted_cores; `cpu only`:
+neither) and `transfer` (the first point's, the default job's, fit alone pricing every other shape; `cores`: with
+its fitted cores in place of its wait).
 `--points N --seed S` runs a seeded sample of the grid (the default job, context 128 with 4 samples per
 micro-batch on 4 stages, 1F1B, is always in it); `--emulate F` slows every rank F times (duty cycle); `--repeat`
 measures the first point twice (A/A)."""
@@ -27,9 +29,9 @@ from pathlib import Path
 import harness
 from gearshift.cluster.cores import effective_cores
 from gearshift.cluster.state import available_cores, local_pipeline_state
-from gearshift.planner.host_cores import fitted_cores
+from gearshift.planner.host_cores import fitted_cores, fitted_wake
 from gearshift.planner.predict import messages, own_compute_s, predict, sim_cost
-from gearshift.profile.overhead import RankStep, StepOverhead, fit_overhead
+from gearshift.profile.overhead import RankStep, StepOverhead, carried_overhead, fit_overhead
 from gearshift.train.build import equal_time_slices, job_schedule, slice_act_bytes
 from gearshift.train.calibration import calibrate_local
 from gearshift.train.config import load_config
@@ -104,7 +106,7 @@ def predictions(args: list[str]) -> tuple[dict, tuple]:
     state = local_pipeline_state(cfg.cluster.workers, p.stages, cfg.emulate.slowdowns(cfg.cluster.workers), cores=cores)
     cal = calibrate_local(cfg, prof, bounds, spec, links=links_once)
     mb = microbatch_size(cfg)
-    return {"predicted_step_s": predict(prof, bounds, schedule, state, mb, cal).iteration_s,
+    return {"predicted_calibration_only_s": predict(prof, bounds, schedule, state, mb, cal).iteration_s,
             "predicted_uncalibrated_s": predict(prof, bounds, schedule, state, mb).iteration_s,
             "effective_cores": round(cores, 3), "calibration_s": round(cal.seconds, 3),
             "per_op_ms": [round(ln.intercept * 1e3, 4) for ln in cal.lines],
@@ -116,8 +118,10 @@ def predictions(args: list[str]) -> tuple[dict, tuple]:
 
 def job_overhead(run: harness.Run, inputs: tuple, lo: int, hi: int) -> StepOverhead:
     """The overhead fitted from the run's steps lo <= step < hi: every rank's compute CPU against the calibrated
-    simulator's compute for it, its CPU beside the compute against its sends and receives, and the cores the ranks
-    got together (the simulator, so priced, bisected on the host's cores to the steps' median time)."""
+    simulator's compute for it, its CPU beside the compute against its sends and receives, and, each fitted to the
+    steps' median time with the rest so priced, the cores the ranks got together (planner.host_cores.fitted_cores,
+    bisected on the host's cores) and a woken rank's wait for a core where every core computes (fitted_wake, at the
+    probe's cores; None where the host has a core per rank)."""
     prof, bounds, schedule, state, mb, cal = inputs
     own = own_compute_s(sim_cost(prof, bounds, schedule, state, mb, cal), schedule)
     msgs, n = messages(schedule), schedule.num_ranks
@@ -126,9 +130,10 @@ def job_overhead(run: harness.Run, inputs: tuple, lo: int, hi: int) -> StepOverh
     step_s = run.median("step_time_s", lo=lo, hi=hi)
     if over.points == 0 or not step_s > 0:
         return over
-    cores = fitted_cores(prof, bounds, schedule, state, mb, dataclasses.replace(cal, overhead=over), step_s,
+    cal = dataclasses.replace(cal, overhead=over)
+    cores = fitted_cores(prof, bounds, schedule, state, mb, cal, step_s,
                          most=available_cores())  # one replica: the host's cores are the pipeline's
-    return dataclasses.replace(over, cores=cores)
+    return dataclasses.replace(over, cores=cores, wake_s=fitted_wake(prof, bounds, schedule, state, mb, cal, step_s))
 
 
 def with_overhead(inputs: tuple, over: StepOverhead) -> float:
@@ -137,8 +142,9 @@ def with_overhead(inputs: tuple, over: StepOverhead) -> float:
     return predict(prof, bounds, schedule, state, mb, dataclasses.replace(cal, overhead=over)).iteration_s
 
 
-def measure(point: tuple, a, work: Path, name: str, transfer: StepOverhead | None = None) -> dict:
-    """The point's row; `transfer`: another job's overhead to price it by as well (None: its own)."""
+def measure(point: tuple, a, work: Path, name: str) -> tuple[dict, tuple, StepOverhead]:
+    """The point's row (its prices by the calibration alone, and by its own first steps), what prices it again
+    (predictions' inputs) and the overhead its own steps fitted (with the cores its ranks got)."""
     ctx, n, stages, kind = point
     args = job_args(ctx, n, stages, kind, a.emulate, a.steps)
     if a.trace:  # the last step's timeline per rank and action, beside the simulator's (RUN_DIR/trace.json)
@@ -148,12 +154,11 @@ def measure(point: tuple, a, work: Path, name: str, transfer: StepOverhead | Non
     run = harness.run_job(name, args, work, nice=0)
     meas = run.median("step_time_s", lo=a.skip)
     own = job_overhead(run, inputs, 1, a.skip)
-    transfer = transfer or own
-    cpu_only = dataclasses.replace(own, cores=0.0), dataclasses.replace(transfer, cores=0.0)
-    pred |= {"predicted_own_s": with_overhead(inputs, own), "predicted_transfer_s": with_overhead(inputs, transfer),
-             "predicted_own_cpu_only_s": with_overhead(inputs, cpu_only[0]),
-             "predicted_transfer_cpu_only_s": with_overhead(inputs, cpu_only[1]),
-             "fitted_cores": round(own.cores, 3), "overhead": own.to_dict()}
+    pred |= {"predicted_own_s": with_overhead(inputs, dataclasses.replace(own, cores=0.0)),
+             "predicted_own_cores_s": with_overhead(inputs, dataclasses.replace(own, wake_s=None)),
+             "predicted_own_cpu_only_s": with_overhead(inputs, dataclasses.replace(own, cores=0.0, wake_s=None)),
+             "fitted_cores": round(own.cores, 3),
+             "fitted_wake_ms": None if own.wake_s is None else round(own.wake_s * 1e3, 3), "overhead": own.to_dict()}
     measured = [r for r in run.steps if r["step"] >= a.skip and r.get("cpu_s")]
     for key in ("cpu_s", "compute_cpu_s", "core_wait_s"):  # per rank, the measured steps' median: the step's CPU,
         has = measured and measured[0].get(key)  # split, and the time its main thread was ready without a core
@@ -163,13 +168,29 @@ def measure(point: tuple, a, work: Path, name: str, transfer: StepOverhead | Non
            "schedule": {"kfkb": "kfkb K=2", "multidir": "multidir flush", "moe": "moe 2 experts 1f1b"}.get(kind, kind),
            "emulated": a.emulate != 1.0, "measured_step_s": meas, **pred,
            "load_1min": [round(load0, 2), round(os.getloadavg()[0], 2)]}
-    row["error"] = row["predicted_step_s"] / meas - 1
-    row["error_uncalibrated"] = row["predicted_uncalibrated_s"] / meas - 1
-    row["error_own"] = row["predicted_own_s"] / meas - 1
-    row["error_transfer"] = row["predicted_transfer_s"] / meas - 1
-    row["error_own_cpu_only"] = row["predicted_own_cpu_only_s"] / meas - 1
-    row["error_transfer_cpu_only"] = row["predicted_transfer_cpu_only_s"] / meas - 1
-    return row
+    for key in ("calibration_only", "uncalibrated", "own", "own_cores", "own_cpu_only"):
+        row[f"error_{key}"] = row[f"predicted_{key}_s"] / meas - 1
+    return row, inputs, own
+
+
+def carry(rows: list[dict], inputs: list[tuple], fits: list[StepOverhead]) -> None:
+    """Each row's headline price, `predicted_step_s`: its calibration with the overhead carried from the other
+    points' own steps (profile.overhead.carried_overhead: each figure's median over the other points, leave one
+    out, with their wait for a core and without their fitted cores), as a job on a machine where other shapes ran
+    is priced at its start; beside it the same without the wait (`carried_no_wake`), and `transfer`, the first
+    point's (the default job's) fit alone, with its wait (without its fitted cores) and with its fitted cores
+    (`transfer_cores`, the wait left out)."""
+    for i, (row, inp) in enumerate(zip(rows, inputs)):
+        meas = row["measured_step_s"]
+        carried = carried_overhead([f for j, f in enumerate(fits) if j != i])
+        prices = {"step": carried, "carried_no_wake": carried and dataclasses.replace(carried, wake_s=None)}
+        if i:
+            prices |= {"transfer": dataclasses.replace(fits[0], cores=0.0),
+                       "transfer_cores": dataclasses.replace(fits[0], wake_s=None)}
+        for key, over in prices.items():
+            row[f"predicted_{key}_s"] = with_overhead(inp, over) if over else row["predicted_calibration_only_s"]
+            row["error" if key == "step" else f"error_{key}"] = row[f"predicted_{key}_s"] / meas - 1
+        row["carried"] = carried.to_dict() if carried else None
 
 
 def summary(rows: list[dict], key: str) -> dict:
@@ -197,28 +218,35 @@ def main() -> None:
     a = p.parse_args()
     work = harness.workdir("sim_accuracy", a.keep)
     pts = sample(a.points, a.seed, a.moe)
-    rows, t0 = [], time.perf_counter()
-    first: StepOverhead | None = None
+    rows, inputs, fits, t0 = [], [], [], time.perf_counter()
     for i, pt in enumerate(pts):
-        rows.append(measure(pt, a, work, f"p{i}", first))
-        r = rows[-1]
-        first = first or StepOverhead.from_dict(r["overhead"])
-        print(f"  {pt}: measured {r['measured_step_s']:.4f} predicted {r['predicted_step_s']:.4f} "
-              f"({r['error']:+.1%}; uncalibrated {r['error_uncalibrated']:+.1%}; own steps {r['error_own']:+.1%}; "
-              f"transfer {r['error_transfer']:+.1%}; cpu only: own {r['error_own_cpu_only']:+.1%}, transfer "
-              f"{r['error_transfer_cpu_only']:+.1%}; fitted cores {r['fitted_cores']}) load {r['load_1min']}",
+        row, inp, fit = measure(pt, a, work, f"p{i}")
+        rows.append(row), inputs.append(inp), fits.append(fit)
+        print(f"  {pt}: measured {row['measured_step_s']:.4f} calibration alone "
+              f"{row['predicted_calibration_only_s']:.4f} ({row['error_calibration_only']:+.1%}; uncalibrated "
+              f"{row['error_uncalibrated']:+.1%}; own steps {row['error_own']:+.1%}, with its cores "
+              f"{row['error_own_cores']:+.1%}, cpu only {row['error_own_cpu_only']:+.1%}; fitted cores "
+              f"{row['fitted_cores']}, wait for a core {row['fitted_wake_ms']} ms) load {row['load_1min']}",
               flush=True)
+    carry(rows, inputs, fits)
+    for pt, row in zip(pts, rows):
+        print(f"  {pt}: calibrated + carried {row['predicted_step_s']:.4f} ({row['error']:+.1%}; without the wait "
+              f"{row['error_carried_no_wake']:+.1%})"
+              + (f"; transfer {row['error_transfer']:+.1%} (with its cores {row['error_transfer_cores']:+.1%})"
+                 if "error_transfer" in row else ""))
     aa = None
     if a.repeat:
-        again = measure(pts[0], a, work, "aa", first)
+        again = measure(pts[0], a, work, "aa")[0]
         aa = {"point": list(pts[0]), "measured_step_s": [rows[0]["measured_step_s"], again["measured_step_s"]],
               "ratio": again["measured_step_s"] / rows[0]["measured_step_s"]}
     out = {"rows": rows, "sample": {"points": len(pts), "seed": a.seed, "grid": len(grid()), "steps": a.steps,
                                     "skip": a.skip},
-           "calibrated": summary(rows, "error"), "uncalibrated": summary(rows, "error_uncalibrated"),
+           "calibrated": summary(rows, "error"), "carried_no_wake": summary(rows, "error_carried_no_wake"),
+           "calibration_only": summary(rows, "error_calibration_only"), "own_cores": summary(rows, "error_own_cores"),
+           "uncalibrated": summary(rows, "error_uncalibrated"),
            "own_steps": summary(rows, "error_own"), "transfer": summary(rows[1:], "error_transfer"),
            "own_steps_cpu_only": summary(rows, "error_own_cpu_only"),
-           "transfer_cpu_only": summary(rows[1:], "error_transfer_cpu_only"),
+           "transfer_cores": summary(rows[1:], "error_transfer_cores"),
            "default_job_error": rows[0]["error"], "default_job_error_own": rows[0]["error_own"], "aa": aa,
            "wall_s": time.perf_counter() - t0}
     if a.merge and Path(a.out).is_file():  # the other run's rows and summaries stay beside this one's
@@ -227,8 +255,9 @@ def main() -> None:
         out["rows"] = [r for r in prev.get("rows", []) if r["emulated"] != (a.emulate != 1.0)] + rows
         prev_quiet = (prev.get("machine") or {}).get("emulation") is None
         top_is_other = prev_quiet == (other == "quiet")  # the summaries at prev's top level are the other run's
-        out[other] = {k: prev.get(k) for k in ("calibrated", "uncalibrated", "own_steps", "transfer",
-                                                "own_steps_cpu_only", "transfer_cpu_only",
+        out[other] = {k: prev.get(k) for k in ("calibrated", "carried_no_wake", "calibration_only", "own_cores",
+                                                "uncalibrated", "own_steps",
+                                                "transfer", "own_steps_cpu_only", "transfer_cores",
                                                 "default_job_error", "default_job_error_own", "aa", "sample",
                                                 "machine")} if top_is_other else prev.get(other)
     emulation = f"duty-cycle x{a.emulate:g} on every rank" if a.emulate != 1.0 else None
@@ -244,8 +273,11 @@ def main() -> None:
                                        "transfer: median": (tr.get("median_abs", float("nan")), "<= 0.10"),
                                        "transfer: worst": (tr.get("worst_abs", float("nan")), "<= 0.20"),
                                        "own steps, cpu only: median": (out["own_steps_cpu_only"]["median_abs"], "-"),
-                                       "transfer, cpu only: median": (out["transfer_cpu_only"].get(
+                                       "transfer, its fitted cores: median": (out["transfer_cores"].get(
                                            "median_abs", float("nan")), "-"),
+                                       "calibration alone: median": (out["calibration_only"]["median_abs"], "-"),
+                                       "carried without the wait: median": (out["carried_no_wake"]["median_abs"], "-"),
+                                       "own steps, its fitted cores: median": (out["own_cores"]["median_abs"], "-"),
                                        "uncalibrated median": (unc["median_abs"], "-")}))
 
 

@@ -72,6 +72,14 @@ def test_fastest_layers_keeps_each_layers_fastest_pass():
     assert [(lp.forward_s, lp.backward_s) for lp in best.layers] == [(1.0, 1.5), (1.0, 1.0)]
     assert best.meta["passes"] == 2
 
+    def split(bi: float, bw: float, f: float) -> ModelProfile:
+        return ModelProfile([LayerProfile("l", 1.0, 1.0, 0.0, 0, 0, 0, backward_input_s=bi, backward_weight_s=bw,
+                                          forward_split_s=f)], 2, 8)
+
+    # a split backward's BI and BW come from one pass, the one whose BI + BW is the fastest: not 0.5 + 0.2 from two
+    lp = fastest_layers([split(0.5, 0.6, 1.2), split(0.7, 0.2, 1.1), split(0.6, 0.4, 1.3)]).layers[0]
+    assert (lp.backward_input_s, lp.backward_weight_s, lp.forward_split_s) == (0.7, 0.2, 1.1)
+
 
 @pytest.mark.subprocess
 def test_run_job_runs_this_interpreters_gearshift_and_says_why_it_failed(tmp_path, monkeypatch):

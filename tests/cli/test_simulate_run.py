@@ -97,8 +97,12 @@ def test_simulate_names_the_run_s_job_and_predicts_each_m_k(tmp_path, gearshift,
     assert r.returncode == 0, r.stderr
     auto, md = tmp_path / "auto", tmp_path / "md"
     _run(auto, AUTO, {0: [2, 1], 3: [8, 3]}, cpu=True)
-    r = gearshift("simulate", f"--output.dir={auto}", "--profile", str(prof))
+    fits = tmp_path / "fits.json"
+    r = gearshift("simulate", f"--output.dir={auto}", "--profile", str(prof), "--save-overhead", str(fits))
     assert r.returncode == 0, r.stderr
+    assert f"added the run's overhead to {fits} (1 fits)" in r.stdout
+    saved = json.loads(fits.read_text())["fits"]
+    assert len(saved) == 1 and saved[0]["points"] > 0 and saved[0]["label"].startswith(f"{auto}: gpt")
     assert f"{auto}: gpt, 2 workers, 2 stages x 1 replica, auto" in r.stdout
     assert "predicted with the run's CPU" in r.stdout and "cores together (fitted to the measured step)" in r.stdout
     for label in ("m=2 K=1, steps 0-2", "m=8 K=3, steps 3-5"):
@@ -108,11 +112,28 @@ def test_simulate_names_the_run_s_job_and_predicts_each_m_k(tmp_path, gearshift,
     r = gearshift("profile", *MULTIDIR, f"--output.dir={tmp_path}", "--out", str(prof6), "--repeats", "1",
                   "--warmup", "0")
     assert r.returncode == 0, r.stderr
-    r = gearshift("simulate", f"--output.dir={md}", "--profile", str(prof6))
+    r = gearshift("simulate", f"--output.dir={md}", "--profile", str(prof6), "--overhead", str(fits))
     assert r.returncode == 0, r.stderr
     assert "multidir: 2 directions over 4 stages" in r.stdout and "measured" in r.stdout
+    assert "carried: the median of 1 jobs' fits" in r.stdout  # the other run's fit prices this shape
     job = tmp_path / "job.toml"
     job.write_text("")
     r = gearshift("simulate", str(job), *TINY, f"--output.dir={md}", "--profile", str(prof))  # a 1F1B job's config
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "another job: model.layers is 6 there but 2 here" in r.stderr
+
+
+def test_a_file_that_holds_no_fits_is_refused_naming_the_option(tmp_path):
+    from gearshift.cli.simulate import _carried
+    from gearshift.errors import UserError
+
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"rows": []}')
+    with pytest.raises(UserError, match="^--overhead: .* is not a file of overhead fits"):
+        _carried(str(bad))
+    empty = tmp_path / "empty.json"
+    empty.write_text('{"fits": [{"points": 0}]}')
+    with pytest.raises(UserError, match="^--overhead: .* holds no fit that measured a step"):
+        _carried(str(empty))
+    with pytest.raises(UserError, match="^--overhead: file not found"):
+        _carried(str(tmp_path / "none.json"))

@@ -24,3 +24,20 @@ def test_a_module_built_on_meta_has_the_shapes_of_a_cpu_build_and_no_values():
     assert numel(meta) == numel(cpu) == 10 * 4 + 4 * 3 + 3 + 3 + 3 + 4
     # outside the context, modules are built as usual
     assert not nn.Linear(2, 2).weight.is_meta
+
+
+def test_nothing_stays_on_meta_after_the_context_nested_with_device_contexts_either_way():
+    """The symptom on torch 2.11: after a meta build, AdamW's first step made its step counters on meta."""
+    with torch.device("cpu"), on_meta():
+        inner = torch.empty(2)
+    with on_meta():
+        assert torch.tensor(0.0).is_meta
+        with torch.device("cpu"):
+            cpu = torch.empty(2)
+        assert torch.zeros(1).is_meta
+    assert inner.is_meta and not cpu.is_meta
+    layer = nn.Linear(3, 2)
+    opt = torch.optim.AdamW(layer.parameters())
+    layer(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    assert not any(t.is_meta for st in opt.state.values() for t in st.values())

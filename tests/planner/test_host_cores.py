@@ -76,3 +76,27 @@ def test_the_fitted_cores_travel_with_the_calibration_and_are_printed():
     assert back.overhead.cores == 1.47
     assert "1.47 cores together" in back.describe()
     assert "cores together" not in calibrated(StepOverhead(points=8)).describe()
+
+
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+def test_the_simulator_gives_back_the_wait_for_a_core_it_was_priced_with(make_profile, kind):
+    """A step simulated with a 4 ms wait for a core (4 ranks on a host of 2): the fit recovers it, and it prices
+    nothing on a host with a core per rank (2 ranks on 2 cores: never paid, so not fitted)."""
+    from gearshift.planner.host_cores import fitted_wake
+
+    prof = make_profile([0.02] * 8)
+    sch = make_schedule(kind, 4, 8)
+    state = local_cluster(4, cores=2)
+    over = StepOverhead(1.1, 0.0003, 0.002, points=12, method="theil-sen")
+    priced = predict(prof, BOUNDS, sch, state, calibration=calibrated(dataclasses.replace(over, wake_s=0.004)))
+    plain = predict(prof, BOUNDS, sch, state, calibration=calibrated(over))
+    assert priced.iteration_s > plain.iteration_s
+    w = fitted_wake(prof, BOUNDS, sch, state, prof.microbatch_size, calibrated(over), priced.iteration_s)
+    assert w == pytest.approx(0.004, rel=0.05)
+    assert fitted_wake(prof, BOUNDS, sch, state, prof.microbatch_size, calibrated(over), plain.iteration_s / 2) == 0
+    two = [(0, 4), (4, 8)]
+    sch2, state2 = make_schedule(kind, 2, 8), local_cluster(2, cores=2)
+    cal2 = Calibration([LineFit(1.2, 0.001, method="theil-sen")] * 2, overhead=dataclasses.replace(over, wake_s=0.01))
+    assert predict(prof, two, sch2, state2, calibration=cal2).iteration_s == \
+        predict(prof, two, sch2, state2, calibration=calibrated(over)).iteration_s
+    assert fitted_wake(prof, two, sch2, state2, prof.microbatch_size, cal2, 1.0) is None

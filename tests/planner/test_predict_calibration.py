@@ -119,3 +119,39 @@ def test_the_jobs_overhead_prices_compute_messages_and_steps(make_profile):
     assert (predict(prof, bounds, sch, state, calibration=more).iteration_s
             > predict(prof, bounds, sch, state, calibration=over).iteration_s
             > predict(prof, bounds, sch, state, calibration=base).iteration_s)
+
+
+def test_each_ranks_own_compute_scale_prices_its_stages(make_profile):
+    """With a scale per rank (the job's own steps, StepOverhead.rank_scale) each stage's forward, backward, BW and
+    per-op cost follow its rank's scale; the slowest rank sets the step."""
+    from gearshift.profile.overhead import StepOverhead
+
+    prof = make_profile([0.03] * 8)
+    bounds = [(0, 2), (2, 4), (4, 6), (6, 8)]
+    sch = make_schedule("zb1p", 4, 8, placement=[1, 0, 2, 3])
+    state = local_cluster(4)
+    base = cal(1.0, 0.001, 4)
+    one = Calibration(base.lines, overhead=StepOverhead(1.5))
+    per = Calibration(base.lines, overhead=StepOverhead(1.5, rank_scale=[1.2, 1.5, 1.5, 2.0]))
+    a, b = sim_cost(prof, bounds, sch, state, calibration=one), sim_cost(prof, bounds, sch, state, calibration=per)
+    by_stage = [1.5, 1.2, 1.5, 2.0]  # stage s's rank: placement[s]
+    for xs, ys in ((a.forward_s, b.forward_s), (a.backward_s, b.backward_s), (a.weight_grad_s(), b.weight_grad_s())):
+        assert ys == pytest.approx([y / 1.5 * c for y, c in zip(xs, by_stage)])
+    assert b.per_op_s == pytest.approx([0.001 * c for c in (1.2, 1.5, 1.5, 2.0)])
+    assert predict(prof, bounds, sch, state, calibration=per).iteration_s > \
+        predict(prof, bounds, sch, state, calibration=one).iteration_s
+
+
+def test_a_split_stages_forward_is_its_deferrable_forward_but_a_pipes_first_stage_keeps_its_own(make_profile):
+    """zb1p's stages after the first run their linears deferrable (runtime.executor), priced by the profile's
+    forward_split_s; the first stage, and every stage of 1F1B, by the plain forward."""
+    import dataclasses
+
+    prof = make_profile([0.03] * 8)
+    prof = dataclasses.replace(prof, layers=[dataclasses.replace(lp, forward_split_s=1.5 * lp.forward_s)
+                                             for lp in prof.layers])
+    bounds = [(0, 2), (2, 4), (4, 6), (6, 8)]
+    state = local_cluster(4)
+    plain = sim_cost(prof, bounds, make_schedule("1f1b", 4, 8), state).forward_s
+    split = sim_cost(prof, bounds, make_schedule("zb1p", 4, 8), state).forward_s
+    assert split == pytest.approx([plain[0]] + [1.5 * x for x in plain[1:]])

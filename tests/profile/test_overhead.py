@@ -50,3 +50,53 @@ def test_no_cpu_measured_is_the_neutral_overhead_and_it_travels_with_the_calibra
     assert back.overhead == cal.overhead
     assert "0.200 ms CPU per send or receive" in back.describe()
     assert "none measured yet" in Calibration([LineFit()]).describe()
+
+
+def test_ranks_that_say_who_they_are_get_their_own_scale():
+    """Every sample names its rank: each rank's scale is the median of its steps (one loaded step of three moves
+    it not at all), and the job-wide scale stays the median of all; a sample without its rank, or a rank with fewer
+    than three steps: no per-rank scale."""
+    plain = steps(1.3, 0.0002, 0.003)
+    ranked = [RankStep(s.predicted_compute_s, s.compute_cpu_s * (1.0 + 0.1 * (i % 4)), s.cpu_s, s.messages, i % 4)
+              for i, s in enumerate(plain)]
+    s = ranked[5]  # rank 1, second step: loaded
+    ranked[5] = RankStep(s.predicted_compute_s, 3 * s.compute_cpu_s, 3 * s.cpu_s, s.messages, s.rank)
+    fit = fit_overhead(ranked)
+    assert fit.rank_scale == pytest.approx([1.3, 1.43, 1.56, 1.69])
+    assert [fit.scale(r) for r in (0, 3, 4)] == pytest.approx([1.3, 1.69, fit.compute_scale])
+    assert "per rank 1.30, 1.43, 1.56, 1.69" in fit.describe()
+    assert fit_overhead(ranked[:-1] + [RankStep(0.04, 0.05, 0.06, 16)]).rank_scale == []
+    assert fit_overhead(ranked[:8]).rank_scale == []  # two steps a rank: too few for a scale of its own
+    assert fit_overhead(plain).rank_scale == [] and fit_overhead(ranked, scale=False).rank_scale == []
+    assert StepOverhead.from_dict(fit.to_dict()) == fit
+
+
+def test_carried_overhead_is_each_figures_median_without_the_fitted_cores():
+    from gearshift.profile.overhead import carried_overhead
+
+    fits = [StepOverhead(1.2, 3e-4, 4e-3, 0.1, 12, "theil-sen", cores=1.5, wake_s=0.002),
+            StepOverhead(1.4, 5e-4, 1e-3, 0.2, 8, "theil-sen", cores=1.9),  # a core per rank: no wait fitted
+            StepOverhead(3.0, 1e-4, 2e-3, 0.3, 8, "theil-sen", cores=0.7, wake_s=0.004),  # one loaded job: outvoted
+            StepOverhead(9.0, 9.0, 9.0, 9.0, 0, "none")]  # measured nothing: left out
+    got = carried_overhead(fits)
+    assert got.compute_scale == pytest.approx(1.4) and got.message_cpu_s == pytest.approx(3e-4)
+    assert got.step_cpu_s == pytest.approx(2e-3) and got.points == 28
+    assert got.cores == 0.0  # the cores a shape's ranks got do not carry: the state's count prices the new shape
+    assert got.wake_s == pytest.approx(0.003)  # the wait for a core does: the median of the fits that fitted one
+    assert carried_overhead(fits[1:2]).wake_s is None
+    assert carried_overhead([StepOverhead()]) is None and carried_overhead([]) is None
+
+
+def test_the_fits_file_keeps_every_fit_and_refuses_another_file(tmp_path):
+    from gearshift.profile.overhead_store import add_fit, read_fits
+
+    path = tmp_path / "fits.json"
+    assert add_fit(path, StepOverhead(1.2, 3e-4, 4e-3, 0.1, 12, "theil-sen", cores=1.5), "run a") == 1
+    assert add_fit(path, StepOverhead(1.4, 5e-4, 1e-3, 0.2, 8, "theil-sen"), "run b") == 2
+    got = read_fits(path)
+    assert [f.compute_scale for f in got] == [1.2, 1.4] and got[0].cores == 1.5
+    other = tmp_path / "other.json"
+    other.write_text('{"rows": []}')
+    with pytest.raises(ValueError, match="not a file of overhead fits"):
+        add_fit(other, StepOverhead(), "run c")
+    assert other.read_text() == '{"rows": []}'  # not overwritten

@@ -29,6 +29,10 @@ def test_one_row_per_layer_with_positive_times(gpt_profile):
     assert [lp.name for lp in prof.layers] == model.layer_names()
     assert all(isinstance(lp, LayerProfile) for lp in prof.layers)
     assert all(lp.forward_s > 0 and lp.backward_s > 0 for lp in prof.layers)
+    # the forward with deferrable linears (a split backward's) is timed where the layer has an input gradient: the
+    # blocks and the head, not the embedding (integer input), which prices it as its forward
+    assert [lp.forward_split_s > 0 for lp in prof.layers] == [False] + [True] * (model.num_layers - 1)
+    assert prof.layers[0].split_forward_s == prof.layers[0].forward_s
     assert (prof.microbatch_size, prof.seq_len, prof.device, prof.dtype) == (B, T, "cpu", "float32")
 
 

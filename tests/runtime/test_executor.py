@@ -30,7 +30,7 @@ def test_every_op_has_one_handler():
     assert set(PipelineExecutor._EVALUATION) == set(PipelineExecutor._MEASURED) == set(Op)
 
 
-@pytest.mark.parametrize("name", ["gpipe", "1f1b", "kfkb"])
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "kfkb", "zb1p"])
 def test_stages_on_one_rank_train_like_the_whole_model(name):
     torch.manual_seed(0)
     whole = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3))
@@ -56,6 +56,10 @@ def test_stages_on_one_rank_train_like_the_whole_model(name):
     assert 0 < rec.compute_cpu_s <= rec.cpu_s  # the compute's CPU is part of the process's over the step
     assert 0 <= rec.core_wait_s <= time.perf_counter() - t0  # ready without a core: within the step's wall time
     assert all(not st.saved and not st.inputs and not st.out_grads for st in ex.stage_states)
+    # a split backward defers the linears' weight gradients (models.wgrad), except on the pipe's first stage, whose
+    # whole backward is its BW: it keeps torch's linears
+    deferred = {s for s, mod in stages.items() if any("_gearshift_deferred" in m.__dict__ for m in mod.modules())}
+    assert deferred == ({1, 2} if name == "zb1p" else set())
 
     ev = PipelineExecutor(sch, 0, stages, _mse, lambda s: ((2, 6), torch.float32))
     with torch.no_grad():

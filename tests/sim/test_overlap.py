@@ -31,3 +31,8 @@ def test_overlap_never_costs_more_than_after_backward() -> None:
         assert 0.0 <= exposed_sync_s(times, sizes, b) <= sum(times)
     with pytest.raises(ValueError, match="2 bucket times for 1 buckets"):
         exposed_sync_s([1.0, 1.0], [1], 1.0)
+
+
+def test_blocking_calls_pay_their_fixed_cost_and_overlapped_ones_do_not() -> None:
+    assert sync_s([1.0, 2.0], [10, 10], 5.0, overlap=False, call_s=0.25) == pytest.approx(3.5)
+    assert sync_s([1.0, 2.0], [10, 10], 0.0, overlap=True, call_s=0.25) == pytest.approx(3.0)

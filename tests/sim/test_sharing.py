@@ -159,3 +159,28 @@ def test_large_shared_1f1b_simulates_fast():
     assert res.deadlock is None
     assert res.iteration_s >= stages * mbs * 3.0 / 16
     assert cpu < 5.0
+
+
+def test_a_compute_that_finds_every_core_busy_waits_to_be_let_in():
+    # wake 0.5: at 1, r0 F1 takes the core and r1 F0 waits until 1.5; they share 1.5-2.5 (r0 done), r1 alone
+    # to 3; r1 F1 3-4, B0 4-6; at 6 r1 goes on to B1 (its core) and r0 B0, woken by the gradient, waits until
+    # 6.5; they share 6.5-9.5 (r1 done), r0 alone to 10; r0 B1 10-12
+    cost = shared(ScheduleCosts.uniform(2, 2, 1.0, 2.0), 2, 1.0)
+    cost.wake_s = 0.5
+    res = simulate(gpipe(2, 2), cost)
+    spans = [[(a.label, s, e) for a, s, e in line if a.op.is_compute] for line in res.timelines]
+    assert spans == [
+        [("F0", 0.0, 1.0), ("F1", 1.0, pytest.approx(2.5)), ("B0", 6.5, pytest.approx(10.0)), ("B1", 10.0, 12.0)],
+        [("F0", 1.5, pytest.approx(3.0)), ("F1", 3.0, 4.0), ("B0", 4.0, 6.0), ("B1", 6.0, pytest.approx(9.5))],
+    ]
+    roomy = shared(ScheduleCosts.uniform(2, 2, 1.0, 2.0), 2, 2.0)  # a core each: nobody waits
+    plain = simulate(gpipe(2, 2), roomy).iteration_s
+    roomy.wake_s = 0.5
+    assert simulate(gpipe(2, 2), roomy).iteration_s == plain
+    three = shared(ScheduleCosts.uniform(3, 3, 1.0, 2.0), 3, 2.0)  # 3 ranks on 2 cores: a wait idles a core
+    before = simulate(one_f_one_b(3, 6), three).iteration_s
+    three.wake_s = 0.2
+    assert simulate(one_f_one_b(3, 6), three).iteration_s > before
+    with pytest.raises(ValueError, match="ScheduleCosts.wake_s"):
+        three.wake_s = -1.0
+        three.check(3, 3)

@@ -75,6 +75,7 @@ def test_example_job_is_a_two_stage_pipeline_on_two_workers():
     ("--adapt.hysteresis=1", "adapt.hysteresis: must be in [0, 1), got 1"),
     ("--adapt.controller=both", "adapt.controller: 'both' (allowed: separate, joint)"),
     ("--emulate.trace=/nonexistent/t.json", "emulate.trace: no such file '/nonexistent/t.json'"),
+    ("--adapt.overhead=/nonexistent/fits.json", "adapt.overhead: file not found: /nonexistent/fits.json"),
 ])
 def test_keys_without_a_check_before_now_have_one(override, message):
     with pytest.raises(ConfigError) as e:
@@ -231,3 +232,15 @@ def test_microbatch_size_keeps_the_size_as_replicas_change(tmp_path):
 def test_microbatch_size_bad_input_is_one_line(args, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, args)
+
+
+def test_adapt_overhead_is_a_file_of_fits_that_measured_a_step(tmp_path):
+    from gearshift.profile.overhead import StepOverhead
+    from gearshift.profile.overhead_store import add_fit
+
+    fits = tmp_path / "fits.json"
+    add_fit(fits, StepOverhead(), "a run that measured nothing")
+    with pytest.raises(ConfigError, match="^adapt.overhead: .* holds no fit that measured a step"):
+        load_config(None, [f"--adapt.overhead={fits}"])
+    add_fit(fits, StepOverhead(1.3, 4e-4, 1e-3, points=8, wake_s=0.002), "a run")
+    assert load_config(None, [f"--adapt.overhead={fits}"]).adapt.overhead == str(fits)

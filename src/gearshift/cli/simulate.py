@@ -37,6 +37,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", help="write the predicted timeline as a Perfetto trace here")
     p.add_argument("--links", action="store_true", help="also time this machine's loopback between two processes "
                    "(message latency and rate, a waiting receive's CPU) and price by it (a few seconds)")
+    p.add_argument("--save-overhead", metavar="FILE", help="add the overhead fitted from the run's steps (output.dir "
+                   "holds a run whose steps measured their CPU) to FILE, for --overhead to price other shapes by")
+    p.add_argument("--overhead", metavar="FILE", help="price by the overhead carried from the fits in FILE (each "
+                   "figure's median over other runs on this machine, without their fitted cores): a shape not run "
+                   "yet, priced as its own steps would")
     add_config_help(p, full=False)
 
 
@@ -50,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
     cfg, has_run = the_job(args.config, args.overrides)  # the run's own job where output.dir holds one
     if args.trace:
         check_output_file(args.trace, "--trace")
+    if args.save_overhead:
+        check_output_file(args.save_overhead, "--save-overhead")
+    carried = _carried(args.overhead) if args.overhead else None
     spec = job_model(cfg)  # its layers, whichever model it is (the GPT's are model.layers + embedding + head)
     info = cfg.model.layer_info()  # what a built-in's layers are, for the message
     layers_are = info[1] if info is not None else f"in {cfg.model.name}"
@@ -76,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
     state = local_pipeline_state(cfg.cluster.workers, p.stages, cfg.emulate.slowdowns(cfg.cluster.workers),
                                  cores=eff)
     cal = _calibration(cfg, prof, bounds, spec, args.links)
+    if carried is not None:  # every price below carries the other runs' CPU beside compute
+        cal = dataclasses.replace(cal, overhead=carried)
     cores = state.cores[0] * cfg.cluster.workers / p.stages
     title = f"{out}: {job_title(cfg)}" if has_run else job_title(cfg)
     t = Table(caption=f"{cfg.cluster.workers} workers sharing {available_cores()} cores, measured as {cores:.2f} at "
@@ -93,6 +103,11 @@ def run(args: argparse.Namespace) -> int:
         over = run_overhead(out, [(seg.steps[1:], sprof, sbounds, sch, state, per_part // seg.m, cal)
                                   for seg, sprof, sbounds, sch in plans],
                             most=available_cores() / max(cfg.cluster.workers // p.stages, 1))
+        if over is not None and args.save_overhead:
+            from gearshift.profile.overhead_store import add_fit
+
+            held = add_fit(args.save_overhead, over, f"{out}: {job_title(cfg)}")
+            print(f"added the run's overhead to {args.save_overhead} ({held} fits)")
     for seg in segs:
         seg_cfg = _with_mk(cfg, seg.m, seg.k)
         sprof = profile_at(per_part // seg.m)
@@ -114,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
         name = f"{seg.label()}: " if len(segs) > 1 else ""
         t.add_row(f"{name}predicted", f"{iteration_s:.4f}", f"{tokens / iteration_s:,.0f}", f"{bubble:.1%}")
         if over is not None and not ep:
-            again = predict(sprof, sbounds, schedule, state, per_part // seg.m, dataclasses.replace(cal, overhead=over))
+            own = dataclasses.replace(over, wake_s=None)  # its fitted cores price it (the wait is fitted apart)
+            again = predict(sprof, sbounds, schedule, state, per_part // seg.m, dataclasses.replace(cal, overhead=own))
             t.add_row(f"{name}predicted with the run's CPU", f"{again.iteration_s:.4f}",
                       f"{tokens / again.iteration_s:,.0f}", f"{again.bubble_fraction:.1%}")
         if seg.measured_s:
@@ -183,12 +199,13 @@ def _plan(cfg: JobConfig, seg, profile_at, per_part: int, bounds: list[tuple[int
 def run_overhead(out: Path, segs: list[tuple], most: float | None = None):
     """The overhead fitted from the run's steps (profile.overhead), each segment's steps (after its first) against
     its own plan `(steps, profile, bounds, schedule, state, micro-batch size, calibration)`, with the cores the
-    ranks got together (planner.host_cores, at most `most`) fitted to the median step of the segment with the most
-    steps; None where no step measured its CPU (a run from before metrics.jsonl had cpu_s)."""
+    ranks got together (planner.host_cores, at most `most`) and a woken rank's wait for a core (fitted_wake; where
+    the host has more ranks than cores) each fitted to the median step of the segment with the most steps; None
+    where no step measured its CPU (a run from before metrics.jsonl had cpu_s)."""
     import dataclasses
     import statistics
 
-    from gearshift.planner.host_cores import fitted_cores
+    from gearshift.planner.host_cores import fitted_cores, fitted_wake
     from gearshift.planner.predict import messages, own_compute_s, sim_cost
     from gearshift.profile.overhead import RankStep, fit_overhead
     from gearshift.train.metrics import read_metrics
@@ -207,9 +224,10 @@ def run_overhead(out: Path, segs: list[tuple], most: float | None = None):
     times = [by_step[k]["step_time_s"] for k in steps if k in by_step]
     if not times:
         return over
-    cores = fitted_cores(prof, bounds, schedule, state, mb, dataclasses.replace(cal, overhead=over),
-                         statistics.median(times), most)
-    return dataclasses.replace(over, cores=cores)
+    cal = dataclasses.replace(cal, overhead=over)
+    cores = fitted_cores(prof, bounds, schedule, state, mb, cal, statistics.median(times), most)
+    wake = fitted_wake(prof, bounds, schedule, state, mb, cal, statistics.median(times))
+    return dataclasses.replace(over, cores=cores, wake_s=wake)
 
 
 def _with_mk(cfg: JobConfig, m: int, k: int) -> JobConfig:
@@ -227,6 +245,18 @@ def _moe_comm(cfg: JobConfig):
     from gearshift.train.strategy import measure_local, spec_comm_costs
 
     return spec_comm_costs(cfg) if cfg.cluster.spec else measure_local(cfg.cluster.workers)
+
+
+def _carried(path: str):
+    """The overhead carried from the fits in `path` (--overhead); one line naming the option for a bad file."""
+    from gearshift.paths import check_input_file
+    from gearshift.profile.overhead_store import carried_from
+
+    check_input_file(path, "--overhead")
+    try:
+        return carried_from(path)
+    except ValueError as e:
+        raise UserError(f"--overhead: {e}") from None
 
 
 def _calibration(cfg, prof, bounds, spec, links: bool):

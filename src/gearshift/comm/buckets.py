@@ -29,6 +29,21 @@ def scatter_grads(flat: torch.Tensor, params: list[torch.Tensor]) -> None:
             p.grad.copy_(g)
         offset += p.numel()
 
+def pack(nbytes: list[int], bucket_bytes: int, kinds: list[object] | None = None) -> list[list[int]]:
+    """Which tensors (by index, in order) share each bucket: greedy in order, a new bucket on a change of kind
+    (dtype) or when the next tensor would take the bucket past bucket_bytes (a tensor larger than that is a bucket
+    of its own). Pure, so a benchmark prices the buckets GradientSync runs."""
+    out: list[list[int]] = []
+    size = 0
+    for i, n in enumerate(nbytes):
+        if not out or (kinds is not None and kinds[out[-1][0]] != kinds[i]) or size + n > bucket_bytes and size > 0:
+            out.append([])
+            size = 0
+        out[-1].append(i)
+        size += n
+    return out
+
+
 @dataclass
 class Bucket:
     """Parameters (same dtype, consecutive) whose gradients travel in one flat tensor of `numel`."""
@@ -111,15 +126,10 @@ class GradientSync:
 
     def _make_buckets(self) -> list[Bucket]:
         """Greedy packing in parameter order; a new bucket on dtype change or when bucket_bytes is reached."""
-        buckets: list[Bucket] = []
-        for p in self.params:
-            b = buckets[-1] if buckets else None
-            if b is None or b.params[0].dtype != p.dtype or \
-                    (b.numel + p.numel()) * p.element_size() > self.bucket_bytes and b.numel > 0:
-                b = Bucket([], 0)
-                buckets.append(b)
-            b.params.append(p)
-            b.numel += p.numel()
+        ps = self.params
+        buckets = [Bucket([ps[i] for i in idx], sum(ps[i].numel() for i in idx))
+                   for idx in pack([p.numel() * p.element_size() for p in ps], self.bucket_bytes,
+                                   [p.dtype for p in ps])]
         for b in buckets:
             b.algorithm = resolve(self.algorithm, b.nbytes, self.topology, self.costs, self.node_matrix)
         return buckets

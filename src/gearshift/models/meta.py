@@ -9,6 +9,9 @@ from collections.abc import Iterator
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._device import _device_constructors  # the factories that take the default device
+
+META = torch.device("meta")
 
 # In-place ops that set values and keep the shape: what nn.init and reset_parameters() call.
 VALUE_ONLY = frozenset({
@@ -19,11 +22,17 @@ VALUE_ONLY = frozenset({
 })
 
 
-class _SkipMetaFills(TorchFunctionMode):
-    """Returns a meta tensor unchanged from a value-only in-place op instead of running it."""
+class _OnMeta(TorchFunctionMode):
+    """Tensors made without a device are made on meta (what `with torch.device("meta")` does), and a value-only
+    in-place op on a meta tensor returns it unchanged instead of running. One plain mode, pushed and popped in
+    order: torch's DeviceContext moves itself to the bottom of the mode stack, and on torch 2.11 a worker came
+    out of a meta context with later tensors (AdamW's step counters) still made on meta."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in _device_constructors() and kwargs.get("device") is None:
+            kwargs["device"] = META
+            return func(*args, **kwargs)
         t = args[0] if args else kwargs.get("tensor", kwargs.get("self"))
         if getattr(func, "__name__", "") in VALUE_ONLY and isinstance(t, torch.Tensor) and t.is_meta:
             return t
@@ -33,7 +42,7 @@ class _SkipMetaFills(TorchFunctionMode):
 @contextlib.contextmanager
 def on_meta() -> Iterator[None]:
     """Modules made inside are on the meta device (shapes and dtypes, no memory), their initialisers skipped."""
-    with torch.device("meta"), _SkipMetaFills():
+    with _OnMeta():
         yield
 
 

@@ -1,4 +1,5 @@
-"""The cores a job's ranks get together on a shared host, fitted from the job's own steps (pure Python).
+"""The cores a job's ranks get together on a shared host, and what a woken rank waits for a core there, fitted from
+the job's own steps (pure Python).
 
 A probe of independent processes (cluster.cores.effective_cores) says how much throughput n busy processes get at
 once. A pipeline's ranks are not independent: each compute starts when a message wakes its rank, and a woken rank
@@ -62,3 +63,46 @@ def fitted_cores(profile: ModelProfile, bounds: list[tuple[int, int]], schedule:
 
     top = most or max(state.cores)
     return fit_cores(step_at, measured_s, top, min(LOWEST, top))
+
+
+WAKE_MOST = 0.05  # seconds: the top of the search for a rank's wait for a core (far above a scheduler's slice)
+
+
+def fit_wake(step_at: Callable[[float], float], measured_s: float, most: float = WAKE_MOST,
+             rounds: int = 24) -> float:
+    """The wait w in [0, most] at which `step_at(w)` (a step time that does not shrink with w) equals
+    `measured_s`: a bisection; 0 where the step is priced at or above what was measured without any wait,
+    `most` where even that wait prices it below."""
+    if not measured_s > 0:
+        raise ValueError(f"fit_wake: needs measured_s > 0, got {measured_s}")
+    if step_at(0.0) >= measured_s:
+        return 0.0
+    if step_at(most) <= measured_s:
+        return most
+    lo, hi = 0.0, most
+    for _ in range(rounds):
+        mid = (lo + hi) / 2
+        if step_at(mid) < measured_s:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def fitted_wake(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Schedule, state: ClusterState,
+                microbatch_size: int, calibration: Calibration, measured_s: float) -> float | None:
+    """What a woken rank waits for a core where its host's cores all compute (ScheduleCosts.wake_s), fitted from
+    the job's own steps (fit_wake): the simulator priced by `calibration` and its overhead (the job's CPU per
+    compute, message and step; the state's cores, not a fitted count), bisected on the wait until it gives the
+    job's measured step. Unlike one count of cores, it is paid only where a host has more ranks than cores and
+    only at the starts that find every core busy, so it carries to shapes with fewer ranks or longer ops. None
+    without an overhead, or where no host has more ranks than cores (the wait is never paid: nothing to fit)."""
+    over = calibration.overhead
+    if over is None or state.cores is None or not state.shared:
+        return None
+
+    def step_at(w: float) -> float:
+        cal = dataclasses.replace(calibration, overhead=dataclasses.replace(over, cores=0.0, wake_s=w))
+        return predict(profile, bounds, schedule, state, microbatch_size, cal).iteration_s
+
+    return fit_wake(step_at, measured_s)

@@ -18,18 +18,19 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
     """Stage times = profiled layer times / the speed of the rank holding the stage; transfers = output
     activation bytes of each stage's last layer over the measured links; a rank's STEP = the profiled update
     of its layers, after the clip's job-wide all-reduce (every rank waits for the last); a split backward's BI and
-    BW = its layers' profiled BI and BW; ranks that share a host's cores (state.hosts, state.cores) share them in
-    the simulation, as do emulated ranks' duty cycles. `bounds` has
-    one range per stage, or one per slice of a schedule of several pipes (the same cut in every pipe).
+    BW = its layers' profiled BI and BW, and its stage's forward their forward with deferrable linears; ranks that
+    share a host's cores (state.hosts, state.cores) share them in the simulation, as do emulated ranks' duty cycles.
+    `bounds` has one range per stage, or one per slice of a schedule of several pipes (the same cut in every pipe).
 
     With a `calibration` (the job's own measurement, profile.calibration), each rank's profiled compute is priced
     by its fitted line: slope x profiled seconds, plus the intercept as a fixed cost of every forward and
     backward; a waiting rank uses the calibration's `wait_cpu` of a core where ranks share cores; links without
     a measured latency take the calibration's. Where the calibration carries the job's own steps (its
-    `overhead`, profile.overhead): compute times scaled by its compute_scale; each send's and receive's CPU
+    `overhead`, profile.overhead): compute times scaled by its compute scale (each rank's own where it has one:
+    StepOverhead.rank_scale); each send's and receive's CPU
     spread over the rank's compute actions (a per-op cost: compute that shares the host's cores, which is
-    where it is spent; the duty cycle does not stretch it: ScheduleCosts.unstretched_op_s); and its per-step CPU
-    added to each rank's STEP."""
+    where it is spent; the duty cycle does not stretch it: ScheduleCosts.unstretched_op_s); its per-step CPU
+    added to each rank's STEP; and its wait for a core where every core computes (wake_s), where fitted."""
     if len(bounds) == schedule.stages_per_pipe < schedule.num_stages:
         bounds = [bounds[s % schedule.stages_per_pipe] for s in range(schedule.num_stages)]
     if bounds[-1][1] != profile.num_layers:
@@ -45,7 +46,12 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
         for r in range(len(state.speeds)):
             line = calibration.lines[min(r, len(calibration.lines) - 1)]
             slope[r], per_op[r] = line.slope, line.intercept / state.speeds[r]
-    fwd = [scale * slope[place[s]] * sum(lp.forward_s for lp in profile.layers[a:b]) / state.speeds[place[s]]
+    # a stage whose backward is split runs its linears deferrable (not a pipe's first: runtime.executor), at their
+    # forward's cost
+    split = {a.stage for acts in schedule.actions for a in acts
+             if a.op is Op.BACKWARD_INPUT and not schedule.is_first(a.stage)}
+    fwd = [scale * slope[place[s]] / state.speeds[place[s]] *
+           sum(lp.split_forward_s if s in split else lp.forward_s for lp in profile.layers[a:b])
            for s, (a, b) in enumerate(bounds)]
     bwd = [scale * slope[place[s]] * sum(lp.backward_s for lp in profile.layers[a:b]) / state.speeds[place[s]]
            for s, (a, b) in enumerate(bounds)]
@@ -71,9 +77,11 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
     over = calibration.overhead if calibration is not None else None
     beside = [0.0] * len(state.speeds)
     if over is not None:
-        c = over.compute_scale
-        fwd, bwd, wgt = [c * x for x in fwd], [c * x for x in bwd], [c * x for x in wgt]
-        per_op = [c * x for x in per_op]
+        c = [over.scale(r) for r in range(len(state.speeds))]  # each rank's own where the fit has one
+        fwd = [c[place[s]] * x for s, x in enumerate(fwd)]
+        bwd = [c[place[s]] * x for s, x in enumerate(bwd)]
+        wgt = [c[place[s]] * x for s, x in enumerate(wgt)]
+        per_op = [c[r] * x for r, x in enumerate(per_op)]
         # the host's CPU, not the device's compute: not divided by a rank's speed, and spent in the sends and
         # receives, outside the compute ops that an emulated duty cycle stretches
         msgs, ops = messages(schedule), compute_ops(schedule)
@@ -82,7 +90,8 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
     return ScheduleCosts(fwd, bwd, act, bandwidth, latency, act_mem, params, state.memory,
                          step_s=step, step_barrier_s=0.0, host=state.hosts, cores=state.cores, duty=state.duty,
                          param_bytes=moved, per_op_s=per_op, input_fraction=frac, weight_s=wgt, unstretched_op_s=beside,
-                         wait_cpu=calibration.wait_cpu if calibration is not None else 0.0)
+                         wait_cpu=calibration.wait_cpu if calibration is not None else 0.0,
+                         wake_s=over.wake_s or 0.0 if over is not None else 0.0)
 
 
 def messages(schedule: Schedule) -> list[int]:

@@ -21,6 +21,7 @@ class LayerProfile:
     step_s: float = 0.0  # median update of its parameters (norm, clip, AdamW step): once a batch
     backward_input_s: float = -1.0  # median BI of a split backward (its input's gradient); < 0: not measured
     backward_weight_s: float = -1.0  # median BW of a split backward (its parameters' gradients); < 0: not measured
+    forward_split_s: float = -1.0  # median forward with its linears deferrable (a split backward's); < 0: not measured
 
     @property
     def input_grad_s(self) -> float:
@@ -31,6 +32,12 @@ class LayerProfile:
     def weight_grad_s(self) -> float:
         """A split backward's BW time for this layer: as measured, else the rest of its backward."""
         return self.backward_weight_s if self.backward_weight_s >= 0 else self.backward_s - self.input_grad_s
+
+    @property
+    def split_forward_s(self) -> float:
+        """The forward of a stage whose backward is split (its linears deferrable, models.wgrad): as measured, else
+        the forward's."""
+        return self.forward_split_s if self.forward_split_s >= 0 else self.forward_s
 
     @property
     def work_s(self) -> float:

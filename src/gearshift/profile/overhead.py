@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from gearshift.profile.fit import theil_sen
 
@@ -18,12 +18,14 @@ from gearshift.profile.fit import theil_sen
 class RankStep:
     """One rank's step: the simulator's compute for it (on a core of its own: its forwards' and backwards'
     seconds with their per-op cost), the CPU seconds its compute ops took, the CPU seconds its process took over
-    the whole step (every thread), and how many sends and receives its list holds."""
+    the whole step (every thread), how many sends and receives its list holds, and which rank of the schedule it
+    is (-1: not said)."""
 
     predicted_compute_s: float
     compute_cpu_s: float
     cpu_s: float
     messages: int
+    rank: int = -1
 
 
 @dataclass
@@ -35,7 +37,14 @@ class StepOverhead:
     fitted. cores: the cores' worth of throughput the job's ranks got together on their host (planner.host_cores:
     the simulator, priced with the rest of this overhead, bisected on it until it gives the job's measured step);
     it replaces the cluster state's count, which a probe of independent processes measures and which misses the
-    ranks' wake-ups on each other's messages. 0: not fitted."""
+    ranks' wake-ups on each other's messages. 0: not fitted. wake_s: what a rank whose compute could start waits
+    for a core when its host's cores all compute (ScheduleCosts.wake_s; planner.host_cores.fitted_wake: the
+    simulator bisected on it to the job's measured step); None: not fitted (no host had more ranks than cores,
+    where it is never paid). rank_scale: per rank of the schedule, that rank's own compute scale (the median of its
+    steps, RANK_STEPS at least), where every sample said its rank: the ranks' compute is not slowed alike (stages
+    whose calibration fits them less well, a split backward's extra ops, load that lands on some ranks), and the
+    slowest rank sets the step; [] = compute_scale for every rank (a carried overhead has none: it prices other
+    jobs' ranks)."""
 
     compute_scale: float = 1.0
     message_cpu_s: float = 0.0
@@ -44,6 +53,12 @@ class StepOverhead:
     points: int = 0
     method: str = "none"
     cores: float = 0.0
+    wake_s: float | None = None
+    rank_scale: list[float] = field(default_factory=list)
+
+    def scale(self, rank: int) -> float:
+        """The compute scale of schedule rank `rank`: its own where fitted, else compute_scale."""
+        return self.rank_scale[rank] if 0 <= rank < len(self.rank_scale) else self.compute_scale
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -54,11 +69,14 @@ class StepOverhead:
 
     def describe(self) -> str:
         """One line for `gearshift simulate` and the benchmarks."""
+        per_rank = f" (per rank {', '.join(f'{x:.2f}' for x in self.rank_scale)})" if self.rank_scale else ""
         return (f"the job's steps ({self.method}, {self.points} rank-steps): compute x{self.compute_scale:.3f} of "
-                f"the calibration, {self.message_cpu_s * 1e3:.3f} ms CPU per send or receive, "
+                f"the calibration{per_rank}, {self.message_cpu_s * 1e3:.3f} ms CPU per send or receive, "
                 f"{self.step_cpu_s * 1e3:.3f} ms CPU per step and rank; residual {self.residual:.1%}"
                 + (f"; the ranks got {self.cores:.2f} cores together (fitted to the measured step)" if self.cores > 0
-                   else ""))
+                   else "")
+                + (f"; a rank waits {self.wake_s * 1e3:.2f} ms for a core when every core computes"
+                   if self.wake_s is not None else ""))
 
 
 def fit_overhead(samples: Sequence[RankStep], scale: bool = True) -> StepOverhead:
@@ -68,9 +86,47 @@ def fit_overhead(samples: Sequence[RankStep], scale: bool = True) -> StepOverhea
     pts = [s for s in samples if s.cpu_s > 0 and s.compute_cpu_s > 0]
     scaled = [s.compute_cpu_s / s.predicted_compute_s for s in pts if s.predicted_compute_s > 0]
     c = statistics.median(scaled) if scale and scaled else 1.0
+    ranks = _rank_scales(pts) if scale else []
     beside = [(float(s.messages), s.cpu_s - s.compute_cpu_s) for s in pts
               if s.messages > 0 and s.cpu_s > s.compute_cpu_s]
     if not beside:
-        return StepOverhead(c, points=len(pts), method="compute only" if pts else "none")
+        return StepOverhead(c, points=len(pts), method="compute only" if pts else "none", rank_scale=ranks)
     line = theil_sen([x for x, _ in beside], [y for _, y in beside])
-    return StepOverhead(c, line.slope, line.intercept, line.residual, len(pts), line.method)
+    return StepOverhead(c, line.slope, line.intercept, line.residual, len(pts), line.method, rank_scale=ranks)
+
+
+RANK_STEPS = 3  # the fewest steps of a rank that give it a scale of its own: a median one loaded step does not move
+
+
+def _rank_scales(pts: Sequence[RankStep]) -> list[float]:
+    """Per rank 0..n-1, the median of its steps' compute CPU per predicted second; [] unless every sample names
+    its rank and every rank has RANK_STEPS steps with compute predicted (the step follows the slowest rank, so a
+    scale from fewer, noisy steps would price it high)."""
+    by: dict[int, list[float]] = {}
+    for s in pts:
+        if s.rank < 0:
+            return []
+        if s.predicted_compute_s > 0:
+            by.setdefault(s.rank, []).append(s.compute_cpu_s / s.predicted_compute_s)
+    if not by or set(by) != set(range(max(by) + 1)) or min(len(v) for v in by.values()) < RANK_STEPS:
+        return []
+    return [statistics.median(by[r]) for r in range(len(by))]
+
+
+def carried_overhead(fits: Sequence[StepOverhead]) -> StepOverhead | None:
+    """What other jobs' own steps on this machine say about a job that has not run yet (a shape not run here): each
+    figure the median over the fits that measured something (robust to one loaded job). The cores a job's ranks got
+    (StepOverhead.cores) do not carry: they depend on the shape (the shorter its ops and the fewer its ranks, the
+    fewer), so the carried overhead leaves them at 0 and the cluster state's count prices the new shape; the wait
+    for a core (wake_s) carries, the median over the fits that fitted one. None when no fit measured anything."""
+    got = [f for f in fits if f.points > 0]
+    if not got:
+        return None
+
+    def med(key: str) -> float:
+        return statistics.median(getattr(f, key) for f in got)
+
+    wakes = [f.wake_s for f in got if f.wake_s is not None]
+    return StepOverhead(med("compute_scale"), med("message_cpu_s"), med("step_cpu_s"), med("residual"),
+                        sum(f.points for f in got), f"carried: the median of {len(got)} jobs' fits", 0.0,
+                        statistics.median(wakes) if wakes else None)

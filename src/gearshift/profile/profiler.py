@@ -107,9 +107,10 @@ def profile_layer(layer: nn.Module, x: Tensor, loss: Callable[[Tensor], Tensor] 
     # a split backward as the runtime runs it: in float32 the linears' weight gradients deferred to BW
     # (models.wgrad); under autocast, BI then BW from the gradients BI left next to the weights (torch's split)
     has_input_grad = needs_backward and inp.requires_grad
-    input_s, weight_s = 0.0, backward_s
+    input_s, weight_s, split_forward_s = 0.0, backward_s, -1.0
     if has_input_grad and not torch.is_autocast_enabled(device.type):
         with deferred(layer):
+            split_forward_s = _median_time(forward, repeats, warmup, device)  # the deferrable linears' own cost
             input_s = _median_time(lambda out: backward_input(out, torch.ones_like(out)), repeats, warmup, device,
                                    setup=forward)
             weight_s = _median_time(backward_weight, repeats, warmup, device,
@@ -138,6 +139,7 @@ def profile_layer(layer: nn.Module, x: Tensor, loss: Callable[[Tensor], Tensor] 
         step_s=update_time(layer, repeats, warmup, device),
         backward_input_s=input_s,
         backward_weight_s=weight_s,
+        forward_split_s=split_forward_s,
     )
     return lp, out
 

@@ -210,9 +210,11 @@ class PipelineExecutor:
         self.precision = precision  # autocast of a stage's compute, dtype of what crosses stages
         self.recompute = recompute  # stages whose backward runs their forward again (runtime.recompute)
         # stages whose backward is split run their linear layers deferrable (models.wgrad: the cheap split), in
-        # float32 (under autocast the split is torch.distributed.pipelining's)
+        # float32 (under autocast the split is torch.distributed.pipelining's); not a pipe's first stage: it has no
+        # input gradient, its BW is a whole backward, and native linears run its forward and backward for less
         self.defer = frozenset() if precision.mixed else \
-            frozenset(a.stage for a in schedule.actions[rank] if a.op is Op.BACKWARD_INPUT)
+            frozenset(a.stage for a in schedule.actions[rank]
+                      if a.op is Op.BACKWARD_INPUT and not schedule.is_first(a.stage))
         self.device = torch.device(device)
         self.sync = stream_sync(self.device)  # None on the CPU: its ops are done when they return
         self.rank = rank  # rank inside the schedule (0..num_ranks-1)
@@ -407,7 +409,7 @@ class PipelineExecutor:
         st = self.stage_states[a.stage]
         fwd = st.saved.pop(slot)
         kept = st.w_grads.pop(slot)
-        if isinstance(kept, list) and a.stage in self.defer and not st.first:  # the deferred linears' gradients
+        if isinstance(kept, list) and a.stage in self.defer:  # the deferred linears' gradients
             backward_weight(kept)
         elif isinstance(kept, list):  # BI's param groups: from the nodes next to the weights
             from torch.distributed.pipelining._backward import stage_backward_weight

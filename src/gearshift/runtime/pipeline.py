@@ -53,6 +53,15 @@ def mean_loss(losses: list[Tensor | float], device: torch.device | str = "cpu", 
     return float(t[0] / t[1]) if t[1] > 0 else float("nan")
 
 
+def to_device(t: Tensor, device: torch.device) -> Tensor:
+    """`t` on `device`: a CPU tensor bound for CUDA goes through pinned memory with a non-blocking copy (the host
+    queues it and goes on; the pinned block is held until the copy has run), anything else as `.to` has it (the
+    CPU's own tensors as they are)."""
+    if device.type == "cuda" and t.device.type == "cpu":
+        return (t if t.is_pinned() else t.pin_memory()).to(device, non_blocking=True)
+    return t.to(device)
+
+
 class PipelineRuntime:
     """Runs schedule rank `rank % ranks_per_replica` of replica `rank // ranks_per_replica` on `device`.
 
@@ -227,7 +236,7 @@ class PipelineRuntime:
         """This replica's rows of the global batch (its share), on this rank's device, cut into the schedule's
         micro-batches. Each micro-batch's loss is scaled by the replica's share of the batch, so the averaged
         gradient is the mean over every sample of the batch, as one process has it."""
-        x, y = x.to(self.device), y.to(self.device)  # the CPU's own tensors as they are
+        x, y = to_device(x, self.device), to_device(y, self.device)
         split = self.share_rows(x.shape[0])
         rows, start = split[self.replica], sum(split[:self.replica])
         xs, ys = x[start:start + rows], y[start:start + rows]

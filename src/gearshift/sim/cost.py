@@ -25,7 +25,10 @@ class ScheduleCosts:
     of a host's ranks compute and w wait, each computing rank runs at min(1, cores / (k + wait_cpu * w)).
     `unstretched_op_s[r]`: CPU each compute action of rank r carries that the duty cycle does not stretch (the share
     of its sends' and receives' CPU spread over its compute actions: spent outside the compute ops the emulation
-    slows, on the same cores); an emulated rank sleeps (f - 1) x the rest of the action's time."""
+    slows, on the same cores); an emulated rank sleeps (f - 1) x the rest of the action's time. `wake_s`: what a
+    rank whose compute can start waits for a core when its host's cores are all computing already (k >= cores): a
+    woken process waits on the run queue for the scheduler to preempt a running one, where processor sharing
+    would let it in at once; no CPU is used meanwhile (0: processor sharing alone)."""
 
     forward_s: list[float]
     backward_s: list[float]
@@ -47,6 +50,7 @@ class ScheduleCosts:
     per_op_s: float | list[float] = 0.0  # fixed cost of each F and B: one for every rank, or one per rank
     wait_cpu: float = 0.0  # cores a waiting rank uses on a shared host (0: waiting is free)
     unstretched_op_s: float | list[float] = 0.0  # CPU beside each F and B that the duty cycle does not stretch
+    wake_s: float = 0.0  # a compute that would start on a host whose cores all compute waits this long first
 
     @classmethod
     def uniform(
@@ -145,6 +149,8 @@ class ScheduleCosts:
                              "or neither")
         if not 0.0 <= self.wait_cpu <= 1.0:
             raise ValueError(f"ScheduleCosts.wait_cpu: a waiting rank uses 0..1 of a core, got {self.wait_cpu}")
+        if not self.wake_s >= 0.0:
+            raise ValueError(f"ScheduleCosts.wake_s: a wait for a core is >= 0 seconds, got {self.wake_s}")
         if self.cores is not None and any(not c > 0 for c in self.cores):
             raise ValueError(f"ScheduleCosts.cores: every host needs > 0 cores, got {self.cores}")
         if self.host is not None and any(not 0 <= h < len(self.cores) for h in self.host):

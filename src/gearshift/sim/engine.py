@@ -379,7 +379,8 @@ def _run_shared(prog: _Program, cost: ScheduleCosts) -> _Replay:
     computing ranks has done, at min(1, cores / k) per second) has grown by its work; an emulated rank then
     sleeps without a core. Sends, receives and SYNC need no core and run inside advance(); with
     `cost.wait_cpu`, a rank that neither computes nor sleeps is waiting and takes that share of a core from
-    its host's computing ranks."""
+    its host's computing ranks. With `cost.wake_s`, a compute that would start while its host's cores all
+    compute (k >= cores) first waits that long on the run queue (once per compute; no core meanwhile)."""
     rp = _Replay(prog, cost, shared=True)
     kind, dur, host, cores, gate = prog.kind, prog.dur, cost.host, cost.cores, rp.gate
     start, end, took, clock, pc = rp.start, rp.end, rp.took, rp.clock, rp.pc
@@ -410,6 +411,8 @@ def _run_shared(prog: _Program, cost: ScheduleCosts) -> _Replay:
         rate[h] = 1.0 if k <= cores[h] else cores[h] / k
 
     rp.wake = wake
+    wake_s = cost.wake_s
+    queued = bytearray(len(kind)) if wake_s else None  # compute that waited for a core already
     while True:
         fin_t, fin_h = INF, -1
         for h, tasks in enumerate(running):
@@ -449,6 +452,11 @@ def _run_shared(prog: _Program, cost: ScheduleCosts) -> _Replay:
             heapq.heappush(ready, (clock[r], r))
             continue
         h = host[r]
+        if queued is not None and kind[g] <= _BW and not queued[g] and len(running[h]) >= cores[h]:
+            queued[g] = 1  # every core computes: the rank waits to be let in, then starts (sharing) as usual
+            clock[r] = now + wake_s
+            heapq.heappush(ready, (clock[r], r))
+            continue
         catch_up(h, now)
         if kind[g] <= _BW or not gate.on or g in prog.depn:
             start[g] = now

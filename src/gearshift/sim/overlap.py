@@ -26,7 +26,12 @@ def exposed_sync_s(bucket_s: list[float], bucket_bytes: list[float], last_backwa
 
 
 def sync_s(bucket_s: list[float], bucket_bytes: list[float], last_backward_s: float, overlap: bool,
-           tail_s: float = 0.0) -> float:
-    """What a rank's SYNC action costs: the buckets' all-reduces one after another, or (overlap) what of them the
-    last backward (and the tail after it) does not hide."""
-    return exposed_sync_s(bucket_s, bucket_bytes, last_backward_s, tail_s) if overlap else sum(bucket_s)
+           tail_s: float = 0.0, call_s: float = 0.0) -> float:
+    """What a rank's SYNC action costs: the buckets' all-reduces one after another, each blocking call adding
+    call_s (the rounds a ring waits on its peers that a lone collective leaves the link idle for: GradientSync
+    without overlap runs one bucket at a time), or (overlap) what of them the last backward (and the tail after
+    it) does not hide: those are issued as they become ready and run beside each other, so a bucket's waits are
+    the next one's transfer time and call_s does not apply."""
+    if not overlap:
+        return sum(bucket_s) + call_s * len(bucket_s)
+    return exposed_sync_s(bucket_s, bucket_bytes, last_backward_s, tail_s)

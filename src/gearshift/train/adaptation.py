@@ -4,6 +4,8 @@ and so whether its collectives run, follows from the config alone, never from on
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.distributed as dist
 
@@ -144,8 +146,12 @@ def measure_start(cfg: JobConfig, adapter: Adapter, spec: ModelSpec, data: JobDa
         from gearshift.train.calibration import calibrate_ranks
 
         bounds = uniform_bounds(adapter.profile.num_layers, stages)[pipe_rank]
-        adapter.set_calibration(calibrate_ranks(cfg, spec, data, adapter.profile, adapter.profiles, bounds, stages,
-                                                adapter.device))
+        cal = calibrate_ranks(cfg, spec, data, adapter.profile, adapter.profiles, bounds, stages, adapter.device)
+        if cfg.adapt.overhead:  # other runs' steps on this machine price the start (the job's own, once measured)
+            from gearshift.profile.overhead_store import carried_from
+
+            cal = dataclasses.replace(cal, overhead=carried_from(cfg.adapt.overhead))
+        adapter.set_calibration(cal)
     adapter.seed_speed(_probe_speed(cfg, adapter, pipe_rank, spec, data))
     adapter.measure_links(stages, pipe_rank, replica)
     adapter.start_measured = True

@@ -44,7 +44,7 @@ def profiled_at(profile: ModelProfile, profiles: Mapping[int, ModelProfile], a: 
 
 def stage_points(cfg: JobConfig, spec: ModelSpec, data: JobData | None, profile: ModelProfile,
                  profiles: Mapping[int, ModelProfile], bounds: tuple[int, int], sizes: list[int],
-                 device: torch.device, repeats: int = 3) -> Points:
+                 device: torch.device, repeats: int = 5) -> Points:
     """(profiled_s, measured_s) of the stage's forward and backward at each size, on `device`, one thread."""
     a, b = bounds
     build, act_meta = layer_factory(cfg, spec, data)

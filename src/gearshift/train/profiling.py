@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from gearshift.models.spec import ModelSpec
-from gearshift.profile import ModelProfile
+from gearshift.profile import LayerProfile, ModelProfile
 from gearshift.profile.profiler import profile_spec
 from gearshift.runtime.precision import Precision
 from gearshift.train.config import JobConfig
@@ -92,14 +92,20 @@ def profile_sizes(cfg: JobConfig, sizes: list[int], cache: str = "", passes: int
     return out
 
 
-_TIMES = ("forward_s", "backward_s", "backward_input_s", "backward_weight_s", "step_s")  # BI, BW: < 0 = unmeasured
+_TIMES = ("forward_s", "backward_s", "forward_split_s", "step_s")  # the split's forward: < 0 = unmeasured
 
 
 def fastest_layers(runs: list[ModelProfile]) -> ModelProfile:
     """One profile from several passes of the same model: each layer's fastest forward, backward, split backward's
-    BI and BW, and update (a shared machine only ever adds time); meta["passes"] says how many."""
-    layers = [replace(lps[0], **{k: min(getattr(lp, k) for lp in lps) for k in _TIMES})
-              for lps in zip(*(r.layers for r in runs))]
+    forward and update (a shared machine only ever adds time), and its BI and BW from the pass whose BI + BW is the
+    fastest (as its backward is the fastest pass's whole: the minima of the two parts taken from different passes
+    would price a split backward below any pass's, and favour it over the whole); meta["passes"] says how many."""
+    def fastest(lps: tuple[LayerProfile, ...]) -> LayerProfile:
+        split = min(lps, key=lambda lp: lp.backward_input_s + lp.backward_weight_s)  # BI, BW < 0: unmeasured
+        return replace(lps[0], **{k: min(getattr(lp, k) for lp in lps) for k in _TIMES},
+                       backward_input_s=split.backward_input_s, backward_weight_s=split.backward_weight_s)
+
+    layers = [fastest(lps) for lps in zip(*(r.layers for r in runs))]
     return replace(runs[0], layers=layers, meta={**runs[0].meta, "passes": len(runs)})
 
 

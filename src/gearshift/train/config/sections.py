@@ -285,6 +285,10 @@ class AdaptConfig:
     calibrate: bool = key(True, "when the job measures its ranks before training, also time each stage whole at "
                                 "two micro-batch sizes and price compute by the fitted line (a fixed cost per "
                                 "forward or backward beside the profile); false = by the profile alone")
+    overhead: str = key("", "with adapt.calibrate: a file of other runs' overhead fits on this machine (`gearshift "
+                            "simulate --save-overhead`); the job's start prices by their median (compute against "
+                            "the calibration, CPU per message and step, the wait for a core) until its own steps "
+                            'are measured; "" = the calibration alone')
     step_overhead: bool = key(True, "with adapt.calibrate: every decision also prices the CPU each rank spends beside "
                                     "its compute (per send or receive, per step), fitted from the job's latest "
                                     "steps (metrics.jsonl's cpu_s and compute_cpu_s); false = compute alone")
@@ -308,6 +312,14 @@ class AdaptConfig:
         check(self.horizon >= 0, f"adapt.horizon: must be >= 0 (0 = adapt.every), got {self.horizon}")
         check(self.confirm >= 1, f"adapt.confirm: must be >= 1 (samples in a row), got {self.confirm}")
         check(0 <= self.hysteresis < 1, f"adapt.hysteresis: must be in [0, 1), got {self.hysteresis}")
+        if self.overhead:
+            from gearshift.profile.overhead_store import carried_from
+
+            check_input_file(self.overhead, "adapt.overhead", ConfigError)
+            try:
+                carried_from(self.overhead)
+            except ValueError as e:
+                raise ConfigError(f"adapt.overhead: {e}") from None
 
 
 @dataclass
