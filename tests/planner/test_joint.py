@@ -9,19 +9,15 @@ import pytest
 
 from gearshift.cluster.state import ClusterState
 from gearshift.planner.joint import decide_joint, expected_horizon, moved
-from gearshift.profile.model_profile import LayerProfile, ModelProfile
+from gearshift.profile.model_profile import ModelProfile
 from gearshift.runtime.detect import Detector
+from synthetic import linear_profiles
 
 UNIFORM = [(0, 2), (2, 4), (4, 6), (6, 8)]
 
 
 def _profiles(batch: int = 8) -> dict[int, ModelProfile]:
-    out = {}
-    for mb in (batch // m for m in (1, 2, 4, 8)):
-        w = 1e-3 + 1e-3 * mb
-        out[mb] = ModelProfile([LayerProfile(f"l{i}", w / 3, 2 * w / 3, 1.0, 1_000_000, 1000, 1000 * mb)
-                                for i in range(8)], microbatch_size=mb, seq_len=16)
-    return out
+    return linear_profiles(batch, 8, (1, 2, 4, 8))
 
 
 def _state(speeds: list[float]) -> ClusterState:

@@ -6,21 +6,16 @@ from __future__ import annotations
 import gearshift.planner.joint as joint
 from gearshift.cluster.state import ClusterState
 from gearshift.planner.schedule_choice import price, splits
-from gearshift.profile.model_profile import LayerProfile, ModelProfile
+from gearshift.profile.model_profile import ModelProfile
 from gearshift.runtime.controller import probes
+from synthetic import linear_profiles
 
 BATCH = 16
 RUNNING = [(0, 1), (1, 3), (3, 5), (5, 6)]
 
 
 def _profiles() -> dict[int, ModelProfile]:
-    out = {}
-    for m in splits(BATCH):
-        mb = BATCH // m
-        w = 1e-3 + 1e-3 * mb
-        out[mb] = ModelProfile([LayerProfile(f"l{i}", w / 3, 2 * w / 3, 1.0, 1_000_000, 1000, 1000 * mb)
-                                for i in range(6)], microbatch_size=mb, seq_len=16)
-    return out
+    return linear_profiles(BATCH, 6, splits(BATCH))
 
 
 def _state(speeds: list[float]) -> ClusterState:
