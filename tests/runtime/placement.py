@@ -1,16 +1,20 @@
 """A check for spawned workers that the runtime keeps every tensor on the model's device: inside
-`on_device_only(device)` a tensor made without naming a device lands on meta (torch's default device), and a
-tensor handed to torch.distributed that is not on `device` fails the call at once. (gloo moves nothing for a
-meta tensor and raises nothing, so the second half is what makes a misplaced transfer buffer fail.)"""
+`on_device_only(device)` a tensor that Gearshift makes without naming a device lands on meta, and a tensor handed
+to torch.distributed that is not on `device` fails the call at once. (gloo moves nothing for a meta tensor and
+raises nothing, so the second half is what makes a misplaced transfer buffer fail.) torch.optim's own
+device-less tensors are left alone: on torch 2.11 AdamW makes its step counter so, then reads it."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
+from torch.overrides import TorchFunctionMode
+from torch.utils._device import _device_constructors
 
 CALLS = ("send", "recv", "isend", "irecv", "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter")
 
@@ -26,6 +30,18 @@ def _checked(fn, device: torch.device):
     return call
 
 
+class _MetaDefault(TorchFunctionMode):
+    """Tensor factories called without a device make meta tensors, except torch.optim's (what it makes is its
+    own business: torch 2.11's AdamW makes a device-less step counter and reads it with .item())."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _device_constructors() and kwargs.get("device") is None:
+            if not sys._getframe(1).f_globals.get("__name__", "").startswith("torch.optim"):
+                kwargs["device"] = torch.device("meta")
+        return func(*args, **kwargs)
+
+
 @contextlib.contextmanager
 def on_device_only(device: torch.device) -> Iterator[None]:
     """Run the body with meta as the default device and torch.distributed's tensor calls checked."""
@@ -33,7 +49,7 @@ def on_device_only(device: torch.device) -> Iterator[None]:
     try:
         for name, fn in saved.items():
             setattr(dist, name, _checked(fn, device))
-        with torch.device("meta"):
+        with _MetaDefault():
             yield
     finally:
         for name, fn in saved.items():

@@ -102,12 +102,12 @@ def rs_form(flat: torch.Tensor, groups, shape: tuple[int, int]) -> Iterator[obje
         buf[:n].copy_(flat)
     shard = buf[lr * width:(lr + 1) * width] if per == 1 else torch.empty(width, dtype=flat.dtype, device=flat.device)
     if per > 1:
-        yield dist.reduce_scatter_single(shard, buf, group=groups.node_group, async_op=True)
+        yield dist.reduce_scatter_tensor(shard, buf, group=groups.node_group, async_op=True)
     for line in (groups.matrix_groups.rows.get((shape, lr)), groups.matrix_groups.cols.get((shape, lr))):
         if line is not None:
             yield dist.all_reduce(shard, group=line, async_op=True)
     if per > 1:
-        yield dist.all_gather_single(buf, shard, group=groups.node_group, async_op=True)
+        yield dist.all_gather_into_tensor(buf, shard, group=groups.node_group, async_op=True)
     if buf is not flat:
         yield None  # the gather has finished (the caller waited): copy the sum back
         flat.copy_(buf[:n])

@@ -124,6 +124,7 @@ def launch(
     every worker. With a `testbed` (gearshift.cluster.testbed.Testbed, up), each
     node's ranks run inside that node's network namespace and talk over its shaped link."""
     cfg = use_functions(cfg, model, data)
+    env = _importable(env)
     # a device not here: one line
     job_device_choice(cfg, local_world=cfg.cluster.ranks_per_node or cfg.cluster.workers)
     if brings_own(cfg):  # the built-ins always fit
@@ -160,6 +161,17 @@ def launch(
                            _Survivors(cfg, cfg_path, Snapshots(snapshot_root(rid, cfg.output.dir), 1), quiet))
     finally:
         drop(snapshot_root(rid, cfg.output.dir))  # the in-memory copies die with the job
+
+
+def _importable(env: dict[str, str] | None) -> dict[str, str] | None:
+    """`env` with a PYTHONPATH of its own extended by where this process found gearshift and its own PYTHONPATH,
+    so that the workers' `python -m gearshift.train` imports the same package (gearshift run from a source tree,
+    not installed)."""
+    if not env or "PYTHONPATH" not in env:
+        return env
+    here = str(Path(__file__).resolve().parents[2])
+    parts = [env["PYTHONPATH"], here, os.environ.get("PYTHONPATH", "")]
+    return {**env, "PYTHONPATH": os.pathsep.join(dict.fromkeys(p for p in parts if p))}
 
 
 def traffic(cfg: JobConfig, testbed, quiet: bool = False) -> contextlib.AbstractContextManager:
