@@ -3,6 +3,8 @@ under another partition works; corrupt or mismatched checkpoints are one-line er
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import shutil
 import subprocess
@@ -34,6 +36,19 @@ def _train(out: Path, *args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "gearshift.cli.main", "train", *TINY, f"--output.dir={out}",
            "--train.steps=10", "--train.checkpoint_every=5", "--train.warmup_steps=2", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+
+
+def _train_here(out: Path, *args: str) -> subprocess.CompletedProcess:
+    """_train's command run by this process: for the answers given before any worker starts (bad input, exit 2;
+    a run already complete), where a fresh interpreter would only add its start-up."""
+    from gearshift.cli.main import main
+
+    argv = ["train", *TINY, f"--output.dir={out}", "--train.steps=10", "--train.checkpoint_every=5",
+            "--train.warmup_steps=2", *args]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        rc = main(argv)
+    return subprocess.CompletedProcess(["gearshift", *argv], rc, stdout.getvalue(), stderr.getvalue())
 
 
 def _losses(out: Path) -> list[float]:
@@ -77,19 +92,18 @@ def test_resume_is_exact_and_partition_independent(tmp_path):
         torch.testing.assert_close(c["model"][name], a["model"][name], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.multiprocess
 def test_corrupt_and_mismatched_checkpoints_are_clear_errors(tmp_path):
     out = tmp_path / "run"
     (out / "checkpoints").mkdir(parents=True)
     (out / "checkpoints" / "step_0000005.pt").write_bytes(b"not a checkpoint")
-    r = _train(out, "--resume")
+    r = _train_here(out, "--resume")
     assert r.returncode == 2
     assert "corrupt or not a Gearshift checkpoint" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     job = job_fingerprint(load_config(None, [*TINY, "--model.layers=3"]))
     save_checkpoint(out / "checkpoints" / "step_0000006.pt", {"format": OLD_FORMAT, "step": 6, "job": job})
-    r = _train(out, "--resume")
+    r = _train_here(out, "--resume")
     assert r.returncode == 2 and "model.layers is 3 in the checkpoint but 2 in the config" in r.stderr
-    r = _train(tmp_path / "empty", "--resume")
+    r = _train_here(tmp_path / "empty", "--resume")
     assert r.returncode == 2 and "no checkpoint" in r.stderr
 
 
@@ -112,9 +126,9 @@ def test_a_fresh_run_moves_the_old_one_aside_and_resume_refuses_another_jobs_che
     assert len(aside) == 1 and f"moved it to {aside[0]}" in r.stdout
     assert [json.loads(ln)["step"] for ln in (out / "metrics.jsonl").read_text().splitlines()] == [0, 1]
     assert len(list((aside[0] / "checkpoints").glob("step_*"))) == 2
-    r = _train(out, *one, "--resume")
+    r = _train_here(out, *one, "--resume")
     assert r.returncode == 2 and "train.seed is 1 in the checkpoint but 0 in the config" in r.stderr, r.stderr
-    r = _train(out, *one, "--train.seed=1", "--output.existing=refuse")
+    r = _train_here(out, *one, "--train.seed=1", "--output.existing=refuse")
     assert r.returncode == 2 and "output.dir:" in r.stderr and "holds another run" in r.stderr
 
 
@@ -182,7 +196,7 @@ def test_resume_from_the_command_line_skips_a_corrupt_checkpoint_keeps_three_and
     assert r.stdout.count("step_0000004") == 1  # one line: the skip, not its deletion too
     assert [json.loads(ln)["step"] for ln in (out / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2, 3, 4]
     assert "3 -> 5 " in r.stdout  # the summary: the steps this run ran
-    r = _train(out, *one, "--train.steps=5", "--resume")
+    r = _train_here(out, *one, "--train.steps=5", "--resume")
     assert r.returncode == 0 and "already complete at step 5 (train.steps = 5)" in r.stdout, r.stdout
     assert "nan" not in r.stdout
     r = _train(out, *one, "--train.steps=5", f"--resume={checkpoint_path(out, 3)}")
