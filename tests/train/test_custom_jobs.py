@@ -4,6 +4,8 @@ models and data that do not import, build or fit as one line and exit 2 before a
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -75,22 +77,40 @@ def test_a_forced_partition_that_does_not_fit_the_model_is_one_line_before_any_w
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("args, message", [
+BAD = [
     (["--model.name=no_such_pkg.models:build", "--data.seq_len=16"], "model.name: cannot import 'no_such_pkg.models'"),
     (["--model.name=examples.mlp:build", "--data.name=examples.mlp:data", "--data.inputs=31"],
      "model: layer 0 (Linear) fails on its input of shape (2, 31) (torch.float32)"),
     (["--model.name=tests.train.custom_parts:head", "--data.name=tests.train.custom_parts:classes"],
      "model: the loss cross_entropy fails on the last layer's output (8, 3) (torch.float32) and the data's targets "
      "(8,) (torch.int64): IndexError: Target 3 is out of bounds."),
-])
-@pytest.mark.subprocess
-def test_bad_models_and_data_are_one_line_before_any_worker_starts(tmp_path, args, message):
-    """Found by the launcher's check, which imports the model and runs it on the data's sample (validating the
-    config never builds a model); the other messages are tested in-process (test_model_spec, test_layout,
-    test_datasets)."""
-    out = tmp_path / "run"
-    r = _gs("train", *args, *MLP, f"--output.dir={out}")
+]
+
+
+def _check_one_line(r: subprocess.CompletedProcess, message: str, out: Path) -> None:
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in r.stderr, r.stderr
     assert not out.exists()  # no run directory: no worker started
+
+
+@pytest.mark.parametrize("args, message", BAD)
+def test_bad_models_and_data_are_one_line_before_any_worker_starts(tmp_path, args, message):
+    """Found by the launcher's check, which imports the model and runs it on the data's sample (validating the
+    config never builds a model); the other messages are tested in-process (test_model_spec, test_layout,
+    test_datasets). `gearshift train` run by this process (the next test runs one in a fresh interpreter)."""
+    from gearshift.cli.main import main
+
+    out = tmp_path / "run"
+    argv = ["train", *args, *MLP, f"--output.dir={out}"]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        rc = main(argv)
+    _check_one_line(subprocess.CompletedProcess(argv, rc, stdout.getvalue(), stderr.getvalue()), message, out)
+
+
+@pytest.mark.subprocess
+def test_a_bad_model_is_one_line_from_the_command_as_a_user_runs_it(tmp_path):
+    """The same check in a fresh interpreter, as a user runs it: exit 2, one line on stderr, no traceback."""
+    (args, message), out = BAD[1], tmp_path / "run"
+    _check_one_line(_gs("train", *args, *MLP, f"--output.dir={out}"), message, out)
