@@ -119,7 +119,7 @@ def test_a_fresh_run_moves_the_old_one_aside_and_resume_refuses_another_jobs_che
     --resume refuses a checkpoint whose job (model, data, seed, batch size) differs from the config."""
     out = tmp_path / "run"
     one = ["--cluster.workers=1", "--parallel.stages=1", "--train.steps=2", "--train.checkpoint_every=1"]
-    assert _train(out, *one).returncode == 0
+    assert _launch(out, *one) == 0
     r = _train(out, *one, "--train.seed=1")
     assert r.returncode == 0, r.stderr
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("run.")]
@@ -186,7 +186,7 @@ def test_resume_from_the_command_line_skips_a_corrupt_checkpoint_keeps_three_and
     the checkpoints after it go (its continuation replaces them)."""
     out = tmp_path / "run"
     one = ["--cluster.workers=1", "--parallel.stages=1", "--train.checkpoint_every=1"]
-    assert _train(out, *one, "--train.steps=4").returncode == 0
+    assert _launch(out, *one, "--train.steps=4") == 0
     assert [p.name for p in checkpoints(out)] == ["step_0000004", "step_0000003", "step_0000002"]
     meta = checkpoint_path(out, 4) / "meta.pt"
     meta.write_bytes(meta.read_bytes()[:100])  # truncated
