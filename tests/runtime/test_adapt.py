@@ -136,3 +136,46 @@ def test_period_estimates_blend_small_changes_and_take_large_ones(one_rank) -> N
         ad.window = list(samples)
         ad.settle_speed()
         assert ad.monitor.speed(0) == pytest.approx(expected)
+
+
+class _Clock:
+    """A fake clock the test advances: an op's compute, an emulated sleep and its late waking, exactly."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_tiny_stage_measures_its_emulated_slowdown_not_the_sleeps_late_waking(one_rank) -> None:
+    """Duty-cycle x4 (basis cpu) on a rank whose every emulated sleep wakes 2 ms late (a shared host's wait for a
+    core): a rank holding only a tiny layer (an embedding's 0.5 ms per op) and one holding a large one (50 ms) both
+    measure speed 1/4, the emulated slowdown, whatever their size; the waking is not compute."""
+    from gearshift.cluster.emulate import EmulationConfig, Emulator
+    from gearshift.schedules import Op
+
+    clock, wake = _Clock(), 0.002
+
+    def sleep(s: float) -> None:
+        clock.t += s + wake
+
+    speeds = []
+    for op_s in (0.0005, 0.05):
+        prof = ModelProfile([LayerProfile("l0", op_s, op_s, 1.0, 4, 4, 4)], microbatch_size=1, seq_len=1)
+        ad = Adapter(prof, ClusterState.from_spec(ClusterSpec.uniform(1)), every=4, skip=0, clock=clock,
+                     emulator=Emulator(EmulationConfig([4.0], basis="cpu"), 0, sleep=sleep))
+        rt = SimpleNamespace(bounds=[(0, 1)], stages={0}, pipe_rank=0,
+                             schedule=SimpleNamespace(num_microbatches=2, actions=[[]]))
+        for step in range(3):
+            ad.begin_step(rt, step)
+            busy = 0.0
+            for op in (Op.FORWARD, Op.FORWARD, Op.BACKWARD, Op.BACKWARD):  # as the executor times a compute op
+                start = clock()
+                clock.t += op_s
+                ad.after_compute(0, op, op_s, op_s)
+                busy += clock() - start
+            assert busy == pytest.approx(4 * (4 * op_s + wake))  # what the step measured, late wakings included
+            ad.observe(rt, SimpleNamespace(busy_s=busy, events=[]), mb_size=1)
+        speeds.append(ad.window)
+    assert speeds[0] == pytest.approx([0.25] * 3) and speeds[1] == pytest.approx([0.25] * 3)
