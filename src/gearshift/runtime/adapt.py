@@ -21,6 +21,7 @@ from gearshift.planner.multidir_plan import decide_multidir, holders, multidir_f
 from gearshift.planner.predict import messages
 from gearshift.planner.replan import FirstPlan, ReplanDecision, decide_replan, first_plan
 from gearshift.profile.calibration import Calibration
+from gearshift.profile.fit import LineFit
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.profile.overhead import RankStep, fit_overhead
 from gearshift.report.records import Migration, ReplanEvent, StepMetrics
@@ -63,6 +64,7 @@ class Adapter:
     step_overhead: bool = True  # with a calibration: price the CPU beside compute fitted from the job's steps
     overhead_window: int = 64  # rank-steps the overhead is fitted from (the latest)
     clock: Callable[[], float] = time.perf_counter  # what the emulated sleeps' overshoot is timed with
+    cpu_priced: bool = True  # with a calibration on CPU: price an action by the job's own CPU line (adapt.cpu_line)
 
     def __post_init__(self) -> None:
         self.monitor = Monitor(dist.get_world_size(), self.alpha, self.link_reset)
@@ -73,6 +75,7 @@ class Adapter:
         self.detected = False  # this rank's speed changed since the last decision (the detector said so)
         self.rank_steps: list[RankStep] = []  # every rank's CPU of the latest steps (observe_cpu)
         self.late_s = 0.0  # this step's emulated sleeps' overshoot: waking late, not the emulated device (observe)
+        self.job_line: LineFit | None = None  # the job's CPU per action, as last gathered (Monitor.cpu_line)
 
     def begin_step(self, rt: PipelineRuntime, step: int) -> None:
         """Before `step`: the step the emulation is at, and an emulated skewed router's bias on this rank's MoE
@@ -110,6 +113,8 @@ class Adapter:
         `profiled_s`; `profiled_s` itself without a calibration."""
         if self.calibration is None:
             return profiled_s
+        if self.job_line is not None:
+            return self.job_line(profiled_s) if profiled_s > 0 else 0.0
         return self.monitor.refined(self.calibration, stages).compute_s(position, profiled_s)
 
     def observe(self, rt: PipelineRuntime, rec: StepRecord, mb_size: int) -> None:
@@ -142,6 +147,9 @@ class Adapter:
         if self.calibration is not None:
             actions = 2 * m * len(fb)
             self.monitor.record_action(rank, mb_size, sum(f + b for f, b in fb) * m / actions, measured / actions)
+            if self.cpu_priced and self.device.type == "cpu":
+                self.monitor.record_cpu(rank, sum(f + b for f, b in fb) * m / actions,
+                                        getattr(rec, "compute_cpu_s", 0.0) / actions)
         self.monitor.record_compute(rank, profiled, measured, mb_size)
         self.window.append(profiled / measured)
         if self.detector is not None and self.detector.update(profiled / measured):
@@ -167,6 +175,8 @@ class Adapter:
         if self.calibration is None:
             return None
         cal = (self.merged or self.monitor).refined(self.calibration, stages)
+        if self.job_line is not None:  # the line the speeds were measured against (line_s)
+            cal = dataclasses.replace(cal, lines=[self.job_line] * len(cal.lines))
         if self.rank_steps:
             cal = dataclasses.replace(cal, overhead=fit_overhead(self.rank_steps, scale=False))
         return cal
@@ -198,6 +208,8 @@ class Adapter:
         dicts: list = [None] * dist.get_world_size()
         dist.all_gather_object(dicts, self.monitor.to_dict())
         self.merged = merge(dicts)
+        if self.cpu_priced and self.calibration is not None:  # every rank fits the same line from the same points
+            self.job_line = self.merged.cpu_line() or self.job_line
         return self.merged.state(step, self.base.resized(dist.get_world_size())).pipeline(stages)
 
     def size_states(self, stages: int, step: int, sizes: list[int]) -> dict[int, ClusterState]:
