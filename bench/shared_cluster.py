@@ -279,6 +279,12 @@ def live(name: str, controller: str, trace: Path, a, base: list[str], work: Path
     changes = [c for c in changes_at(read_trace(trace, WORLD)) if c > 0]
     react = [x for x in (next((d - c for d in at if d > c), None) for c in changes) if x is not None]
     spent = sum(d.get("decision_s") or 0 for d in decisions)
+    # how far the measured speeds stray from the emulated slowdowns: per decision, the ranks' largest speed x
+    # slowdown over their smallest (1: every rank measured as its slowdown says), at the step before it
+    ph = phases(read_trace(trace, WORLD), a.steps)
+    skew = [max(xs) / min(xs) for d in decisions if (sp := d.get("measured", {}).get("speeds"))
+            for st in [next(dict(p[2]) for p in ph if p[0] <= d["step"] - 1 < p[1])]
+            for xs in [[v * st[("r", r)] for r, v in enumerate(sp)]] if min(xs) > 0]
     step_s = [r["step_time_s"] for r in sorted(run.steps, key=lambda r: r["step"])]
     # the job's first step (allocations, first calls) at its second's time: each static segment's first step is
     # left out of its measurement alike
@@ -288,7 +294,8 @@ def live(name: str, controller: str, trace: Path, a, base: list[str], work: Path
             "migration_s": sum((d.get("migration") or {}).get("seconds", 0) for d in decisions),
             "changes": len(changes), "decision_points": len(at), "moves": len({d["step"] for d in moved}),
             "detected": sum(1 for d in decisions if "change detected" in d.get("trigger", "")),
-            "reaction_steps": statistics.median(react) if react else None}
+            "reaction_steps": statistics.median(react) if react else None,
+            "speed_skew": statistics.median(skew) if skew else None}
 
 
 def totals(times: dict, ph: list[tuple]) -> dict:
@@ -437,7 +444,7 @@ def main() -> None:
                  if separate else "")
               + (f", {r['gearshift_over_torch']:.3f}x torch ({best_torch})" if torch_s else "")
               + f"; {joint['changes']} changes: joint {joint['decision_points']} decision points, "
-              f"{joint['moves']} moves, reaction {joint['reaction_steps']} steps"
+              f"{joint['moves']} moves, reaction {joint['reaction_steps']} steps, speed skew {joint['speed_skew']}"
               + (f"; separate {separate['decision_points']} decision points, {separate['moves']} moves"
                  if separate else "") + f" [{time.perf_counter() - t_start:.0f} s]", flush=True)
     harness.write_results("shared_cluster", {
