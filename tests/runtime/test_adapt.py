@@ -209,7 +209,7 @@ def test_an_embedding_only_rank_reads_its_slowdown_once_priced_by_the_jobs_cpu_l
         # what pipeline_state gathers: both ranks' points, one line for every rank
         merged = merge([ad.monitor.to_dict() for ad, _, _ in ads])
         for ad, rt, rec in ads:
-            ad.job_line = merged.cpu_line() if priced else None
+            ad.job_lines = merged.cpu_lines(1) if priced else None
             ad.window = []
             ad.observe(rt, rec, mb_size=1)
         read[priced] = [ad.window[-1] for ad, _, _ in ads]

@@ -75,7 +75,7 @@ class Adapter:
         self.detected = False  # this rank's speed changed since the last decision (the detector said so)
         self.rank_steps: list[RankStep] = []  # every rank's CPU of the latest steps (observe_cpu)
         self.late_s = 0.0  # this step's emulated sleeps' overshoot: waking late, not the emulated device (observe)
-        self.job_line: LineFit | None = None  # the job's CPU per action, as last gathered (Monitor.cpu_line)
+        self.job_lines: list[LineFit] | None = None  # the job's CPU per action by position, as last gathered
 
     def begin_step(self, rt: PipelineRuntime, step: int) -> None:
         """Before `step`: the step the emulation is at, and an emulated skewed router's bias on this rank's MoE
@@ -113,8 +113,8 @@ class Adapter:
         `profiled_s`; `profiled_s` itself without a calibration."""
         if self.calibration is None:
             return profiled_s
-        if self.job_line is not None:
-            return self.job_line(profiled_s) if profiled_s > 0 else 0.0
+        if self.job_lines is not None:
+            return self.job_lines[min(position, len(self.job_lines) - 1)](profiled_s) if profiled_s > 0 else 0.0
         return self.monitor.refined(self.calibration, stages).compute_s(position, profiled_s)
 
     def observe(self, rt: PipelineRuntime, rec: StepRecord, mb_size: int) -> None:
@@ -175,8 +175,8 @@ class Adapter:
         if self.calibration is None:
             return None
         cal = (self.merged or self.monitor).refined(self.calibration, stages)
-        if self.job_line is not None:  # the line the speeds were measured against (line_s)
-            cal = dataclasses.replace(cal, lines=[self.job_line] * len(cal.lines))
+        if self.job_lines is not None and len(self.job_lines) == len(cal.lines):  # what the speeds were measured by
+            cal = dataclasses.replace(cal, lines=list(self.job_lines))
         if self.rank_steps:
             cal = dataclasses.replace(cal, overhead=fit_overhead(self.rank_steps, scale=False))
         return cal
@@ -209,7 +209,7 @@ class Adapter:
         dist.all_gather_object(dicts, self.monitor.to_dict())
         self.merged = merge(dicts)
         if self.cpu_priced and self.calibration is not None:  # every rank fits the same line from the same points
-            self.job_line = self.merged.cpu_line() or self.job_line
+            self.job_lines = self.merged.cpu_lines(stages) or self.job_lines
         return self.merged.state(step, self.base.resized(dist.get_world_size())).pipeline(stages)
 
     def size_states(self, stages: int, step: int, sizes: list[int]) -> dict[int, ClusterState]:

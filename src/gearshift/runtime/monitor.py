@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import statistics
 from dataclasses import dataclass
 
 from gearshift.cluster.state import ClusterState
 from gearshift.profile.calibration import Calibration
 from gearshift.profile.fit import LineFit, theil_sen
 
-CPU_POINTS = 16  # the latest (profiled, CPU) points per action kept per rank (cpu_line)
+CPU_POINTS = 16  # the latest (profiled, CPU) points per action kept per rank (cpu_lines)
 
 
 @dataclass
@@ -56,7 +57,7 @@ class Monitor:
         self.lined = False
         self.action_points: dict[tuple[int, int], tuple[float, Ewma]] = {}
         # (rank, profiled seconds per action, CPU seconds per action) of the latest steps: what the job's own ops
-        # cost the host's CPU (cpu_line), the emulation's sleeps and the waits for a core left out
+        # cost the host's CPU (cpu_lines), the emulation's sleeps and the waits for a core left out
         self.cpu_points: list[tuple[int, float, float]] = []
 
     def record_compute(self, rank: int, profiled_s: float, measured_s: float, size: int | None = None) -> None:
@@ -96,18 +97,27 @@ class Monitor:
             if len(mine) > CPU_POINTS:
                 del self.cpu_points[mine[0]]
 
-    def cpu_line(self, spread: float = 1.5) -> LineFit | None:
-        """The job's own price of a compute action in CPU seconds against its profiled seconds (Theil-Sen over every
-        rank's points): its intercept is the fixed CPU an action costs in the executor (dispatch, posting receives,
-        autograd), more than a calibration's warm loop sees. None until the ranks' work per action spans `spread`x
-        (ranks holding different layers). A rank holding only the embedding or the head does little more than
-        that fixed cost per action: priced by a line that lacks it, its compute reads several times its profile,
-        and its speed several times slower than the device is."""
+    def cpu_lines(self, stages: int, spread: float = 1.5) -> list[LineFit] | None:
+        """The job's own price of a compute action in CPU seconds against its profiled seconds, one line per pipeline
+        position: the slope by Theil-Sen over every rank's points, each position's intercept the median of its
+        ranks' points less that slope (the pooled one where it has none). The intercept is the fixed CPU an action
+        costs in the executor (dispatch, posting and finishing receives and sends, autograd), more than a
+        calibration's warm loop sees, and not alike at every position (the first stage receives no activations, the
+        last sends none). None until the ranks' work per action spans `spread`x (ranks holding different layers). A
+        rank holding only the embedding or the head does little more than that fixed cost per action: priced by a
+        line that lacks it, its compute reads several times its profile, and its speed several times slower than the
+        device is."""
         xs = [x for _, x, _ in self.cpu_points]
         if len(xs) < 4 or max(xs) < spread * min(xs):
             return None
         fit = theil_sen(xs, [y for _, _, y in self.cpu_points])
-        return fit if fit.slope > 0 else None
+        if fit.slope <= 0:
+            return None
+        out = []
+        for p in range(stages):
+            own = [y - fit.slope * x for r, x, y in self.cpu_points if r % stages == p]
+            out.append(LineFit(fit.slope, max(0.0, statistics.median(own)) if own else fit.intercept))
+        return out
 
     def refined(self, calibration: Calibration, stages: int) -> Calibration:
         """`calibration` with each pipeline position's line refitted (Theil-Sen) from the actions its ranks
