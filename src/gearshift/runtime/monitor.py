@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import statistics
 from dataclasses import dataclass
 
 from gearshift.cluster.state import ClusterState
@@ -98,26 +97,20 @@ class Monitor:
                 del self.cpu_points[mine[0]]
 
     def cpu_lines(self, stages: int, spread: float = 1.5) -> list[LineFit] | None:
-        """The job's own price of a compute action in CPU seconds against its profiled seconds, one line per pipeline
-        position: the slope by Theil-Sen over every rank's points, each position's intercept the median of its
-        ranks' points less that slope (the pooled one where it has none). The intercept is the fixed CPU an action
-        costs in the executor (dispatch, posting and finishing receives and sends, autograd), more than a
-        calibration's warm loop sees, and not alike at every position (the first stage receives no activations, the
-        last sends none). None until the ranks' work per action spans `spread`x (ranks holding different layers). A
-        rank holding only the embedding or the head does little more than that fixed cost per action: priced by a
-        line that lacks it, its compute reads several times its profile, and its speed several times slower than the
-        device is."""
+        """The job's own price of a compute action in CPU seconds against its profiled seconds, for each of `stages`
+        pipeline positions: one line, Theil-Sen over every rank's points (the local workers share a host's CPU,
+        as a pooled calibration assumes). Its intercept is the fixed CPU an action costs in the executor
+        (dispatch, posting and finishing receives and sends, autograd), more than a calibration's warm loop sees.
+        None until the ranks' work per action spans `spread`x (ranks holding different layers). A rank holding only
+        the embedding or the head does little more than that fixed cost per action: priced by a line that lacks
+        it, its compute reads several times its profile, and its speed several times slower than the device is.
+        (An intercept per position, the median of its points less the pooled slope, read an embedding-only rank
+        several times too fast on a loaded machine: its points were those of the layers it held before a move.)"""
         xs = [x for _, x, _ in self.cpu_points]
         if len(xs) < 4 or max(xs) < spread * min(xs):
             return None
         fit = theil_sen(xs, [y for _, _, y in self.cpu_points])
-        if fit.slope <= 0:
-            return None
-        out = []
-        for p in range(stages):
-            own = [y - fit.slope * x for r, x, y in self.cpu_points if r % stages == p]
-            out.append(LineFit(fit.slope, max(0.0, statistics.median(own)) if own else fit.intercept))
-        return out
+        return [fit] * stages if fit.slope > 0 else None
 
     def refined(self, calibration: Calibration, stages: int) -> Calibration:
         """`calibration` with each pipeline position's line refitted (Theil-Sen) from the actions its ranks
