@@ -8,7 +8,7 @@ oracle (each phase's best measured configuration, switched at no cost: the best 
 mean of both; each phase's best by the first sweep is measured again). Writes bench/results/shared_cluster.json.
 
 Reduced run (the three traces, the rows the controller's goals need):
---steps 60 --segment 3 --separate 0 --kinds kfkb.
+--steps 60 --segment 3 --separate 0 --kinds kfkb --basis cpu --per-phase 1 (about 9-10 minutes on the 2-core machine).
 
 The traces: `gearshift trace synth`'s cotenant and burst (co-tenants arriving every --gap x steps on a device and
 staying --stay x steps, bursts lasting --stay/2..--stay x steps, up to --depth deep), and link (cotenant whose
