@@ -283,7 +283,7 @@ def live(name: str, controller: str, trace: Path, a, base: list[str], work: Path
     # slowdown over their smallest (1: every rank measured as its slowdown says), at the step before it
     ph = phases(read_trace(trace, WORLD), a.steps)
     skew = [max(xs) / min(xs) for d in decisions if (sp := d.get("measured", {}).get("speeds"))
-            for st in [next(dict(p[2]) for p in ph if p[0] <= d["step"] - 1 < p[1])]
+            for st in [next((dict(p[2]) for p in ph if p[0] <= d["step"] - 1 < p[1]), None)] if st is not None
             for xs in [[v * st[("r", r)] for r, v in enumerate(sp)]] if min(xs) > 0]
     step_s = [r["step_time_s"] for r in sorted(run.steps, key=lambda r: r["step"])]
     # the job's first step (allocations, first calls) at its second's time: each static segment's first step is
