@@ -140,7 +140,8 @@ def predicted(a, cfg, profile, overlap: bool, link: dict | None = None) -> dict:
     payload (the shaper charges headers too: PAYLOAD); each blocking all-reduce (after_backward) pays its ring's
     2 (n - 1) rounds a round trip each (2 x --latency-s); overlapped, the buckets are ready over the compute part of
     the last backward's simulated span (1 / slowdown of it) and the duty cycle's sleep after it hides sync too
-    (loopback: the model's default links). With `link` (probe_links: the testbed's calls measured), its
+    (loopback: the model's default links). The clip's all-reduce of the norm before STEP is one more blocking
+    call (ScheduleCosts.step_barrier_s). With `link` (probe_links: the testbed's calls measured), its
     per-byte time and fixed cost per call instead of the nominal rate and latency."""
     m = a.micro
     sched = make_schedule("1f1b", 1, m)
@@ -149,12 +150,13 @@ def predicted(a, cfg, profile, overlap: bool, link: dict | None = None) -> dict:
     beta = 8 / (parse_rate(a.bandwidth) * PAYLOAD)
     costs = LinkCosts() if a.loopback else LinkCosts(inter_alpha=a.latency_s, inter_beta=beta)
     sizes = buckets(cfg, int(a.bucket_mb * (1 << 20)))
-    span, compute_end, step_op = last_backward_s(sched, cost)
-    compute = span / max(1.0, a.slowdown)
     call = 0.0 if a.loopback else 2 * (WORLD - 1) * 2 * a.latency_s
     if link is not None:
         costs = LinkCosts(inter_alpha=a.latency_s, inter_beta=link["beta_s_per_byte"])
         call = link["call_s"]
+    cost.step_barrier_s = call  # the clip's job-wide all-reduce before the optimizer: one tiny blocking call
+    span, compute_end, step_op = last_backward_s(sched, cost)
+    compute = span / max(1.0, a.slowdown)
     times = [predict("gloo", b, [1] * WORLD, costs) for b in sizes]
     cost.sync_s = [sync_s(times, sizes, compute, overlap, tail_s=span - compute, call_s=call)]
     return {"predicted_step_s": simulate(sched, cost).iteration_s, "predicted_sync_s": cost.sync_s[0],
