@@ -186,6 +186,13 @@ def runs_spread(runs: list[Measured], skip: int) -> float:
     return max([half_spread(m.run, skip) for m in runs] + [max(meds) / min(meds) - 1])
 
 
+def steady(runs: list[Measured], skip: int, agree: float) -> bool:
+    """Whether the point's measured step stands: its quietest run's halves agree within `agree`, and so does the
+    next quietest run's median where it ran more than once (a rerun that confirms it)."""
+    ranked = sorted(runs, key=lambda m: m.run.median("step_time_s", lo=skip))
+    return runs_spread(ranked[:1], skip) <= agree and (len(ranked) < 2 or runs_spread(ranked[:2], skip) <= agree)
+
+
 def measure(point: tuple, factor: float, a, runs: list[Measured], pred: dict,
             inputs: tuple) -> tuple[dict, tuple, StepOverhead]:
     """The point's row at duty-cycle `factor` from its runs (the measured step: the quietest run's median, since
@@ -214,22 +221,32 @@ def measure(point: tuple, factor: float, a, runs: list[Measured], pred: dict,
            "schedule": {"kfkb": "kfkb K=2", "multidir": "multidir flush", "moe": "moe 2 experts 1f1b"}.get(kind, kind),
            "emulated": factor != 1.0, "emulate": factor, "measured_step_s": meas, **pred,
            "measured_runs_s": meds, "half_spread": [round(half_spread(m.run, a.skip), 4) for m in runs],
-           "spread": round(runs_spread(runs, a.skip), 4), "load_1min": [m.load for m in runs]}
+           "spread": round(runs_spread(runs, a.skip), 4), "steady": steady(runs, a.skip, a.agree),
+           "load_1min": [m.load for m in runs]}
     for key in ("calibration_only", "uncalibrated", "own", "own_cores", "own_cpu_only"):
         row[f"error_{key}"] = row[f"predicted_{key}_s"] / meas - 1
     return row, inputs, own
 
 
-def carry(rows: list[dict], inputs: list[tuple], fits: list[StepOverhead]) -> None:
+def donors(rows: list[dict], i: int, agree: float) -> list[int]:
+    """The points whose own steps price row i's carried overhead: every other point whose measurement is `steady`
+    (a loaded run's fit would carry its load), or every other point where none is or `agree` is 0."""
+    others = [j for j in range(len(rows)) if j != i]
+    kept = [j for j in others if rows[j]["steady"]]
+    return kept if agree > 0 and kept else others
+
+
+def carry(rows: list[dict], inputs: list[tuple], fits: list[StepOverhead], agree: float = 0.0) -> None:
     """Each row's headline price, `predicted_step_s`: its calibration with the overhead carried from the other
     points' own steps (profile.overhead.carried_overhead: each figure's median over the other points, leave one
     out, with their wait for a core and without their fitted cores), as a job on a machine where other shapes ran
     is priced at its start; beside it the same without the wait (`carried_no_wake`), and `transfer`, the first
     point's (the default job's) fit alone, with its wait (without its fitted cores) and with its fitted cores
-    (`transfer_cores`, the wait left out)."""
+    (`transfer_cores`, the wait left out). With `agree`, only the points whose A/A agreed carry (donors)."""
     for i, (row, inp) in enumerate(zip(rows, inputs)):
         meas = row["measured_step_s"]
-        carried = carried_overhead([f for j, f in enumerate(fits) if j != i])
+        row["carried_from"] = donors(rows, i, agree)
+        carried = carried_overhead([fits[j] for j in row["carried_from"]])
         prices = {"step": carried, "carried_no_wake": carried and dataclasses.replace(carried, wake_s=None)}
         if i:
             prices |= {"transfer": dataclasses.replace(fits[0], cores=0.0),
@@ -261,6 +278,7 @@ def block(rows: list[dict], a) -> dict:
             "transfer_cores": summary(rows[1:], "error_transfer_cores"),
             "default_job_error": rows[0]["error"], "default_job_error_own": rows[0]["error_own"],
             "aa": {"median_spread": statistics.median(spreads), "worst_spread": max(spreads),
+                   "steady": sum(r["steady"] for r in rows),
                    "runs": sum(len(r["measured_runs_s"]) for r in rows), "agree": a.agree,
                    "default_job_runs_s": rows[0]["measured_runs_s"]}}
 
@@ -343,7 +361,7 @@ def main() -> None:
         for i, pt in enumerate(pts):
             row, inp, fit = measure(pt, f, a, runs[i, f], *preds[i])
             rows.append(row), inputs.append(inp), fits.append(fit)
-        carry(rows, inputs, fits)
+        carry(rows, inputs, fits, a.agree)
         for pt, row in zip(pts, rows):
             print(f"  {label(f)} {pt}: measured {row['measured_step_s']:.4f} (runs "
                   f"{', '.join(f'{x:.4f}' for x in row['measured_runs_s'])}, spread {row['spread']:.1%}) predicted "

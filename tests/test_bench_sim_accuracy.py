@@ -42,3 +42,21 @@ def test_the_duty_cycle_only_changes_the_state():
 
 def test_emulate_labels_name_the_issue_blocks():
     assert [sa.label(f) for f in (1.0, 4.0, 2.0)] == ["quiet", "emulated", "emulated x2"]
+
+
+def test_only_points_whose_a_a_agreed_carry_their_overhead():
+    rows = [{"steady": True}, {"steady": False}, {"steady": True}, {"steady": True}]
+    assert sa.donors(rows, 0, agree=0.15) == [2, 3]  # the loaded point 1 carries nothing; a row never its own
+    assert sa.donors(rows, 3, agree=0.15) == [0, 2]
+    assert sa.donors(rows, 0, agree=0.0) == [1, 2, 3]  # no guard: every other point
+    assert sa.donors([{"steady": False}, {"steady": False}], 0, agree=0.15) == [1]  # none steady: all others
+
+
+def test_a_point_is_steady_when_its_quietest_run_agrees_with_itself_and_with_the_next():
+    calm = sa.Measured(run_of([5, 5, 5, 1.0, 1.0, 1.0, 1.0]), [1.0, 1.0])
+    confirm = sa.Measured(run_of([5, 5, 5, 1.1, 1.1, 1.1, 1.1]), [1.0, 1.0])
+    loaded = sa.Measured(run_of([5, 5, 5, 3.0, 3.0, 3.0, 3.0]), [9.0, 9.0])
+    drifting = sa.Measured(run_of([5, 5, 5, 1.0, 1.0, 2.0, 2.0]), [1.0, 4.0])
+    assert sa.steady([calm], 3, 0.15) and sa.steady([loaded, calm, confirm], 3, 0.15)  # the rerun confirms it
+    assert not sa.steady([calm, loaded], 3, 0.15)  # two runs, 3x apart: which one is the machine alone?
+    assert not sa.steady([drifting], 3, 0.15)
