@@ -126,13 +126,18 @@ def _fastest(**kw):
     return _decide([0.25, 1, 1, 1], schedules=False, **kw)
 
 
-def test_a_gain_within_the_step_times_spread_is_not_moved_for() -> None:
+def test_a_gain_within_the_spread_of_the_horizons_mean_is_not_moved_for() -> None:
     d = _fastest()
     assert d.apply
     rel = (d.current.predicted_s - d.chosen.predicted_s) / d.current.predicted_s
-    kept = _fastest(noise=rel - 0.01)  # less the spread, the gain is under min_gain (5%)
+    kept = _fastest(noise=rel - 0.01, horizon=1)  # less one step's spread, the gain is under min_gain (5%)
     assert not kept.apply and "spread" in kept.reason and kept.noise == rel - 0.01
-    assert _fastest(noise=rel - 0.1).apply  # a gain well past the spread still moves
+    assert _fastest(noise=rel - 0.1, horizon=1).apply  # a gain well past the spread still moves
+    # counted over 16 steps, the spread of their mean is a quarter of one step's: the same gain moves
+    moved = _fastest(noise=rel - 0.01, horizon=16)
+    assert moved.apply and moved.discount == pytest.approx((rel - 0.01) / 4)
+    kept = _fastest(noise=4 * (rel - 0.01), horizon=16)  # a spread four times wider: within the mean's again
+    assert not kept.apply and "16-step mean" in kept.reason
 
 
 def test_a_move_pays_for_the_decision_point_too() -> None:

@@ -136,3 +136,83 @@ def test_period_estimates_blend_small_changes_and_take_large_ones(one_rank) -> N
         ad.window = list(samples)
         ad.settle_speed()
         assert ad.monitor.speed(0) == pytest.approx(expected)
+
+
+class _Clock:
+    """A fake clock the test advances: an op's compute, an emulated sleep and its late waking, exactly."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_tiny_stage_measures_its_emulated_slowdown_not_the_sleeps_late_waking(one_rank) -> None:
+    """Duty-cycle x4 (basis cpu) on a rank whose every emulated sleep wakes 2 ms late (a shared host's wait for a
+    core): a rank holding only a tiny layer (an embedding's 0.5 ms per op) and one holding a large one (50 ms) both
+    measure speed 1/4, the emulated slowdown, whatever their size; the waking is not compute."""
+    from gearshift.cluster.emulate import EmulationConfig, Emulator
+    from gearshift.schedules import Op
+
+    clock, wake = _Clock(), 0.002
+
+    def sleep(s: float) -> None:
+        clock.t += s + wake
+
+    speeds = []
+    for op_s in (0.0005, 0.05):
+        prof = ModelProfile([LayerProfile("l0", op_s, op_s, 1.0, 4, 4, 4)], microbatch_size=1, seq_len=1)
+        ad = Adapter(prof, ClusterState.from_spec(ClusterSpec.uniform(1)), every=4, skip=0, clock=clock,
+                     emulator=Emulator(EmulationConfig([4.0], basis="cpu"), 0, sleep=sleep))
+        rt = SimpleNamespace(bounds=[(0, 1)], stages={0}, pipe_rank=0,
+                             schedule=SimpleNamespace(num_microbatches=2, actions=[[]]))
+        for step in range(3):
+            ad.begin_step(rt, step)
+            busy = 0.0
+            for op in (Op.FORWARD, Op.FORWARD, Op.BACKWARD, Op.BACKWARD):  # as the executor times a compute op
+                start = clock()
+                clock.t += op_s
+                ad.after_compute(0, op, op_s, op_s)
+                busy += clock() - start
+            assert busy == pytest.approx(4 * (4 * op_s + wake))  # what the step measured, late wakings included
+            ad.observe(rt, SimpleNamespace(busy_s=busy, events=[]), mb_size=1)
+        speeds.append(ad.window)
+    assert speeds[0] == pytest.approx([0.25] * 3) and speeds[1] == pytest.approx([0.25] * 3)
+
+
+def test_an_embedding_only_rank_reads_its_slowdown_once_priced_by_the_jobs_cpu_line(one_rank) -> None:
+    """The executor spends 0.5 ms of CPU per action beyond what the calibration's warm loop measured, and the
+    emulation stretches all of it x4: by the calibration a rank with an embedding's 0.1 ms of profiled work per
+    action reads far slower than 1/4, a rank with 5 ms per action nearly 1/4; by the job's CPU line (the fixed cost
+    its ranks' steps show) both read 1/4."""
+    from gearshift.profile.calibration import Calibration
+    from gearshift.profile.fit import LineFit
+    from gearshift.runtime.monitor import merge
+
+    def cpu(x: float) -> float:  # the executor's CPU per action of profiled seconds x
+        return x + 5e-4
+
+    read = {}
+    for priced in (False, True):
+        ads = []
+        for x in (1e-4, 5e-3):
+            prof = ModelProfile([LayerProfile("l0", x, x, 1.0, 4, 4, 4)], microbatch_size=1, seq_len=1)
+            ad = Adapter(prof, ClusterState.from_spec(ClusterSpec.uniform(1)), every=4, skip=0, cpu_priced=priced)
+            ad.set_calibration(Calibration([LineFit(1.0, 0.0)]))
+            rt = SimpleNamespace(bounds=[(0, 1)], stages={0}, pipe_rank=0, pipe_ranks=1,
+                                 schedule=SimpleNamespace(num_microbatches=2, actions=[[]]))
+            rec = SimpleNamespace(busy_s=4 * 4 * cpu(x), compute_cpu_s=4 * cpu(x), events=[])
+            for _ in range(3):
+                ad.observe(rt, rec, mb_size=1)
+            ads.append((ad, rt, rec))
+        # what pipeline_state gathers: both ranks' points, one line for every rank
+        merged = merge([ad.monitor.to_dict() for ad, _, _ in ads])
+        for ad, rt, rec in ads:
+            ad.job_lines = merged.cpu_lines(1) if priced else None
+            ad.window = []
+            ad.observe(rt, rec, mb_size=1)
+        read[priced] = [ad.window[-1] for ad, _, _ in ads]
+    tiny, big = read[False]
+    assert tiny < 0.25 / 4 and big == pytest.approx(0.25, rel=0.1)  # the calibration's price: 6x off for the tiny rank
+    assert read[True] == pytest.approx([0.25, 0.25])

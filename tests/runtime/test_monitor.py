@@ -137,3 +137,22 @@ def test_size_speeds_round_trip_and_merge():
     assert d["size_speeds"] == [[0, 2, 0.5, 1]] and Monitor.from_dict(d).size_speeds[(0, 2)].value == 0.5
     both = merge([a.to_dict(), b.to_dict()])
     assert both.size_speeds[(0, 2)].value == 0.5 and both.size_speeds[(1, 2)].value == 0.25
+
+
+def test_the_jobs_cpu_lines_are_fitted_over_every_ranks_points_once_their_work_differs():
+    """Each rank records its own steps (CPU = 2 x profiled + 0.5 ms per action); the line, gathered and merged, has
+    that fixed cost as its intercept, for every position. Ranks holding alike work give none (no spread of work to
+    fit it on)."""
+    alike = Monitor(2)
+    for r in range(2):
+        for _ in range(3):
+            alike.record_cpu(r, 1e-3, 2.5e-3)
+    assert alike.cpu_lines(2) is None
+    parts = [Monitor(3) for _ in range(3)]
+    for r, x in enumerate((1e-4, 2e-3, 5e-3)):  # an embedding-only rank, two ranks with blocks
+        for _ in range(20):  # more than a rank keeps: its latest
+            parts[r].record_cpu(r, x, 2 * x + 5e-4)
+    assert len(parts[0].cpu_points) == 16
+    lines = merge([json.loads(json.dumps(p.to_dict())) for p in parts]).cpu_lines(3)
+    assert [ln.slope for ln in lines] == pytest.approx([2.0] * 3)
+    assert [ln.intercept for ln in lines] == pytest.approx([5e-4] * 3)

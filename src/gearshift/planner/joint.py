@@ -9,6 +9,7 @@ would otherwise flip it back and forth). Pure Python."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -63,9 +64,15 @@ class JointDecision:
     reason: str
     measured: dict
     horizon: int
-    noise: float = 0.0  # the step time's measured relative spread, taken off every option's gain per step
+    noise: float = 0.0  # the step time's measured relative spread (one step's)
     decision_cost_s: float = 0.0  # a decision point's measured wall time, charged to a move
     back: bool = False  # the chosen option is the plan the last move left (held to `back_gain`)
+
+    @property
+    def discount(self) -> float:
+        """The relative spread taken off a gain per step: that of a mean over the horizon (noise / sqrt(horizon)),
+        since the gain a move is made for is the horizon's mean, not one step's."""
+        return mean_spread(self.noise, self.horizon)
 
     @property
     def moves_layers(self) -> bool:
@@ -81,9 +88,10 @@ class JointDecision:
                 "current": self.current.to_dict(), "chosen": self.chosen.to_dict(), "horizon": self.horizon,
                 "predicted_gain_s": (self.current.predicted_s - self.chosen.predicted_s) * self.horizon
                 if self.current.predicted_s < INF else None,
-                "counted_gain_s": (self.current.predicted_s * (1 - self.noise) - self.chosen.predicted_s)
+                "counted_gain_s": (self.current.predicted_s * (1 - self.discount) - self.chosen.predicted_s)
                 * self.horizon if self.current.predicted_s < INF and self.apply else None,
-                "noise": self.noise, "decision_cost_s": self.decision_cost_s, "back": self.back,
+                "noise": self.noise, "discount": self.discount, "decision_cost_s": self.decision_cost_s,
+                "back": self.back,
                 "measured": self.measured, "options": [o.to_dict() for o in self.options]}
 
 
@@ -93,6 +101,11 @@ SHORTLIST = 3  # the running partition's fastest (m, K) every other partition is
 def _best(cands: list[Candidate], keys: set[tuple[int, int]] | None) -> Candidate | None:
     fit = [c for c in cands if c.fits and (keys is None or c.key in keys)]
     return min(fit, key=lambda c: (c.predicted_s, max(c.peak_memory), c.m, c.k)) if fit else None
+
+
+def mean_spread(noise: float, steps: int) -> float:
+    """The relative spread of a mean over `steps` steps whose one-step spread is `noise`: noise / sqrt(steps)."""
+    return noise / math.sqrt(max(1, steps))
 
 
 def expected_horizon(changes: Sequence[int], horizon: int, window: int = 4) -> int:
@@ -144,13 +157,15 @@ def decide_joint(profiles: Mapping[int, ModelProfile], state: ClusterState, boun
     only the running partition is priced with every key; each other one with a shortlist: the running one's
     SHORTLIST fastest, the running key, and its own split's 1F1B (and the other kinds at that split).
 
-    Against noise: `noise`, the step time's measured relative spread, is taken off each option's gain per step
-    (t_now * (1 - noise) - t_new), and that discounted gain must reach `min_gain` of t_now; `decision_cost_s`, a
-    decision point's measured wall time, is charged to a move beside its migration and switch; `left`, the
-    (bounds, key) the last move left: a move that takes either back (the partition or the schedule) is made only
-    when its discounted gain reaches `back_gain`. `ran`: (bounds, key) -> the median step time measured while that
-    plan ran since the last detected change; where the running plan and an option both ran, their measured times
-    are compared, not their predictions (a prediction that a measurement already contradicts is not moved for)."""
+    Against noise: `noise`, the step time's measured relative spread (one step's), is taken off each option's gain
+    per step as the spread of the horizon's mean (t_now * (1 - noise / sqrt(horizon)) - t_new: the gain is counted
+    over the horizon, whose mean is that much steadier than one step), and that discounted gain must reach
+    `min_gain` of t_now; `decision_cost_s`, a decision point's measured wall time, is charged to a move beside its
+    migration and switch; `left`, the (bounds, key) the last move left: a move that takes either back (the
+    partition or the schedule) is made only when its discounted gain reaches `back_gain`. `ran`: (bounds, key) -> the
+    median step time measured while that plan ran since the last detected change; where the running plan and an
+    option both ran, their measured times are compared, not their predictions (a prediction that a measurement
+    already contradicts is not moved for)."""
     if horizon < 1 or migration_bandwidth <= 0:
         raise PlanError(f"controller: horizon must be >= 1 and migration bandwidth > 0, got {horizon}, "
                         f"{migration_bandwidth}")
@@ -212,7 +227,7 @@ def decide_joint(profiles: Mapping[int, ModelProfile], state: ClusterState, boun
         return JointDecision(step, trigger, options, cur_opt, chosen, True,
                              f"forced {what}; {'the partition priced best for it' if forced_bounds is None else ''}"
                              .rstrip("; "), measured_inputs(state, S), horizon)
-    t0 = cur_opt.predicted_s
+    t0, spread = cur_opt.predicted_s, mean_spread(noise, horizon)
     was = (tuple(tuple(b) for b in left[0]), tuple(left[1])) if left is not None else None
     ran = {(tuple(tuple(b) for b in k[0]), tuple(k[1])): v for k, v in (ran or {}).items()}
     for o in [cur_opt, *options]:
@@ -221,9 +236,9 @@ def decide_joint(profiles: Mapping[int, ModelProfile], state: ClusterState, boun
     def basis(o: Option) -> tuple[float, float]:  # (t_now, t_new): as measured where both ran, else predicted
         return (cur_opt.ran_s, o.ran_s) if cur_opt.ran_s and o.ran_s else (t0, o.predicted_s)
 
-    def gain(o: Option) -> float:  # the gain per step, less the step time's measured spread
+    def gain(o: Option) -> float:  # the gain per step, less the spread of the horizon's mean step time
         now, new = basis(o)
-        return now * (1 - noise) - new
+        return now * (1 - spread) - new
 
     def rel(o: Option) -> float:
         return gain(o) / basis(o)[0]
@@ -248,7 +263,7 @@ def decide_joint(profiles: Mapping[int, ModelProfile], state: ClusterState, boun
         apply, reason = True, "the running plan no longer fits in memory"
     elif paying:
         now, new = basis(best)
-        apply, reason = True, (f"t1*k > t2*k + tc: {now:.4g}*(1-{noise:.2g} noise)*{horizon} > {new:.4g}*{horizon} + "
+        apply, reason = True, (f"t1*k > t2*k + tc: {now:.4g}*(1-{spread:.2g} noise)*{horizon} > {new:.4g}*{horizon} + "
                                f"{best.cost_s:.4g} + {decision_cost_s:.3g} s decision ({len(best.moved_layers)} "
                                f"layers moved, {describe_key(best.key)}{', back' if back(best) else ''}"
                                f"{', as measured' if now != t0 else ''})")
@@ -256,8 +271,8 @@ def decide_joint(profiles: Mapping[int, ModelProfile], state: ClusterState, boun
         apply, reason = False, f"the running plan is the best predicted ({t1:.4g} s/step)"
     elif rel(best) < min_gain:
         how = "measured" if basis(best)[0] != t0 else "predicted"
-        apply, reason = False, (f"{how} gain {rel(best) + noise:.1%} less the step time's spread {noise:.1%} < "
-                                f"{min_gain:.0%} (within measurement noise)")
+        apply, reason = False, (f"{how} gain {rel(best) + spread:.1%} less the spread of a {horizon}-step mean "
+                                f"{spread:.1%} < {min_gain:.0%} (within measurement noise)")
     elif rel(best) < bar(best):
         apply, reason = False, (f"back to the plan the last move left needs {bar(best):.0%} gain, has "
                                 f"{rel(best):.1%} after the spread (hysteresis)")

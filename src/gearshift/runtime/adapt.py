@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -20,6 +21,7 @@ from gearshift.planner.multidir_plan import decide_multidir, holders, multidir_f
 from gearshift.planner.predict import messages
 from gearshift.planner.replan import FirstPlan, ReplanDecision, decide_replan, first_plan
 from gearshift.profile.calibration import Calibration
+from gearshift.profile.fit import LineFit
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.profile.overhead import RankStep, fit_overhead
 from gearshift.report.records import Migration, ReplanEvent, StepMetrics
@@ -61,6 +63,8 @@ class Adapter:
     calibration: Calibration | None = None  # the job's start calibration (set_calibration): prices by its lines
     step_overhead: bool = True  # with a calibration: price the CPU beside compute fitted from the job's steps
     overhead_window: int = 64  # rank-steps the overhead is fitted from (the latest)
+    clock: Callable[[], float] = time.perf_counter  # what the emulated sleeps' overshoot is timed with
+    cpu_priced: bool = True  # with a calibration on CPU: price an action by the job's own CPU line (adapt.cpu_line)
 
     def __post_init__(self) -> None:
         self.monitor = Monitor(dist.get_world_size(), self.alpha, self.link_reset)
@@ -70,20 +74,29 @@ class Adapter:
         self._estimate: float | None = None
         self.detected = False  # this rank's speed changed since the last decision (the detector said so)
         self.rank_steps: list[RankStep] = []  # every rank's CPU of the latest steps (observe_cpu)
+        self.late_s = 0.0  # this step's emulated sleeps' overshoot: waking late, not the emulated device (observe)
+        self.job_lines: list[LineFit] | None = None  # the job's CPU per action by position, as last gathered
 
     def begin_step(self, rt: PipelineRuntime, step: int) -> None:
         """Before `step`: the step the emulation is at, and an emulated skewed router's bias on this rank's MoE
         layers (the same on every rank)."""
-        self.step = step
+        self.step, self.late_s = step, 0.0
         if self.emulator is not None and self.emulator.skews_router:
             for layer in rt.layers.values():
                 for m in moe_modules(layer):
                     m.set_router_bias(self.emulator.router_bias(step, m.num_experts))
 
     def after_compute(self, stage: int, op: Op, seconds: float, cpu_s: float | None = None) -> None:
-        """Executor hook: the emulated slowdown (sleep) of this rank at the current step."""
+        """Executor hook: the emulated slowdown (sleep) of this rank at the current step. What the sleep overshoots
+        (the wait for a core after waking, on a shared host a few ms a sleep, whatever the op's size) is kept in
+        `late_s` and left out of the compute the monitor measures: it is the emulation's own cost per op, not the
+        emulated device's speed, and a rank holding only the embedding or the head, whose ops are tiny, would
+        otherwise read several times slower than its slowdown and be priced so for every layer moved to it."""
         if self.emulator is not None:
-            self.emulator.after_compute(seconds, self.step, cpu_s)
+            t0 = self.clock()
+            slept = self.emulator.after_compute(seconds, self.step, cpu_s)
+            if slept > 0:
+                self.late_s += max(0.0, self.clock() - t0 - slept)
 
     def after_recv(self, peer: int, nbytes: int, waited_s: float) -> None:
         """Executor hook: an emulated link cap or latency on this rank's incoming pipeline transfers."""
@@ -100,6 +113,8 @@ class Adapter:
         `profiled_s`; `profiled_s` itself without a calibration."""
         if self.calibration is None:
             return profiled_s
+        if self.job_lines is not None:
+            return self.job_lines[min(position, len(self.job_lines) - 1)](profiled_s) if profiled_s > 0 else 0.0
         return self.monitor.refined(self.calibration, stages).compute_s(position, profiled_s)
 
     def observe(self, rt: PipelineRuntime, rec: StepRecord, mb_size: int) -> None:
@@ -123,7 +138,7 @@ class Adapter:
         else:
             pos, S = rank % rt.pipe_ranks, rt.pipe_ranks
             profiled = sum(m * (self.line_s(pos, f, S) + self.line_s(pos, b, S)) for f, b in fb)
-        measured = rec.busy_s
+        measured, self.late_s = rec.busy_s - self.late_s, 0.0  # the emulated device's compute, not its sleeps' waking
         if measured <= 0 or profiled <= 0:
             return
         if self._skip > 0:
@@ -132,6 +147,9 @@ class Adapter:
         if self.calibration is not None:
             actions = 2 * m * len(fb)
             self.monitor.record_action(rank, mb_size, sum(f + b for f, b in fb) * m / actions, measured / actions)
+            if self.cpu_priced and self.device.type == "cpu":
+                self.monitor.record_cpu(rank, sum(f + b for f, b in fb) * m / actions,
+                                        getattr(rec, "compute_cpu_s", 0.0) / actions)
         self.monitor.record_compute(rank, profiled, measured, mb_size)
         self.window.append(profiled / measured)
         if self.detector is not None and self.detector.update(profiled / measured):
@@ -157,6 +175,8 @@ class Adapter:
         if self.calibration is None:
             return None
         cal = (self.merged or self.monitor).refined(self.calibration, stages)
+        if self.job_lines is not None and len(self.job_lines) == len(cal.lines):  # what the speeds were measured by
+            cal = dataclasses.replace(cal, lines=list(self.job_lines))
         if self.rank_steps:
             cal = dataclasses.replace(cal, overhead=fit_overhead(self.rank_steps, scale=False))
         return cal
@@ -188,6 +208,8 @@ class Adapter:
         dicts: list = [None] * dist.get_world_size()
         dist.all_gather_object(dicts, self.monitor.to_dict())
         self.merged = merge(dicts)
+        if self.cpu_priced and self.calibration is not None:  # every rank fits the same line from the same points
+            self.job_lines = self.merged.cpu_lines(stages) or self.job_lines
         return self.merged.state(step, self.base.resized(dist.get_world_size())).pipeline(stages)
 
     def size_states(self, stages: int, step: int, sizes: list[int]) -> dict[int, ClusterState]:

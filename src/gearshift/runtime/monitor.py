@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 from gearshift.cluster.state import ClusterState
 from gearshift.profile.calibration import Calibration
-from gearshift.profile.fit import theil_sen
+from gearshift.profile.fit import LineFit, theil_sen
+
+CPU_POINTS = 16  # the latest (profiled, CPU) points per action kept per rank (cpu_lines)
 
 
 @dataclass
@@ -53,6 +55,9 @@ class Monitor:
         # (rank, micro-batch size) -> (profiled seconds per action, Ewma of measured seconds per action)
         self.lined = False
         self.action_points: dict[tuple[int, int], tuple[float, Ewma]] = {}
+        # (rank, profiled seconds per action, CPU seconds per action) of the latest steps: what the job's own ops
+        # cost the host's CPU (cpu_lines), the emulation's sleeps and the waits for a core left out
+        self.cpu_points: list[tuple[int, float, float]] = []
 
     def record_compute(self, rank: int, profiled_s: float, measured_s: float, size: int | None = None) -> None:
         """One compute measurement: effective speed = profiled time / measured time (profiled at micro-batch
@@ -82,6 +87,30 @@ class Monitor:
             self.action_points[(rank, size)] = (profiled_s, Ewma(measured_s))
         else:
             at[1].update(measured_s, self.alpha)
+
+    def record_cpu(self, rank: int, profiled_s: float, cpu_s: float) -> None:
+        """One step's mean compute action on `rank`: its profiled seconds and the CPU seconds it took (its thread's)."""
+        if profiled_s > 0 and cpu_s > 0:
+            self.cpu_points.append((rank, profiled_s, cpu_s))
+            mine = [i for i, p in enumerate(self.cpu_points) if p[0] == rank]
+            if len(mine) > CPU_POINTS:
+                del self.cpu_points[mine[0]]
+
+    def cpu_lines(self, stages: int, spread: float = 1.5) -> list[LineFit] | None:
+        """The job's own price of a compute action in CPU seconds against its profiled seconds, for each of `stages`
+        pipeline positions: one line, Theil-Sen over every rank's points (the local workers share a host's CPU,
+        as a pooled calibration assumes). Its intercept is the fixed CPU an action costs in the executor
+        (dispatch, posting and finishing receives and sends, autograd), more than a calibration's warm loop sees.
+        None until the ranks' work per action spans `spread`x (ranks holding different layers). A rank holding only
+        the embedding or the head does little more than that fixed cost per action: priced by a line that lacks
+        it, its compute reads several times its profile, and its speed several times slower than the device is.
+        (An intercept per position, the median of its points less the pooled slope, read an embedding-only rank
+        several times too fast on a loaded machine: its points were those of the layers it held before a move.)"""
+        xs = [x for _, x, _ in self.cpu_points]
+        if len(xs) < 4 or max(xs) < spread * min(xs):
+            return None
+        fit = theil_sen(xs, [y for _, _, y in self.cpu_points])
+        return [fit] * stages if fit.slope > 0 else None
 
     def refined(self, calibration: Calibration, stages: int) -> Calibration:
         """`calibration` with each pipeline position's line refitted (Theil-Sen) from the actions its ranks
@@ -189,6 +218,7 @@ class Monitor:
             "size_speeds": [[r, n, e.value, e.samples] for (r, n), e in sorted(self.size_speeds.items())],
             "lined": self.lined,
             "action_points": [[r, n, x, e.value, e.samples] for (r, n), (x, e) in sorted(self.action_points.items())],
+            "cpu_points": [list(p) for p in self.cpu_points],
         }
 
     @classmethod
@@ -208,6 +238,7 @@ class Monitor:
         m.lined = d.get("lined", False)
         for r, size, x, v, n in d.get("action_points", []):
             m.action_points[(r, size)] = (x, Ewma(v, n))
+        m.cpu_points = [(int(r), x, y) for r, x, y in d.get("cpu_points", [])]
         return m
 
 
@@ -230,6 +261,7 @@ def merge(dicts: list[dict]) -> Monitor:
         out.speeds[r] = _combine([p.speeds[r] for p in parts if r < p.num_ranks and p.speeds[r] is not None])
         out.steps[r] = _combine([p.steps[r] for p in parts if r < p.num_ranks and p.steps[r] is not None])
     out.lined = any(p.lined for p in parts)
+    out.cpu_points = [pt for p in parts for pt in p.cpu_points]  # each rank records its own
     for key in sorted({k for p in parts for k in p.action_points}):
         pts = [p.action_points[key] for p in parts if key in p.action_points]
         out.action_points[key] = (pts[0][0], _combine([e for _, e in pts]))

@@ -5,7 +5,6 @@ state leaves and enters on the CPU, so checkpoints and migrations do not depend 
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from gearshift.optim import OptimConfig, adamw, clip_coef
+from gearshift.optim import OptimConfig, adamw
 from gearshift.planner.shares import share_rows
 from gearshift.runtime.executor import PipelineExecutor, StepRecord
 from gearshift.runtime.experts import ExpertShards, MoEStats
@@ -48,7 +47,7 @@ def mean_loss(losses: list[Tensor | float], device: torch.device | str = "cpu", 
     for x in losses:
         t[0] += x.double() if torch.is_tensor(x) else float(x)
     t[0] *= weight
-    t[1] = float(len(losses)) * weight
+    t[1].fill_(float(len(losses)) * weight)  # a kernel, not a copy from the host
     dist.all_reduce(t)
     return float(t[0] / t[1]) if t[1] > 0 else float("nan")
 
@@ -140,6 +139,7 @@ class PipelineRuntime:
         params = [p for _, p in self.named_parameters()]
         self._params = params
         self._grad_sync, self._expert_sync, self._norm_weights = None, None, {}
+        self._weights_key: tuple[int, ...] | None = None
         if self.experts is not None:  # experts not on every replica: summed over their own copies
             self._expert_sync, self._norm_weights = self.experts.sync_fn(self.layers)
         dense = [p for p in params if id(p) not in self._norm_weights]
@@ -251,7 +251,7 @@ class PipelineRuntime:
             p["lr"] = lr
         self.optimizer.zero_grad(set_to_none=False)
         xs, ys = self._split(x, y)
-        norm = [0.0]
+        norm: list[Tensor | float] = [0.0]
 
         def on_sync() -> None:
             if self._expert_sync is not None:  # the copies' all_reduces in flight beside the dense sync
@@ -275,25 +275,35 @@ class PipelineRuntime:
         rec = self.executor.run(xs, ys, on_sync=on_sync, on_step=on_step,
                                 on_last_backward=on_last_backward if arm is not None else None)
         moe = self.experts.loads(self.layers) if self.experts is not None else None
-        return StepResult(mean_loss(rec.losses, self.device, self._mb_size), norm[0], rec, moe)
+        loss = mean_loss(rec.losses, self.device, self._mb_size)  # the step's read of the device
+        return StepResult(loss, float(norm[0]), rec, moe)
 
-    def _clip(self) -> float:
-        """Clip by the global gradient norm of the whole model (all stages), as clip_grad_norm_ would."""
+    def _clip(self) -> Tensor:
+        """Clip by the global gradient norm of the whole model (all stages), as clip_grad_norm_ would; the norm
+        stays on the device (a 0-dim float64 tensor) and the clip is applied there, so the step's one read of the
+        device is the loss's (the norm is read after it)."""
         held = [p for p in self._params if p.grad is not None]
         grads = [p.grad for p in held]
-        sq = torch.zeros(1, dtype=torch.float64, device=self.device)  # NCCL reduces device tensors
+        sq = torch.zeros((), dtype=torch.float64, device=self.device)  # NCCL reduces device tensors
         if grads:  # one norm kernel per tensor (no float64 copies); squares summed in float64
-            # each parameter counted once over the job: a dense one is on every replica, an expert on its copies
-            w = torch.tensor([self._norm_weights.get(id(p), 1.0 / self.replicas) for p in held], dtype=torch.float64,
-                             device=self.device)
-            sq += (torch.stack([torch.linalg.vector_norm(g.detach()) for g in grads]).double().pow(2) * w).sum()
+            sq += (torch.stack([torch.linalg.vector_norm(g.detach()) for g in grads]).double().pow(2)
+                   * self._weights(held)).sum()
         dist.all_reduce(sq)
-        total = math.sqrt(float(sq))
-        coef = clip_coef(total, self.optim_cfg.grad_clip)
-        if coef < 1.0:
-            for g in grads:
-                g.mul_(coef)
+        total = sq.sqrt()
+        if self.optim_cfg.grad_clip > 0 and grads:  # clip_coef on the device: min(max / (norm + 1e-6), 1)
+            coef = (self.optim_cfg.grad_clip / (total + 1e-6)).clamp(max=1.0)
+            torch._foreach_mul_(grads, coef.to(grads[0].dtype))
         return total
+
+    def _weights(self, held: list[nn.Parameter]) -> Tensor:
+        """Each held parameter's share of the global norm (a dense one is on every replica, an expert on its
+        copies), made on the device once per set of parameters with gradients."""
+        key = tuple(id(p) for p in held)
+        if self._weights_key != key:
+            self._weights_key = key
+            self._weights_t = torch.tensor([self._norm_weights.get(id(p), 1.0 / self.replicas) for p in held],
+                                           dtype=torch.float64, device=self.device)
+        return self._weights_t
 
     @torch.no_grad()
     def evaluate(self, x: Tensor, y: Tensor) -> float:

@@ -35,3 +35,23 @@ def sync_s(bucket_s: list[float], bucket_bytes: list[float], last_backward_s: fl
     if not overlap:
         return sum(bucket_s) + call_s * len(bucket_s)
     return exposed_sync_s(bucket_s, bucket_bytes, last_backward_s, tail_s)
+
+
+def fit_blocking_calls(sizes: list[float], seconds: list[float], ranks: int) -> tuple[float, float]:
+    """(per-byte time of the link, fixed cost of one call) that price blocking ring all-reduces measured on the
+    links the sync runs on: a call of S bytes takes call + 2 (n - 1) / n S b (the bandwidth-bound form of
+    sim.collectives.gloo, a ring moving 2 (n - 1) chunks of S / n per rank, plus the rounds a lone call waits on
+    its peers), fitted by least squares. Why: the link's nominal rate leaves out what the wire also carries
+    (headers, the acknowledgements of the opposite flow on the same capped link) and the call's real round trips;
+    the measured calls carry them all. The per-byte time is never below zero, nor the fixed cost (a fit through
+    noisy small calls could give either)."""
+    if len(sizes) != len(seconds) or len(set(sizes)) < 2:
+        raise ValueError(f"fit_blocking_calls: need calls of at least 2 sizes (got {len(set(sizes))} sizes for "
+                         f"{len(seconds)} times)")
+    if ranks < 2:
+        raise ValueError(f"fit_blocking_calls: a ring of {ranks} rank moves nothing; ranks must be >= 2")
+    xs = [2 * (ranks - 1) / ranks * s for s in sizes]
+    mx, my = sum(xs) / len(xs), sum(seconds) / len(seconds)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, seconds)) / sum((x - mx) ** 2 for x in xs)
+    beta = max(0.0, slope)
+    return beta, max(0.0, my - beta * mx)

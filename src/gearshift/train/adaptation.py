@@ -60,6 +60,7 @@ def build_adapter(cfg: JobConfig, data: JobData, spec: ModelSpec, forcing: Forci
     ad = Adapter(profile, base, cfg.adapt.every if _replans(cfg) else 0, cfg.adapt.alpha,
                  emulator if emulator.active else None, dict(forcing.partitions) if forcing else {}, profiles=profiles)
     ad.mb_size, ad.device, ad.step_overhead = microbatch_size(cfg), device, cfg.adapt.step_overhead
+    ad.cpu_priced = cfg.adapt.cpu_line
     return ad
 
 

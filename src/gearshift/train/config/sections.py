@@ -292,6 +292,10 @@ class AdaptConfig:
     step_overhead: bool = key(True, "with adapt.calibrate: every decision also prices the CPU each rank spends beside "
                                     "its compute (per send or receive, per step), fitted from the job's latest "
                                     "steps (metrics.jsonl's cpu_s and compute_cpu_s); false = compute alone")
+    cpu_line: bool = key(True, "with adapt.calibrate on CPU: once ranks hold different work, price a compute action "
+                               "and measure speeds by the job's own CPU per action against its profiled time (a line "
+                               "over every rank's steps: the executor's fixed cost per action included, which makes an "
+                               "embedding- or head-only rank read several times slower); false = the calibration's")
 
     def check(self) -> None:
         """Each key's range, and that adapt.profile is a profile (its layers are checked against the model)."""
