@@ -263,10 +263,10 @@ def partitions(units: int, stages: int) -> list[list[tuple[int, int]]]:
             for cuts in itertools.combinations(range(1, units), stages - 1)]
 
 
-def live(name: str, controller: str, trace: Path, a, base: list[str], work: Path) -> dict:
+def live(name: str, controller: str, trace: Path, a, base: list[str], work: Path, tag: str = "") -> dict:
     """One live adaptive run over the trace (`controller`: joint or separate): its time (step times plus its
     decision points' wall time: probes, pricing, moves) and what its decisions did, against the trace's changes."""
-    run = harness.run_job(f"{name}.{controller}", [
+    run = harness.run_job(f"{name}.{controller}{tag}", [
         *base, f"--emulate.trace={trace}", f"--train.steps={a.steps}", "--parallel.partition=adaptive",
         "--parallel.schedule=auto", f"--adapt.controller={controller}", f"--adapt.every={a.every}",
         f"--adapt.detect={a.detect}", f"--adapt.confirm={a.confirm}", f"--adapt.hysteresis={a.hysteresis}",
@@ -346,6 +346,9 @@ def main() -> None:
     p.add_argument("--kinds", default="kfkb,zb1p", help="the live runs' adapt.schedule_kinds (the static grid is "
                    "kFkB's: kfkb alone compares like with like)")
     p.add_argument("--separate", type=int, default=1, help="1: run gearshift_separate too (0: leave it out)")
+    p.add_argument("--runs", type=int, default=1, help="gearshift's live runs per trace, the first before the "
+                   "static configurations' second measurement and the rest after it (>= 2: its figures are their "
+                   "mean, with each run's and their spread, gearshift's A/A)")
     p.add_argument("--torch", type=int, default=1, help="1: measure torch's schedules too (0: leave them out)")
     p.add_argument("--seed", type=int, default=-1, help="-1: each trace's fixed seed; N: search from N (--tries)")
     a = p.parse_args()
@@ -396,6 +399,7 @@ def main() -> None:
         # measured again: the configurations that can be best_static, the oracle's picks, and uniform
         second = sweep(f"{name}.again", [c for c in first if c in top or c in picks or c == (uni, default)], ph, seg,
                        base, work, a.nice)
+        runs = [joint, *(live(name, "joint", path, a, base, work, f".run{i + 1}") for i in range(1, a.runs))]
         times = {c: [(x + y) / 2 for x, y in zip(first[c], second[c])] if c in second else first[c] for c in first}
         total = totals(times, ph)
         best = min(total, key=total.get)
@@ -411,7 +415,9 @@ def main() -> None:
         torch_s = run_torch(base, profile, a.micro, ph, seg, work / f"{name}.torch.json") if a.torch else {}
         best_torch = min(torch_s, key=torch_s.get) if torch_s else None
         lives = {"gearshift": joint, **({"gearshift_separate": separate} if separate else {})}
+        run_s = [r["time_s"] for r in runs]
         tps = {**{k: tokens * a.steps / v["time_s"] for k, v in lives.items()},
+               "gearshift": tokens * a.steps / statistics.mean(run_s),
                "best_static": tokens * a.steps / total[best], "uniform_1f1b": tokens * a.steps / total[(uni, default)],
                "oracle": tokens * a.steps / oracle_s,
                **({"torch": tokens * a.steps / torch_s[best_torch]} if torch_s else {})}
@@ -431,7 +437,12 @@ def main() -> None:
                         "headroom_oracle_over_best_static": tps["oracle"] / tps["best_static"],
                         "oracle_once_over_oracle": oracle_s / once_s,
                         "gearshift_over_oracle": tps["gearshift"] / tps["oracle"],
-                        "gearshift_over_best_static": tps["gearshift"] / tps["best_static"], "joint": joint}
+                        "gearshift_over_best_static": tps["gearshift"] / tps["best_static"], "joint": joint,
+                        "gearshift_runs": [{"time_s": t, "over_oracle": oracle_s / t,
+                                            "over_best_static": total[best] / t,
+                                            "reaction_steps": r["reaction_steps"], "moves": r["moves"]}
+                                           for r, t in zip(runs, run_s)],
+                        "gearshift_aa_spread": (max(run_s) - min(run_s)) / statistics.mean(run_s)}
         if separate:
             report[name].update(separate_over_best_static=tps["gearshift_separate"] / tps["best_static"],
                                 joint_over_separate=tps["gearshift"] / tps["gearshift_separate"], separate=separate)
@@ -448,7 +459,10 @@ def main() -> None:
               + f"; {joint['changes']} changes: joint {joint['decision_points']} decision points, "
               f"{joint['moves']} moves, reaction {joint['reaction_steps']} steps, speed skew {joint['speed_skew']}"
               + (f"; separate {separate['decision_points']} decision points, {separate['moves']} moves"
-                 if separate else "") + f" [{time.perf_counter() - t_start:.0f} s]", flush=True)
+                 if separate else "")
+              + (f"; {len(runs)} gearshift runs: " + ", ".join(f"{g['over_oracle']:.3f}x" for g in r["gearshift_runs"])
+                 + f" oracle (A/A {r['gearshift_aa_spread']:.1%})" if len(runs) > 1 else "")
+              + f" [{time.perf_counter() - t_start:.0f} s]", flush=True)
     harness.write_results("shared_cluster", {
         "rows": rows, "summary": report, "traces": a.traces, "steps": a.steps, "base_slowdown": a.base,
         "segment": seg, "trace_synth": {"grain": a.grain, "gap": a.gap, "stay": a.stay, "depth": a.depth,
