@@ -365,7 +365,10 @@ def main() -> None:
     tokens = a.batch * a.context
     units = a.layers + 2
     parts = partitions(units, WORLD)
-    grid = [(m, k) for m in splits(a.batch) if WORLD <= m <= 2 * a.micro for k in range(1, m + 1) if m % k == 0]
+    # the static grid spans every (m, K) the live controller may run up to 2 x --micro, fewer micro-batches than
+    # stages included (the controller runs them where the bubble costs less than the per-micro-batch overhead): an
+    # oracle over a smaller grid is one gearshift can beat
+    grid = [(m, k) for m in splits(a.batch) if m <= 2 * a.micro for k in range(1, m + 1) if m % k == 0]
     default = (a.micro, 1)
     every = [(tuple(b), mk) for b in parts for mk in grid]
     uni = tuple(min(parts, key=lambda b: max(y - x for x, y in b) - min(y - x for x, y in b)))
