@@ -49,7 +49,8 @@ def mean_loss(losses: list[Tensor | float], device: torch.device | str = "cpu", 
     t[0] *= weight
     t[1].fill_(float(len(losses)) * weight)  # a kernel, not a copy from the host
     dist.all_reduce(t)
-    return float(t[0] / t[1]) if t[1] > 0 else float("nan")
+    total, count = t.tolist()  # the one read
+    return total / count if count > 0 else float("nan")
 
 
 def to_device(t: Tensor, device: torch.device) -> Tensor:
