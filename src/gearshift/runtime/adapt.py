@@ -75,7 +75,7 @@ class Adapter:
         self.detected = False  # this rank's speed changed since the last decision (the detector said so)
         self.rank_steps: list[RankStep] = []  # every rank's CPU of the latest steps (observe_cpu)
         self.late_s = 0.0  # this step's emulated sleeps' overshoot: waking late, not the emulated device (observe)
-        self.job_lines: list[LineFit] | None = None  # the job's CPU per action by position, as last gathered
+        self.job_lines: list[LineFit] | None = None  # the job's CPU line, one per position, as last gathered
 
     def begin_step(self, rt: PipelineRuntime, step: int) -> None:
         """Before `step`: the step the emulation is at, and an emulated skewed router's bias on this rank's MoE
@@ -149,7 +149,7 @@ class Adapter:
             self.monitor.record_action(rank, mb_size, sum(f + b for f, b in fb) * m / actions, measured / actions)
             if self.cpu_priced and self.device.type == "cpu":
                 self.monitor.record_cpu(rank, sum(f + b for f, b in fb) * m / actions,
-                                        getattr(rec, "compute_cpu_s", 0.0) / actions)
+                                        rec.compute_cpu_s / actions)
         self.monitor.record_compute(rank, profiled, measured, mb_size)
         self.window.append(profiled / measured)
         if self.detector is not None and self.detector.update(profiled / measured):
