@@ -93,3 +93,16 @@ def test_replica_fields_are_checked() -> None:
         simulate(sched, dp_costs(replicas=2, replica_spread=-0.1))
     with pytest.raises(ValueError, match="replicas"):
         simulate(sched, dp_costs(replicas=0))
+
+
+def test_replica_scales_follow_the_emulated_slowdowns() -> None:
+    from gearshift.sim.replicas import replica_scales
+
+    assert replica_scales([4.0] * 4, 1) is None  # alike: the spread alone
+    assert replica_scales([1.0, 1.0, 1.0, 2.0], 1) == [0.5, 0.5, 0.5, 1.0]
+    assert replica_scales([1.0, 3.0, 1.5, 1.0], 2) == [1.0, 0.5]  # each replica's slowest position
+    assert replica_scales([0.5, 1.0], 1) is None  # below 1: no emulation
+    # a replica far slower than the others: the priced one is it, and the others' spread hardly adds a wait
+    scale = replica_scales([1.0, 1.0, 1.0, 3.0], 1)
+    assert replica_wait_s(1.0, 0.05, 4, scale) == pytest.approx(0.0, abs=1e-6)
+    assert replica_wait_s(1.0, 0.05, 4, scale) < replica_wait_s(1.0, 0.05, 4)

@@ -6,7 +6,7 @@ is refused (cli.simulate_run). Where that run's steps measured their CPU (metric
 the job's overhead fitted from them (profile.overhead: its compute against the calibration's, the CPU of each send
 and receive and of each step) prices a second prediction and is printed with the calibration. A job of several
 data-parallel replicas waits at SYNC for the slowest (sim.replicas), their compute spread as the run's steps
-measured it (metrics.jsonl's busy_s per rank; no run: one replica's price)."""
+measured it (metrics.jsonl's busy_s per rank; no run: one replica's price), each at its emulated slowdown."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from gearshift.errors import UserError
 from gearshift.paths import check_output_file
 from gearshift.planner.predict import predict, sim_cost
 from gearshift.sim import simulate
+from gearshift.sim.replicas import replica_scales
 from gearshift.train.config import JobConfig, read_profile
 from gearshift.train.profiling import microbatch_size, profile_job
 
@@ -87,7 +88,9 @@ def run(args: argparse.Namespace) -> int:
 
     def priced(sprof, sbounds, schedule, mb, calibration):  # one replica, SYNC waiting for the slowest of them
         cost = sim_cost(sprof, sbounds, schedule, state, mb, calibration)
-        cost.replicas, cost.replica_spread = (cfg.replicas, spread) if spread > 0 else (1, 0.0)
+        if spread > 0:  # each replica's emulated slowdown where they differ (the priced one runs the slowest's)
+            cost.replicas, cost.replica_spread = cfg.replicas, spread
+            cost.replica_scale = replica_scales(cfg.emulate.slowdowns(cfg.cluster.workers), p.stages)
         return simulate(schedule, cost)
 
     # this host's cores as measured with the job's workers computing at once (what processor sharing divides)

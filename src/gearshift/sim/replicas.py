@@ -86,3 +86,19 @@ def compute_spread(busy: Sequence[Sequence[float]], ranks_per_replica: int = 1) 
     if not devs or replicas < 2:
         return 0.0
     return 1.4826 * statistics.median(devs) * math.sqrt(replicas / (replicas - 1))
+
+
+def replica_scales(slowdowns: Sequence[float], ranks_per_replica: int) -> list[float] | None:
+    """Each replica's compute relative to the one the simulator prices, from the duty-cycle emulation's per-rank
+    slowdowns (rank = replica x ranks_per_replica + position): the priced replica runs each position at its slowest
+    replica's slowdown (cluster.state.local_pipeline_state), and a replica computes f x as long at slowdown f, so
+    replica d's scale is its slowest position's f over the slowest of all. None where every replica is alike."""
+    if ranks_per_replica < 1:
+        raise ValueError(f"replica_scales: ranks_per_replica must be >= 1 (got {ranks_per_replica})")
+    replicas = len(slowdowns) // ranks_per_replica
+    if replicas < 1:
+        return None
+    own = [max(max(1.0, f) for f in slowdowns[d * ranks_per_replica:(d + 1) * ranks_per_replica])
+           for d in range(replicas)]
+    top = max(own)
+    return None if all(x == top for x in own) else [x / top for x in own]
