@@ -106,3 +106,11 @@ def test_replica_scales_follow_the_emulated_slowdowns() -> None:
     scale = replica_scales([1.0, 1.0, 1.0, 3.0], 1)
     assert replica_wait_s(1.0, 0.05, 4, scale) == pytest.approx(0.0, abs=1e-6)
     assert replica_wait_s(1.0, 0.05, 4, scale) < replica_wait_s(1.0, 0.05, 4)
+
+
+def test_each_sync_waits_on_its_own_step_s_compute() -> None:
+    one = make_schedule("1f1b", 1, 2)
+    twice = dataclasses.replace(one, actions=[one.actions[0] * 2])  # two steps in one list: SYNC, STEP each
+    syncs = [(s, e) for a, s, e in simulate(twice, dp_costs(replicas=4, replica_spread=0.1)).timelines[0]
+             if a.op.name == "SYNC"]
+    assert len(syncs) == 2 and syncs[0][1] - syncs[0][0] == pytest.approx(syncs[1][1] - syncs[1][0])

@@ -283,9 +283,13 @@ class _Replay:
         self.replicas, self.spread, self.scale = cost.replicas, cost.replica_spread, cost.replica_scale
 
     def replica_wait(self, r: int, g: int) -> float:
-        """What rank r's SYNC (index g) waits for the slowest replica, from its compute so far (sim.replicas)."""
-        kind, took = self.prog.kind, self.took
-        busy = sum(took[i] for i in range(self.prog.offs[r], g) if kind[i] <= _BW)
+        """What rank r's SYNC (index g) waits for the slowest replica, from its compute since its previous SYNC (a
+        list of several steps syncs once a step) (sim.replicas)."""
+        kind, took, busy, i = self.prog.kind, self.took, 0.0, g - 1
+        while i >= self.prog.offs[r] and kind[i] != _SYNC:
+            if kind[i] <= _BW:
+                busy += took[i]
+            i -= 1
         return replica_wait_s(busy, self.spread, self.replicas, self.scale)
 
     def stretched(self, g: int, r: int, took: float) -> float:
