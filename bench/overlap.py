@@ -1,7 +1,8 @@
 """Gradient sync overlapped with backward against sync after the whole backward: a data-parallel job of 4 ranks,
 one per testbed host (links at 200 Mbit/s), duty-cycle emulation x4 on every rank, the same job with
 parallel.overlap on and off, run in alternating rounds so the machine's load hits both alike. Each mode beside the
-simulator's step time (sim.overlap prices the sync the backward does not hide). Writes bench/results/overlap.json.
+simulator's step time (sim.overlap prices the sync the backward does not hide, sim.replicas the wait for
+the slowest replica). Writes bench/results/overlap.json.
 
 Without root (no namespace testbed) --loopback runs the same jobs on loopback, for development only: its links
 are fast, so there is little to hide."""
@@ -24,12 +25,14 @@ from gearshift.schedules import Op, make_schedule
 from gearshift.sim.collectives import LinkCosts, predict
 from gearshift.sim.engine import simulate
 from gearshift.sim.overlap import fit_blocking_calls, sync_s
+from gearshift.sim.replicas import compute_spread, replica_wait_s
 from gearshift.train.config import load_config
 from gearshift.train.model import job_model
 
 WORLD = 4
 PAYLOAD = 1448 / 1514  # TCP payload per frame the testbed's shaper charges (1500-byte MTU, timestamps on)
-PARTS = {"compute_s": "predicted_compute_s", "last_backward_s": "predicted_last_backward_s", "slowest_wait_s": "",
+PARTS = {"compute_s": "predicted_compute_s", "last_backward_s": "predicted_last_backward_s",
+         "slowest_wait_s": "predicted_wait_s",
          "sync_s": "predicted_sync_s", "step_op_s": "predicted_step_op_s"}  # measured part -> the sim's
 MODES = {"overlapped": "--parallel.overlap=true", "after_backward": "--parallel.overlap=false"}
 
@@ -55,20 +58,25 @@ def buckets(cfg, bucket_bytes: int) -> list[float]:
     return [float(sum(nbytes[i] for i in idx)) for idx in pack(nbytes, bucket_bytes, [p.dtype for p in params])]
 
 
-def last_backward_s(sched, cost) -> tuple[float, float, float]:
+def last_backward_s(sched, cost) -> tuple[float, float, float, float]:
     """From the simulated step without sync, rank 0's: last backward's span (its compute on the cores it shares,
-    then the duty cycle's sleep), the end of that backward (the compute part of the step) and its STEP's span."""
+    then the duty cycle's sleep), the end of that backward (the compute part of the step), its STEP's span and
+    its busy time (its compute's, what a replica's spread is measured on)."""
     cost.sync_s = [0.0]
-    line = simulate(sched, cost).timelines[0]
+    res = simulate(sched, cost)
+    line = res.timelines[0]
     back = [(s, e) for a, s, e in line if a.op is Op.BACKWARD]
-    return back[-1][1] - back[-1][0], back[-1][1], sum(e - s for a, s, e in line if a.op is Op.STEP)
+    return back[-1][1] - back[-1][0], back[-1][1], sum(e - s for a, s, e in line if a.op is Op.STEP), res.busy_s[0]
 
 
 def trace_parts(path) -> dict | None:
     """The parts of the step a job traced (trace.json's measured step; None without one): per rank, the compute
     up to its last backward's end and that backward's span (the mean over ranks: one replica, as the simulator
     prices it), the wait for the slowest replica (the latest SYNC start less the mean), the sync once every replica
-    is in (SYNC end less the latest SYNC start: the exposed all-reduces) and the STEP (clip and optimizer)."""
+    is in (the latest SYNC end less the latest SYNC start: the exposed all-reduces) and what the STEP (clip and
+    optimizer) adds after it (its end less the latest SYNC end: gloo's ring lets the ranks out of the sync some ms
+    apart, and the clip's all-reduce holds the early ones in STEP until the last is out, a wait the sync part
+    holds already; step_span_s: the STEP's own span, that wait included)."""
     try:
         events = json.loads(Path(path).read_text())["traceEvents"]
     except (OSError, ValueError, KeyError):
@@ -85,11 +93,13 @@ def trace_parts(path) -> dict | None:
     start = min(s for r in ranks.values() for spans in r.values() for s, _ in spans)
     sync_in = [r["SYNC"][0][0] - start for r in ranks.values()]
     sync_out = max(r["SYNC"][0][1] for r in ranks.values()) - start
+    step_end = [max((e for _, e in r.get("STEP", [])), default=sync_out + start) - start for r in ranks.values()]
     mean = statistics.fmean
     return {"compute_s": mean([max(e for _, e in r["B"]) - start for r in ranks.values()]),
             "last_backward_s": mean([r["B"][-1][1] - r["B"][-1][0] for r in ranks.values()]),
             "slowest_wait_s": max(sync_in) - mean(sync_in), "sync_s": sync_out - max(sync_in),
-            "step_op_s": mean([sum(e - s for s, e in r.get("STEP", [])) for r in ranks.values()])}
+            "step_op_s": max(0.0, mean(step_end) - sync_out),
+            "step_span_s": mean([sum(e - s for s, e in r.get("STEP", [])) for r in ranks.values()])}
 
 
 PROBE_PORT = 29541
@@ -134,7 +144,7 @@ def probe_links(tb, sizes: list[float], reps: int) -> dict:
     return {"beta_s_per_byte": beta, "call_s": call, "walls_s": walls}
 
 
-def predicted(a, cfg, profile, overlap: bool, link: dict | None = None) -> dict:
+def predicted(a, cfg, profile, overlap: bool, link: dict | None = None, spread: float = 0.0) -> dict:
     """The simulator's step: one replica's 1F1B on its share of the cores with the duty cycle, its SYNC priced
     by sim.overlap from gloo's all-reduce of each bucket GradientSync makes. Links at the testbed's rate as TCP
     payload (the shaper charges headers too: PAYLOAD); each blocking all-reduce (after_backward) pays its ring's
@@ -142,7 +152,9 @@ def predicted(a, cfg, profile, overlap: bool, link: dict | None = None) -> dict:
     the last backward's simulated span (1 / slowdown of it) and the duty cycle's sleep after it hides sync too
     (loopback: the model's default links). The clip's all-reduce of the norm before STEP is one more blocking
     call (ScheduleCosts.step_barrier_s). With `link` (probe_links: the testbed's calls measured), its
-    per-byte time and fixed cost per call instead of the nominal rate and latency."""
+    per-byte time and fixed cost per call instead of the nominal rate and latency. SYNC starts when the slowest of
+    the WORLD replicas arrives (sim.replicas), their compute spread by `spread` (compute_spread of the mode's own
+    steps; 0: one replica's price, also given as predicted_one_replica_step_s)."""
     m = a.micro
     sched = make_schedule("1f1b", 1, m)
     state = local_pipeline_state(WORLD, 1, [a.slowdown] * WORLD)
@@ -155,13 +167,16 @@ def predicted(a, cfg, profile, overlap: bool, link: dict | None = None) -> dict:
         costs = LinkCosts(inter_alpha=a.latency_s, inter_beta=link["beta_s_per_byte"])
         call = link["call_s"]
     cost.step_barrier_s = call  # the clip's job-wide all-reduce before the optimizer: one tiny blocking call
-    span, compute_end, step_op = last_backward_s(sched, cost)
+    span, compute_end, step_op, busy = last_backward_s(sched, cost)
     compute = span / max(1.0, a.slowdown)
     times = [predict("gloo", b, [1] * WORLD, costs) for b in sizes]
     cost.sync_s = [sync_s(times, sizes, compute, overlap, tail_s=span - compute, call_s=call)]
+    one = simulate(sched, cost).iteration_s
+    cost.replicas, cost.replica_spread = WORLD, spread
     return {"predicted_step_s": simulate(sched, cost).iteration_s, "predicted_sync_s": cost.sync_s[0],
             "predicted_last_backward_s": span, "predicted_compute_s": compute_end, "predicted_step_op_s": step_op,
-            "bucket_bytes": sizes, "predicted_bucket_s": times}
+            "predicted_wait_s": replica_wait_s(busy, spread, WORLD), "replica_spread": spread,
+            "predicted_one_replica_step_s": one, "bucket_bytes": sizes, "predicted_bucket_s": times}
 
 
 def round_spread(per_round: dict[str, list[float]]) -> dict:
@@ -208,6 +223,7 @@ def main() -> None:
     tokens: dict[str, list[float]] = {m: [] for m in MODES}
     per_round: dict[str, list[float]] = {m: [] for m in MODES}  # each job's median step (s)
     parts: dict[str, list[dict]] = {m: [] for m in MODES}  # each job's traced step, in parts
+    busy: dict[str, list[list[float]]] = {m: [] for m in MODES}  # each measured step's compute, per rank
 
     def rounds(tb) -> None:
         for r in range(a.rounds):
@@ -216,6 +232,7 @@ def main() -> None:
                 steps = [s for s in run.steps if s["step"] >= a.warmup]
                 times[mode] += [s["step_time_s"] for s in steps]
                 tokens[mode] += [s["tokens_per_s"] for s in steps]
+                busy[mode] += [s["busy_s"] for s in steps]
                 per_round[mode].append(statistics.median(s["step_time_s"] for s in steps))
                 traced = trace_parts(work / f"{mode}{r}" / "trace.json")
                 if traced is not None:
@@ -235,20 +252,24 @@ def main() -> None:
             rounds(tb)
     rows = []
     for mode in MODES:
-        pred = predicted(a, cfg, profile, mode == "overlapped", link)
-        nominal = predicted(a, cfg, profile, mode == "overlapped")["predicted_step_s"]
+        rel = compute_spread(busy[mode])  # the relative spread of a replica's compute, from the mode's steps
+        pred = predicted(a, cfg, profile, mode == "overlapped", link, rel)
+        nominal = predicted(a, cfg, profile, mode == "overlapped", spread=rel)["predicted_step_s"]
         measured = statistics.median(times[mode])
         part = {k: statistics.median(p[k] for p in parts[mode]) for k in parts[mode][0]} if parts[mode] else {}
         rows.append({"mode": mode, "tokens_per_s": statistics.median(tokens[mode]), "measured_step_s": measured,
                      **pred, "error": (pred["predicted_step_s"] - measured) / measured,
+                     "error_one_replica": (pred["predicted_one_replica_step_s"] - measured) / measured,
                      "predicted_nominal_step_s": nominal, "samples_s": times[mode], "measured_parts": part,
                      "traced_parts": parts[mode]})
     spread = round_spread(per_round)
     speedup = spread["speedup"]
     harness.table("overlap: tokens/s, measured and predicted step", ("mode", "tokens/s", "measured s", "predicted s",
-                                                                   "error", "predicted sync s"),
+                                                                   "error", "one replica's error", "spread",
+                                                                   "predicted sync s"),
                   [(r["mode"], f"{r['tokens_per_s']:.0f}", f"{r['measured_step_s']:.3f}",
-                    f"{r['predicted_step_s']:.3f}", f"{r['error']:+.1%}", f"{r['predicted_sync_s']:.3f}")
+                    f"{r['predicted_step_s']:.3f}", f"{r['error']:+.1%}", f"{r['error_one_replica']:+.1%}",
+                    f"{r['replica_spread']:.1%}", f"{r['predicted_sync_s']:.3f}")
                    for r in rows])
     harness.table("overlap: the traced steps in parts (median over rounds) against the simulator's, s",
                   ("mode", "compute", "last backward", "slowest wait", "sync", "step op"),

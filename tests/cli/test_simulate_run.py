@@ -137,3 +137,14 @@ def test_a_file_that_holds_no_fits_is_refused_naming_the_option(tmp_path):
         _carried(str(empty))
     with pytest.raises(UserError, match="^--overhead: file not found"):
         _carried(str(tmp_path / "none.json"))
+
+
+def test_the_replicas_spread_comes_from_the_run_s_steps(tmp_path):
+    from gearshift.cli.simulate import run_spread
+    from gearshift.sim.replicas import compute_spread
+
+    busy = {1: [1.0, 2.0, 1.2, 2.0], 2: [1.1, 2.2, 0.9, 1.8], 3: [5.0, 2.0, 1.0, 2.0]}  # 2 replicas of 2 stages
+    lines = [{"event": "schedule", "step": 1}] + [{"step": k, "step_time_s": 1.0, "busy_s": b} for k, b in busy.items()]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(d) + "\n" for d in lines))
+    assert run_spread(tmp_path, 2, [1, 2]) == pytest.approx(compute_spread([busy[1], busy[2]], 2))  # those steps only
+    assert run_spread(tmp_path, 2, [1, 2]) > 0 and run_spread(tmp_path, 2, [4]) == 0.0

@@ -4,7 +4,9 @@ config.json; each (m, K) and partition it ran, from its metrics.jsonl; a MoE job
 the strategy model, at the loads it measured); a config that differs from it in a key that changes the prediction
 is refused (cli.simulate_run). Where that run's steps measured their CPU (metrics.jsonl's cpu_s and compute_cpu_s),
 the job's overhead fitted from them (profile.overhead: its compute against the calibration's, the CPU of each send
-and receive and of each step) prices a second prediction and is printed with the calibration."""
+and receive and of each step) prices a second prediction and is printed with the calibration. A job of several
+data-parallel replicas waits at SYNC for the slowest (sim.replicas), their compute spread as the run's steps
+measured it (metrics.jsonl's busy_s per rank; no run: one replica's price), each at its emulated slowdown."""
 
 from __future__ import annotations
 
@@ -23,7 +25,9 @@ from gearshift.cluster.cores import effective_cores
 from gearshift.cluster.state import available_cores, local_pipeline_state
 from gearshift.errors import UserError
 from gearshift.paths import check_output_file
-from gearshift.planner.predict import predict
+from gearshift.planner.predict import predict, sim_cost
+from gearshift.sim import simulate
+from gearshift.sim.replicas import replica_scales
 from gearshift.train.config import JobConfig, read_profile
 from gearshift.train.profiling import microbatch_size, profile_job
 
@@ -79,6 +83,16 @@ def run(args: argparse.Namespace) -> int:
     else:
         bounds = resolve_partition(cfg, spec)
     segs = segments(cfg, out, bounds) if has_run else [Segment(p.microbatches, p.k, bounds)]
+    spread = run_spread(out, p.stages, [k for seg in segs for k in seg.steps[1:]]) \
+        if has_run and cfg.replicas > 1 and p.schedule != "multidir" else 0.0
+
+    def priced(sprof, sbounds, schedule, mb, calibration):  # one replica, SYNC waiting for the slowest of them
+        cost = sim_cost(sprof, sbounds, schedule, state, mb, calibration)
+        if spread > 0:  # each replica's emulated slowdown where they differ (the priced one runs the slowest's)
+            cost.replicas, cost.replica_spread = cfg.replicas, spread
+            cost.replica_scale = replica_scales(cfg.emulate.slowdowns(cfg.cluster.workers), p.stages)
+        return simulate(schedule, cost)
+
     # this host's cores as measured with the job's workers computing at once (what processor sharing divides)
     eff = effective_cores(cfg.cluster.workers)
     state = local_pipeline_state(cfg.cluster.workers, p.stages, cfg.emulate.slowdowns(cfg.cluster.workers),
@@ -117,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
             from gearshift.planner.recompute import recomputed
 
             sprof = recomputed(sprof, sbounds, None if p.recompute == "all" else set(seg.recompute))
-        res = predict(sprof, sbounds, schedule, state, per_part // seg.m, cal)
+        res = priced(sprof, sbounds, schedule, per_part // seg.m, cal)
         shown = shown or (res, schedule)
         iteration_s, bubble = res.iteration_s, res.bubble_fraction
         if ep:  # the all-to-alls and the experts' load, as the strategy model prices them
@@ -130,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         t.add_row(f"{name}predicted", f"{iteration_s:.4f}", f"{tokens / iteration_s:,.0f}", f"{bubble:.1%}")
         if over is not None and not ep:
             own = dataclasses.replace(over, wake_s=None)  # its fitted cores price it (the wait is fitted apart)
-            again = predict(sprof, sbounds, schedule, state, per_part // seg.m, dataclasses.replace(cal, overhead=own))
+            again = priced(sprof, sbounds, schedule, per_part // seg.m, dataclasses.replace(cal, overhead=own))
             t.add_row(f"{name}predicted with the run's CPU", f"{again.iteration_s:.4f}",
                       f"{tokens / again.iteration_s:,.0f}", f"{again.bubble_fraction:.1%}")
         if seg.measured_s:
@@ -140,6 +154,9 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     console.print(title, markup=False, highlight=False)  # the job, unwrapped by the table's width
     console.print(t)
+    if spread > 0:
+        console.print(f"{cfg.replicas} replicas, a replica's compute spread {spread:.1%} over the run's steps: SYNC "
+                      "waits for the slowest (sim.replicas)", markup=False, highlight=False)
     if cfg.replicas > 1 and p.schedule != "multidir" and not ep:
         console.print(_shares_table(cfg, profile_at, bounds, cal, eff, tokens))
     print(dataclasses.replace(cal, overhead=over).describe() if over is not None else cal.describe())
@@ -185,6 +202,18 @@ def _shares_table(cfg: JobConfig, profile_at, bounds: list[tuple[int, int]], cal
         t.add_row(name, str(rows), " / ".join(f"{x:.4f}" for x in each), f"{step:.4f}", f"{tokens / step:,.0f}",
                   f"{equal_s / step:.2f}")
     return t
+
+
+def run_spread(out: Path, ranks_per_replica: int, steps: list[int]) -> float:
+    """The relative spread of a replica's compute over the run's `steps` (sim.replicas.compute_spread of
+    metrics.jsonl's busy_s per rank); 0 where no step has one."""
+    from gearshift.sim.replicas import compute_spread
+    from gearshift.train.metrics import read_metrics
+
+    keep = set(steps)
+    busy = [d["busy_s"] for d in read_metrics(out / "metrics.jsonl")
+            if "event" not in d and d.get("step") in keep and d.get("busy_s")]
+    return compute_spread(busy, ranks_per_replica)
 
 
 def _plan(cfg: JobConfig, seg, profile_at, per_part: int, bounds: list[tuple[int, int]]) -> tuple:

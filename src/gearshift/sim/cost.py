@@ -28,7 +28,12 @@ class ScheduleCosts:
     slows, on the same cores); an emulated rank sleeps (f - 1) x the rest of the action's time. `wake_s`: what a
     rank whose compute can start waits for a core when its host's cores are all computing already (k >= cores): a
     woken process waits on the run queue for the scheduler to preempt a running one, where processor sharing
-    would let it in at once; no CPU is used meanwhile (0: processor sharing alone)."""
+    would let it in at once; no CPU is used meanwhile (0: processor sharing alone).
+
+    The schedule is one of `replicas` data-parallel replicas, and SYNC starts when the slowest reaches it: each
+    rank's SYNC first waits sim.replicas.replica_wait_s of its compute so far (replica_spread: the relative
+    spread of a replica's compute, as the job measured it; replica_scale: each replica's compute relative to the
+    one priced). One replica, or no spread and no scale: no wait."""
 
     forward_s: list[float]
     backward_s: list[float]
@@ -51,6 +56,9 @@ class ScheduleCosts:
     wait_cpu: float = 0.0  # cores a waiting rank uses on a shared host (0: waiting is free)
     unstretched_op_s: float | list[float] = 0.0  # CPU beside each F and B that the duty cycle does not stretch
     wake_s: float = 0.0  # a compute that would start on a host whose cores all compute waits this long first
+    replicas: int = 1  # data-parallel replicas of the schedule (SYNC waits for the slowest)
+    replica_spread: float = 0.0  # sigma of a replica's compute up to SYNC, as a fraction of it (measured)
+    replica_scale: list[float] | None = None  # per replica: its compute relative to the one priced; None: alike
 
     @classmethod
     def uniform(
@@ -110,6 +118,10 @@ class ScheduleCosts:
             return False
         return any(self.host.count(h) > c for h, c in enumerate(self.cores))
 
+    def waits_for_replicas(self) -> bool:
+        """Whether SYNC waits for other replicas (sim.replicas prices how long)."""
+        return self.replicas > 1 and (self.replica_spread > 0 or self.replica_scale is not None)
+
     def transfer_s(self, src: int, dst: int, nbytes: float) -> float:
         """Time a transfer occupies the src->dst link."""
         return self.latency[src][dst] + (nbytes / self.bandwidth[src][dst] if nbytes else 0.0)
@@ -151,6 +163,13 @@ class ScheduleCosts:
             raise ValueError(f"ScheduleCosts.wait_cpu: a waiting rank uses 0..1 of a core, got {self.wait_cpu}")
         if not self.wake_s >= 0.0:
             raise ValueError(f"ScheduleCosts.wake_s: a wait for a core is >= 0 seconds, got {self.wake_s}")
+        if self.replicas < 1:
+            raise ValueError(f"ScheduleCosts.replicas: a job has >= 1 replica, got {self.replicas}")
+        if not self.replica_spread >= 0.0:
+            raise ValueError(f"ScheduleCosts.replica_spread: a spread is >= 0, got {self.replica_spread}")
+        if self.replica_scale is not None and len(self.replica_scale) != self.replicas:
+            raise ValueError(f"ScheduleCosts.replica_scale: has {len(self.replica_scale)} entries, expected "
+                             f"{self.replicas} (one per replica)")
         if self.cores is not None and any(not c > 0 for c in self.cores):
             raise ValueError(f"ScheduleCosts.cores: every host needs > 0 cores, got {self.cores}")
         if self.host is not None and any(not 0 <= h < len(self.cores) for h in self.host):

@@ -7,9 +7,10 @@ bytes/bandwidth from when it is issued; a receive ends when its transfer arrives
 whole-rank STEP first waits for every rank to reach its STEP (the job-wide all-reduce of the gradient-norm
 clip). A slice's update (multi-directional pipelines) moves gradients and parameters the same way (REDUCE,
 SEND_PAR / RECV_RED, RECV_PAR, a slice's parameter bytes); NORM is the non-blocking start of a collective
-that a STEP(stage) waits for on every rank; BARRIER waits for every rank to reach it. In a window
-(Schedule.window) what the previous step produced (forwards and messages of ids < M that the list does not
-hold) is there at time 0.
+that a STEP(stage) waits for on every rank; BARRIER waits for every rank to reach it. With data-parallel
+replicas (ScheduleCosts.replicas), SYNC first waits for the slowest (sim.replicas: the expected maximum of the
+replicas' compute so far). In a window (Schedule.window) what the previous step produced (forwards and messages
+of ids < M that the list does not hold) is there at time 0.
 
 When no host has more ranks than cores, nothing else is shared: action times follow from data dependencies
 alone and ranks can be advanced in any order (each runs until it blocks on an unfinished action and is woken
@@ -27,6 +28,7 @@ from itertools import accumulate, compress
 
 from gearshift.schedules.action import Action, Op, Schedule
 from gearshift.sim.cost import INF, ScheduleCosts
+from gearshift.sim.replicas import replica_wait_s
 
 _F, _B, _BI, _BW, _SA, _RA, _SG, _RG, _SYNC, _STEP, _RED, _RR, _NORM, _SP, _RP, _BAR = range(16)
 _CODE = {
@@ -277,6 +279,18 @@ class _Replay:
         self.waiters: dict[int, list[int]] = {}  # action (or _BARRIER) -> ranks blocked on it
         self.xfers: list[tuple[int, int, float]] = []  # (send index, src rank, transfer start)
         self.wake: Callable[[float, int], None] = lambda t, r: None  # the driver's: rank r may go on at t
+        self.waits = cost.waits_for_replicas()
+        self.replicas, self.spread, self.scale = cost.replicas, cost.replica_spread, cost.replica_scale
+
+    def replica_wait(self, r: int, g: int) -> float:
+        """What rank r's SYNC (index g) waits for the slowest replica, from its compute since its previous SYNC (a
+        list of several steps syncs once a step) (sim.replicas)."""
+        kind, took, busy, i = self.prog.kind, self.took, 0.0, g - 1
+        while i >= self.prog.offs[r] and kind[i] != _SYNC:
+            if kind[i] <= _BW:
+                busy += took[i]
+            i -= 1
+        return replica_wait_s(busy, self.spread, self.replicas, self.scale)
 
     def stretched(self, g: int, r: int, took: float) -> float:
         """Wall time of compute g on rank r that took `took` before the duty cycle's sleep: the rank sleeps
@@ -352,6 +366,8 @@ class _Replay:
                         arrive[g] = link_free[lk] = x0 + dur[g]
                         self.xfers.append((g, r, x0))
                 else:
+                    if k == _SYNC and self.waits:
+                        t += self.replica_wait(r, g)
                     t += dur[g]
             end[g] = t
             done[g] = 1
