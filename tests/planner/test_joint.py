@@ -9,6 +9,7 @@ import pytest
 
 from gearshift.cluster.state import ClusterState
 from gearshift.planner.joint import decide_joint, expected_horizon, moved
+from gearshift.planner.replan import measured_bandwidth, migration_bytes
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.runtime.detect import Detector
 from synthetic import linear_profiles
@@ -170,3 +171,21 @@ def test_plans_that_both_ran_since_the_change_are_compared_as_measured() -> None
     faster = _fastest(ran={now: 1.0, new: 0.5})
     assert faster.apply and "as measured" in faster.reason
     assert _fastest(ran={new: 2.0}).apply  # only one of the two ran: predictions compared
+
+
+def test_a_move_is_charged_what_a_measured_move_of_the_same_layers_took() -> None:
+    """The bandwidth a measured migration gives is in the units a move is priced in: pricing the same move again
+    charges its measured seconds (not OPTIMIZER_FACTOR x them, as a bandwidth from the parameter bytes alone did),
+    a move of part of those layers less, and a gain that pays for the measured cost is moved for."""
+    prof = _profiles()[1]
+    d = _decide([0.25, 1, 1, 1], schedules=False)
+    layers = d.chosen.moved_layers
+    assert d.moves_layers and layers
+    took = 0.8 * (d.current.predicted_s - d.chosen.predicted_s) * 10  # the move took 80% of the horizon's gain
+    bw = measured_bandwidth(prof, layers, took)
+    assert bw == pytest.approx(migration_bytes(prof, layers) / took)
+    again = _decide([0.25, 1, 1, 1], migration_bw=bw, schedules=False)
+    assert again.chosen.migration_s == pytest.approx(took) and again.apply and again.moves_layers
+    assert migration_bytes(prof, layers[:1]) / bw < took
+    assert _decide([0.25, 1, 1, 1], migration_bw=bw / 1.5, schedules=False).apply is False  # 1.2x the gain: kept
+    assert measured_bandwidth(prof, [], 1.0) is None and measured_bandwidth(prof, layers, 0.0) is None
