@@ -303,8 +303,8 @@ def ran_configs(run, decisions: list[dict]) -> list[list]:
     """The (bounds, (m, K)) each step of a live run ran: the partition from its step record, the schedule from its
     first choice (the step-0 "schedule" record) and every decision that switched it, from that decision's step on."""
     key = next((e["chosen"] for e in run.events("schedule") if e["step"] == 0), None)
-    switched = {d["step"]: d["chosen"]["key"] for d in decisions
-                if d.get("switches_schedule") or (d.get("switch") and d.get("chosen"))}
+    switched = {d["step"]: d["chosen"]["key"] if isinstance(d["chosen"], dict) else d["chosen"] for d in decisions
+                if d.get("switches_schedule") or (d.get("switch") and d.get("chosen"))}  # joint's, or a switcher's
     out = []
     for r in sorted(run.steps, key=lambda r: r["step"]):
         key = switched.get(r["step"], key)
@@ -314,10 +314,12 @@ def ran_configs(run, decisions: list[dict]) -> list[list]:
 
 def brief(d: dict) -> dict:
     """A decision record cut to what the per-phase breakdown reads: when, why, what it chose and what it cost."""
-    ch = d.get("chosen")
-    return {"step": d["step"], "trigger": d.get("trigger"), "apply": d.get("apply"),
-            "moved": bool(d.get("moves_layers") or d.get("switches_schedule")),
-            "chosen": [ch["bounds"], ch["key"]] if isinstance(ch, dict) else ch, "reason": d.get("reason"),
+    ch = d.get("chosen")  # joint's {bounds, key}; a switcher's key; a re-plan's new_bounds
+    return {"step": d["step"], "trigger": d.get("trigger") or d["event"], "apply": d.get("apply"),
+            "moved": bool(d.get("moves_layers") or d.get("switches_schedule") or d.get("switch")
+                          or (d["event"] == "replan" and d.get("apply") and d.get("migration"))),
+            "chosen": [ch["bounds"], ch["key"]] if isinstance(ch, dict) else ch or d.get("new_bounds"),
+            "reason": d.get("reason"),
             "horizon": d.get("horizon"), "decision_s": d.get("decision_s") or 0.0,
             "migration_s": (d.get("migration") or {}).get("seconds", 0.0), "switch_s": d.get("switch_s") or 0.0,
             "predicted_s": {"current": (d.get("current") or {}).get("predicted_s"),
@@ -508,13 +510,17 @@ def main() -> None:
         # the configurations that can be best are measured twice (before and after the live runs), so a shared
         # machine's load drifts over every system alike; the two measurements are also best_static's A/A.
         if a.per_phase:  # the simulator picks what is measured
-            pick = candidates(predicted(profiles, every, ph, a.batch), ph, a.top, a.per_phase,
-                              [(uni, default), (uni, (a.micro, a.micro))])
+            pred = predicted(profiles, every, ph, a.batch)
+            pick = candidates(pred, ph, a.top, a.per_phase, [(uni, default), (uni, (a.micro, a.micro))])
+            # each phase's best by the simulator with fewer micro-batches than stages (the controller's m = 2
+            # picks): measured apart in the second sweep, so the breakdown says whether m < stages wins
+            below = {min((c for c in pred if c[1][0] < WORLD), key=lambda c, i=i: pred[c][i]) for i in range(len(ph))}
             first = sweep(f"{name}.candidates", pick, ph, seg, base, work, a.nice)
             joint = live(name, "joint", path, a, base, work)
             tot = totals(first, ph)
             top = sorted(tot, key=tot.get)[:a.top]
         else:  # every partition at the default schedule, then the grid on the best
+            below = set()
             first = sweep(f"{name}.partitions", [(tuple(b), default) for b in parts], ph, seg, base, work, a.nice)
             joint = live(name, "joint", path, a, base, work)
             best_parts = [b for b, _ in sorted(totals(first, ph), key=totals(first, ph).get)[:a.top]]
@@ -525,9 +531,10 @@ def main() -> None:
         picks = [min(first, key=lambda c, i=i: first[c][i]) for i in range(len(ph))]  # each phase's best, first sweep
         # measured again: the configurations that can be best_static, the oracle's picks, and uniform
         again = [c for c in first if c in top or c in picks or c == (uni, default)]
-        # the kFkB configurations gearshift ran that no sweep measured: measured in the same job, apart (they are
-        # no candidate of best_static or the oracle), so the breakdown can say whether its picks were slower
-        extra = sorted({c for c in map(ckey, joint["config_at"]) if len(c[1]) == 2} - set(first))
+        # the kFkB configurations gearshift ran that no sweep measured (and each phase's best m < stages): measured
+        # in the same job, apart (no candidate of best_static or the oracle), so the breakdown can say whether its
+        # picks were slower
+        extra = sorted(({c for c in map(ckey, joint["config_at"]) if len(c[1]) == 2} | below) - set(first))
         both = sweep(f"{name}.again", sorted(again + extra), ph, seg, base, work, a.nice)
         second = {c: both[c] for c in again}
         runs = [joint, *(live(name, "joint", path, a, base, work, f".run{i + 1}") for i in range(1, a.runs))]

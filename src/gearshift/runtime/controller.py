@@ -5,8 +5,9 @@ same step boundary: experts move (a MoE job's placement part, priced by the same
 placer given), layers migrate (Adapter.apply_bounds), the schedule switches (PipelineRuntime.set_schedule).
 A detected change is agreed by every rank (AnyRank) before anyone decides, so all enter the same collectives.
 Against a shared machine's noise: a change must be confirmed by `confirm` samples in a row past the series' measured
-spread (runtime.detect), a move's gain is counted less the step time's measured spread and must pay for the
-decision's own measured wall time too, and the plan the last move left is taken back only for a gain of
+spread (runtime.detect), unless one sample is ALONE times past it (a several-fold jump is acted on at once), a
+move's gain is counted less the step time's measured spread and must pay for the decision's own measured wall time
+too, and the plan the last move left is taken back only for a gain of
 `hysteresis`; where the running plan and an option both ran since the last change, their measured step times
 are compared instead of their predictions (planner.joint). A move's horizon is cut to the rate of the detected
 changes that moved the measured speeds or links by the detector's ratio (planner.joint.moved): a false alarm costs a
@@ -31,6 +32,10 @@ from gearshift.runtime.pipeline import PipelineRuntime
 from gearshift.runtime.reschedule import ScheduleSwitcher
 
 RAN = 8  # the latest step times kept per plan run since the last change
+# a sample this many times past the detector's bar (in log: with adapt.detect = 2, a 2.8x jump) is a change without
+# adapt.confirm's further samples: a co-tenant's several-fold slowdown is past any burst of a shared machine's noise,
+# and each step spent confirming it runs the plan made for the environment before
+ALONE = 1.5
 
 
 def probes(due: bool, stepped: bool, ranked: bool, forced: bool, measured: bool) -> bool:
@@ -71,10 +76,10 @@ class Controller:
 
     def __post_init__(self) -> None:
         # the job's step time (the same on every rank); its spread is the noise a move's gain is discounted by
-        self.steps = Detector(self.detect or 2.0, confirm=self.confirm)
+        self.steps = Detector(self.detect or 2.0, confirm=self.confirm, alone=ALONE)
         self._agree = AnyRank(self.adapter.device) if self.detect else None
         if self.detect:
-            self.adapter.detector = Detector(self.detect, confirm=self.confirm)
+            self.adapter.detector = Detector(self.detect, confirm=self.confirm, alone=ALONE)
         self.switch_s = 0.0  # a schedule switch's cost, as last measured
         self.decide_s = 0.0  # a decision point's wall time before any move (probes, gathers, pricing), as last measured
         self.left: tuple | None = None  # (bounds, key) the last move left
