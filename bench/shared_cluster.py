@@ -26,7 +26,10 @@ over every system alike. Static configurations are measured phase by phase (each
 rows), each candidate for --segment steps by forced re-partitions and schedule switches (the first step of each
 segment left out; the median of the rest). A live run's time is its step times (its first, the job's warm-up, at
 its second's time) plus its decision points' wall time (probes, pricing and moves); the summary counts its decision
-points and moves against the trace's changes, and compares it phase by phase with the oracle (by_phase). torch's
+points and moves against the trace's changes, and compares it phase by phase with the oracle (by_phase, printed as
+a table: the configurations it ran, live and as the sweep measured them, its decisions, and its loss against the
+oracle split into the first phase, the steps before its reaction, moves, kept decisions, and steady steps on another
+configuration or on the oracle's own; loss_vs_oracle sums them per run). torch's
 schedules (GPipe and 1F1B; with 2 x 4 layer units or more also Interleaved1F1B, InterleavedZeroBubble and
 ZBVZeroBubble) run in one job stepped in rotating order, each distinct state of the trace held for --segment steps,
 each stage module wrapped (bench/torch_pipe.Slowed) under the trace's emulation: each step's duty cycle of its rank
