@@ -45,6 +45,15 @@ def probes(due: bool, stepped: bool, ranked: bool, forced: bool, measured: bool)
     return due or forced or not measured or (stepped and not ranked)
 
 
+def rebases_speeds(was: tuple, now: tuple) -> bool:
+    """Whether a move from schedule key `was` to `now` starts the ranks' speed detectors from a new level: only
+    where the micro-batch count, and so the size, changed (a size runs at its own speed). A rank's speed is its
+    profiled work over its measured compute, the same under any partition: kept across a partition move, the
+    level it was watched at still detects a change of the environment at the move's own step boundary (a new
+    baseline taken there would be the changed level, and the change would go unseen until the next period)."""
+    return tuple(was)[0] != tuple(now)[0]
+
+
 class PlacementPart(Protocol):
     """A MoE job's expert placement (train.placement.Placer): `every` its own period (0 = none), `place` the
     collective decision and move after `step`, a move's gain counted over the next `k` steps."""
@@ -147,7 +156,7 @@ class Controller:
             if d.moves_layers or d.switches:
                 self.left = was
             sw.take(d.chosen.key, d.measured, d.chosen.predicted_s, ad, nxt)
-            if ad.detector is not None:  # a new micro-batch size runs at its own speed: a new baseline
+            if ad.detector is not None and rebases_speeds(was[1], d.chosen.key):  # a new size: a new baseline
                 ad.detector.reset()
         if d.moves_layers or d.switches:  # the step time is watched from the level the move leaves
             self.steps.reset()
