@@ -7,7 +7,7 @@ import gearshift.planner.joint as joint
 from gearshift.cluster.state import ClusterState
 from gearshift.planner.schedule_choice import price, splits
 from gearshift.profile.model_profile import ModelProfile
-from gearshift.runtime.controller import ALONE, probes, rebases_speeds
+from gearshift.runtime.controller import ALONE, left_after, probes, rebases_speeds
 from gearshift.runtime.detect import Detector
 from synthetic import linear_profiles
 
@@ -73,3 +73,20 @@ def test_a_partition_move_keeps_the_speed_baseline_so_a_change_at_its_boundary_i
     after = [1 / 3.5, 1.02 / 3.5, 0.98 / 3.5, 1 / 3.5]
     assert kept.update(after[0])  # seen at the first sample after the move
     assert not any(rebased.update(x) for x in after)  # the changed level taken as the baseline: never seen
+
+
+def test_after_the_environment_moved_a_move_back_is_a_reaction_not_held_to_the_hysteresis() -> None:
+    profiles, slow0, slow3 = _profiles(), _state([0.2, 1, 1, 1]), _state([1, 1, 1, 0.2])
+
+    def decide(state, bounds, key, left):
+        return joint.decide_joint(profiles, state, bounds, key, BATCH, 20, "change detected", 10, 1e12,
+                                  left=left, back_gain=0.9, schedules=False)
+    p0 = decide(slow0, [(0, 2), (2, 3), (3, 4), (4, 6)], (4, 1), None).chosen  # rank 0 slowed: its plan
+    p1 = decide(slow3, p0.bounds, p0.key, None)  # then rank 3 instead: a move away from it
+    assert p1.moves_layers
+    left, now = (p0.bounds, p0.key), p1.chosen
+    back = decide(slow0, now.bounds, now.key, left)  # rank 0 slowed again: p0 is the answer, held to 90% gain
+    assert not back.apply and "hysteresis" in back.reason
+    assert left_after(left, False) == left  # noise that moved nothing: still held
+    free = decide(slow0, now.bounds, now.key, left_after(left, True))  # the environment moved: a reaction
+    assert free.apply and free.moves_layers and free.chosen.bounds == p0.bounds and not free.back

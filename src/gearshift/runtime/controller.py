@@ -54,6 +54,14 @@ def rebases_speeds(was: tuple, now: tuple) -> bool:
     return tuple(was)[0] != tuple(now)[0]
 
 
+def left_after(left: tuple | None, moved_env: bool) -> tuple | None:
+    """The plan the last move left, as the hysteresis holds it (adapt.hysteresis): forgotten once a detected change
+    moved the measured state, since a move back is then a reaction to the new environment, not a flip-flop on
+    swinging measurements of the same one (held to the hysteresis, the controller stayed on a plan made for the
+    environment before)."""
+    return None if moved_env else left
+
+
 class PlacementPart(Protocol):
     """A MoE job's expert placement (train.placement.Placer): `every` its own period (0 = none), `place` the
     collective decision and move after `step`, a move's gain counted over the next `k` steps."""
@@ -129,8 +137,10 @@ class Controller:
             ad.measure_links(rt.pipe_ranks, rt.pipe_rank, rt.replica)
         S, sw = rt.pipe_ranks, self.switcher
         state = ad.pipeline_state(S, nxt)
-        if changed and moved(self._seen, state, self.detect or 2.0, S):  # noise does not cut the horizon
+        shifted = changed and moved(self._seen, state, self.detect or 2.0, S)
+        if shifted:  # noise does not cut the horizon
             self.changes.append(step)
+        self.left = left_after(self.left, shifted)
         self._seen = state
         horizon = expected_horizon(self.changes, self.horizon)
         was = self._plan(rt)
