@@ -7,7 +7,7 @@ import gearshift.planner.joint as joint
 from gearshift.cluster.state import ClusterState
 from gearshift.planner.schedule_choice import price, splits
 from gearshift.profile.model_profile import ModelProfile
-from gearshift.runtime.controller import ALONE, left_after, probes, rebases_speeds
+from gearshift.runtime.controller import ALONE, left_after, probes
 from gearshift.runtime.detect import Detector
 from synthetic import linear_profiles
 
@@ -59,19 +59,15 @@ def test_only_the_running_partition_is_priced_with_every_key(monkeypatch) -> Non
         assert len(keys) <= joint.SHORTLIST + 1 + 2 < len(grid)
 
 
-def test_a_partition_move_keeps_the_speed_baseline_so_a_change_at_its_boundary_is_seen() -> None:
-    assert not rebases_speeds((2, 1), (2, 1)) and not rebases_speeds((4, 1), (4, 2))  # same micro-batch size
-    assert rebases_speeds((4, 1), (2, 1))  # a new size runs at its own speed
+def test_a_speed_baseline_kept_across_a_move_sees_a_change_at_its_boundary() -> None:
     # a rank's speed at 1.0; a move at the period lands on the step the environment slows it 3.5x
     kept, rebased = Detector(2.0, confirm=2, alone=ALONE), Detector(2.0, confirm=2, alone=ALONE)
     for x in (1.0, 1.05, 0.95, 1.0, 1.02):
         kept.update(x)
         rebased.update(x)
-    if rebases_speeds((2, 1), (2, 1)):
-        kept.reset()
     rebased.reset()  # the old rule: every move took a new baseline
     after = [1 / 3.5, 1.02 / 3.5, 0.98 / 3.5, 1 / 3.5]
-    assert kept.update(after[0])  # seen at the first sample after the move
+    assert kept.update(after[0])  # kept (the controller's rule now): seen at the first sample after the move
     assert not any(rebased.update(x) for x in after)  # the changed level taken as the baseline: never seen
 
 

@@ -45,15 +45,6 @@ def probes(due: bool, stepped: bool, ranked: bool, forced: bool, measured: bool)
     return due or forced or not measured or (stepped and not ranked)
 
 
-def rebases_speeds(was: tuple, now: tuple) -> bool:
-    """Whether a move from schedule key `was` to `now` starts the ranks' speed detectors from a new level: only
-    where the micro-batch count, and so the size, changed (a size runs at its own speed). A rank's speed is its
-    profiled work over its measured compute, the same under any partition: kept across a partition move, the
-    level it was watched at still detects a change of the environment at the move's own step boundary (a new
-    baseline taken there would be the changed level, and the change would go unseen until the next period)."""
-    return tuple(was)[0] != tuple(now)[0]
-
-
 def left_after(left: tuple | None, moved_env: bool) -> tuple | None:
     """The plan the last move left, as the hysteresis holds it (adapt.hysteresis): forgotten once a detected change
     moved the measured state, since a move back is then a reaction to the new environment, not a flip-flop on
@@ -165,9 +156,12 @@ class Controller:
         if d.apply:
             if d.moves_layers or d.switches:
                 self.left = was
+            # the ranks' speed detectors keep their level: a rank's speed is its profiled work (at the micro-batch
+            # size that runs, by that size's profile) over its measured compute, the same under any plan; a new
+            # baseline taken at the move would be the changed level where the environment changed at the move's
+            # own step boundary, and the change would go unseen until the next period (a level a new size does
+            # measure apart costs at most one false alarm: a pricing)
             sw.take(d.chosen.key, d.measured, d.chosen.predicted_s, ad, nxt)
-            if ad.detector is not None and rebases_speeds(was[1], d.chosen.key):  # a new size: a new baseline
-                ad.detector.reset()
         if d.moves_layers or d.switches:  # the step time is watched from the level the move leaves
             self.steps.reset()
             self._skip = 1
