@@ -627,7 +627,8 @@ def main() -> None:
         "model": {"layers": a.layers, "width": a.width, "context": a.context, "batch": a.batch},
         "wall_s": time.perf_counter() - t_start}, a.out,
         emulation=f"duty cycle x{a.base:g} on every rank + trace, basis {a.basis}")
-    print(json.dumps({k: {x: y for x, y in v.items() if x not in ("joint", "separate", "by_phase")}
+    print(json.dumps({k: {x: y for x, y in v.items()
+                          if x not in ("joint", "separate", "by_phase", "m_below_stages", "measured_extra")}
                       for k, v in report.items()},
                      indent=1))
 
