@@ -26,7 +26,10 @@ over every system alike. Static configurations are measured phase by phase (each
 rows), each candidate for --segment steps by forced re-partitions and schedule switches (the first step of each
 segment left out; the median of the rest). A live run's time is its step times (its first, the job's warm-up, at
 its second's time) plus its decision points' wall time (probes, pricing and moves); the summary counts its decision
-points and moves against the trace's changes, and compares it phase by phase with the oracle (by_phase). torch's
+points and moves against the trace's changes, and compares it phase by phase with the oracle (by_phase, printed as
+a table: the configurations it ran, live and as the sweep measured them, its decisions, and its loss against the
+oracle split into the first phase, the steps before its reaction, moves, kept decisions, and steady steps on another
+configuration or on the oracle's own; loss_vs_oracle sums them per run). torch's
 schedules (GPipe and 1F1B; with 2 x 4 layer units or more also Interleaved1F1B, InterleavedZeroBubble and
 ZBVZeroBubble) run in one job stepped in rotating order, each distinct state of the trace held for --segment steps,
 each stage module wrapped (bench/torch_pipe.Slowed) under the trace's emulation: each step's duty cycle of its rank
@@ -290,12 +293,138 @@ def live(name: str, controller: str, trace: Path, a, base: list[str], work: Path
     # left out of its measurement alike
     step_s[0] = step_s[1] if len(step_s) > 1 else step_s[0]
     return {"time_s": sum(step_s) + spent, "decision_s": spent, "step_s": step_s,
+            "config_at": ran_configs(run, decisions), "decisions": [brief(d) for d in decisions],
             "decision_s_at": {d["step"]: d.get("decision_s") or 0 for d in decisions},
             "migration_s": sum((d.get("migration") or {}).get("seconds", 0) for d in decisions),
             "changes": len(changes), "decision_points": len(at), "moves": len({d["step"] for d in moved}),
             "detected": sum(1 for d in decisions if "change detected" in d.get("trigger", "")),
             "reaction_steps": statistics.median(react) if react else None,
             "speed_skew": statistics.median(skew) if skew else None}
+
+
+def ran_configs(run, decisions: list[dict]) -> list[list]:
+    """The (bounds, (m, K)) each step of a live run ran: the partition from its step record, the schedule from its
+    first choice (the step-0 "schedule" record) and every decision that switched it, from that decision's step on."""
+    key = next((e["chosen"] for e in run.events("schedule") if e["step"] == 0), None)
+    switched = {d["step"]: d["chosen"]["key"] if isinstance(d["chosen"], dict) else d["chosen"] for d in decisions
+                if d.get("switches_schedule") or (d.get("switch") and d.get("chosen"))}  # joint's, or a switcher's
+    out = []
+    for r in sorted(run.steps, key=lambda r: r["step"]):
+        key = switched.get(r["step"], key)
+        out.append([[list(b) for b in r["partition"]], list(key) if key else None])
+    return out
+
+
+def brief(d: dict) -> dict:
+    """A decision record cut to what the per-phase breakdown reads: when, why, what it chose and what it cost."""
+    ch = d.get("chosen")  # joint's {bounds, key}; a switcher's key; a re-plan's new_bounds
+    return {"step": d["step"], "trigger": d.get("trigger") or d["event"], "apply": d.get("apply"),
+            "moved": bool(d.get("moves_layers") or d.get("switches_schedule") or d.get("switch")
+                          or (d["event"] == "replan" and d.get("apply") and d.get("migration"))),
+            "chosen": [ch["bounds"], ch["key"]] if isinstance(ch, dict) else ch or d.get("new_bounds"),
+            "reason": d.get("reason"),
+            "horizon": d.get("horizon"), "decision_s": d.get("decision_s") or 0.0,
+            "migration_s": (d.get("migration") or {}).get("seconds", 0.0), "switch_s": d.get("switch_s") or 0.0,
+            "predicted_s": {"current": (d.get("current") or {}).get("predicted_s"),
+                            "chosen": (ch or {}).get("predicted_s") if isinstance(ch, dict) else None}}
+
+
+def ckey(c) -> tuple:
+    """A configuration (bounds, key) as a hashable tuple."""
+    return tuple(tuple(b) for b in c[0]), tuple(c[1])
+
+
+def short(c) -> str:
+    """A configuration as `layers per stage` and m,K: 1/2/1/2 4,1."""
+    return "/".join(str(b - a) for a, b in c[0]) + " " + ",".join(map(str, c[1]))
+
+
+LOSS = ("first", "reaction", "steady_other", "steady_same", "move", "decide")
+
+
+def attribute(run: dict, ph: list[tuple], oracle_at: list[float], picks: list[tuple], measured: dict) -> list[dict]:
+    """Gearshift's time in each phase against the oracle's, its loss split (every phase's buckets sum to
+    gearshift_s - oracle_s): `first` (the whole first phase: the start's profiling speeds and first pick),
+    `reaction` (a later phase's steps before its first decision point after the change: they run the plan made
+    for the phase before), `move` (a decision point that moved: its wall time with the migration, plus the first
+    step the new plan runs, which the static measurement leaves out), `decide` (a decision point that kept the
+    plan: probes and pricing), `steady_other` (the other steps, on a configuration other than the oracle's) and
+    `steady_same` (on the oracle's own: the live run's steady state against the sweep's, noise). `measured`: every
+    configuration's measured time per phase (from the sweeps), where the configurations gearshift ran are looked
+    up."""
+    step_s, cfg = run["step_s"], [ckey(c) for c in run["config_at"]]
+    decs = {d["step"]: d for d in run["decisions"]}
+    out = []
+    for i, (s, e, _) in enumerate(ph):
+        o, pick = oracle_at[i], ckey(picks[i])
+        inside = sorted(k for k in decs if s <= k < e)
+        r = s if i == 0 else next((k for k in inside if k > s), e)  # the first decision point on post-change speeds
+        moved_at = {k for k in inside if decs[k]["moved"] and k >= r}
+        loss = dict.fromkeys(LOSS, 0.0)
+        for k in range(s, e):
+            x = step_s[k] - o
+            where = ("reaction" if k < r else "move" if k in moved_at
+                     else "steady_same" if cfg[k] == pick else "steady_other")
+            loss[where] += x
+        for k in inside:
+            loss["move" if decs[k]["moved"] else "decide"] += decs[k]["decision_s"]
+        if i == 0:
+            loss = {**dict.fromkeys(LOSS, 0.0), "first": sum(loss.values())}
+        ran: dict[tuple, int] = {}
+        for k in range(s, e):
+            ran[cfg[k]] = ran.get(cfg[k], 0) + 1
+        g = sum(step_s[s:e]) + sum(decs[k]["decision_s"] for k in inside)
+        out.append({"steps": [s, e], "oracle_config": [list(map(list, pick[0])), list(pick[1])], "oracle_step_s": o,
+                    "oracle_s": o * (e - s), "gearshift_s": g, "loss_s": g - o * (e - s), "loss": loss,
+                    "reaction_at": r,
+                    "ran": [{"config": [list(map(list, c[0])), list(c[1])], "steps": n,
+                             "live_step_s": statistics.median(step_s[k] for k in range(s, e) if cfg[k] == c),
+                             "measured_step_s": measured[c][i] if c in measured else None}
+                            for c, n in ran.items()],
+                    "decisions": [{k2: decs[k][k2] for k2 in ("step", "trigger", "apply", "moved", "chosen", "reason",
+                                                              "decision_s")} for k in inside]})
+    return out
+
+
+def loss_split(by: list[dict]) -> dict:
+    """The loss against the oracle over the trace, by cause (seconds; `total` = gearshift - oracle)."""
+    out = {k: sum(p["loss"][k] for p in by) for k in LOSS}
+    return {**out, "total": sum(out.values())}
+
+
+def split_m(measured: dict, ph: list[tuple]) -> list[dict]:
+    """Per phase, the fastest measured configuration with fewer micro-batches than stages (m < stages) and the
+    fastest with m >= stages: whether the controller's m = 2 picks win as measured."""
+    out = []
+    for i in range(len(ph)):
+        lo = [c for c in measured if c[1][0] < WORLD]
+        hi = [c for c in measured if c[1][0] >= WORLD]
+        b_lo = min(lo, key=lambda c: measured[c][i]) if lo else None
+        b_hi = min(hi, key=lambda c: measured[c][i]) if hi else None
+        out.append({"below": short(b_lo) if b_lo else None, "below_s": measured[b_lo][i] if b_lo else None,
+                    "at_least": short(b_hi) if b_hi else None, "at_least_s": measured[b_hi][i] if b_hi else None})
+    return out
+
+
+def print_phases(name: str, by: list[dict], ms: list[dict]) -> None:
+    """The per-phase breakdown as a table."""
+    print(f"{name}: gearshift per phase against the oracle (s/step; loss in s; ran: config x steps @ live s/step "
+          f"[as measured by the sweep])")
+    for p, m in zip(by, ms):
+        s, e = p["steps"]
+        print(f"  [{s:>3},{e:>3}) oracle {short(p['oracle_config']):>14} {p['oracle_step_s']:.3f}  gearshift "
+              f"{p['gearshift_s'] / (e - s):.3f}  loss {p['loss_s']:+.2f} = "
+              + " ".join(f"{k} {v:+.2f}" for k, v in p["loss"].items() if abs(v) > 5e-3)
+              + f"  | m<{WORLD} best {m['below']} {m['below_s'] or 0:.3f}, m>={WORLD} best {m['at_least']} "
+              f"{m['at_least_s'] or 0:.3f}")
+        for r in p["ran"]:
+            ms_ = r["measured_step_s"]
+            print(f"      ran {short(r['config']):>14} x{r['steps']:<2} @ {r['live_step_s']:.3f}"
+                  + (f" [{ms_:.3f}]" if ms_ is not None else " [-]"))
+        for d in p["decisions"]:
+            did = "MOVE " + short(d["chosen"]) if d["moved"] else "kept"
+            print(f"      @{d['step']:<3} {d['trigger']:<24} {did:<20} {d['decision_s']:.3f} s  "
+                  f"{(d['reason'] or '')[:110]}")
 
 
 def totals(times: dict, ph: list[tuple]) -> dict:
@@ -384,13 +513,17 @@ def main() -> None:
         # the configurations that can be best are measured twice (before and after the live runs), so a shared
         # machine's load drifts over every system alike; the two measurements are also best_static's A/A.
         if a.per_phase:  # the simulator picks what is measured
-            pick = candidates(predicted(profiles, every, ph, a.batch), ph, a.top, a.per_phase,
-                              [(uni, default), (uni, (a.micro, a.micro))])
+            pred = predicted(profiles, every, ph, a.batch)
+            pick = candidates(pred, ph, a.top, a.per_phase, [(uni, default), (uni, (a.micro, a.micro))])
+            # each phase's best by the simulator with fewer micro-batches than stages (the controller's m = 2
+            # picks): measured apart in the second sweep, so the breakdown says whether m < stages wins
+            below = {min((c for c in pred if c[1][0] < WORLD), key=lambda c, i=i: pred[c][i]) for i in range(len(ph))}
             first = sweep(f"{name}.candidates", pick, ph, seg, base, work, a.nice)
             joint = live(name, "joint", path, a, base, work)
             tot = totals(first, ph)
             top = sorted(tot, key=tot.get)[:a.top]
         else:  # every partition at the default schedule, then the grid on the best
+            below = set()
             first = sweep(f"{name}.partitions", [(tuple(b), default) for b in parts], ph, seg, base, work, a.nice)
             joint = live(name, "joint", path, a, base, work)
             best_parts = [b for b, _ in sorted(totals(first, ph), key=totals(first, ph).get)[:a.top]]
@@ -400,8 +533,13 @@ def main() -> None:
         separate = live(name, "separate", path, a, base, work) if a.separate else None
         picks = [min(first, key=lambda c, i=i: first[c][i]) for i in range(len(ph))]  # each phase's best, first sweep
         # measured again: the configurations that can be best_static, the oracle's picks, and uniform
-        second = sweep(f"{name}.again", [c for c in first if c in top or c in picks or c == (uni, default)], ph, seg,
-                       base, work, a.nice)
+        again = [c for c in first if c in top or c in picks or c == (uni, default)]
+        # the kFkB configurations gearshift ran that no sweep measured (and each phase's best m < stages): measured
+        # in the same job, apart (no candidate of best_static or the oracle), so the breakdown can say whether its
+        # picks were slower
+        extra = sorted(({c for c in map(ckey, joint["config_at"]) if len(c[1]) == 2} | below) - set(first))
+        both = sweep(f"{name}.again", sorted(again + extra), ph, seg, base, work, a.nice)
+        second = {c: both[c] for c in again}
         runs = [joint, *(live(name, "joint", path, a, base, work, f".run{i + 1}") for i in range(1, a.runs))]
         times = {c: [(x + y) / 2 for x, y in zip(first[c], second[c])] if c in second else first[c] for c in first}
         total = totals(times, ph)
@@ -452,6 +590,20 @@ def main() -> None:
         if torch_s:
             report[name].update(torch_schedule=best_torch, gearshift_over_torch=tps["gearshift"] / tps["torch"],
                                 torch_tokens_per_s={k: tokens * a.steps / v for k, v in torch_s.items()})
+        measured = {**times, **{c: both[c] for c in extra}}
+        split = split_m(measured, ph)
+        for p_, at in zip(by_phase, attribute(joint, ph, oracle_at, picks, measured)):
+            p_.update(at)
+        print_phases(name, by_phase, split)
+        report[name].update(loss_vs_oracle=loss_split(by_phase), m_below_stages=split,
+                            measured_extra=[[list(map(list, c[0])), list(c[1]), both[c]] for c in extra])
+        for g, r_ in zip(report[name]["gearshift_runs"], runs):
+            g["loss_vs_oracle"] = loss_split(attribute(r_, ph, oracle_at, picks, measured))
+        print(f"{name}: loss against the oracle (s): " + ", ".join(
+            f"{k} {v:+.2f}" for k, v in report[name]["loss_vs_oracle"].items()) + " | per run: " + "; ".join(
+            " ".join(f"{k[:6]} {v:+.2f}" for k, v in g["loss_vs_oracle"].items())
+            for g in report[name]["gearshift_runs"]),
+            flush=True)
         r = report[name]
         print(f"{name}: oracle / best_static headroom {r['headroom_oracle_over_best_static']:.3f}x "
               f"(best_static A/A {r['best_static_aa_spread']:.1%}; {len(first)} configurations measured); gearshift "
@@ -475,7 +627,8 @@ def main() -> None:
         "model": {"layers": a.layers, "width": a.width, "context": a.context, "batch": a.batch},
         "wall_s": time.perf_counter() - t_start}, a.out,
         emulation=f"duty cycle x{a.base:g} on every rank + trace, basis {a.basis}")
-    print(json.dumps({k: {x: y for x, y in v.items() if x not in ("joint", "separate", "by_phase")}
+    print(json.dumps({k: {x: y for x, y in v.items()
+                          if x not in ("joint", "separate", "by_phase", "m_below_stages", "measured_extra")}
                       for k, v in report.items()},
                      indent=1))
 

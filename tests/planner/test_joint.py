@@ -9,6 +9,7 @@ import pytest
 
 from gearshift.cluster.state import ClusterState
 from gearshift.planner.joint import decide_joint, expected_horizon, moved
+from gearshift.planner.replan import measured_bandwidth, migration_bytes
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.runtime.detect import Detector
 from synthetic import linear_profiles
@@ -170,3 +171,38 @@ def test_plans_that_both_ran_since_the_change_are_compared_as_measured() -> None
     faster = _fastest(ran={now: 1.0, new: 0.5})
     assert faster.apply and "as measured" in faster.reason
     assert _fastest(ran={new: 2.0}).apply  # only one of the two ran: predictions compared
+
+
+def test_a_move_is_charged_what_a_measured_move_of_the_same_layers_took() -> None:
+    """The bandwidth a measured migration gives is in the units a move is priced in: pricing the same move again
+    charges its measured seconds (not OPTIMIZER_FACTOR x them, as a bandwidth from the parameter bytes alone did),
+    a move of part of those layers less, and a gain that pays for the measured cost is moved for."""
+    prof = _profiles()[1]
+    d = _decide([0.25, 1, 1, 1], schedules=False)
+    layers = d.chosen.moved_layers
+    assert d.moves_layers and layers
+    took = 0.8 * (d.current.predicted_s - d.chosen.predicted_s) * 10  # the move took 80% of the horizon's gain
+    bw = measured_bandwidth(prof, layers, took)
+    assert bw == pytest.approx(migration_bytes(prof, layers) / took)
+    again = _decide([0.25, 1, 1, 1], migration_bw=bw, schedules=False)
+    assert again.chosen.migration_s == pytest.approx(took) and again.apply and again.moves_layers
+    assert migration_bytes(prof, layers[:1]) / bw < took
+    assert _decide([0.25, 1, 1, 1], migration_bw=bw / 1.5, schedules=False).apply is False  # 1.2x the gain: kept
+    assert measured_bandwidth(prof, [], 1.0) is None and measured_bandwidth(prof, layers, 0.0) is None
+
+
+def test_a_several_fold_jump_is_a_change_at_once_a_burst_within_the_bar_still_needs_confirming() -> None:
+    fast = Detector(2.0, confirm=2, alone=1.5)  # alone past 2 ** 1.5 = 2.83x
+    slow = Detector(2.0, confirm=2)
+    for x in (1.0, 1.1, 0.9, 1.05, 0.95, 1.0):  # the machine's noise: within the bar
+        assert not fast.update(x) and not slow.update(x)
+    assert not fast.update(2.5)  # past the bar (2x), not 1.5 times past it: a burst until confirmed
+    assert fast.update(2.5)
+    fast.reset(1.0)
+    assert fast.update(0.25)  # a co-tenant's 4x: the first sample is the change
+    assert fast.estimate == pytest.approx(0.25)
+    assert not slow.update(0.25) and slow.update(0.25)  # without `alone`, a step later
+    noisy = Detector(2.0, confirm=2, alone=1.5)
+    for i in range(12):
+        noisy.update(1.0 if i % 2 else 1.6)  # +-60% swings: the bar widens to 3 spreads, and `alone` with it
+    assert noisy.bar > math.log(2.0) and not noisy.update(3.0)

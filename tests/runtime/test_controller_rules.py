@@ -7,7 +7,8 @@ import gearshift.planner.joint as joint
 from gearshift.cluster.state import ClusterState
 from gearshift.planner.schedule_choice import price, splits
 from gearshift.profile.model_profile import ModelProfile
-from gearshift.runtime.controller import probes
+from gearshift.runtime.controller import ALONE, left_after, probes
+from gearshift.runtime.detect import Detector
 from synthetic import linear_profiles
 
 BATCH = 16
@@ -56,3 +57,32 @@ def test_only_the_running_partition_is_priced_with_every_key(monkeypatch) -> Non
     assert full == grid
     for keys in seen.values():  # the shortlist (3 fastest + the running key) and the split it was planned for
         assert len(keys) <= joint.SHORTLIST + 1 + 2 < len(grid)
+
+
+def test_a_speed_baseline_kept_across_a_move_sees_a_change_at_its_boundary() -> None:
+    # a rank's speed at 1.0; a move at the period lands on the step the environment slows it 3.5x
+    kept, rebased = Detector(2.0, confirm=2, alone=ALONE), Detector(2.0, confirm=2, alone=ALONE)
+    for x in (1.0, 1.05, 0.95, 1.0, 1.02):
+        kept.update(x)
+        rebased.update(x)
+    rebased.reset()  # the old rule: every move took a new baseline
+    after = [1 / 3.5, 1.02 / 3.5, 0.98 / 3.5, 1 / 3.5]
+    assert kept.update(after[0])  # kept (the controller's rule now): seen at the first sample after the move
+    assert not any(rebased.update(x) for x in after)  # the changed level taken as the baseline: never seen
+
+
+def test_after_the_environment_moved_a_move_back_is_a_reaction_not_held_to_the_hysteresis() -> None:
+    profiles, slow0, slow3 = _profiles(), _state([0.2, 1, 1, 1]), _state([1, 1, 1, 0.2])
+
+    def decide(state, bounds, key, left):
+        return joint.decide_joint(profiles, state, bounds, key, BATCH, 20, "change detected", 10, 1e12,
+                                  left=left, back_gain=0.9, schedules=False)
+    p0 = decide(slow0, [(0, 2), (2, 3), (3, 4), (4, 6)], (4, 1), None).chosen  # rank 0 slowed: its plan
+    p1 = decide(slow3, p0.bounds, p0.key, None)  # then rank 3 instead: a move away from it
+    assert p1.moves_layers
+    left, now = (p0.bounds, p0.key), p1.chosen
+    back = decide(slow0, now.bounds, now.key, left)  # rank 0 slowed again: p0 is the answer, held to 90% gain
+    assert not back.apply and "hysteresis" in back.reason
+    assert left_after(left, False) == left  # noise that moved nothing: still held
+    free = decide(slow0, now.bounds, now.key, left_after(left, True))  # the environment moved: a reaction
+    assert free.apply and free.moves_layers and free.chosen.bounds == p0.bounds and not free.back

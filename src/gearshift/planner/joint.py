@@ -17,10 +17,9 @@ from functools import partial
 
 from gearshift.cluster.state import ClusterState
 from gearshift.errors import PlanError
-from gearshift.planner.partition import OPTIMIZER_FACTOR
 from gearshift.planner.plan import plan_partition
 from gearshift.planner.predict import predict
-from gearshift.planner.replan import measured_inputs, moved_layers
+from gearshift.planner.replan import measured_inputs, migration_bytes, moved_layers
 from gearshift.planner.schedule_choice import INF, Candidate, describe_key, price, splits
 from gearshift.profile.calibration import Calibration
 from gearshift.profile.model_profile import ModelProfile
@@ -207,7 +206,7 @@ def decide_joint(profiles: Mapping[int, ModelProfile], state: ClusterState, boun
             fit = sorted((c for c in cands if c.fits), key=lambda c: c.predicted_s)
             short = {c.key for c in fit[:SHORTLIST]} | {current} | ({tuple(forced_key)} if forced_key else set())
         moved = moved_layers(bounds, b, layers)
-        mig = OPTIMIZER_FACTOR * sum(prof.layers[k].param_bytes for k in moved) / migration_bandwidth
+        mig = migration_bytes(prof, moved) / migration_bandwidth
         if b == bounds:
             now = next((c for c in cands if c.key == current), None)
             cur_opt = Option(b, current, now.predicted_s if now and now.fits else INF)

@@ -39,6 +39,21 @@ def moved_layers(old: Sequence[tuple[int, int]], new: Sequence[tuple[int, int]],
     return [k for k in range(num_layers) if a[k] != b[k]]
 
 
+def migration_bytes(profile: ModelProfile, moved: Sequence[int]) -> float:
+    """The bytes a move of the `moved` layers is priced by (every planner: joint, replan, multidir): each layer's
+    parameters, gradient and two AdamW moments, OPTIMIZER_FACTOR x its parameter bytes."""
+    return OPTIMIZER_FACTOR * sum(profile.layers[k].param_bytes for k in moved)
+
+
+def measured_bandwidth(profile: ModelProfile, moved: Sequence[int], seconds: float) -> float | None:
+    """The migration bandwidth a measured move of the `moved` layers in `seconds` gives, in the units a move is
+    priced in (migration_bytes / bandwidth), so that the same move is charged what it took; None when nothing
+    moved or nothing was timed. (The bytes the runtime counts as received are the parameters alone: a bandwidth
+    from them charged every later move OPTIMIZER_FACTOR x its measured time.)"""
+    nbytes = migration_bytes(profile, moved)
+    return nbytes / seconds if nbytes > 0 and seconds > 0 else None
+
+
 @dataclass
 class ReplanDecision:
     """One re-planning decision with its inputs, predictions and why (logged to metrics.jsonl)."""
@@ -112,7 +127,7 @@ def decide_replan(profile: ModelProfile, state: ClusterState, old_bounds: Sequen
                               [], 0.0, 0.0, schedule.name, fl)
     t_new = predictor(new, m)
     moved = moved_layers(old.bounds, new.bounds, profile.num_layers)
-    nbytes = OPTIMIZER_FACTOR * sum(profile.layers[k].param_bytes for k in moved)
+    nbytes = migration_bytes(profile, moved)
     cost_s = nbytes / migration_bandwidth
     gain = (t_old - t_new) * period_steps
     rel = (t_old - t_new) / t_old if t_old > 0 else 0.0

@@ -19,7 +19,7 @@ from gearshift.cluster.state import ClusterState
 from gearshift.models.moe import moe_modules
 from gearshift.planner.multidir_plan import decide_multidir, holders, multidir_for
 from gearshift.planner.predict import messages
-from gearshift.planner.replan import FirstPlan, ReplanDecision, decide_replan, first_plan
+from gearshift.planner.replan import FirstPlan, ReplanDecision, decide_replan, first_plan, measured_bandwidth
 from gearshift.profile.calibration import Calibration
 from gearshift.profile.fit import LineFit
 from gearshift.profile.model_profile import ModelProfile
@@ -281,8 +281,9 @@ class Adapter:
         dist.all_gather_object(times, [rep.seconds, float(rep.bytes_moved)])
         secs = max(x[0] for x in times)
         moved = sum(x[1] for x in times)
-        if moved > 0 and secs > 0:
-            self.migration_bandwidth = moved / secs
+        bw = measured_bandwidth(self.profile, rep.moved_layers, secs)  # in the units a move is priced in
+        if bw is not None:
+            self.migration_bandwidth = bw
         self._skip = self.skip
         return Migration(rep.moved_layers, moved, secs)
 

@@ -5,8 +5,9 @@ same step boundary: experts move (a MoE job's placement part, priced by the same
 placer given), layers migrate (Adapter.apply_bounds), the schedule switches (PipelineRuntime.set_schedule).
 A detected change is agreed by every rank (AnyRank) before anyone decides, so all enter the same collectives.
 Against a shared machine's noise: a change must be confirmed by `confirm` samples in a row past the series' measured
-spread (runtime.detect), a move's gain is counted less the step time's measured spread and must pay for the
-decision's own measured wall time too, and the plan the last move left is taken back only for a gain of
+spread (runtime.detect), unless one sample is ALONE times past it (a several-fold jump is acted on at once), a
+move's gain is counted less the step time's measured spread and must pay for the decision's own measured wall time
+too, and the plan the last move left is taken back only for a gain of
 `hysteresis`; where the running plan and an option both ran since the last change, their measured step times
 are compared instead of their predictions (planner.joint). A move's horizon is cut to the rate of the detected
 changes that moved the measured speeds or links by the detector's ratio (planner.joint.moved): a false alarm costs a
@@ -31,6 +32,10 @@ from gearshift.runtime.pipeline import PipelineRuntime
 from gearshift.runtime.reschedule import ScheduleSwitcher
 
 RAN = 8  # the latest step times kept per plan run since the last change
+# a sample this many times past the detector's bar (in log: with adapt.detect = 2, a 2.8x jump) is a change without
+# adapt.confirm's further samples: a co-tenant's several-fold slowdown is past any burst of a shared machine's noise,
+# and each step spent confirming it runs the plan made for the environment before
+ALONE = 1.5
 
 
 def probes(due: bool, stepped: bool, ranked: bool, forced: bool, measured: bool) -> bool:
@@ -38,6 +43,14 @@ def probes(due: bool, stepped: bool, ranked: bool, forced: bool, measured: bool)
     everywhere, from agreed inputs): at the period, a forced step, before any probe, or where the step time moved
     (`stepped`) and no rank's speed did (`ranked`): a rank's own change leaves the links as last probed."""
     return due or forced or not measured or (stepped and not ranked)
+
+
+def left_after(left: tuple | None, moved_env: bool) -> tuple | None:
+    """The plan the last move left, as the hysteresis holds it (adapt.hysteresis): forgotten once a detected change
+    moved the measured state, since a move back is then a reaction to the new environment, not a flip-flop on
+    swinging measurements of the same one (held to the hysteresis, the controller stayed on a plan made for the
+    environment before)."""
+    return None if moved_env else left
 
 
 class PlacementPart(Protocol):
@@ -71,10 +84,10 @@ class Controller:
 
     def __post_init__(self) -> None:
         # the job's step time (the same on every rank); its spread is the noise a move's gain is discounted by
-        self.steps = Detector(self.detect or 2.0, confirm=self.confirm)
+        self.steps = Detector(self.detect or 2.0, confirm=self.confirm, alone=ALONE)
         self._agree = AnyRank(self.adapter.device) if self.detect else None
         if self.detect:
-            self.adapter.detector = Detector(self.detect, confirm=self.confirm)
+            self.adapter.detector = Detector(self.detect, confirm=self.confirm, alone=ALONE)
         self.switch_s = 0.0  # a schedule switch's cost, as last measured
         self.decide_s = 0.0  # a decision point's wall time before any move (probes, gathers, pricing), as last measured
         self.left: tuple | None = None  # (bounds, key) the last move left
@@ -115,8 +128,10 @@ class Controller:
             ad.measure_links(rt.pipe_ranks, rt.pipe_rank, rt.replica)
         S, sw = rt.pipe_ranks, self.switcher
         state = ad.pipeline_state(S, nxt)
-        if changed and moved(self._seen, state, self.detect or 2.0, S):  # noise does not cut the horizon
+        shifted = changed and moved(self._seen, state, self.detect or 2.0, S)
+        if shifted:  # noise does not cut the horizon
             self.changes.append(step)
+        self.left = left_after(self.left, shifted)
         self._seen = state
         horizon = expected_horizon(self.changes, self.horizon)
         was = self._plan(rt)
@@ -141,9 +156,12 @@ class Controller:
         if d.apply:
             if d.moves_layers or d.switches:
                 self.left = was
+            # the ranks' speed detectors keep their level: a rank's speed is its profiled work (at the micro-batch
+            # size that runs, by that size's profile) over its measured compute, the same under any plan; a new
+            # baseline taken at the move would be the changed level where the environment changed at the move's
+            # own step boundary, and the change would go unseen until the next period (a level a new size does
+            # measure apart costs at most one false alarm: a pricing)
             sw.take(d.chosen.key, d.measured, d.chosen.predicted_s, ad, nxt)
-            if ad.detector is not None:  # a new micro-batch size runs at its own speed: a new baseline
-                ad.detector.reset()
         if d.moves_layers or d.switches:  # the step time is watched from the level the move leaves
             self.steps.reset()
             self._skip = 1

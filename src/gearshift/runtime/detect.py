@@ -5,8 +5,10 @@ change between consecutive samples within the bar (the latest `window` pairs, sc
 deviation): a level shift below the bar is one such step, which the median leaves out, so the environment's own
 changes do not widen the bar (a deviation from the smoothed estimate would count every sample of such a shift as
 noise, and the bar would grow with it). On a shared machine a lone slow step is noise, not a co-tenant: the spread
-sets the bar, the confirmation keeps one burst from triggering a decision. Pure Python; the controller agrees on it
-across ranks (runtime.agree.AnyRank) so that every rank decides at the same step boundary."""
+sets the bar, the confirmation keeps one burst from triggering a decision; a sample `alone` times past the bar (a
+co-tenant's several-fold slowdown, beyond any burst the noise makes) is a change by itself, since each step spent
+confirming it runs the plan made for the environment before. Pure Python; the controller agrees on it across ranks
+(runtime.agree.AnyRank) so that every rank decides at the same step boundary."""
 
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ class Detector:
     """Watches one series. `threshold`: the ratio (> 1) a sample must be off the estimate to count, at least;
     `alpha`: the estimate's smoothing; `confirm`: how many such samples in a row make a change (1: the first);
     `spread_z`: how many spreads off a sample must be as well, once `warm` sample-to-sample steps measured the
-    spread (over the latest `window`)."""
+    spread (over the latest `window`); `alone`: a sample this many times past the bar (in log) completes a change
+    without confirmation (0: every change needs `confirm`)."""
 
     threshold: float
     alpha: float = 0.3
@@ -29,6 +32,7 @@ class Detector:
     spread_z: float = 3.0
     window: int = 16
     warm: int = 3
+    alone: float = 0.0
 
     def __post_init__(self) -> None:
         self.estimate: float | None = None
@@ -80,7 +84,7 @@ class Detector:
             self.estimate = self.alpha * x + (1 - self.alpha) * self.estimate
             return False
         self._run = self._run + off if self._run * off > 0 else off
-        if abs(self._run) >= self.confirm:
+        if abs(self._run) >= self.confirm or (self.alone > 0 and abs(dev) > self.alone * bar):
             self.estimate, self._run, self._last = x, 0, x
             return True
         return False
