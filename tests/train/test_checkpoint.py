@@ -15,6 +15,7 @@ import torch
 
 from conftest import TINY
 from gearshift.errors import DataError
+from gearshift.testing import spawn
 from gearshift.train.checkpoint import (
     OLD_FORMAT,
     checkpoint_path,
@@ -67,6 +68,12 @@ def _final(out: Path) -> dict:
     return ck
 
 
+def _trained(rank: int, world: int, args: list[str]) -> None:
+    from gearshift.train.loop import train
+
+    train(load_config(None, args))
+
+
 def _launch(out: Path, *args: str, resume: bool = False) -> int:
     """_train's job launched from this process (no launcher interpreter to start): where no console line is tested."""
     cfg = load_config(None, [*TINY, f"--output.dir={out}", "--train.steps=10", "--train.checkpoint_every=5",
@@ -80,7 +87,7 @@ def test_resume_is_exact_and_partition_independent_and_each_run_traces_its_last_
     step it ends after (train.stop_after ends the first before train.steps)."""
     straight, resumed, moved = tmp_path / "straight", tmp_path / "resumed", tmp_path / "moved"
     two = ["--cluster.workers=2", "--parallel.stages=2"]
-    assert _launch(straight, *two) == 0
+    spawn(_trained, 2, _argv(straight, *two)[1:])  # the reference: the same job on spawned ranks, not launched
     # 5 steps (a run cut short, as by a preemption), then resume for the last 5
     assert _launch(resumed, *two, "--train.stop_after=5", "--output.trace=true") == 0
     assert "measured step 4" in (resumed / "trace.json").read_text()
@@ -121,25 +128,6 @@ def test_atomic_write_leaves_no_temp_files(tmp_path):
     p = tmp_path / "c" / "step_0000001.pt"
     save_checkpoint(p, {"format": 1, "x": torch.ones(3)})
     assert [f.name for f in p.parent.iterdir()] == ["step_0000001.pt"]
-
-
-@pytest.mark.multiprocess
-def test_a_fresh_run_moves_the_old_one_aside_and_resume_refuses_another_jobs_checkpoint(tmp_path, capfd):
-    """A fresh run into a run's directory moves that run aside (and says where) instead of mixing with it;
-    --resume refuses a checkpoint whose job (model, data, seed, batch size) differs from the config."""
-    out = tmp_path / "run"
-    one = ["--cluster.workers=1", "--parallel.stages=1", "--train.steps=2", "--train.checkpoint_every=1"]
-    assert _launch(out, *one) == 0
-    r = _train(capfd, out, *one, "--train.seed=1")
-    assert r.returncode == 0, r.stderr
-    aside = [p for p in tmp_path.iterdir() if p.name.startswith("run.")]
-    assert len(aside) == 1 and f"moved it to {aside[0]}" in r.stdout
-    assert [json.loads(ln)["step"] for ln in (out / "metrics.jsonl").read_text().splitlines()] == [0, 1]
-    assert len(list((aside[0] / "checkpoints").glob("step_*"))) == 2
-    r = _train_here(out, *one, "--resume")
-    assert r.returncode == 2 and "train.seed is 1 in the checkpoint but 0 in the config" in r.stderr, r.stderr
-    r = _train_here(out, *one, "--train.seed=1", "--output.existing=refuse")
-    assert r.returncode == 2 and "output.dir:" in r.stderr and "holds another run" in r.stderr
 
 
 def _fake(cfg, step: int) -> Path:
@@ -190,10 +178,12 @@ def test_a_finished_run_resumed_is_complete():
 
 
 @pytest.mark.multiprocess
-def test_resume_from_the_command_line_skips_a_corrupt_checkpoint_keeps_three_and_says_complete(tmp_path, capfd):
+def test_resume_skips_a_corrupt_checkpoint_keeps_three_says_complete_and_a_fresh_run_moves_it_aside(tmp_path, capfd):
     """One worker: 4 steps, a checkpoint each, 3 kept; the newest corrupted; --resume to 5 steps skips it (one
     line) and continues from step 3; --resume again says the run is complete, exit 0; --resume=PATH picks one, and
-    the checkpoints after it go (its continuation replaces them)."""
+    the checkpoints after it go (its continuation replaces them). Then a fresh run into that run's directory moves
+    it aside (and says where) instead of mixing with it; --resume refuses a checkpoint whose job (model, data, seed,
+    batch size) differs from the config."""
     out = tmp_path / "run"
     one = ["--cluster.workers=1", "--parallel.stages=1", "--train.checkpoint_every=1"]
     assert _launch(out, *one, "--train.steps=4") == 0
@@ -215,6 +205,18 @@ def test_resume_from_the_command_line_skips_a_corrupt_checkpoint_keeps_three_and
         in r.stdout
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 5
     assert [p.name for p in checkpoints(out)] == ["step_0000005", "step_0000004", "step_0000003"]
+
+    two = [*one, "--train.steps=2"]
+    r = _train(capfd, out, *two, "--train.seed=1")
+    assert r.returncode == 0, r.stderr
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("run.")]
+    assert len(aside) == 1 and f"moved it to {aside[0]}" in r.stdout
+    assert [json.loads(ln)["step"] for ln in (out / "metrics.jsonl").read_text().splitlines()] == [0, 1]
+    assert [p.name for p in checkpoints(aside[0])] == ["step_0000005", "step_0000004", "step_0000003"]
+    r = _train_here(out, *two, "--resume")
+    assert r.returncode == 2 and "train.seed is 1 in the checkpoint but 0 in the config" in r.stderr, r.stderr
+    r = _train_here(out, *two, "--train.seed=1", "--output.existing=refuse")
+    assert r.returncode == 2 and "output.dir:" in r.stderr and "holds another run" in r.stderr
 
 
 def test_a_moe_checkpoint_gives_back_its_expert_placement_where_it_fits(tmp_path):
