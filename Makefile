@@ -22,8 +22,10 @@ train: $(STAMP)
 	echo "gearshift and torchrun are in $(BIN): run '. $(BIN)/activate' in your shell (or call $(BIN)/gearshift)"; \
 	exit $$rc
 
-# Tests on every core (pytest-xdist), then the testbed's and those that race the clock one at a time.
+# Tests on every core (pytest-xdist), then the testbed's and those that race the clock one at a time. Byte-compiled
+# first: where PYTHONDONTWRITEBYTECODE is set (this machine), every worker process would compile gearshift again.
 test: $(STAMP)
+	$(BIN)/python -m compileall -q src tests examples > /dev/null
 	$(BIN)/python -m pytest tests -n $(CORES) --dist worksteal -m "not testbed and not serial" $(PYTEST_ARGS)
 	$(BIN)/python -m pytest tests -m "testbed or serial" $(PYTEST_ARGS)
 

@@ -23,3 +23,32 @@ def one_rank():
         yield
     finally:
         dist.destroy_process_group()
+
+
+
+def _starts_processes(item) -> bool:
+    return bool(item.get_closest_marker("multiprocess") or item.get_closest_marker("subprocess"))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items) -> None:
+    """Order for `make test`'s worksteal, which hands each of N workers one contiguous share of the items and lets an
+    idle worker steal the end of another's: each share begins with its part of the tests that start processes (the
+    long ones; whole modules, so that a module's fixture runs once) and ends with short ones, so that the end of the
+    run is short tests on every worker, not one long test running alone. Without xdist: those tests first."""
+    n = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    modules: dict[str, list] = {}
+    for item in items:
+        if _starts_processes(item):
+            modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+    shares: list[list] = [[] for _ in range(n)]
+    for group in modules.values():  # in collection order, each to the share with fewest so far
+        min(shares, key=len).extend(group)
+    light = [item for item in items if not _starts_processes(item)]
+    size = -(-len(items) // n)
+    for share in shares:
+        take = max(size - len(share), 0)
+        share.extend(light[:take])
+        del light[:take]
+    shares[-1].extend(light)
+    items[:] = [item for share in shares for item in share]

@@ -38,7 +38,8 @@ def _entry(rank: int, world: int, port: int, fn: Callable, args: tuple, queue) -
             dist.destroy_process_group()
 
 
-_PRELOAD = ["torch", "torch.distributed", "gearshift.runtime.pipeline", "gearshift.train.build"]
+# torch._dynamo too: torch.optim imports it on an optimizer's first use, as long again as importing torch
+_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "gearshift.runtime.pipeline", "gearshift.train.build"]
 
 
 def _context(mp):

@@ -39,7 +39,7 @@ MLP = ["--model.name=examples.mlp:build", "--model.depth=3", "--model.width=16",
 
 @pytest.mark.parametrize("model, layers", [(MOE, 6), (MLP, 5)])  # MoE: embedding, 2 x (attention, MoE), head;
 # MLP: input, 3 hidden, output
-def test_simulate_reads_the_profile_written_for_any_model(tmp_path, gearshift, model, layers):
+def test_simulate_reads_the_profile_written_for_any_model(tmp_path, gearshift, nominal_cores, model, layers):
     """The profile `gearshift profile` writes for the MoE GPT or a model given by import path has that model's
     layers, not model.layers + 2: simulate takes it."""
     prof = tmp_path / "profile.json"

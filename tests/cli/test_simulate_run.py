@@ -90,7 +90,7 @@ def test_the_title_names_the_job():
     assert job_title(moe).startswith("moe_gpt (4 experts, top-2, over 2 ranks), 4 workers, 2 stages x 2 replicas")
 
 
-def test_simulate_names_the_run_s_job_and_predicts_each_m_k(tmp_path, gearshift, monkeypatch):
+def test_simulate_names_the_run_s_job_and_predicts_each_m_k(tmp_path, gearshift, nominal_cores, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
     prof = tmp_path / "profile.json"
     r = gearshift("profile", *AUTO, f"--output.dir={tmp_path}", "--out", str(prof), "--repeats", "1", "--warmup", "0")

@@ -8,7 +8,6 @@ import io
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ import torch
 
 from conftest import TINY
 from gearshift.errors import DataError
+from gearshift.testing import spawn
 from gearshift.train.checkpoint import (
     OLD_FORMAT,
     checkpoint_path,
@@ -32,23 +32,30 @@ from gearshift.train.config import load_config
 from gearshift.train.launch import launch
 
 
-def _train(out: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "gearshift.cli.main", "train", *TINY, f"--output.dir={out}",
-           "--train.steps=10", "--train.checkpoint_every=5", "--train.warmup_steps=2", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+def _argv(out: Path, *args: str) -> list[str]:
+    return ["train", *TINY, f"--output.dir={out}", "--train.steps=10", "--train.checkpoint_every=5",
+            "--train.warmup_steps=2", *args]
+
+
+def _train(capfd, out: Path, *args: str) -> subprocess.CompletedProcess:
+    """`gearshift train` run by this process, as a user runs it but for the interpreter's start-up (test_launch
+    runs it in fresh ones): the launcher's lines and its workers' (rank 0's summary), as capfd reads them."""
+    from gearshift.cli.main import main
+
+    capfd.readouterr()
+    rc = main(_argv(out, *args))
+    said = capfd.readouterr()
+    return subprocess.CompletedProcess(["gearshift", *_argv(out, *args)], rc, said.out, said.err)
 
 
 def _train_here(out: Path, *args: str) -> subprocess.CompletedProcess:
-    """_train's command run by this process: for the answers given before any worker starts (bad input, exit 2;
-    a run already complete), where a fresh interpreter would only add its start-up."""
+    """_train for the answers given before any worker starts (bad input, exit 2; a run already complete)."""
     from gearshift.cli.main import main
 
-    argv = ["train", *TINY, f"--output.dir={out}", "--train.steps=10", "--train.checkpoint_every=5",
-            "--train.warmup_steps=2", *args]
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        rc = main(argv)
-    return subprocess.CompletedProcess(["gearshift", *argv], rc, stdout.getvalue(), stderr.getvalue())
+        rc = main(_argv(out, *args))
+    return subprocess.CompletedProcess(["gearshift", *_argv(out, *args)], rc, stdout.getvalue(), stderr.getvalue())
 
 
 def _losses(out: Path) -> list[float]:
@@ -61,6 +68,12 @@ def _final(out: Path) -> dict:
     return ck
 
 
+def _trained(rank: int, world: int, args: list[str]) -> None:
+    from gearshift.train.loop import train
+
+    train(load_config(None, args))
+
+
 def _launch(out: Path, *args: str, resume: bool = False) -> int:
     """_train's job launched from this process (no launcher interpreter to start): where no console line is tested."""
     cfg = load_config(None, [*TINY, f"--output.dir={out}", "--train.steps=10", "--train.checkpoint_every=5",
@@ -69,14 +82,18 @@ def _launch(out: Path, *args: str, resume: bool = False) -> int:
 
 
 @pytest.mark.multiprocess
-def test_resume_is_exact_and_partition_independent(tmp_path):
+def test_resume_is_exact_and_partition_independent_and_each_run_traces_its_last_step(tmp_path):
+    """The cut-short run and its resumption trace with output.trace_step = -1 (the last step): each traces the
+    step it ends after (train.stop_after ends the first before train.steps)."""
     straight, resumed, moved = tmp_path / "straight", tmp_path / "resumed", tmp_path / "moved"
     two = ["--cluster.workers=2", "--parallel.stages=2"]
-    assert _launch(straight, *two) == 0
+    spawn(_trained, 2, _argv(straight, *two)[1:])  # the reference: the same job on spawned ranks, not launched
     # 5 steps (a run cut short, as by a preemption), then resume for the last 5
-    assert _launch(resumed, *two, "--train.stop_after=5") == 0
+    assert _launch(resumed, *two, "--train.stop_after=5", "--output.trace=true") == 0
+    assert "measured step 4" in (resumed / "trace.json").read_text()
     shutil.copytree(resumed, moved)  # the same cut-short run, resumed below by another layout
-    assert _launch(resumed, *two, resume=True) == 0
+    assert _launch(resumed, *two, "--output.trace=true", resume=True) == 0
+    assert "measured step 9" in (resumed / "trace.json").read_text()
     assert _losses(resumed) == _losses(straight)
     a, b = _final(straight), _final(resumed)
     for name in a["model"]:
@@ -111,25 +128,6 @@ def test_atomic_write_leaves_no_temp_files(tmp_path):
     p = tmp_path / "c" / "step_0000001.pt"
     save_checkpoint(p, {"format": 1, "x": torch.ones(3)})
     assert [f.name for f in p.parent.iterdir()] == ["step_0000001.pt"]
-
-
-@pytest.mark.multiprocess
-def test_a_fresh_run_moves_the_old_one_aside_and_resume_refuses_another_jobs_checkpoint(tmp_path):
-    """A fresh run into a run's directory moves that run aside (and says where) instead of mixing with it;
-    --resume refuses a checkpoint whose job (model, data, seed, batch size) differs from the config."""
-    out = tmp_path / "run"
-    one = ["--cluster.workers=1", "--parallel.stages=1", "--train.steps=2", "--train.checkpoint_every=1"]
-    assert _launch(out, *one) == 0
-    r = _train(out, *one, "--train.seed=1")
-    assert r.returncode == 0, r.stderr
-    aside = [p for p in tmp_path.iterdir() if p.name.startswith("run.")]
-    assert len(aside) == 1 and f"moved it to {aside[0]}" in r.stdout
-    assert [json.loads(ln)["step"] for ln in (out / "metrics.jsonl").read_text().splitlines()] == [0, 1]
-    assert len(list((aside[0] / "checkpoints").glob("step_*"))) == 2
-    r = _train_here(out, *one, "--resume")
-    assert r.returncode == 2 and "train.seed is 1 in the checkpoint but 0 in the config" in r.stderr, r.stderr
-    r = _train_here(out, *one, "--train.seed=1", "--output.existing=refuse")
-    assert r.returncode == 2 and "output.dir:" in r.stderr and "holds another run" in r.stderr
 
 
 def _fake(cfg, step: int) -> Path:
@@ -180,17 +178,19 @@ def test_a_finished_run_resumed_is_complete():
 
 
 @pytest.mark.multiprocess
-def test_resume_from_the_command_line_skips_a_corrupt_checkpoint_keeps_three_and_says_complete(tmp_path):
+def test_resume_skips_a_corrupt_checkpoint_keeps_three_says_complete_and_a_fresh_run_moves_it_aside(tmp_path, capfd):
     """One worker: 4 steps, a checkpoint each, 3 kept; the newest corrupted; --resume to 5 steps skips it (one
     line) and continues from step 3; --resume again says the run is complete, exit 0; --resume=PATH picks one, and
-    the checkpoints after it go (its continuation replaces them)."""
+    the checkpoints after it go (its continuation replaces them). Then a fresh run into that run's directory moves
+    it aside (and says where) instead of mixing with it; --resume refuses a checkpoint whose job (model, data, seed,
+    batch size) differs from the config."""
     out = tmp_path / "run"
     one = ["--cluster.workers=1", "--parallel.stages=1", "--train.checkpoint_every=1"]
     assert _launch(out, *one, "--train.steps=4") == 0
     assert [p.name for p in checkpoints(out)] == ["step_0000004", "step_0000003", "step_0000002"]
     meta = checkpoint_path(out, 4) / "meta.pt"
     meta.write_bytes(meta.read_bytes()[:100])  # truncated
-    r = _train(out, *one, "--train.steps=5", "--resume")
+    r = _train(capfd, out, *one, "--train.steps=5", "--resume")
     assert r.returncode == 0, r.stderr
     assert "skipped step_0000004 (corrupt or truncated); resuming from step_0000003 " in r.stdout
     assert r.stdout.count("step_0000004") == 1  # one line: the skip, not its deletion too
@@ -199,12 +199,24 @@ def test_resume_from_the_command_line_skips_a_corrupt_checkpoint_keeps_three_and
     r = _train_here(out, *one, "--train.steps=5", "--resume")
     assert r.returncode == 0 and "already complete at step 5 (train.steps = 5)" in r.stdout, r.stdout
     assert "nan" not in r.stdout
-    r = _train(out, *one, "--train.steps=5", f"--resume={checkpoint_path(out, 3)}")
+    r = _train(capfd, out, *one, "--train.steps=5", f"--resume={checkpoint_path(out, 3)}")
     assert r.returncode == 0 and "already complete" not in r.stdout, r.stderr
     assert "continuing from step 3; this run replaces the later checkpoints step_0000005, step_0000004" \
         in r.stdout
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 5
     assert [p.name for p in checkpoints(out)] == ["step_0000005", "step_0000004", "step_0000003"]
+
+    two = [*one, "--train.steps=2"]
+    r = _train(capfd, out, *two, "--train.seed=1")
+    assert r.returncode == 0, r.stderr
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("run.")]
+    assert len(aside) == 1 and f"moved it to {aside[0]}" in r.stdout
+    assert [json.loads(ln)["step"] for ln in (out / "metrics.jsonl").read_text().splitlines()] == [0, 1]
+    assert [p.name for p in checkpoints(aside[0])] == ["step_0000005", "step_0000004", "step_0000003"]
+    r = _train_here(out, *two, "--resume")
+    assert r.returncode == 2 and "train.seed is 1 in the checkpoint but 0 in the config" in r.stderr, r.stderr
+    r = _train_here(out, *two, "--train.seed=1", "--output.existing=refuse")
+    assert r.returncode == 2 and "output.dir:" in r.stderr and "holds another run" in r.stderr
 
 
 def test_a_moe_checkpoint_gives_back_its_expert_placement_where_it_fits(tmp_path):

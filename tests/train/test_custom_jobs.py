@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+import gearshift
 from gearshift.errors import ConfigError
+from gearshift.testing import spawn
 from gearshift.train.forcing import Forcing
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,23 +39,27 @@ def _records(out: Path) -> list[dict]:
     return [r for ln in (out / "metrics.jsonl").read_text().splitlines() if "loss" in (r := json.loads(ln))]
 
 
+def _trained(rank: int, world: int, args: list[str], forcing: Forcing) -> None:
+    from gearshift.train.loop import train
+
+    train(gearshift.load_config(None, args), forcing=forcing)
+
+
 @pytest.mark.multiprocess
 def test_mlp_example_launched_with_functions_equals_naming_them_and_resumes_exactly(tmp_path, capfd):
-    """launch(cfg, model=build, data=data) runs the same job as model.name / data.name naming them; a run
-    stopped after 3 steps and resumed gives the straight run's losses exactly (a shuffled Dataset), through a
-    live migration of the custom model's layers (forced: launch(..., forcing=...))."""
+    """launch(cfg, model=build, data=data) runs the same job as model.name / data.name naming them: a run launched
+    with the functions, stopped after 3 steps and resumed by naming them, gives the losses of the named job run
+    straight (on spawned ranks: the reference) exactly (a shuffled Dataset), through a live migration of the custom
+    model's layers (forced: launch(..., forcing=...))."""
     from examples.mlp import build, data
-
-    import gearshift
 
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     env = {"PYTHONPATH": str(ROOT)}
-    cfg = gearshift.load_config(None, [*MLP, "--train.steps=6", f"--output.dir={straight}"])
-    assert gearshift.launch(cfg, model=build, data=data, quiet=True, env=env, forcing=MIGRATE) == 0
     named = ["--model.name=examples.mlp:build", "--data.name=examples.mlp:data", *MLP, "--train.steps=6",
              f"--output.dir={resumed}"]
-    stopped = gearshift.load_config(None, [*named, "--train.stop_after=3"])
-    assert gearshift.launch(stopped, quiet=True, env=env, forcing=MIGRATE) == 0
+    spawn(_trained, 2, [*named, f"--output.dir={straight}"], MIGRATE)
+    cfg = gearshift.load_config(None, [*MLP, "--train.steps=6", "--train.stop_after=3", f"--output.dir={resumed}"])
+    assert gearshift.launch(cfg, model=build, data=data, quiet=True, env=env, forcing=MIGRATE) == 0
     capfd.readouterr()
     assert gearshift.launch(gearshift.load_config(None, named), resume=True, quiet=True, env=env,
                             forcing=MIGRATE) == 0

@@ -5,25 +5,24 @@ two steps (tests/runtime/test_multidir_runtime.py resumes multidir state under 1
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from conftest import TINY
 from gearshift.train.checkpoint import latest_checkpoint
+from gearshift.train.config import load_config
+from gearshift.train.launch import launch
 
 pytestmark = pytest.mark.multiprocess
 
 
 def test_multidir_job_logs_memory_and_traces_directions(tmp_path):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "gearshift.cli.main", "train", *TINY, f"--output.dir={out}", "--train.steps=2",
-           "--train.batch_size=16", "--train.checkpoint_every=2", "--parallel.partition=[[0,1],[1,2],[2,3],[3,4]]",
-           "--parallel.schedule=multidir", "--parallel.update=async", "--parallel.microbatches=4",
-           "--train.eval_every=2", "--output.trace=true", "--output.trace_step=1"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr
+    cfg = load_config(None, [*TINY, f"--output.dir={out}", "--train.steps=2", "--train.batch_size=16",
+                             "--train.checkpoint_every=2", "--parallel.partition=[[0,1],[1,2],[2,3],[3,4]]",
+                             "--parallel.schedule=multidir", "--parallel.update=async", "--parallel.microbatches=4",
+                             "--train.eval_every=2", "--output.trace=true", "--output.trace_step=1"])
+    assert launch(cfg, quiet=True) == 0
     steps = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [s for s in steps if "tokens_per_s" in s]
     assert len(steps) == 2 and all(len(s["peak_act_bytes"]) == 4 and min(s["peak_act_bytes"]) > 0 for s in steps)
