@@ -25,7 +25,6 @@ def one_rank():
         dist.destroy_process_group()
 
 
-
 def _starts_processes(item) -> bool:
     return bool(item.get_closest_marker("multiprocess") or item.get_closest_marker("subprocess"))
 
