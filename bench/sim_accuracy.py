@@ -281,7 +281,7 @@ def block(rows: list[dict], a) -> dict:
     """One emulation's summaries: each price's median and worst |error|, the default job's, and the A/A (each
     point's spread: its runs' halves and its runs against each other)."""
     spreads = [r["spread"] for r in rows]
-    line = compute_line([w for r in rows for w in r["overhead"]["work"]])
+    line = compute_line([w for r in rows for w in r["overhead"].get("work", [])])
     return {"calibrated": summary(rows, "error"), "carried_no_wake": summary(rows, "error_carried_no_wake"),
             "carried_scale": summary(rows, "error_carried_scale"),
             "compute_line": None if line is None else {  # through every point's own work (not a price: a figure)

@@ -131,12 +131,15 @@ def test_the_compute_line_through_jobs_work_carries_where_their_compute_scales_d
 
 
 def test_no_line_from_one_work_per_action_or_from_fits_without_work():
-    """One FLOPs per action among all the jobs says nothing about how compute grows with work (no line: the median
-    compute scale prices compute); fits that did not count their FLOPs hold no work."""
+    """Work within a factor 2 in FLOPs per action among all the jobs says nothing about how compute grows with work
+    (no line: the median compute scale prices compute); fits that did not count their FLOPs hold no work."""
     from gearshift.profile.overhead import compute_line, work_points
 
     one = job(1e-11, 1e-3, [4e9, 4e9], [8, 8], 1.2)
     assert compute_line(one.work) is None and carried_overhead([one, one]).flop_s == 0.0
+    close = job(1e-11, 1e-3, [4.0e9, 4.2e9, 7.9e9], [8, 8, 8], 1.2)  # within a factor 2: alike, no line
+    assert compute_line(close.work) is None
+    assert compute_line(job(1e-11, 1e-3, [4e9, 8e9], [8, 8], 1.2).work).slope == pytest.approx(1e-11)
     assert work_points([RankStep(0.1, 0.2, 0.3, 16)]) == []
     assert carried_overhead(fits_without_work := [StepOverhead(1.2, 3e-4, 4e-3, 0.1, 12)]).flop_s == 0.0
     assert carried_overhead(fits_without_work).compute_scale == 1.2

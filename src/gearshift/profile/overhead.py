@@ -119,11 +119,16 @@ def work_points(pts: Sequence[RankStep]) -> list[list[float]]:
     return [[f / n, statistics.median(cs) / n] for (f, n), cs in sorted(by.items())]
 
 
+WORK_SPAN = 2.0  # the compute line needs work points whose FLOPs per action span this factor at least
+
+
 def compute_line(work: Sequence[Sequence[float]]) -> LineFit | None:
     """The compute line through jobs' work points (FLOPs per action -> compute CPU seconds per action): Theil-Sen,
-    so one loaded job moves neither the seconds per FLOP nor the fixed cost per action much; None with fewer than
-    two distinct FLOPs per action (one shape says nothing about how compute grows with its work)."""
-    if len({x for x, _ in work}) < 2:
+    so one loaded job moves neither the seconds per FLOP nor the fixed cost per action much; None where the points'
+    FLOPs per action span less than WORK_SPAN (one shape's ranks, alike, say nothing about how compute grows with
+    work: a line through them would extrapolate their noise to other shapes)."""
+    xs = [x for x, _ in work]
+    if not xs or max(xs) < WORK_SPAN * min(xs):
         return None
     return theil_sen([x for x, _ in work], [y for _, y in work])
 
@@ -152,7 +157,7 @@ def carried_overhead(fits: Sequence[StepOverhead]) -> StepOverhead | None:
     (StepOverhead.cores) do not carry: they depend on the shape (the shorter its ops and the fewer its ranks, the
     fewer), so the carried overhead leaves them at 0 and the cluster state's count prices the new shape; the wait
     for a core (wake_s) carries, the median over the fits that fitted one. The compute scale does not carry either
-    (each shape's is relative to its own calibration): where the fits hold work at two or more FLOPs per action,
+    (each shape's is relative to its own calibration): where the fits' work spans WORK_SPAN in FLOPs per action,
     the compute line through all of it (compute_line) prices compute (flop_s, op_s; the median compute scale stays
     beside it for a profile without FLOPs). None when no fit measured anything."""
     got = [f for f in fits if f.points > 0]
