@@ -1,17 +1,19 @@
-"""How close the simulator's step time is to the measured one over a grid of job shapes: context {32, 64, 128,
-256} x samples per micro-batch {1, 2, 4, 8} x stages {2, 4} x schedule {gpipe, 1f1b, kfkb K=2}, plus multidir
-(flush). Each point: profile the job in this process, calibrate it (profile.calibration: every stage timed
-whole at a few micro-batch sizes, a Theil-Sen line against the profile), predict its step (`gearshift
-simulate`'s path: the local cores as measured with the job's workers, the emulated duty cycle), run it for a
-few steps and compare the median step (first steps left out). The headline price (`predicted_step_s`) is the
-calibration with the overhead carried from the other points' own steps (profile.overhead.carried_overhead: each
-figure's median over the other points, leave one out, with their wait for a core and without their fitted cores):
-what a job on this machine is priced at before its own steps, once other shapes have run here (`gearshift simulate
---overhead`). Beside it: the same without the wait for a core, the calibration alone, no calibration, `own` (the
-point's own first steps after the warm-up, before the steps measured, with the wait for a core fitted to them:
-planner.host_cores.fitted_wake; `own cores`: with the cores its ranks got instead, fitted_cores; `cpu only`:
-neither) and `transfer` (the first point's, the default job's, fit alone pricing every other shape; `cores`: with
-its fitted cores in place of its wait).
+"""How close the simulator's step time is to the measured one over a grid of job shapes: context {32, 64, 128, 256} x
+samples per micro-batch {1, 2, 4, 8} x stages {2, 4} x schedule {gpipe, 1f1b, kfkb K=2}, plus multidir (flush). Each
+point: profile the job in this process, calibrate it (profile.calibration: every stage timed whole at a few
+micro-batch sizes, a Theil-Sen line against the profile), predict its step (`gearshift simulate`'s path: the local
+cores as measured with the job's workers, the emulated duty cycle), run it for a few steps and compare the median
+step (first steps left out). The headline price (`predicted_step_s`) is the calibration with the overhead carried
+from the other points' runs (each one's steps after the warm-up, as a finished job's fit is saved;
+profile.overhead.carried_overhead: each figure's median over the other points, leave one out, with their wait for a
+core and without their fitted cores; its compute by the compute line through their ranks' work, seconds per FLOP and
+per action, profile.overhead.compute_line): what a job on this machine is priced at before its own steps, once other
+shapes have run here (`gearshift simulate --overhead`). Beside it: the same without the wait for a core, by the
+others' median compute scale (`carried_scale`: the headline before the line), the calibration alone, no calibration,
+`own` (the point's own first steps after the warm-up, before the steps measured, with the wait for a core fitted to
+them: planner.host_cores.fitted_wake; `own cores`: with the cores its ranks got instead, fitted_cores; `cpu only`:
+neither) and `transfer` (the first point's, the default job's, fit alone pricing every other shape; `cores`: with its
+fitted cores in place of its wait).
 `--points N --seed S` runs a seeded sample of the grid (the default job, context 128 with 4 samples per
 micro-batch on 4 stages, 1F1B, is always in it); `--emulate 1,4` runs every point quiet and with every rank slowed
 4 times (duty cycle), from one profile and calibration per point, and reports each emulation apart (`quiet`,
@@ -33,8 +35,8 @@ import harness
 from gearshift.cluster.cores import effective_cores
 from gearshift.cluster.state import available_cores, local_pipeline_state
 from gearshift.planner.host_cores import fitted_cores, fitted_wake
-from gearshift.planner.predict import messages, own_compute_s, predict, sim_cost
-from gearshift.profile.overhead import RankStep, StepOverhead, carried_overhead, fit_overhead
+from gearshift.planner.predict import messages, own_compute_s, predict, sim_cost, work_of
+from gearshift.profile.overhead import RankStep, StepOverhead, carried_overhead, compute_line, fit_overhead
 from gearshift.train.build import equal_time_slices, job_schedule, slice_act_bytes
 from gearshift.train.calibration import calibrate_local
 from gearshift.train.config import load_config
@@ -126,7 +128,9 @@ def job_overhead(run: harness.Run, inputs: tuple, lo: int, hi: int) -> StepOverh
     prof, bounds, schedule, state, mb, cal = inputs
     own = own_compute_s(sim_cost(prof, bounds, schedule, state, mb, cal), schedule)
     msgs, n = messages(schedule), schedule.num_ranks
-    over = fit_overhead([RankStep(own[r % n], c, u, msgs[r % n]) for rec in run.steps if lo <= rec["step"] < hi
+    flops, ops = work_of(prof, bounds, schedule, mb)  # what the compute line that carries is fitted against
+    over = fit_overhead([RankStep(own[r % n], c, u, msgs[r % n], flops=flops[r % n], ops=ops[r % n])
+                         for rec in run.steps if lo <= rec["step"] < hi
                          for r, (c, u) in enumerate(zip(rec.get("compute_cpu_s") or [], rec.get("cpu_s") or []))])
     step_s = run.median("step_time_s", lo=lo, hi=hi)
     if over.points == 0 or not step_s > 0:
@@ -197,7 +201,8 @@ def measure(point: tuple, factor: float, a, runs: list[Measured], pred: dict,
             inputs: tuple) -> tuple[dict, tuple, StepOverhead]:
     """The point's row at duty-cycle `factor` from its runs (the measured step: the quietest run's median, since
     other load only ever slows a step; every run's median and the spread beside it), its prices by the calibration
-    alone and by its own first steps, what prices it again and the overhead its own steps fitted."""
+    alone and by its own first steps, what prices it again and the overhead it carries to the other points (its
+    quietest run's, every step after the warm-up)."""
     ctx, n, stages, kind = point
     inputs = at_factor(inputs, factor)
     prof, bounds, schedule, state, mb, cal = inputs
@@ -207,6 +212,10 @@ def measure(point: tuple, factor: float, a, runs: list[Measured], pred: dict,
     pred = pred | {"predicted_calibration_only_s": predict(prof, bounds, schedule, state, mb, cal).iteration_s,
                    "predicted_uncalibrated_s": predict(prof, bounds, schedule, state, mb).iteration_s}
     own = job_overhead(run, inputs, 1, a.skip)
+    flops, ops = work_of(prof, bounds, schedule, mb)
+    pred |= {"flops_per_rank": flops, "ops_per_rank": ops,  # per rank, what its compute is carried by (the line)
+             "predicted_compute_ms": [round(1e3 * x, 3) for x in  # and what the calibration priced it at
+                                      own_compute_s(sim_cost(prof, bounds, schedule, state, mb, cal), schedule)]}
     pred |= {"predicted_own_s": with_overhead(inputs, dataclasses.replace(own, cores=0.0)),
              "predicted_own_cores_s": with_overhead(inputs, dataclasses.replace(own, wake_s=None)),
              "predicted_own_cpu_only_s": with_overhead(inputs, dataclasses.replace(own, cores=0.0, wake_s=None)),
@@ -225,7 +234,11 @@ def measure(point: tuple, factor: float, a, runs: list[Measured], pred: dict,
            "load_1min": [m.load for m in runs]}
     for key in ("calibration_only", "uncalibrated", "own", "own_cores", "own_cpu_only"):
         row[f"error_{key}"] = row[f"predicted_{key}_s"] / meas - 1
-    return row, inputs, own
+    # what the point carries to the others: its whole run's fit after the warm-up (a finished job's, as `gearshift
+    # simulate --save-overhead` saves it), not only the first steps its own price is fitted from
+    done = job_overhead(run, inputs, 1, max(r["step"] for r in run.steps) + 1)
+    row["overhead_run"] = done.to_dict()
+    return row, inputs, done
 
 
 def donors(rows: list[dict], i: int, agree: float) -> list[int]:
@@ -237,17 +250,21 @@ def donors(rows: list[dict], i: int, agree: float) -> list[int]:
 
 
 def carry(rows: list[dict], inputs: list[tuple], fits: list[StepOverhead], agree: float = 0.0) -> None:
-    """Each row's headline price, `predicted_step_s`: its calibration with the overhead carried from the other
-    points' own steps (profile.overhead.carried_overhead: each figure's median over the other points, leave one
-    out, with their wait for a core and without their fitted cores), as a job on a machine where other shapes ran
-    is priced at its start; beside it the same without the wait (`carried_no_wake`), and `transfer`, the first
-    point's (the default job's) fit alone, with its wait (without its fitted cores) and with its fitted cores
-    (`transfer_cores`, the wait left out). With `agree`, only the points whose A/A agreed carry (donors)."""
+    """Each row's headline price, `predicted_step_s`: its calibration with the overhead carried from the other points'
+    `fits` (measure: each one's run after the warm-up; profile.overhead.carried_overhead: each figure's median over
+    the other points, leave one out, with their wait for a core and without their fitted cores), as a job on a
+    machine where other shapes ran is priced at its start (its compute by the compute line through the others' work
+    where they hold it: profile.overhead.compute_line); beside it the same without the wait (`carried_no_wake`),
+    with the others' median compute scale on this point's calibration in place of the line (`carried_scale`), and
+    `transfer`, the first point's (the default job's) fit alone, with its wait (without its fitted cores) and with
+    its fitted cores (`transfer_cores`, the wait left out). With `agree`, only the points whose A/A agreed carry
+    (donors)."""
     for i, (row, inp) in enumerate(zip(rows, inputs)):
         meas = row["measured_step_s"]
         row["carried_from"] = donors(rows, i, agree)
         carried = carried_overhead([fits[j] for j in row["carried_from"]])
-        prices = {"step": carried, "carried_no_wake": carried and dataclasses.replace(carried, wake_s=None)}
+        prices = {"step": carried, "carried_no_wake": carried and dataclasses.replace(carried, wake_s=None),
+                  "carried_scale": carried and dataclasses.replace(carried, flop_s=0.0, op_s=0.0)}
         if i:
             prices |= {"transfer": dataclasses.replace(fits[0], cores=0.0),
                        "transfer_cores": dataclasses.replace(fits[0], wake_s=None)}
@@ -270,7 +287,12 @@ def block(rows: list[dict], a) -> dict:
     """One emulation's summaries: each price's median and worst |error|, the default job's, and the A/A (each
     point's spread: its runs' halves and its runs against each other)."""
     spreads = [r["spread"] for r in rows]
+    line = compute_line([w for r in rows for w in r.get("overhead_run", r["overhead"]).get("work", [])])
     return {"calibrated": summary(rows, "error"), "carried_no_wake": summary(rows, "error_carried_no_wake"),
+            "carried_scale": summary(rows, "error_carried_scale"),
+            "compute_line": None if line is None else {  # through every point's own work (not a price: a figure)
+                "s_per_tflop": line.slope * 1e12, "ms_per_op": line.intercept * 1e3, "residual": line.residual,
+                "points": line.points, "method": line.method},
             "calibration_only": summary(rows, "error_calibration_only"),
             "own_cores": summary(rows, "error_own_cores"), "uncalibrated": summary(rows, "error_uncalibrated"),
             "own_steps": summary(rows, "error_own"), "transfer": summary(rows[1:], "error_transfer"),
@@ -297,6 +319,8 @@ def goals_of(name: str, b: dict) -> None:
         "own steps, cpu only: median": (b["own_steps_cpu_only"]["median_abs"], "-"),
         "calibration alone: median": (b["calibration_only"]["median_abs"], "-"),
         "carried without the wait: median": (b["carried_no_wake"]["median_abs"], "-"),
+        "carried by the compute scale (no line): median": (b["carried_scale"]["median_abs"], "-"),
+        "carried by the compute scale (no line): worst": (b["carried_scale"]["worst_abs"], "-"),
         "own steps, its fitted cores: median": (b["own_cores"]["median_abs"], "-"),
         "uncalibrated median": (b["uncalibrated"]["median_abs"], "-"),
         "A/A spread: median": (aa["median_spread"], "-"), "A/A spread: worst": (aa["worst_spread"], "-")}),

@@ -60,3 +60,34 @@ def test_a_point_is_steady_when_its_quietest_run_agrees_with_itself_and_with_the
     assert sa.steady([calm], 3, 0.15) and sa.steady([loaded, calm, confirm], 3, 0.15)  # the rerun confirms it
     assert not sa.steady([calm, loaded], 3, 0.15)  # two runs, 3x apart: which one is the machine alone?
     assert not sa.steady([drifting], 3, 0.15)
+
+
+def test_the_headline_carries_the_compute_line_where_the_compute_scale_would_not():
+    """Three shapes whose compute follows one line (seconds per FLOP and per action) but whose calibrations are off
+    by different factors (each own compute scale corrects its own): the headline, carried from the other two
+    shapes' work, prices each exactly; the others' median compute scale on the shape's calibration does not."""
+    from gearshift.planner.predict import predict, work_of
+    from gearshift.profile.calibration import Calibration
+    from gearshift.profile.fit import LineFit
+    from gearshift.profile.model_profile import LayerProfile, ModelProfile
+    from gearshift.profile.overhead import StepOverhead
+    from gearshift.schedules import make_schedule
+
+    a, b = 2e-11, 1e-3
+    sch, state, bounds = make_schedule("gpipe", 2, 4), local_cluster(2, cores=2), [(0, 2), (2, 4)]
+    rows, inputs, fits = [], [], []
+    for flops, slope in ((1e8, 0.5), (1e9, 1.0), (1e10, 2.0)):
+        prof = ModelProfile([LayerProfile(f"l{i}", flops * 1e-11, flops * 2e-11, flops, 1000, 100, 100)
+                             for i in range(4)], microbatch_size=2, seq_len=8)
+        cal = Calibration([LineFit(slope, 0.0, method="theil-sen")] * 2)
+        true = StepOverhead(points=1, flop_s=a, op_s=b)
+        meas = predict(prof, bounds, sch, state, 2, Calibration(cal.lines, overhead=true)).iteration_s
+        f, n = work_of(prof, bounds, sch, 2)
+        fits.append(StepOverhead(1.0 / slope, points=8, method="theil-sen",
+                                 work=[[x / k, (a * x + b * k) / k] for x, k in zip(f, n)]))
+        inputs.append((prof, bounds, sch, state, 2, cal))
+        rows.append({"steady": True, "measured_step_s": meas, "predicted_calibration_only_s": 0.0})
+    sa.carry(rows, inputs, fits, agree=0.15)
+    assert all(abs(r["error"]) < 1e-6 for r in rows)
+    assert all(r["carried"]["flop_s"] > 0 for r in rows)
+    assert max(abs(r["error_carried_scale"]) for r in rows) > 0.3

@@ -155,3 +155,29 @@ def test_a_split_stages_forward_is_its_deferrable_forward_but_a_pipes_first_stag
     plain = sim_cost(prof, bounds, make_schedule("1f1b", 4, 8), state).forward_s
     split = sim_cost(prof, bounds, make_schedule("zb1p", 4, 8), state).forward_s
     assert split == pytest.approx([plain[0]] + [1.5 * x for x in plain[1:]])
+
+
+def test_a_carried_compute_line_prices_each_action_by_its_flops_in_place_of_the_calibration(make_profile):
+    """With a compute line (StepOverhead.flop_s, op_s: carried from other jobs' work), each stage's forward is its
+    layers' FLOPs at the micro-batch size x the seconds per FLOP, its backward twice that, and each action's fixed
+    cost the line's: this shape's calibration and compute scale no longer enter; the CPU per message still does.
+    work_of counts what the line is fitted against: per rank, its actions' FLOPs (a backward twice a forward's)
+    and how many."""
+    from gearshift.planner.predict import work_of
+    from gearshift.profile.overhead import StepOverhead
+
+    prof = make_profile([0.3] * 4)  # 1e6 FLOPs per layer at 2 samples
+    sch = make_schedule("1f1b", 2, 4)
+    state = local_cluster(2, cores=2)
+    line = StepOverhead(3.0, 0.0005, 0.0, flop_s=2e-8, op_s=0.004)
+    cost = sim_cost(prof, BOUNDS, sch, state, microbatch_size=4, calibration=Calibration(cal(1.5, 0.01).lines,
+                                                                                       overhead=line))
+    assert cost.forward_s == pytest.approx([2 * 2e6 * 2e-8] * 2) and cost.backward_s == pytest.approx([0.16] * 2)
+    assert cost.per_op_s == pytest.approx([0.004] * 2)
+    assert cost.weight_s[0] == pytest.approx(0.16)  # a pipe's first stage: its BW is the whole backward
+    assert cost.weight_s[1] + cost.input_grad_s()[1] == pytest.approx(0.16)  # a split's BI and BW share it
+    assert cost.unstretched_op_s == pytest.approx([0.0005 * 8 / 8] * 2)  # 8 sends and receives over 8 actions
+    assert work_of(prof, BOUNDS, sch, 4) == ([4 * 4e6 + 4 * 8e6] * 2, [8, 8])
+    scaled = sim_cost(prof, BOUNDS, sch, state, microbatch_size=4,
+                      calibration=Calibration(cal(1.5, 0.01).lines, overhead=StepOverhead(3.0, 0.0005)))
+    assert scaled.forward_s == pytest.approx([3.0 * 1.5 * 2 * 0.2] * 2)  # no line: the calibration x the scale

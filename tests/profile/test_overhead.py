@@ -1,10 +1,12 @@
 """The job's own steps fitted against the simulator (profile.overhead): pure, no torch."""
 
+import dataclasses
+
 import pytest
 
 from gearshift.profile.calibration import Calibration
 from gearshift.profile.fit import LineFit
-from gearshift.profile.overhead import RankStep, StepOverhead, fit_overhead
+from gearshift.profile.overhead import RankStep, StepOverhead, carried_overhead, fit_overhead
 
 
 def steps(scale: float, per_msg: float, per_step: float, noise: list[float] | None = None) -> list[RankStep]:
@@ -100,3 +102,44 @@ def test_the_fits_file_keeps_every_fit_and_refuses_another_file(tmp_path):
     with pytest.raises(ValueError, match="not a file of overhead fits"):
         add_fit(other, StepOverhead(), "run c")
     assert other.read_text() == '{"rows": []}'  # not overwritten
+
+
+def job(flop_s: float, op_s: float, flops: list[float], ops: list[int], scale: float,
+        loaded: float = 1.0) -> StepOverhead:
+    """One job's own fit from three steps of its ranks, whose compute CPU is flop_s x FLOPs + op_s x actions (x
+    `loaded`); its compute scale (`scale`, relative to its own calibration) is whatever that calibration made it."""
+    samples = [RankStep(0.1, loaded * (flop_s * f + op_s * n), loaded * (flop_s * f + op_s * n) + 0.01, 16,
+                        flops=f, ops=n) for _ in range(3) for f, n in zip(flops, ops)]
+    return dataclasses.replace(fit_overhead(samples), compute_scale=scale)
+
+
+def test_the_compute_line_through_jobs_work_carries_where_their_compute_scales_do_not():
+    """Jobs of different shapes (FLOPs per action 1e6 to 4e9) whose compute is one line: the carried overhead
+    recovers its seconds per FLOP and fixed cost per action, whatever each job's compute scale against its own
+    calibration (0.6 to 2.0 here), and one loaded job (x3) moves neither much."""
+    a, b = 1.6e-11, 1.2e-3
+    fits = [job(a, b, [16e6, 32e6], [16, 16], 2.0), job(a, b, [8e9, 16e9], [8, 8], 0.6),
+            job(a, b, [64e9, 64e9, 48e9], [16, 16, 16], 1.4), job(a, b, [2e9], [16], 1.1)]
+    assert fits[0].work == [[pytest.approx(1e6), pytest.approx(a * 1e6 + b)],
+                            [pytest.approx(2e6), pytest.approx(a * 2e6 + b)]]
+    got = carried_overhead(fits)
+    assert got.flop_s == pytest.approx(a) and got.op_s == pytest.approx(b)
+    assert "compute by FLOPs" in got.method and "per TFLOP" in got.describe()
+    loaded = carried_overhead(fits + [job(a, b, [4e9, 5e9], [16, 16], 1.0, loaded=3.0)])
+    assert loaded.flop_s == pytest.approx(a, rel=0.25) and loaded.op_s == pytest.approx(b, rel=0.25)
+    assert StepOverhead.from_dict(got.to_dict()) == got
+
+
+def test_no_line_from_one_work_per_action_or_from_fits_without_work():
+    """Work within a factor 2 in FLOPs per action among all the jobs says nothing about how compute grows with work
+    (no line: the median compute scale prices compute); fits that did not count their FLOPs hold no work."""
+    from gearshift.profile.overhead import compute_line, work_points
+
+    one = job(1e-11, 1e-3, [4e9, 4e9], [8, 8], 1.2)
+    assert compute_line(one.work) is None and carried_overhead([one, one]).flop_s == 0.0
+    close = job(1e-11, 1e-3, [4.0e9, 4.2e9, 7.9e9], [8, 8, 8], 1.2)  # within a factor 2: alike, no line
+    assert compute_line(close.work) is None
+    assert compute_line(job(1e-11, 1e-3, [4e9, 8e9], [8, 8], 1.2).work).slope == pytest.approx(1e-11)
+    assert work_points([RankStep(0.1, 0.2, 0.3, 16)]) == []
+    assert carried_overhead(fits_without_work := [StepOverhead(1.2, 3e-4, 4e-3, 0.1, 12)]).flop_s == 0.0
+    assert carried_overhead(fits_without_work).compute_scale == 1.2

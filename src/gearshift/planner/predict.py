@@ -27,7 +27,9 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
     backward; a waiting rank uses the calibration's `wait_cpu` of a core where ranks share cores; links without
     a measured latency take the calibration's. Where the calibration carries the job's own steps (its
     `overhead`, profile.overhead): compute times scaled by its compute scale (each rank's own where it has one:
-    StepOverhead.rank_scale); each send's and receive's CPU
+    StepOverhead.rank_scale), or, where it carries a compute line (StepOverhead.flop_s > 0, from other jobs' work)
+    and the profile counts every layer's FLOPs, each action priced by its FLOPs and a fixed cost per action from
+    that line instead of the calibration's; each send's and receive's CPU
     spread over the rank's compute actions (a per-op cost: compute that shares the host's cores, which is
     where it is spent; the duty cycle does not stretch it: ScheduleCosts.unstretched_op_s); its per-step CPU
     added to each rank's STEP; and its wait for a core where every core computes (wake_s), where fitted."""
@@ -76,12 +78,21 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
         latency, bandwidth = _links(latency, calibration.latency_s), _links(bandwidth, calibration.bandwidth_Bps)
     over = calibration.overhead if calibration is not None else None
     beside = [0.0] * len(state.speeds)
-    if over is not None:
+    if over is not None and over.flop_s > 0 and all(lp.flops > 0 for lp in profile.layers):
+        # the compute line carried from jobs' work (profile.overhead): seconds per FLOP and per action, in place of
+        # this shape's calibration and a compute scale relative to it; a backward's FLOPs are twice its forward's
+        flop = [scale * over.flop_s * sum(lp.flops for lp in profile.layers[a:b]) / state.speeds[place[s]]
+                for s, (a, b) in enumerate(bounds)]
+        fwd, bwd = flop, [2 * x for x in flop]
+        wgt = [bwd[s] if schedule.is_first(s) else bwd[s] * (1.0 - frac[s]) for s in range(len(bounds))]
+        per_op = [over.op_s / v for v in state.speeds]
+    elif over is not None:
         c = [over.scale(r) for r in range(len(state.speeds))]  # each rank's own where the fit has one
         fwd = [c[place[s]] * x for s, x in enumerate(fwd)]
         bwd = [c[place[s]] * x for s, x in enumerate(bwd)]
         wgt = [c[place[s]] * x for s, x in enumerate(wgt)]
         per_op = [c[r] * x for r, x in enumerate(per_op)]
+    if over is not None:
         # the host's CPU, not the device's compute: not divided by a rank's speed, and spent in the sends and
         # receives, outside the compute ops that an emulated duty cycle stretches
         msgs, ops = messages(schedule), compute_ops(schedule)
@@ -98,6 +109,20 @@ def messages(schedule: Schedule) -> list[int]:
     """Per rank: the sends and receives of its list to or from another rank (stage messages and a slice's update
     messages; a REDUCE that stays on the rank is none)."""
     return [sum((a.op.is_p2p_send or a.op.is_p2p_recv) and a.peer >= 0 for a in acts) for acts in schedule.actions]
+
+
+def work_of(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Schedule,
+            microbatch_size: int | None = None) -> tuple[list[float], list[int]]:
+    """Per rank: the FLOPs of its compute actions (a forward's from the profile at `microbatch_size`, a backward's
+    twice that, a split backward's BI and BW one forward's each) and how many actions: what a job's compute CPU is
+    fitted against for the compute line that carries to other shapes (profile.overhead.compute_line)."""
+    if len(bounds) == schedule.stages_per_pipe < schedule.num_stages:
+        bounds = [bounds[s % schedule.stages_per_pipe] for s in range(schedule.num_stages)]
+    scale = (microbatch_size or profile.microbatch_size) / profile.microbatch_size
+    stage = [scale * sum(lp.flops for lp in profile.layers[a:b]) for a, b in bounds]
+    times = {Op.FORWARD: 1.0, Op.BACKWARD: 2.0, Op.BACKWARD_INPUT: 1.0, Op.BACKWARD_WEIGHT: 1.0}
+    flops = [sum(times[a.op] * stage[a.stage] for a in acts if a.op in times) for acts in schedule.actions]
+    return flops, compute_ops(schedule)
 
 
 def compute_ops(schedule: Schedule) -> list[int]:

@@ -11,7 +11,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
-from gearshift.profile.fit import theil_sen
+from gearshift.profile.fit import LineFit, theil_sen
 
 
 @dataclass(frozen=True)
@@ -19,13 +19,16 @@ class RankStep:
     """One rank's step: the simulator's compute for it (on a core of its own: its forwards' and backwards'
     seconds with their per-op cost), the CPU seconds its compute ops took, the CPU seconds its process took over
     the whole step (every thread), how many sends and receives its list holds, and which rank of the schedule it
-    is (-1: not said)."""
+    is (-1: not said); flops and ops: its compute actions' FLOPs (a forward's, a backward's twice: predict.work_of)
+    and how many they are (0: not said)."""
 
     predicted_compute_s: float
     compute_cpu_s: float
     cpu_s: float
     messages: int
     rank: int = -1
+    flops: float = 0.0
+    ops: int = 0
 
 
 @dataclass
@@ -44,7 +47,10 @@ class StepOverhead:
     steps, RANK_STEPS at least), where every sample said its rank: the ranks' compute is not slowed alike (stages
     whose calibration fits them less well, a split backward's extra ops, load that lands on some ranks), and the
     slowest rank sets the step; [] = compute_scale for every rank (a carried overhead has none: it prices other
-    jobs' ranks)."""
+    jobs' ranks). work: the job's compute per action, [FLOPs per action, compute CPU seconds per action] per group of
+    ranks with the same work (the median of its steps): what a carried overhead pools. flop_s and op_s: the compute
+    line carried from jobs' work (carried_overhead: compute CPU per action = flop_s x its FLOPs + op_s); where > 0 it
+    prices compute in place of the calibration x compute_scale (planner.predict.sim_cost); 0: not carried."""
 
     compute_scale: float = 1.0
     message_cpu_s: float = 0.0
@@ -55,6 +61,9 @@ class StepOverhead:
     cores: float = 0.0
     wake_s: float | None = None
     rank_scale: list[float] = field(default_factory=list)
+    work: list[list[float]] = field(default_factory=list)
+    flop_s: float = 0.0
+    op_s: float = 0.0
 
     def scale(self, rank: int) -> float:
         """The compute scale of schedule rank `rank`: its own where fitted, else compute_scale."""
@@ -76,7 +85,9 @@ class StepOverhead:
                 + (f"; the ranks got {self.cores:.2f} cores together (fitted to the measured step)" if self.cores > 0
                    else "")
                 + (f"; a rank waits {self.wake_s * 1e3:.2f} ms for a core when every core computes"
-                   if self.wake_s is not None else ""))
+                   if self.wake_s is not None else "")
+                + (f"; compute priced by its FLOPs: {self.flop_s * 1e12:.2f} s per TFLOP + {self.op_s * 1e3:.3f} ms "
+                   "per forward or backward" if self.flop_s > 0 else ""))
 
 
 def fit_overhead(samples: Sequence[RankStep], scale: bool = True) -> StepOverhead:
@@ -84,15 +95,42 @@ def fit_overhead(samples: Sequence[RankStep], scale: bool = True) -> StepOverhea
     speeds already carry the compute's own slowness) the compute scale stays 1 and only the CPU beside the
     compute is fitted. Samples that measured no CPU are left out; none left: the neutral StepOverhead."""
     pts = [s for s in samples if s.cpu_s > 0 and s.compute_cpu_s > 0]
+    work = work_points(pts)
     scaled = [s.compute_cpu_s / s.predicted_compute_s for s in pts if s.predicted_compute_s > 0]
     c = statistics.median(scaled) if scale and scaled else 1.0
     ranks = _rank_scales(pts) if scale else []
     beside = [(float(s.messages), s.cpu_s - s.compute_cpu_s) for s in pts
               if s.messages > 0 and s.cpu_s > s.compute_cpu_s]
     if not beside:
-        return StepOverhead(c, points=len(pts), method="compute only" if pts else "none", rank_scale=ranks)
+        return StepOverhead(c, points=len(pts), method="compute only" if pts else "none", rank_scale=ranks, work=work)
     line = theil_sen([x for x, _ in beside], [y for _, y in beside])
-    return StepOverhead(c, line.slope, line.intercept, line.residual, len(pts), line.method, rank_scale=ranks)
+    return StepOverhead(c, line.slope, line.intercept, line.residual, len(pts), line.method, rank_scale=ranks,
+                        work=work)
+
+
+def work_points(pts: Sequence[RankStep]) -> list[list[float]]:
+    """[FLOPs per action, compute CPU seconds per action] per group of rank-steps with the same FLOPs and actions
+    (ranks whose stages do the same work), the CPU the median of the group's: one loaded step does not move it;
+    samples that do not say their FLOPs and actions are left out."""
+    by: dict[tuple[float, int], list[float]] = {}
+    for s in pts:
+        if s.flops > 0 and s.ops > 0:
+            by.setdefault((s.flops, s.ops), []).append(s.compute_cpu_s)
+    return [[f / n, statistics.median(cs) / n] for (f, n), cs in sorted(by.items())]
+
+
+WORK_SPAN = 2.0  # the compute line needs work points whose FLOPs per action span this factor at least
+
+
+def compute_line(work: Sequence[Sequence[float]]) -> LineFit | None:
+    """The compute line through jobs' work points (FLOPs per action -> compute CPU seconds per action): Theil-Sen,
+    so one loaded job moves neither the seconds per FLOP nor the fixed cost per action much; None where the points'
+    FLOPs per action span less than WORK_SPAN (one shape's ranks, alike, say nothing about how compute grows with
+    work: a line through them would extrapolate their noise to other shapes)."""
+    xs = [x for x, _ in work]
+    if not xs or max(xs) < WORK_SPAN * min(xs):
+        return None
+    return theil_sen([x for x, _ in work], [y for _, y in work])
 
 
 RANK_STEPS = 3  # the fewest steps of a rank that give it a scale of its own: a median one loaded step does not move
@@ -118,7 +156,10 @@ def carried_overhead(fits: Sequence[StepOverhead]) -> StepOverhead | None:
     figure the median over the fits that measured something (robust to one loaded job). The cores a job's ranks got
     (StepOverhead.cores) do not carry: they depend on the shape (the shorter its ops and the fewer its ranks, the
     fewer), so the carried overhead leaves them at 0 and the cluster state's count prices the new shape; the wait
-    for a core (wake_s) carries, the median over the fits that fitted one. None when no fit measured anything."""
+    for a core (wake_s) carries, the median over the fits that fitted one. The compute scale does not carry either
+    (each shape's is relative to its own calibration): where the fits' work spans WORK_SPAN in FLOPs per action,
+    the compute line through all of it (compute_line) prices compute (flop_s, op_s; the median compute scale stays
+    beside it for a profile without FLOPs). None when no fit measured anything."""
     got = [f for f in fits if f.points > 0]
     if not got:
         return None
@@ -127,6 +168,12 @@ def carried_overhead(fits: Sequence[StepOverhead]) -> StepOverhead | None:
         return statistics.median(getattr(f, key) for f in got)
 
     wakes = [f.wake_s for f in got if f.wake_s is not None]
+    line = compute_line([p for f in got for p in f.work])
+    method = f"carried: the median of {len(got)} jobs' fits" + (
+        f"; compute by FLOPs ({line.method} over {line.points} ranks' work, residual {line.residual:.1%})"
+        if line is not None else "")
     return StepOverhead(med("compute_scale"), med("message_cpu_s"), med("step_cpu_s"), med("residual"),
-                        sum(f.points for f in got), f"carried: the median of {len(got)} jobs' fits", 0.0,
-                        statistics.median(wakes) if wakes else None)
+                        sum(f.points for f in got), method, 0.0,
+                        statistics.median(wakes) if wakes else None,
+                        flop_s=line.slope if line is not None else 0.0,
+                        op_s=line.intercept if line is not None else 0.0)
