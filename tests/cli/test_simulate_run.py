@@ -103,6 +103,7 @@ def test_simulate_names_the_run_s_job_and_predicts_each_m_k(tmp_path, gearshift,
     assert f"added the run's overhead to {fits} (1 fits)" in r.stdout
     saved = json.loads(fits.read_text())["fits"]
     assert len(saved) == 1 and saved[0]["points"] > 0 and saved[0]["label"].startswith(f"{auto}: gpt")
+    assert saved[0]["work"] and all(f > 0 and c > 0 for f, c in saved[0]["work"])  # what the compute line carries
     assert f"{auto}: gpt, 2 workers, 2 stages x 1 replica, auto" in r.stdout
     assert "predicted with the run's CPU" in r.stdout and "cores together (fitted to the measured step)" in r.stdout
     for label in ("m=2 K=1, steps 0-2", "m=8 K=3, steps 3-5"):

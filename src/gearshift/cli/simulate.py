@@ -235,7 +235,7 @@ def run_overhead(out: Path, segs: list[tuple], most: float | None = None):
     import statistics
 
     from gearshift.planner.host_cores import fitted_cores, fitted_wake
-    from gearshift.planner.predict import messages, own_compute_s, sim_cost
+    from gearshift.planner.predict import messages, own_compute_s, sim_cost, work_of
     from gearshift.profile.overhead import RankStep, fit_overhead
     from gearshift.train.metrics import read_metrics
 
@@ -244,7 +244,9 @@ def run_overhead(out: Path, segs: list[tuple], most: float | None = None):
     for steps, prof, bounds, schedule, state, mb, cal in segs:
         own, msgs, n = own_compute_s(sim_cost(prof, bounds, schedule, state, mb, cal), schedule), messages(schedule), \
             schedule.num_ranks
-        samples += [RankStep(own[r % n], c, u, msgs[r % n]) for k in steps if k in by_step
+        flops, ops = work_of(prof, bounds, schedule, mb)  # the compute line that carries to other shapes
+        samples += [RankStep(own[r % n], c, u, msgs[r % n], flops=flops[r % n], ops=ops[r % n])
+                    for k in steps if k in by_step
                     for r, (c, u) in enumerate(zip(by_step[k]["compute_cpu_s"], by_step[k]["cpu_s"]))]
     if not samples:
         return None
