@@ -14,7 +14,8 @@ on a core of its own. Predictions are `gearshift simulate`'s: the profile, price
 (profile.calibration: its stages timed whole, a line per profiled second plus a fixed cost per action), which
 `auto` chooses by too, and by the overhead each row's own warm-up steps measured after the first (profile.overhead:
 its compute CPU against the calibrated compute, CPU per message and per step), as a running job prices itself.
---only runs a few rows (a quiet window's rerun)."""
+--only runs a few rows (a quiet window's rerun). --predict runs none: it prints the simulator's prices of the
+rows (and of zb1p against 1f1b with the split as profiled and with a free one) for choosing the job to measure."""
 
 from __future__ import annotations
 
@@ -71,6 +72,11 @@ def state_of(a: argparse.Namespace, split: str):
 def wanted(a: argparse.Namespace, key: str) -> bool:
     """Whether row `key` ("zb1p/even", "torch:1F1B/uneven") runs: every row, or those --only names."""
     return not a.only or key in a.only.split(",")
+
+
+def torch_runs(t: str, micro: int) -> bool:
+    """Whether torch can run schedule `t` with `micro` micro-batches: DualPipeV needs one per stage (2 per rank)."""
+    return t != "DualPipeV" or micro >= 2 * WORLD
 
 
 def plans(a: argparse.Namespace, profile, path: str, cal=None) -> tuple[dict, dict]:
@@ -135,6 +141,36 @@ def with_overhead(profile, cal, mb: int, inputs: tuple, warm: list[list[tuple[fl
             predict(profile, bounds, sch, state, mb, dataclasses.replace(cal, overhead=one)))
 
 
+def free_split(profile):
+    """The profile with a free B/W split: each layer's BI + BW its whole backward (BI's share as profiled) and its
+    split forward the plain one, as on a device where W is the same matmuls and per-op overhead is negligible."""
+    def one(lp):
+        share = lp.input_grad_s / (lp.input_grad_s + lp.weight_grad_s) if lp.input_grad_s + lp.weight_grad_s else 0.5
+        return dataclasses.replace(lp, backward_input_s=share * lp.backward_s,
+                                   backward_weight_s=(1 - share) * lp.backward_s, forward_split_s=lp.forward_s)
+    return dataclasses.replace(profile, layers=[one(lp) for lp in profile.layers])
+
+
+def predicted(a: argparse.Namespace, profile, path: str, cal, plan: dict) -> dict:
+    """--predict: each row's calibrated price, and zb1p / 1f1b per split with the split as profiled and free."""
+    free, _ = plans(a, free_split(profile), path, cal)
+    ratios = {}
+    for split in SPEEDS:
+        one, zb = f"1f1b/{split}", f"zb1p/{split}"
+        if one in plan and zb in plan:
+            ratios[split] = {"as_profiled": plan[one]["predicted_step_s"] / plan[zb]["predicted_step_s"],
+                             "free_split": free[one]["predicted_step_s"] / free[zb]["predicted_step_s"]}
+    lays = profile.layers[1:-1]
+    split_cost = (sum(lp.split_forward_s + lp.input_grad_s + lp.weight_grad_s for lp in lays)
+                  / sum(lp.forward_s + lp.backward_s for lp in lays))
+    out = {"config": {"layers": a.layers, "width": a.width, "context": a.context, "batch": a.batch,
+                      "microbatches": a.micro, "slowdown": a.slowdown},
+           "rows": {k: {"ran": v["ran"], "predicted_step_s": v["predicted_step_s"]} for k, v in plan.items()},
+           "zb1p_over_1f1b": ratios, "blocks_split_over_fused": split_cost}
+    print(json.dumps(out))
+    return out
+
+
 def _worker(rank: int, world: int, a: argparse.Namespace, plan: dict, torch_cuts: dict) -> dict:
     cfgs = {key: load_config(None, p["overrides"]) for key, p in plan.items()}
     c0 = next(iter(cfgs.values()))
@@ -145,7 +181,7 @@ def _worker(rank: int, world: int, a: argparse.Namespace, plan: dict, torch_cuts
     for split in SPEEDS:
         f = factors(a, split)
         for t in TORCH:
-            if not wanted(a, f"torch:{t}/{split}"):
+            if not wanted(a, f"torch:{t}/{split}") or not torch_runs(t, a.micro):
                 continue
             one = t == "1F1B"
             cut = torch_cuts[1 if one else 2]
@@ -236,11 +272,17 @@ def main(argv: list[str] | None = None) -> dict:
                    'torch:SCHEDULE/SPLIT')
     p.add_argument("--events", default="", help="also write each Gearshift row's timed steps, per rank, as "
                    "[label, stage, start s, end s] actions to this JSON file (bench/sched_events.py reads it)")
+    p.add_argument("--predict", action="store_true", help="run no row: profile and calibrate the job, print the "
+                   "simulator's prices of the rows and zb1p / 1f1b (with the split as profiled and free), and exit")
     a = p.parse_args(argv)
     rows = {f"{s}/{sp}" for s in OURS for sp in SPEEDS} | {f"torch:{t}/{sp}" for t in TORCH for sp in SPEEDS}
     bad = [k for k in a.only.split(",") if k and k not in rows] if a.only else []
     if bad:
         p.error(f"--only: unknown row {bad[0]!r} (allowed: {', '.join(sorted(rows))})")
+    skipped = [f"torch:{t}/{sp}" for t in TORCH for sp in SPEEDS
+               if not torch_runs(t, a.micro) and wanted(a, f"torch:{t}/{sp}")]
+    if skipped:
+        print(f"left out (torch needs at least {2 * WORLD} micro-batches for them): {', '.join(skipped)}")
     if a.only and a.out == p.get_default("out"):  # a reduced run keeps the full run's file
         a.out = str(Path(a.out).with_name("schedules_vs_torch_only.json"))
     work = harness.workdir("schedules_vs_torch")
@@ -251,6 +293,8 @@ def main(argv: list[str] | None = None) -> dict:
     cal = calibrate_local(load_config(None, overrides(a, "1f1b", cut, "even", str(path), a.micro)), profile, cut,
                           job_model(cfg))
     plan, inputs = plans(a, profile, str(path), cal)
+    if a.predict:
+        return predicted(a, profile, str(path), cal, plan)
     torch_cuts = {v: [list(b) for b in equal_time_slices(profile, v * WORLD)] for v in (1, 2)}
     results = spawn(_worker, WORLD, a, plan, torch_cuts, timeout_s=3600)
     out = summarise(a, results, plan,

@@ -3,7 +3,9 @@ linears of models.wgrad) against BI + BW (models.wgrad's split), in one process,
 in rotating order each repeat; per variant the median thread CPU of its forward and of each backward part.
 
 The stage is layers --first..--last - 1 of the benchmark's GPT (default: three blocks, a middle stage of
-bench/schedules_vs_torch.py's 4-way cut), on one micro-batch of batch / micro samples."""
+bench/schedules_vs_torch.py's 4-way cut), on one micro-batch of batch / micro samples. --widths times the stage at
+several model widths in the same process, every width's variants interleaved: the split's cost as a fraction of the
+backward falls as the matmuls outgrow the per-op overhead."""
 
 from __future__ import annotations
 
@@ -47,47 +49,71 @@ def variants(native: torch.nn.Module, deferred: torch.nn.Module, x: torch.Tensor
             "BI + BW": split}
 
 
+def stage(a, width: int):
+    """The stage's layers at `width` (torch's linears), a deferrable copy and its input."""
+    cfg = load_config(None, harness.job_overrides(a, "layers", "heads", "context", "batch", "micro", "max_bytes")
+                      + [f"--model.width={width}"])
+    spec, data = job_model(cfg), job_data(cfg)
+    build, act_meta = layer_factory(cfg, spec, data)
+    native = torch.nn.Sequential(*[build(i) for i in range(a.first, a.last)])
+    shape, dtype = act_meta(a.first, a.batch // a.micro)
+    return native, defer_linears(copy.deepcopy(native)), torch.randn(shape, dtype=dtype)
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = harness.parser(__doc__, "split_cost", {"repeats": 10}, layers=10, width=128, heads=4, context=128,
                        batch=16, micro=8, max_bytes=500_000, repeats=40)
     p.add_argument("--first", type=int, default=4, help="the stage's first layer (0: the embedding)")
     p.add_argument("--last", type=int, default=7, help="the layer after the stage's last")
+    p.add_argument("--widths", default="", help="model widths to time in this process, comma-separated, e.g. "
+                   "128,256,384 (default: --width)")
     a = p.parse_args(argv)
-    cfg = load_config(None, harness.job_overrides(a, "layers", "width", "heads", "context", "batch", "micro",
-                                                  "max_bytes"))
     if not 0 < a.first < a.last <= a.layers + 1:
         p.error(f"--first/--last: a stage of blocks, 0 < first < last <= {a.layers + 1}, got {a.first}, {a.last}")
+    try:
+        widths = [int(w) for w in a.widths.split(",")] if a.widths else [a.width]
+    except ValueError:
+        p.error(f"--widths: comma-separated integers, got {a.widths!r}")
     torch.set_num_threads(1)
-    spec, data = job_model(cfg), job_data(cfg)
-    build, act_meta = layer_factory(cfg, spec, data)
-    native = torch.nn.Sequential(*[build(i) for i in range(a.first, a.last)])
-    deferred = defer_linears(copy.deepcopy(native))
-    shape, dtype = act_meta(a.first, a.batch // a.micro)
-    x = torch.randn(shape, dtype=dtype)
-    runs = variants(native, deferred, x)
-    got: dict[str, list[dict]] = {k: [] for k in runs}
+    stages = {w: stage(a, w) for w in widths}
+    runs = {(w, k): fn for w, (native, deferred, x) in stages.items()
+            for k, fn in variants(native, deferred, x).items()}
+    got: dict[tuple, list[dict]] = {k: [] for k in runs}
     for r in range(2 + a.repeats):
         for key in harness.rotated(list(runs), r):
             one = runs[key]()
             if r >= 2:
                 got[key].append(one)
-        native.zero_grad(set_to_none=False)  # as the runtime's step: gradients accumulate into zeros
-        deferred.zero_grad(set_to_none=False)
+        for native, deferred, _ in stages.values():
+            native.zero_grad(set_to_none=False)  # as the runtime's step: gradients accumulate into zeros
+            deferred.zero_grad(set_to_none=False)
     rows = []
-    for key, xs in got.items():
+    for (w, key), xs in got.items():
         med = {ph: statistics.median(d[ph] for d in xs) for ph in xs[0]}
         back = sum(v for ph, v in med.items() if ph != "F")
-        rows.append({"variant": key, "cpu_ms": {ph: v * 1e3 for ph, v in med.items()}, "backward_cpu_ms": back * 1e3})
-    base = rows[0]["backward_cpu_ms"]
-    out = {"rows": rows, "split_over_fused": rows[-1]["backward_cpu_ms"] / base,
-           "config": {"layers": [a.first, a.last], "width": a.width, "context": a.context,
+        rows.append({"width": w, "variant": key, "cpu_ms": {ph: v * 1e3 for ph, v in med.items()},
+                     "backward_cpu_ms": back * 1e3})
+    by = {(r["width"], r["variant"]): r for r in rows}
+    fused, split = "B, nn.Linear", "BI + BW"
+    per_width = {w: {"split_over_fused": by[w, split]["backward_cpu_ms"] / by[w, fused]["backward_cpu_ms"],
+                     "forward_split_over_fused": by[w, split]["cpu_ms"]["F"] / by[w, fused]["cpu_ms"]["F"],
+                     # F + BI + BW against F + B: what one micro-batch's compute costs more on a split stage
+                     "step_split_over_fused": (by[w, split]["cpu_ms"]["F"] + by[w, split]["backward_cpu_ms"])
+                     / (by[w, fused]["cpu_ms"]["F"] + by[w, fused]["backward_cpu_ms"])} for w in widths}
+    out = {"rows": rows, "split_over_fused": per_width[widths[0]]["split_over_fused"], "widths": per_width,
+           "config": {"layers": [a.first, a.last], "widths": widths, "context": a.context,
                       "microbatch": a.batch // a.micro, "repeats": a.repeats}}
     harness.write_results("split_cost", out, a.out)
-    harness.table(f"backward of layers {a.first}..{a.last - 1}, thread CPU (median of {a.repeats})",
-                  ("variant", "F ms", "backward ms", "parts ms", "/ fused"),
-                  [(r["variant"], f"{r['cpu_ms']['F']:.3f}", f"{r['backward_cpu_ms']:.3f}",
+    def step(r: dict) -> float:
+        return r["cpu_ms"]["F"] + r["backward_cpu_ms"]
+
+    harness.table(f"layers {a.first}..{a.last - 1}, thread CPU (median of {a.repeats})",
+                  ("width", "variant", "F ms", "backward ms", "parts ms", "B / fused", "F + B / fused"),
+                  [(r["width"], r["variant"], f"{r['cpu_ms']['F']:.3f}", f"{r['backward_cpu_ms']:.3f}",
                     " + ".join(f"{ph} {v:.3f}" for ph, v in r["cpu_ms"].items() if ph != "F"),
-                    f"{r['backward_cpu_ms'] / base:.3f}") for r in rows], left=1)
+                    f"{r['backward_cpu_ms'] / by[r['width'], fused]['backward_cpu_ms']:.3f}",
+                    f"{(r['cpu_ms']['F'] + r['backward_cpu_ms']) / step(by[r['width'], fused]):.3f}")
+                   for r in rows], left=2)
     return out
 
 
