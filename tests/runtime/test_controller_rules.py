@@ -7,7 +7,7 @@ import gearshift.planner.joint as joint
 from gearshift.cluster.state import ClusterState
 from gearshift.planner.schedule_choice import price, splits
 from gearshift.profile.model_profile import ModelProfile
-from gearshift.runtime.controller import ALONE, left_after, probes
+from gearshift.runtime.controller import ALONE, drifted, left_after, probes
 from gearshift.runtime.detect import Detector
 from synthetic import linear_profiles
 
@@ -31,6 +31,18 @@ def test_links_are_probed_only_where_no_rank_explains_the_step_time() -> None:
     assert probes(due=False, stepped=True, ranked=False, forced=False, measured=True)  # the links are the suspect
     assert not probes(due=False, stepped=True, ranked=True, forced=False, measured=True)  # a rank's speed moved
     assert not probes(due=False, stepped=False, ranked=True, forced=False, measured=True)
+    # a period whose step time held its level since the last probe leaves the links as probed; anything else probes
+    assert not probes(due=True, stepped=False, ranked=False, forced=False, measured=True, drifted=False)
+    assert probes(due=True, stepped=False, ranked=False, forced=True, measured=True, drifted=False)
+    assert probes(due=True, stepped=True, ranked=False, forced=False, measured=True, drifted=False)
+    assert probes(due=True, stepped=False, ranked=False, forced=False, measured=False, drifted=False)
+
+
+def test_a_period_probes_where_the_step_time_moved_by_the_min_gain_since_the_last_probe() -> None:
+    assert drifted(1.0, None, 0.05)  # nothing comparable (never probed, or a move since)
+    assert not drifted(1.04, 1.0, 0.05) and not drifted(1.0, 1.04, 0.05)
+    assert drifted(1.06, 1.0, 0.05) and drifted(1.0, 1.06, 0.05)  # slower or faster: either way
+    assert drifted(1.2, 1.0, 0.25) is False and drifted(1.3, 1.0, 0.25)
 
 
 def test_price_with_keys_prices_only_those() -> None:

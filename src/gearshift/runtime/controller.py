@@ -12,10 +12,13 @@ too, and the plan the last move left is taken back only for a gain of
 are compared instead of their predictions (planner.joint). A move's horizon is cut to the rate of the detected
 changes that moved the measured speeds or links by the detector's ratio (planner.joint.moved): a false alarm costs a
 pricing, not the horizon of every move after it. The links are probed only where the step time moved and
-no rank's speed explains it (or at the period): a rank's own change leaves them as last probed."""
+no rank's speed explains it, or at a period where the step time's level moved by adapt.min_gain since they were last
+probed (a period with change detection on and a steady step time has links as last probed: a link change that could
+pay for a move shows in the step time)."""
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -38,11 +41,21 @@ RAN = 8  # the latest step times kept per plan run since the last change
 ALONE = 1.5
 
 
-def probes(due: bool, stepped: bool, ranked: bool, forced: bool, measured: bool) -> bool:
+def probes(due: bool, stepped: bool, ranked: bool, forced: bool, measured: bool, drifted: bool = True) -> bool:
     """Whether a decision point probes the links (round trips on every link, on every rank: the same answer
-    everywhere, from agreed inputs): at the period, a forced step, before any probe, or where the step time moved
-    (`stepped`) and no rank's speed did (`ranked`): a rank's own change leaves the links as last probed."""
-    return due or forced or not measured or (stepped and not ranked)
+    everywhere, from agreed inputs): at the period where the step time `drifted` since the last probe, a forced
+    step, before any probe, or where the step time moved (`stepped`) and no rank's speed did (`ranked`): a rank's
+    own change leaves the links as last probed."""
+    return (due and drifted) or forced or not measured or (stepped and not ranked)
+
+
+def drifted(level: float, probed: float | None, min_gain: float) -> bool:
+    """Whether the job's step-time `level` moved from its level when the links were last probed (`probed`; None:
+    not comparable, e.g. a move changed the plan since) by `min_gain` or more, either way: a link change smaller
+    than that cannot pay for a move, and a larger one shows in the step time."""
+    if probed is None or level <= 0 or probed <= 0:
+        return True
+    return abs(math.log(level / probed)) >= math.log1p(min_gain)
 
 
 def left_after(left: tuple | None, moved_env: bool) -> tuple | None:
@@ -95,6 +108,7 @@ class Controller:
         self._skip = 1  # step times not watched (the first one, and the first after a move)
         self.changes: list[int] = []  # the steps a change was detected at that moved the measured state (agreed)
         self._seen = None  # the state the last decision point measured
+        self._probed: float | None = None  # the step time's level when the links were last probed (this plan's)
 
     def after_step(self, rt: PipelineRuntime, step: int, step_s: float) -> DecisionEvent | None:
         """After `step` (every rank; `step_s` the gathered step time): decide if due, detected or forced, and apply
@@ -124,8 +138,13 @@ class Controller:
         trigger = ", ".join(t for t, on in (("change detected", changed), ("period", due),
                                             ("forced", fb is not None or fk is not None)) if on)
         ad.settle_speed()
-        if probes(due, stepped, ranked, fb is not None or fk is not None, ad.start_measured):
+        # the step time's level, the same on every rank (fed the gathered step time); without change detection every
+        # period probes, as a steady level is no evidence then
+        level = self.steps.estimate if self.steps.estimate is not None else step_s
+        drift = self._agree is None or drifted(level, self._probed, self.min_gain)
+        if probes(due, stepped, ranked, fb is not None or fk is not None, ad.start_measured, drift):
             ad.measure_links(rt.pipe_ranks, rt.pipe_rank, rt.replica)
+            self._probed = level
         S, sw = rt.pipe_ranks, self.switcher
         state = ad.pipeline_state(S, nxt)
         shifted = changed and moved(self._seen, state, self.detect or 2.0, S)
@@ -165,6 +184,7 @@ class Controller:
         if d.moves_layers or d.switches:  # the step time is watched from the level the move leaves
             self.steps.reset()
             self._skip = 1
+            self._probed = None  # the level the links were probed at was another plan's
         elif changed:  # the level as it is now: a change half-seen by the other series is not decided on again
             self.steps.reset(step_s)
         rec.decision_s = time.perf_counter() - t0  # this rank's: probes, gathers, pricing and the move
