@@ -7,7 +7,7 @@ import gearshift.planner.joint as joint
 from gearshift.cluster.state import ClusterState
 from gearshift.planner.schedule_choice import price, splits
 from gearshift.profile.model_profile import ModelProfile
-from gearshift.runtime.controller import ALONE, drifted, left_after, probes
+from gearshift.runtime.controller import ALONE, drifted, left_after, period_due, probes
 from gearshift.runtime.detect import Detector
 from synthetic import linear_profiles
 
@@ -36,6 +36,18 @@ def test_links_are_probed_only_where_no_rank_explains_the_step_time() -> None:
     assert probes(due=True, stepped=False, ranked=False, forced=True, measured=True, drifted=False)
     assert probes(due=True, stepped=True, ranked=False, forced=False, measured=True, drifted=False)
     assert probes(due=True, stepped=False, ranked=False, forced=False, measured=False, drifted=False)
+
+
+def test_the_period_counts_from_the_last_decision_point() -> None:
+    every, last, due = 10, None, []
+    detected = {11, 24}  # decision points a change triggered (after steps 10 and 23)
+    for nxt in range(1, 50):
+        if period_due(nxt, last, every) or nxt in detected:
+            last = nxt
+            due.append(nxt)
+    assert due == [10, 11, 21, 24, 34, 44]  # no period decision a step after a change's decision
+    assert period_due(30, None, every) and not period_due(31, None, every)  # before any: on the period's multiples
+    assert not any(period_due(n, 5, 0) for n in range(100))
 
 
 def test_a_period_probes_where_the_step_time_moved_by_the_min_gain_since_the_last_probe() -> None:

@@ -1,9 +1,12 @@
-"""The one controller (adapt.controller = joint): at a decision point (every adapt.every steps, a detected change
-of a rank's speed or of the step time, or a forced step) it settles the speeds measured since, probes the links,
-and rank 0 prices partition and schedule together (planner.joint); every rank then applies the same move at the
-same step boundary: experts move (a MoE job's placement part, priced by the same rule over the same horizon: the
+"""The one controller (adapt.controller = joint): at a decision point (adapt.every steps after the last one, a
+detected change of a rank's speed or of the step time, or a forced step) it settles the speeds measured since, probes
+the links, and rank 0 prices partition and schedule together (planner.joint); every rank then applies the same move at
+the same step boundary: experts move (a MoE job's placement part, priced by the same rule over the same horizon: the
 placer given), layers migrate (Adapter.apply_bounds), the schedule switches (PipelineRuntime.set_schedule).
 A detected change is agreed by every rank (AnyRank) before anyone decides, so all enter the same collectives.
+The period counts from the last decision point, whatever triggered it: it bounds the steps without a decision, and a
+period decision a step or two after a change's decision measures almost nothing new (where changes land on the
+period's grain, a fixed period decides on the step before each change, with the speeds of the phase that ends).
 Against a shared machine's noise: a change must be confirmed by `confirm` samples in a row past the series' measured
 spread (runtime.detect), unless one sample is ALONE times past it (a several-fold jump is acted on at once), a
 move's gain is counted less the step time's measured spread and must pay for the decision's own measured wall time
@@ -47,6 +50,15 @@ def probes(due: bool, stepped: bool, ranked: bool, forced: bool, measured: bool,
     step, before any probe, or where the step time moved (`stepped`) and no rank's speed did (`ranked`): a rank's
     own change leaves the links as last probed."""
     return (due and drifted) or forced or not measured or (stepped and not ranked)
+
+
+def period_due(nxt: int, last: int | None, every: int) -> bool:
+    """Whether the period (`every` steps, 0 = none) asks for a decision before step `nxt`: `every` steps after the
+    step the last decision point decided for (`last`; None: none yet, or a resumed job: at the multiples of
+    `every`)."""
+    if every <= 0:
+        return False
+    return nxt % every == 0 if last is None else nxt - last >= every
 
 
 def drifted(level: float, probed: float | None, min_gain: float) -> bool:
@@ -108,6 +120,9 @@ class Controller:
         self._skip = 1  # step times not watched (the first one, and the first after a move)
         self.changes: list[int] = []  # the steps a change was detected at that moved the measured state (agreed)
         self._seen = None  # the state the last decision point measured
+        # the step the last decision point decided for: the period counts from it (None: none yet, or a resumed job:
+        # at the period's multiples)
+        self._last: int | None = None
         self._probed: float | None = None  # the step time's level when the links were last probed (this plan's)
 
     def after_step(self, rt: PipelineRuntime, step: int, step_s: float) -> DecisionEvent | None:
@@ -125,7 +140,7 @@ class Controller:
             ranked = self._agree(mine)
         changed = ranked or stepped
         fb, fk = ad.forced.get(nxt), self.switcher.forced.get(nxt)
-        due = any(e > 0 and nxt % e == 0 for e in (self.every, self.placer.every if self.placer else 0))
+        due = any(period_due(nxt, self._last, e) for e in (self.every, self.placer.every if self.placer else 0))
         if changed:  # what each plan measured before the change says nothing about it now
             self.ran.clear()
         if not skipped:
@@ -135,6 +150,7 @@ class Controller:
         if not (due or changed or fb is not None or fk is not None):
             return None
         t0 = time.perf_counter()
+        self._last = nxt
         trigger = ", ".join(t for t, on in (("change detected", changed), ("period", due),
                                             ("forced", fb is not None or fk is not None)) if on)
         ad.settle_speed()
