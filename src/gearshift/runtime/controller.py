@@ -124,6 +124,8 @@ class Controller:
         # at the period's multiples)
         self._last: int | None = None
         self._probed: float | None = None  # the step time's level when the links were last probed (this plan's)
+        self._probed_once = False  # whether this controller probed the links yet
+        self._rebase = False  # a move since the last probe: _probed is taken from the next step the new plan runs
 
     def after_step(self, rt: PipelineRuntime, step: int, step_s: float) -> DecisionEvent | None:
         """After `step` (every rank; `step_s` the gathered step time): decide if due, detected or forced, and apply
@@ -147,6 +149,9 @@ class Controller:
             seen = self.ran.setdefault(self._plan(rt), [])
             seen.append(step_s)
             del seen[:-RAN]
+            if self._rebase and self.steps.estimate is not None:  # a move left the links as probed: the level they
+                self._probed = None if changed else self.steps.estimate  # are held to is the new plan's first step's
+                self._rebase = False
         if not (due or changed or fb is not None or fk is not None):
             return None
         t0 = time.perf_counter()
@@ -160,7 +165,7 @@ class Controller:
         drift = self._agree is None or drifted(level, self._probed, self.min_gain)
         if probes(due, stepped, ranked, fb is not None or fk is not None, ad.start_measured, drift):
             ad.measure_links(rt.pipe_ranks, rt.pipe_rank, rt.replica)
-            self._probed = level
+            self._probed, self._probed_once = level, True
         S, sw = rt.pipe_ranks, self.switcher
         state = ad.pipeline_state(S, nxt)
         shifted = changed and moved(self._seen, state, self.detect or 2.0, S)
@@ -200,7 +205,8 @@ class Controller:
         if d.moves_layers or d.switches:  # the step time is watched from the level the move leaves
             self.steps.reset()
             self._skip = 1
-            self._probed = None  # the level the links were probed at was another plan's
+            self._probed = None  # the level the links were probed at was another plan's: rebased on the next step
+            self._rebase = self._probed_once
         elif changed:  # the level as it is now: a change half-seen by the other series is not decided on again
             self.steps.reset(step_s)
         rec.decision_s = time.perf_counter() - t0  # this rank's: probes, gathers, pricing and the move
