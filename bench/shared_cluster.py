@@ -65,7 +65,9 @@ from torch_pipe import Slowed, TorchPipeline
 
 WORLD = 4
 # name -> (synth kind, link bandwidth, seed); the seeds are --seed-search's picks on the default shape (its
-# prediction depends on the profile measured, so a search is not reproducible on a loaded machine: these are fixed)
+# prediction depends on the profile measured, so a search is not reproducible on a loaded machine: these are fixed;
+# burst's was picked before its bursts took the co-tenants' share of time, and kept: under that rule most seeds give
+# the oracle the headroom issue 39 asks for, not only the lucky ones)
 TRACES = {"cotenant": ("cotenant", 0.0, 8), "burst": ("burst", 0.0, 10), "link": ("cotenant", 2e7, 8)}
 
 
