@@ -7,7 +7,7 @@ import gearshift.planner.joint as joint
 from gearshift.cluster.state import ClusterState
 from gearshift.planner.schedule_choice import price, splits
 from gearshift.profile.model_profile import ModelProfile
-from gearshift.runtime.controller import ALONE, drifted, left_after, period_due, probes
+from gearshift.runtime.controller import ALONE, ProbeLevel, drifted, left_after, period_due, probes
 from gearshift.runtime.detect import Detector
 from synthetic import linear_profiles
 
@@ -55,6 +55,27 @@ def test_a_period_probes_where_the_step_time_moved_by_the_min_gain_since_the_las
     assert not drifted(1.04, 1.0, 0.05) and not drifted(1.0, 1.04, 0.05)
     assert drifted(1.06, 1.0, 0.05) and drifted(1.0, 1.06, 0.05)  # slower or faster: either way
     assert drifted(1.2, 1.0, 0.25) is False and drifted(1.3, 1.0, 0.25)
+
+
+def test_a_move_carries_the_links_as_probed_to_the_new_plans_level() -> None:
+    links = ProbeLevel(0.05)
+    assert links.due(1.0)  # never probed
+    links.move()
+    links.watched(1.0, False)
+    assert links.due(1.0)  # a move before any probe: nothing to carry
+    links.probe(1.0)
+    assert not links.due(1.03) and links.due(1.1)
+    links.move()  # the plan changed, so its step time did: the old level is not comparable
+    assert links.due(0.5)
+    links.watched(None, False)  # the step after the move is not watched: still nothing to compare with
+    assert links.due(0.5)
+    links.watched(0.5, False)  # the new plan's first watched step: the links as probed are held to its level
+    assert not links.due(0.51) and links.due(0.6)
+    links.watched(0.9, False)  # once rebased, later steps do not move the level
+    assert not links.due(0.51)
+    links.move()
+    links.watched(0.7, True)  # a change agreed at the rebasing step: nothing comparable, the next period probes
+    assert links.due(0.7)
 
 
 def test_price_with_keys_prices_only_those() -> None:

@@ -70,6 +70,35 @@ def drifted(level: float, probed: float | None, min_gain: float) -> bool:
     return abs(math.log(level / probed)) >= math.log1p(min_gain)
 
 
+@dataclass
+class ProbeLevel:
+    """The job's step-time level the links were last probed at, which a period's probe is gated on (drifted): set
+    by a probe, dropped by a change seen before it is rebased, and carried across a move (links do not move with the
+    plan): rebased on the first step the new plan runs that the step-time series watches. Fed only values every rank
+    shares (the gathered step time, agreed changes), so every rank gates alike."""
+
+    min_gain: float
+    level: float | None = None  # None: nothing comparable, a period probes
+    probed: bool = False  # whether any probe set it yet
+    rebase: bool = False  # a move since: the next watched step's level is the one the links are held to
+
+    def due(self, level: float) -> bool:
+        """Whether a period probes at this step-time `level`."""
+        return drifted(level, self.level, self.min_gain)
+
+    def probe(self, level: float) -> None:
+        self.level, self.probed, self.rebase = level, True, False
+
+    def move(self) -> None:
+        self.level, self.rebase = None, self.probed
+
+    def watched(self, level: float | None, changed: bool) -> None:
+        """A step the step-time series watched (its level after it; None: not yet one), and whether a change was
+        agreed at it: after a move, the first such step rebases (a change at it leaves nothing comparable)."""
+        if self.rebase and level is not None:
+            self.level, self.rebase = (None if changed else level), False
+
+
 def left_after(left: tuple | None, moved_env: bool) -> tuple | None:
     """The plan the last move left, as the hysteresis holds it (adapt.hysteresis): forgotten once a detected change
     moved the measured state, since a move back is then a reaction to the new environment, not a flip-flop on
@@ -123,9 +152,7 @@ class Controller:
         # the step the last decision point decided for: the period counts from it (None: none yet, or a resumed job:
         # at the period's multiples)
         self._last: int | None = None
-        self._probed: float | None = None  # the step time's level when the links were last probed (this plan's)
-        self._probed_once = False  # whether this controller probed the links yet
-        self._rebase = False  # a move since the last probe: _probed is taken from the next step the new plan runs
+        self._links = ProbeLevel(self.min_gain)  # the step-time level the links were last probed at
 
     def after_step(self, rt: PipelineRuntime, step: int, step_s: float) -> DecisionEvent | None:
         """After `step` (every rank; `step_s` the gathered step time): decide if due, detected or forced, and apply
@@ -149,9 +176,7 @@ class Controller:
             seen = self.ran.setdefault(self._plan(rt), [])
             seen.append(step_s)
             del seen[:-RAN]
-            if self._rebase and self.steps.estimate is not None:  # a move left the links as probed: the level they
-                self._probed = None if changed else self.steps.estimate  # are held to is the new plan's first step's
-                self._rebase = False
+            self._links.watched(self.steps.estimate, changed)
         if not (due or changed or fb is not None or fk is not None):
             return None
         t0 = time.perf_counter()
@@ -162,10 +187,10 @@ class Controller:
         # the step time's level, the same on every rank (fed the gathered step time); without change detection every
         # period probes, as a steady level is no evidence then
         level = self.steps.estimate if self.steps.estimate is not None else step_s
-        drift = self._agree is None or drifted(level, self._probed, self.min_gain)
+        drift = self._agree is None or self._links.due(level)
         if probes(due, stepped, ranked, fb is not None or fk is not None, ad.start_measured, drift):
             ad.measure_links(rt.pipe_ranks, rt.pipe_rank, rt.replica)
-            self._probed, self._probed_once = level, True
+            self._links.probe(level)
         S, sw = rt.pipe_ranks, self.switcher
         state = ad.pipeline_state(S, nxt)
         shifted = changed and moved(self._seen, state, self.detect or 2.0, S)
@@ -205,8 +230,7 @@ class Controller:
         if d.moves_layers or d.switches:  # the step time is watched from the level the move leaves
             self.steps.reset()
             self._skip = 1
-            self._probed = None  # the level the links were probed at was another plan's: rebased on the next step
-            self._rebase = self._probed_once
+            self._links.move()  # the level the links were probed at was another plan's: rebased on its next step
         elif changed:  # the level as it is now: a change half-seen by the other series is not decided on again
             self.steps.reset(step_s)
         rec.decision_s = time.perf_counter() - t0  # this rank's: probes, gathers, pricing and the move
