@@ -8,16 +8,16 @@ The period counts from the last decision point, whatever triggered it: it bounds
 period decision a step or two after a change's decision measures almost nothing new (where changes land on the
 period's grain, a fixed period decides on the step before each change, with the speeds of the phase that ends).
 Against a shared machine's noise: a change must be confirmed by `confirm` samples in a row past the series' measured
-spread (runtime.detect), unless one sample is ALONE times past it (a several-fold jump is acted on at once), a
-move's gain is counted less the step time's measured spread and must pay for the decision's own measured wall time
-too, and the plan the last move left is taken back only for a gain of
-`hysteresis`; where the running plan and an option both ran since the last change, their measured step times
-are compared instead of their predictions (planner.joint). A move's horizon is cut to the rate of the detected
-changes that moved the measured speeds or links by the detector's ratio (planner.joint.moved): a false alarm costs a
-pricing, not the horizon of every move after it. The links are probed only where the step time moved and
+spread (runtime.detect), unless one sample is ALONE times past it (a several-fold jump is acted on at once), a move's
+gain is counted less the step time's measured spread and must pay for a decision point's measured wall time too (its
+link probe left out: the decision points a move brings after it do not probe), and the plan the last move left is taken
+back only for a gain of `hysteresis`; where the running plan and an option both ran since the last change, their
+measured step times are compared instead of their predictions (planner.joint). A move's horizon is cut to the rate of
+the detected changes that moved the measured speeds or links by the detector's ratio (planner.joint.moved): a false
+alarm costs a pricing, not the horizon of every move after it. The links are probed only where the step time moved and
 no rank's speed explains it, or at a period where the step time's level moved by adapt.min_gain since they were last
-probed (a period with change detection on and a steady step time has links as last probed: a link change that could
-pay for a move shows in the step time)."""
+probed (a period with change detection on and a steady step time has links as last probed: a link change that could pay
+for a move shows in the step time)."""
 
 from __future__ import annotations
 
@@ -143,7 +143,10 @@ class Controller:
         if self.detect:
             self.adapter.detector = Detector(self.detect, confirm=self.confirm, alone=ALONE)
         self.switch_s = 0.0  # a schedule switch's cost, as last measured
-        self.decide_s = 0.0  # a decision point's wall time before any move (probes, gathers, pricing), as last measured
+        # a decision point's wall time before any move, its link probe left out (gathers, pricing), as last measured:
+        # what a move is charged for the decision points it brings after it (the detectors' follow-ups, which settle,
+        # gather and price; the links do not move with the plan, so they are not probed for it)
+        self.decide_s = 0.0
         self.left: tuple | None = None  # (bounds, key) the last move left
         self.ran: dict[tuple, list[float]] = {}  # (bounds, key) -> its step times since the last change (latest)
         self._skip = 1  # step times not watched (the first one, and the first after a move)
@@ -188,9 +191,12 @@ class Controller:
         # period probes, as a steady level is no evidence then
         level = self.steps.estimate if self.steps.estimate is not None else step_s
         drift = self._agree is None or self._links.due(level)
+        probe_s = 0.0
         if probes(due, stepped, ranked, fb is not None or fk is not None, ad.start_measured, drift):
+            tp = time.perf_counter()
             ad.measure_links(rt.pipe_ranks, rt.pipe_rank, rt.replica)
             self._links.probe(level)
+            probe_s = time.perf_counter() - tp
         S, sw = rt.pipe_ranks, self.switcher
         state = ad.pipeline_state(S, nxt)
         shifted = changed and moved(self._seen, state, self.detect or 2.0, S)
@@ -206,7 +212,7 @@ class Controller:
             self.partitions, True, self.min_gain, fb, fk, ad.calibration_now(S), sw.kinds, self.steps.noise,
             self.decide_s, self.left, self.hysteresis,
             {k: statistics.median(v) for k, v in self.ran.items() if len(v) >= 2}))
-        self.decide_s = time.perf_counter() - t0  # rank 0's figure is the one it prices with
+        self.decide_s = time.perf_counter() - t0 - probe_s  # rank 0's figure is the one it prices with
         rec = DecisionEvent(d)
         if self.placer is not None:  # experts move under the partition they were measured in, before layers do
             rec.placement = self.placer.place(rt, step, horizon)
