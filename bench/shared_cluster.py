@@ -11,7 +11,8 @@ Reduced run (the three traces, the rows the controller's goals need):
 --steps 60 --segment 3 --separate 0 --kinds kfkb --basis cpu --per-phase 1 (about 9-10 minutes on the 2-core machine).
 
 The traces: `gearshift trace synth`'s cotenant and burst (co-tenants arriving every --gap x steps on a device and
-staying --stay x steps, bursts lasting --stay/2..--stay x steps, up to --depth deep), and link (cotenant whose
+staying --stay x steps; bursts of --stay/3..2 --stay/3 x steps, as frequent as takes a device for the co-tenants'
+share of its time, --stay / --gap; up to --depth deep), and link (cotenant whose
 co-tenants also cap the pipeline links), every change moved to a multiple of --grain steps, each at a fixed seed
 that the simulator found to give the oracle headroom over any static plan (--seed N searches again: the first seed
 whose predicted headroom reaches --headroom). The static configurations measured are picked by the simulator from
@@ -64,19 +65,30 @@ from torch_pipe import Slowed, TorchPipeline
 
 WORLD = 4
 # name -> (synth kind, link bandwidth, seed); the seeds are --seed-search's picks on the default shape (its
-# prediction depends on the profile measured, so a search is not reproducible on a loaded machine: these are fixed)
+# prediction depends on the profile measured, so a search is not reproducible on a loaded machine: these are fixed;
+# burst's was picked before its bursts took the co-tenants' share of time, and kept: under that rule most seeds give
+# the oracle the headroom issue 39 asks for, not only the lucky ones)
 TRACES = {"cotenant": ("cotenant", 0.0, 8), "burst": ("burst", 0.0, 10), "link": ("cotenant", 2e7, 8)}
 
 
 def make_trace(kind: str, link_bw: float, steps: int, seed: int, base: float, gap: float, stay: float,
                depth: float, grain: int = 1) -> list[TraceRow]:
     """A synthesized trace with every rank's slowdown times `base` (the duty-cycle floor): co-tenants arriving
-    every `gap` x steps on a device and staying `stay` x steps on average, bursts lasting stay/2..stay x steps,
-    every change on a multiple of `grain` steps."""
-    burst = (max(2, int(steps * stay / 2)), max(3, int(steps * stay)))
+    every `gap` x steps on a device and staying `stay` x steps on average; bursts shorter than a co-tenant's stay
+    (stay/3..2 stay/3 x steps) that take a device for the same share of its time as co-tenants do (stay / gap:
+    burst_gap), so the burst trace is no calmer than the cotenant one; every change on a multiple of `grain` steps."""
+    burst = (max(2, int(steps * stay / 3)), max(3, int(steps * stay * 2 / 3)))
+    every = burst_gap(burst, stay / gap) if kind == "burst" else steps * gap
     rows = [TraceRow(r.step, r.rank, r.slowdown * base) if r.rank is not None else r
-            for r in synth(kind, WORLD, steps, seed, depth, link_bw, steps * gap, steps * stay, burst)]
+            for r in synth(kind, WORLD, steps, seed, depth, link_bw, every, steps * stay, burst)]
     return snapped(rows, grain) if grain > 1 else rows
+
+
+def burst_gap(burst: tuple[int, int], share: float) -> float:
+    """The mean steps between bursts of `burst` (shortest, longest) steps on a device (each drawn after the last
+    ended) at which bursts take `share` of its time: mean length x (1 / share - 1) (share capped at 0.9)."""
+    share = min(max(share, 1e-3), 0.9)
+    return (burst[0] + burst[1]) / 2 * (1 / share - 1)
 
 
 def snapped(rows: list[TraceRow], grain: int) -> list[TraceRow]:

@@ -7,7 +7,7 @@ import gearshift.planner.joint as joint
 from gearshift.cluster.state import ClusterState
 from gearshift.planner.schedule_choice import price, splits
 from gearshift.profile.model_profile import ModelProfile
-from gearshift.runtime.controller import ALONE, left_after, probes
+from gearshift.runtime.controller import ALONE, ProbeLevel, drifted, left_after, period_due, probes
 from gearshift.runtime.detect import Detector
 from synthetic import linear_profiles
 
@@ -31,6 +31,51 @@ def test_links_are_probed_only_where_no_rank_explains_the_step_time() -> None:
     assert probes(due=False, stepped=True, ranked=False, forced=False, measured=True)  # the links are the suspect
     assert not probes(due=False, stepped=True, ranked=True, forced=False, measured=True)  # a rank's speed moved
     assert not probes(due=False, stepped=False, ranked=True, forced=False, measured=True)
+    # a period whose step time held its level since the last probe leaves the links as probed; anything else probes
+    assert not probes(due=True, stepped=False, ranked=False, forced=False, measured=True, drifted=False)
+    assert probes(due=True, stepped=False, ranked=False, forced=True, measured=True, drifted=False)
+    assert probes(due=True, stepped=True, ranked=False, forced=False, measured=True, drifted=False)
+    assert probes(due=True, stepped=False, ranked=False, forced=False, measured=False, drifted=False)
+
+
+def test_the_period_counts_from_the_last_decision_point() -> None:
+    every, last, due = 10, None, []
+    detected = {11, 24}  # decision points a change triggered (after steps 10 and 23)
+    for nxt in range(1, 50):
+        if period_due(nxt, last, every) or nxt in detected:
+            last = nxt
+            due.append(nxt)
+    assert due == [10, 11, 21, 24, 34, 44]  # no period decision a step after a change's decision
+    assert period_due(30, None, every) and not period_due(31, None, every)  # before any: on the period's multiples
+    assert not any(period_due(n, 5, 0) for n in range(100))
+
+
+def test_a_period_probes_where_the_step_time_moved_by_the_min_gain_since_the_last_probe() -> None:
+    assert drifted(1.0, None, 0.05)  # nothing comparable (never probed, or a move since)
+    assert not drifted(1.04, 1.0, 0.05) and not drifted(1.0, 1.04, 0.05)
+    assert drifted(1.06, 1.0, 0.05) and drifted(1.0, 1.06, 0.05)  # slower or faster: either way
+    assert drifted(1.2, 1.0, 0.25) is False and drifted(1.3, 1.0, 0.25)
+
+
+def test_a_move_carries_the_links_as_probed_to_the_new_plans_level() -> None:
+    links = ProbeLevel(0.05)
+    assert links.due(1.0)  # never probed
+    links.move()
+    links.watched(1.0, False)
+    assert links.due(1.0)  # a move before any probe: nothing to carry
+    links.probe(1.0)
+    assert not links.due(1.03) and links.due(1.1)
+    links.move()  # the plan changed, so its step time did: the old level is not comparable
+    assert links.due(0.5)
+    links.watched(None, False)  # the step after the move is not watched: still nothing to compare with
+    assert links.due(0.5)
+    links.watched(0.5, False)  # the new plan's first watched step: the links as probed are held to its level
+    assert not links.due(0.51) and links.due(0.6)
+    links.watched(0.9, False)  # once rebased, later steps do not move the level
+    assert not links.due(0.51)
+    links.move()
+    links.watched(0.7, True)  # a change agreed at the rebasing step: nothing comparable, the next period probes
+    assert links.due(0.7)
 
 
 def test_price_with_keys_prices_only_those() -> None:

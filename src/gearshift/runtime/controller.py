@@ -1,21 +1,27 @@
-"""The one controller (adapt.controller = joint): at a decision point (every adapt.every steps, a detected change
-of a rank's speed or of the step time, or a forced step) it settles the speeds measured since, probes the links,
-and rank 0 prices partition and schedule together (planner.joint); every rank then applies the same move at the
-same step boundary: experts move (a MoE job's placement part, priced by the same rule over the same horizon: the
+"""The one controller (adapt.controller = joint): at a decision point (adapt.every steps after the last one, a
+detected change of a rank's speed or of the step time, or a forced step) it settles the speeds measured since, probes
+the links, and rank 0 prices partition and schedule together (planner.joint); every rank then applies the same move at
+the same step boundary: experts move (a MoE job's placement part, priced by the same rule over the same horizon: the
 placer given), layers migrate (Adapter.apply_bounds), the schedule switches (PipelineRuntime.set_schedule).
 A detected change is agreed by every rank (AnyRank) before anyone decides, so all enter the same collectives.
+The period counts from the last decision point, whatever triggered it: it bounds the steps without a decision, and a
+period decision a step or two after a change's decision measures almost nothing new (where changes land on the
+period's grain, a fixed period decides on the step before each change, with the speeds of the phase that ends).
 Against a shared machine's noise: a change must be confirmed by `confirm` samples in a row past the series' measured
-spread (runtime.detect), unless one sample is ALONE times past it (a several-fold jump is acted on at once), a
-move's gain is counted less the step time's measured spread and must pay for the decision's own measured wall time
-too, and the plan the last move left is taken back only for a gain of
-`hysteresis`; where the running plan and an option both ran since the last change, their measured step times
-are compared instead of their predictions (planner.joint). A move's horizon is cut to the rate of the detected
-changes that moved the measured speeds or links by the detector's ratio (planner.joint.moved): a false alarm costs a
-pricing, not the horizon of every move after it. The links are probed only where the step time moved and
-no rank's speed explains it (or at the period): a rank's own change leaves them as last probed."""
+spread (runtime.detect), unless one sample is ALONE times past it (a several-fold jump is acted on at once), a move's
+gain is counted less the step time's measured spread and must pay for a decision point's measured wall time too (its
+link probe left out: the decision points a move brings after it do not probe), and the plan the last move left is taken
+back only for a gain of `hysteresis`; where the running plan and an option both ran since the last change, their
+measured step times are compared instead of their predictions (planner.joint). A move's horizon is cut to the rate of
+the detected changes that moved the measured speeds or links by the detector's ratio (planner.joint.moved): a false
+alarm costs a pricing, not the horizon of every move after it. The links are probed only where the step time moved and
+no rank's speed explains it, or at a period where the step time's level moved by adapt.min_gain since they were last
+probed (a period with change detection on and a steady step time has links as last probed: a link change that could pay
+for a move shows in the step time)."""
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -38,11 +44,59 @@ RAN = 8  # the latest step times kept per plan run since the last change
 ALONE = 1.5
 
 
-def probes(due: bool, stepped: bool, ranked: bool, forced: bool, measured: bool) -> bool:
+def probes(due: bool, stepped: bool, ranked: bool, forced: bool, measured: bool, drifted: bool = True) -> bool:
     """Whether a decision point probes the links (round trips on every link, on every rank: the same answer
-    everywhere, from agreed inputs): at the period, a forced step, before any probe, or where the step time moved
-    (`stepped`) and no rank's speed did (`ranked`): a rank's own change leaves the links as last probed."""
-    return due or forced or not measured or (stepped and not ranked)
+    everywhere, from agreed inputs): at the period where the step time `drifted` since the last probe, a forced
+    step, before any probe, or where the step time moved (`stepped`) and no rank's speed did (`ranked`): a rank's
+    own change leaves the links as last probed."""
+    return (due and drifted) or forced or not measured or (stepped and not ranked)
+
+
+def period_due(nxt: int, last: int | None, every: int) -> bool:
+    """Whether the period (`every` steps, 0 = none) asks for a decision before step `nxt`: `every` steps after the
+    step the last decision point decided for (`last`; None: none yet, or a resumed job: at the multiples of
+    `every`)."""
+    if every <= 0:
+        return False
+    return nxt % every == 0 if last is None else nxt - last >= every
+
+
+def drifted(level: float, probed: float | None, min_gain: float) -> bool:
+    """Whether the job's step-time `level` moved from its level when the links were last probed (`probed`; None:
+    not comparable, e.g. a move changed the plan since) by `min_gain` or more, either way: a link change smaller
+    than that cannot pay for a move, and a larger one shows in the step time."""
+    if probed is None or level <= 0 or probed <= 0:
+        return True
+    return abs(math.log(level / probed)) >= math.log1p(min_gain)
+
+
+@dataclass
+class ProbeLevel:
+    """The job's step-time level the links were last probed at, which a period's probe is gated on (drifted): set
+    by a probe, dropped by a change seen before it is rebased, and carried across a move (links do not move with the
+    plan): rebased on the first step the new plan runs that the step-time series watches. Fed only values every rank
+    shares (the gathered step time, agreed changes), so every rank gates alike."""
+
+    min_gain: float
+    level: float | None = None  # None: nothing comparable, a period probes
+    probed: bool = False  # whether any probe set it yet
+    rebase: bool = False  # a move since: the next watched step's level is the one the links are held to
+
+    def due(self, level: float) -> bool:
+        """Whether a period probes at this step-time `level`."""
+        return drifted(level, self.level, self.min_gain)
+
+    def probe(self, level: float) -> None:
+        self.level, self.probed, self.rebase = level, True, False
+
+    def move(self) -> None:
+        self.level, self.rebase = None, self.probed
+
+    def watched(self, level: float | None, changed: bool) -> None:
+        """A step the step-time series watched (its level after it; None: not yet one), and whether a change was
+        agreed at it: after a move, the first such step rebases (a change at it leaves nothing comparable)."""
+        if self.rebase and level is not None:
+            self.level, self.rebase = (None if changed else level), False
 
 
 def left_after(left: tuple | None, moved_env: bool) -> tuple | None:
@@ -89,12 +143,19 @@ class Controller:
         if self.detect:
             self.adapter.detector = Detector(self.detect, confirm=self.confirm, alone=ALONE)
         self.switch_s = 0.0  # a schedule switch's cost, as last measured
-        self.decide_s = 0.0  # a decision point's wall time before any move (probes, gathers, pricing), as last measured
+        # a decision point's wall time before any move, its link probe left out (gathers, pricing), as last measured:
+        # what a move is charged for the decision points it brings after it (the detectors' follow-ups, which settle,
+        # gather and price; the links do not move with the plan, so they are not probed for it)
+        self.decide_s = 0.0
         self.left: tuple | None = None  # (bounds, key) the last move left
         self.ran: dict[tuple, list[float]] = {}  # (bounds, key) -> its step times since the last change (latest)
         self._skip = 1  # step times not watched (the first one, and the first after a move)
         self.changes: list[int] = []  # the steps a change was detected at that moved the measured state (agreed)
         self._seen = None  # the state the last decision point measured
+        # the step the last decision point decided for: the period counts from it (None: none yet, or a resumed job:
+        # at the period's multiples)
+        self._last: int | None = None
+        self._links = ProbeLevel(self.min_gain)  # the step-time level the links were last probed at
 
     def after_step(self, rt: PipelineRuntime, step: int, step_s: float) -> DecisionEvent | None:
         """After `step` (every rank; `step_s` the gathered step time): decide if due, detected or forced, and apply
@@ -111,21 +172,31 @@ class Controller:
             ranked = self._agree(mine)
         changed = ranked or stepped
         fb, fk = ad.forced.get(nxt), self.switcher.forced.get(nxt)
-        due = any(e > 0 and nxt % e == 0 for e in (self.every, self.placer.every if self.placer else 0))
+        due = any(period_due(nxt, self._last, e) for e in (self.every, self.placer.every if self.placer else 0))
         if changed:  # what each plan measured before the change says nothing about it now
             self.ran.clear()
         if not skipped:
             seen = self.ran.setdefault(self._plan(rt), [])
             seen.append(step_s)
             del seen[:-RAN]
+            self._links.watched(self.steps.estimate, changed)
         if not (due or changed or fb is not None or fk is not None):
             return None
         t0 = time.perf_counter()
+        self._last = nxt
         trigger = ", ".join(t for t, on in (("change detected", changed), ("period", due),
                                             ("forced", fb is not None or fk is not None)) if on)
         ad.settle_speed()
-        if probes(due, stepped, ranked, fb is not None or fk is not None, ad.start_measured):
+        # the step time's level, the same on every rank (fed the gathered step time); without change detection every
+        # period probes, as a steady level is no evidence then
+        level = self.steps.estimate if self.steps.estimate is not None else step_s
+        drift = self._agree is None or self._links.due(level)
+        probe_s = 0.0
+        if probes(due, stepped, ranked, fb is not None or fk is not None, ad.start_measured, drift):
+            tp = time.perf_counter()
             ad.measure_links(rt.pipe_ranks, rt.pipe_rank, rt.replica)
+            self._links.probe(level)
+            probe_s = time.perf_counter() - tp
         S, sw = rt.pipe_ranks, self.switcher
         state = ad.pipeline_state(S, nxt)
         shifted = changed and moved(self._seen, state, self.detect or 2.0, S)
@@ -141,7 +212,7 @@ class Controller:
             self.partitions, True, self.min_gain, fb, fk, ad.calibration_now(S), sw.kinds, self.steps.noise,
             self.decide_s, self.left, self.hysteresis,
             {k: statistics.median(v) for k, v in self.ran.items() if len(v) >= 2}))
-        self.decide_s = time.perf_counter() - t0  # rank 0's figure is the one it prices with
+        self.decide_s = time.perf_counter() - t0 - probe_s  # rank 0's figure is the one it prices with
         rec = DecisionEvent(d)
         if self.placer is not None:  # experts move under the partition they were measured in, before layers do
             rec.placement = self.placer.place(rt, step, horizon)
@@ -165,6 +236,7 @@ class Controller:
         if d.moves_layers or d.switches:  # the step time is watched from the level the move leaves
             self.steps.reset()
             self._skip = 1
+            self._links.move()  # the level the links were probed at was another plan's: rebased on its next step
         elif changed:  # the level as it is now: a change half-seen by the other series is not decided on again
             self.steps.reset(step_s)
         rec.decision_s = time.perf_counter() - t0  # this rank's: probes, gathers, pricing and the move

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import gc
 import heapq
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import accumulate, compress
@@ -103,7 +104,51 @@ class _Program:
     carried: list[float]  # per rank: activation memory held at the start (forwards of the previous step)
 
 
-def _compile(schedule: Schedule, cost: ScheduleCosts) -> _Program:
+@dataclass(frozen=True)
+class _Shape:
+    """What _compile resolves from the schedule alone (the same for every cost): the flattened actions, each one's
+    rank, stage and dependencies, and each send's link. Shared between calls, so held in tuples (read only)."""
+
+    flat: tuple[Action, ...]
+    kind: tuple[int, ...]
+    offs: tuple[int, ...]
+    ranks: tuple[int, ...]
+    stage: tuple[int, ...]
+    peer: tuple[int, ...]
+    dep1: tuple[int, ...]
+    dep2: tuple[int, ...]
+    depn: dict[int, tuple[int, ...]]
+    link: tuple[int, ...]
+    carried: tuple[tuple[int, int], ...]  # (rank, stage) of each backward whose forward the previous step ran
+
+
+SHAPES = 64  # schedules whose _Shape is kept (a decision prices some 40; a job re-prices the same ones)
+_shapes: OrderedDict[int, tuple[Schedule, tuple, _Shape]] = OrderedDict()  # id -> (schedule, its snapshot, shape)
+
+
+def _snapshot(schedule: Schedule) -> tuple:
+    """Everything a _Shape is built from, as one value: equal for equal schedules, and cheap to compare against a
+    schedule whose lists hold the same Action objects (tuple equality tries identity first)."""
+    return (schedule.num_stages, schedule.num_microbatches, schedule.stages_per_pipe, schedule.window,
+            tuple(schedule.placement), tuple(map(tuple, schedule.actions)))
+
+
+def _shape(schedule: Schedule) -> _Shape:
+    """The schedule's _Shape, built once per schedule object and reused while the schedule holds the same lists (a
+    planner prices each cached schedule under many costs; a schedule changed in place is built again)."""
+    snap = _snapshot(schedule)
+    hit = _shapes.get(id(schedule))
+    if hit is not None and hit[0] is schedule and hit[1] == snap:
+        _shapes.move_to_end(id(schedule))
+        return hit[2]
+    shape = _build_shape(schedule)
+    _shapes[id(schedule)] = (schedule, snap, shape)  # holding the schedule keeps its id from being reused
+    while len(_shapes) > SHAPES:
+        _shapes.popitem(last=False)
+    return shape
+
+
+def _build_shape(schedule: Schedule) -> _Shape:
     """Flatten the lists and resolve each action's dependency to the index of the action it waits for."""
     num_ranks, placement, stages_per_pipe = schedule.num_ranks, schedule.placement, schedule.stages_per_pipe
     offs = [0]
@@ -139,46 +184,31 @@ def _compile(schedule: Schedule, cost: ScheduleCosts) -> _Program:
     def carried(d: int, mb: int) -> int:
         return _NONE if d == _NEVER and mb < carry_below else d
 
-    dep1 = [_NONE] * n
+    dep1: list = [_NONE] * n
     dep2 = [_NONE] * n
     depn: dict[int, list[int]] = {}
-    dur = [0.0] * n
     link = [0] * n
-    mem = [0.0] * n
-    fwd, bwd, nbytes, act_mem = cost.forward_s, cost.backward_s, cost.act_bytes, cost.act_mem_bytes
-    bwd_in, bwd_w = cost.input_grad_s(), cost.weight_grad_s()
-    sync, step = cost.sync_s, cost.step_times(num_ranks)
-    fixed, plain = cost.op_times(num_ranks), cost.unstretched_times(num_ranks)
-    per_op = [x + u for x, u in zip(fixed, plain)]
-    bi_share = cost.input_op_share()  # of a split backward's fixed cost, BI's (BW has the rest)
-    pbytes = cost.param_bytes or [0.0] * num_stages
     seen: dict[tuple, int] = {}  # (kind, stage, peer, rank) -> occurrences so far (update messages pair in order)
     updates: dict[tuple, list[int]] = {}
     norms: list[list[int]] = [[] for _ in range(num_ranks)]
     bars: list[list[int]] = [[] for _ in range(num_ranks)]
-    carried_mem = [0.0] * num_ranks
+    carried_bwd: list[tuple[int, int]] = []
     for g, k, s, mb, r, p in zip(range(n), kind, stage, mbs, ranks, peer):
         i = s * m + mb
         if k == _F:
-            dur[g] = fwd[s] + per_op[r]
-            mem[g] = act_mem[s]
             if s % stages_per_pipe:
                 if placement[s - 1] == r:
                     dep1[g] = carried(slot[fs + i - m], mb)
                 else:
                     d = slot[ras + i]
                     dep1[g] = d if d >= 0 and ranks[d] == r else _NEVER
-        elif k == _BW:  # after its BI, on the same rank; frees what the forward saved
-            dur[g] = bwd_w[s] + (1.0 - bi_share[s]) * fixed[r] + plain[r]
-            mem[g] = -act_mem[s]
+        elif k == _BW:  # after its BI, on the same rank
             d = slot[bs + i]
             dep1[g] = d if d >= 0 and ranks[d] == r and kind[d] == _BI else _NEVER
         elif k == _B or k == _BI:
-            dur[g] = bwd[s] + per_op[r] if k == _B else bwd_in[s] + bi_share[s] * fixed[r] + plain[r]
-            mem[g] = -act_mem[s] if k == _B else 0.0
             dep2[g] = carried(slot[fs + i], mb)
             if dep2[g] == _NONE:
-                carried_mem[r] += act_mem[s]
+                carried_bwd.append((r, s))
             if (s + 1) % stages_per_pipe:
                 if placement[s + 1] == r:
                     dep1[g] = carried(slot[bs + i + m], mb)
@@ -187,8 +217,6 @@ def _compile(schedule: Schedule, cost: ScheduleCosts) -> _Program:
                     dep1[g] = d if d >= 0 and ranks[d] == r else _NEVER
         elif k == _SA or k == _SG:
             dep1[g] = slot[(fs if k == _SA else bs) + i]
-            nb = nbytes[s] if k == _SA else nbytes[max(s - 1, 0)]
-            dur[g] = cost.transfer_s(r, p, nb)
             link[g] = r * num_ranks + p
         elif k == _RA or k == _RG:
             src = s - 1 if k == _RA else s + 1
@@ -196,27 +224,19 @@ def _compile(schedule: Schedule, cost: ScheduleCosts) -> _Program:
             d = slot[(sas if k == _RA else sgs) + i + (src - s) * m] if ok else _NEVER
             dep1[g] = carried(d if d >= 0 and ranks[d] == p and peer[d] == r else _NEVER, mb)
         elif k == _RED or k == _SP:
-            if p >= 0:
-                dur[g] = cost.transfer_s(r, p, pbytes[s])
-                link[g] = r * num_ranks + p
-            else:
-                link[g] = -1  # the optimizer holder's own gradient: stays on the rank
+            link[g] = r * num_ranks + p if p >= 0 else -1  # -1: the optimizer holder's own gradient stays
             updates.setdefault((k, s, p, r), []).append(g)
         elif k == _RR or k == _RP:
             src_stage = schedule.stage_on(p, schedule.slice_of(s)) if 0 <= p < num_ranks else -1
             key = (_RED if k == _RR else _SP, src_stage, r, p)
             seen[key] = j = seen.get(key, 0) + 1
             dep1[g] = key, j - 1  # resolved below, once every send is known
-        elif k == _SYNC:
-            dur[g] = sync[r] if sync is not None else 0.0
         elif k == _NORM:
             norms[r].append(g)
         elif k == _BAR:
             bars[r].append(g)
-        else:
-            dur[g] = step[r]
-            if s >= 0:  # STEP of one slice: waits for the norm every rank contributed
-                depn[g] = []  # filled below
+        elif k == _STEP and s >= 0:  # STEP of one slice: waits for the norm every rank contributed
+            depn[g] = []  # filled below
     for g, k in enumerate(kind):
         if k == _RR or k == _RP:
             key, j = dep1[g]
@@ -233,7 +253,59 @@ def _compile(schedule: Schedule, cost: ScheduleCosts) -> _Program:
             depn[g] = [(bs_[j] - 1 if bs_[j] > offs[q] else _NONE) if j < len(bs_) else _NEVER
                        for q, bs_ in enumerate(bars)]
             depn[g] = [d for d in depn[g] if d != _NONE]
-    return _Program(flat, kind, offs, dep1, dep2, depn, dur, link, mem, carried_mem)
+    return _Shape(tuple(flat), tuple(kind), tuple(offs), tuple(ranks), tuple(stage), tuple(peer), tuple(dep1),
+                  tuple(dep2), {g: tuple(ds) for g, ds in depn.items()}, tuple(link), tuple(carried_bwd))
+
+
+def _compile(schedule: Schedule, cost: ScheduleCosts) -> _Program:
+    """The schedule's _Shape (cached per schedule) with each action's time and memory under `cost`."""
+    sh = _shape(schedule)
+    num_ranks, num_stages = schedule.num_ranks, schedule.num_stages
+    n = len(sh.flat)
+    dur = [0.0] * n
+    mem = [0.0] * n
+    fwd, bwd, nbytes, act_mem = cost.forward_s, cost.backward_s, cost.act_bytes, cost.act_mem_bytes
+    bwd_in, bwd_w = cost.input_grad_s(), cost.weight_grad_s()
+    sync, step = cost.sync_s, cost.step_times(num_ranks)
+    fixed, plain = cost.op_times(num_ranks), cost.unstretched_times(num_ranks)
+    per_op = [x + u for x, u in zip(fixed, plain)]
+    bi_share = cost.input_op_share()  # of a split backward's fixed cost, BI's (BW has the rest)
+    pbytes = cost.param_bytes or [0.0] * num_stages
+    xfer: dict[tuple[int, int, float], float] = {}  # (src, dst, bytes) -> transfer time: a few distinct ones
+
+    def transfer(r: int, p: int, nb: float) -> float:
+        t = xfer.get((r, p, nb))
+        if t is None:
+            t = xfer[(r, p, nb)] = cost.transfer_s(r, p, nb)
+        return t
+
+    for g, k, s, r, p in zip(range(n), sh.kind, sh.stage, sh.ranks, sh.peer):
+        if k == _F:
+            dur[g] = fwd[s] + per_op[r]
+            mem[g] = act_mem[s]
+        elif k == _BW:  # frees what the forward saved
+            dur[g] = bwd_w[s] + (1.0 - bi_share[s]) * fixed[r] + plain[r]
+            mem[g] = -act_mem[s]
+        elif k == _B:
+            dur[g] = bwd[s] + per_op[r]
+            mem[g] = -act_mem[s]
+        elif k == _BI:
+            dur[g] = bwd_in[s] + bi_share[s] * fixed[r] + plain[r]
+        elif k == _SA:
+            dur[g] = transfer(r, p, nbytes[s])
+        elif k == _SG:
+            dur[g] = transfer(r, p, nbytes[max(s - 1, 0)])
+        elif k == _RED or k == _SP:
+            if p >= 0:
+                dur[g] = transfer(r, p, pbytes[s])
+        elif k == _SYNC:
+            dur[g] = sync[r] if sync is not None else 0.0
+        elif k == _STEP:
+            dur[g] = step[r]
+    carried_mem = [0.0] * num_ranks
+    for r, s in sh.carried:
+        carried_mem[r] += act_mem[s]
+    return _Program(sh.flat, sh.kind, sh.offs, sh.dep1, sh.dep2, sh.depn, dur, sh.link, mem, carried_mem)
 
 
 class _Barrier:
