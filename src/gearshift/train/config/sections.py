@@ -252,8 +252,9 @@ class AdaptConfig:
     """Re-planning: every `every` steps the partition is re-planned from measured speeds and applied by live
     layer migration when the predicted gain over the next period beats the migration cost."""
 
-    every: int = key(100, "re-plan every this many steps (parallel.partition = adaptive); 0 = plan once at the "
-                          "start, never re-plan")
+    every: int = key(100, "re-plan every this many steps (parallel.partition = adaptive; under adapt.controller "
+                          "= joint, counted from the last decision point, a detected change's included); 0 = plan "
+                          "once at the start, never re-plan")
     alpha: float = key(0.5, "weight of the newest sample in the smoothed speed estimates, in (0, 1]")
     profile: str = key("", 'ModelProfile JSON from `gearshift profile`; "" = profile at start')
     link_change: float = key(0.25, "parallel.schedule = auto: re-price between periods when the step time moves by "
