@@ -39,6 +39,8 @@ def test_cuda_trains_like_the_cpu_and_its_checkpoint_resumes_on_the_cpu(tmp_path
     assert r.returncode == 0, r.stderr
     assert "gearshift: training on CUDA with NCCL (1 rank, rank 0 on cuda:0)" in r.stdout
     assert _losses(cuda) == pytest.approx(_losses(cpu), rel=1e-4)
+    steps = [json.loads(ln) for ln in (cuda / "metrics.jsonl").read_text().splitlines() if '"busy_s"' in ln]
+    assert steps and all(b > 0 for d in steps for b in d["busy_s"])  # compute timed by CUDA events, read per step
     r = _train(moved, *ONE, "--cluster.device=cuda", "--train.stop_after=2")
     assert r.returncode == 0, r.stderr
     r = _train(moved, *ONE, "--cluster.device=cpu", "--resume")
@@ -103,3 +105,48 @@ def test_overlap_and_multidir_on_cuda_train_like_the_cpu(tmp_path, extra):
     r = _train(cuda, *args, "--cluster.device=cuda")
     assert r.returncode == 0, r.stderr
     assert _losses(cuda) == pytest.approx(_losses(cpu), rel=1e-4)
+
+
+def test_the_executor_on_cuda_waits_once_per_step_not_per_op(monkeypatch):
+    """Issue 41's hygiene: compute ops are timed by CUDA events, read after one wait at the step's end; no stream
+    synchronize per op. With the emulation hook set (a benchmark feature) the executor does wait per op: the
+    counter's positive control."""
+    from torch import nn
+
+    from gearshift.runtime.executor import PipelineExecutor
+    from gearshift.schedules import make_schedule
+
+    waits = {"stream": 0, "device": 0, "event": 0}
+    for name, owner, attr in (("stream", torch.cuda.Stream, "synchronize"), ("device", torch.cuda, "synchronize"),
+                              ("event", torch.cuda.Event, "synchronize")):
+        real = getattr(owner, attr)
+
+        def counted(*args, _real=real, _name=name, **kw):
+            waits[_name] += 1
+            return _real(*args, **kw)
+
+        monkeypatch.setattr(owner, attr, counted)
+    dev = torch.device("cuda", 0)
+    torch.manual_seed(0)
+    stages = {s: nn.Sequential(nn.Linear(64, 64), nn.Tanh()).to(dev) for s in range(3)}
+    m = 4
+    xs = [torch.randn(8, 64, device=dev) for _ in range(m)]
+    ys = [torch.randn(8, 64, device=dev) for _ in range(m)]
+    sch = make_schedule("1f1b", 3, m, placement=[0, 0, 0])
+    ops = sum(a.op.is_compute for a in sch.actions[0])
+
+    def mse(out, y):
+        return ((out - y) ** 2).mean()
+
+    ex = PipelineExecutor(sch, 0, stages, mse, lambda s: ((8, 64), torch.float32), device=dev)
+    for _ in range(3):
+        rec = ex.run(xs, ys)
+    assert waits == {"stream": 0, "device": 0, "event": 3}  # one wait per step, for its last compute's event
+    assert set(rec.compute_s) == {0, 1, 2} and all(v > 0 for v in rec.compute_s.values())
+    assert all(0 <= b <= e for _, b, e in rec.events)
+
+    seen = []
+    hooked = PipelineExecutor(sch, 0, stages, mse, lambda s: ((8, 64), torch.float32), device=dev,
+                              after_compute=lambda stage, op, s, cpu: seen.append(s))
+    hooked.run(xs, ys)
+    assert waits["stream"] == 2 * ops and len(seen) == ops and all(s > 0 for s in seen)

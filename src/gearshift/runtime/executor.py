@@ -5,14 +5,15 @@ by several ranks (multi-directional pipelines), and the activation bytes saved f
 Each op has one handler, found through a dispatch table when the executor is built (not per action). The
 stages' state is in StageState (runtime.stage), the messages in Transport (runtime.transport); what cuts
 across ops wraps the handlers: every op's span in the record, and around a compute op the receives posted
-ahead, its own time (device time on CUDA) and the emulation hook."""
+ahead, its own time (on CUDA from CUDA events, read once at the step's end: no wait for the device per op) and
+the emulation hook."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -101,10 +102,47 @@ class _Step:
     on_step: Callable[[], None] | None
     t0: float
     on_last_backward: Callable[[int], None] | None = None
+    clock: DeviceClock | None = None  # CUDA without a per-op hook: compute ops timed by events
 
     def event(self, i: int, stage: int, start: float, end: float) -> None:
         self.rec.events.append((self.plan.labels[i], start - self.t0, end - self.t0))
         self.rec.event_stages.append(stage)
+
+
+class DeviceClock:
+    """A step's compute ops on CUDA, timed by CUDA events on the current stream (a few µs to record, no wait):
+    one at the step's start, one before and after each op. `read` waits once, for the last event, and writes
+    each op's device span (from the start event) and its stage's compute into the record, the fields the CPU
+    path fills as it goes. `event` makes an event (a parameter so the bookkeeping is testable without a GPU)."""
+
+    def __init__(self, device: torch.device, event: Callable[[], Any] | None = None):
+        self._stream = torch.cuda.current_stream(device) if event is None else None
+        self._event = event or (lambda: torch.cuda.Event(enable_timing=True))
+        self.start = self.mark()
+        self.spans: list[tuple[int, int, Any, Any]] = []  # (index in rec.events, stage, event before, event after)
+
+    def mark(self) -> Any:
+        """A new event, recorded on the stream now (queued behind the work before it)."""
+        ev = self._event()
+        if self._stream is not None:
+            ev.record(self._stream)
+        else:
+            ev.record()
+        return ev
+
+    def read(self, rec: StepRecord) -> None:
+        """The step's one wait (for its last compute) and the compute ops' device times into `rec`: their spans
+        in `rec.events` (seconds from the start event: the device was idle when the step began, as the previous
+        step ended reading its loss, so this is close to the host's step start) and `rec.compute_s` per stage."""
+        if not self.spans:
+            return
+        self.spans[-1][3].synchronize()
+        start, compute = self.start, rec.compute_s
+        for k, stage, before, after in self.spans:
+            s, e = start.elapsed_time(before) / 1e3, start.elapsed_time(after) / 1e3  # milliseconds
+            rec.events[k] = (rec.events[k][0], s, e)
+            compute[stage] = compute.get(stage, 0.0) + e - s
+        self.spans.clear()
 
 
 # ---- wrappers: what cuts across ops (applied once, to the dispatch tables) ---------------------------
@@ -125,6 +163,19 @@ def _timed(handler: Handler) -> Handler:
     device's), then the emulation hook, whose sleep counts as compute."""
 
     def run(ex: PipelineExecutor, step: _Step, i: int, a: Action, slot: int) -> None:
+        clock = step.clock
+        if clock is not None:  # CUDA: events around the op, read at the step's end (DeviceClock)
+            cpu0 = time.thread_time()
+            ex.transport.post_until(step.plan.ahead[i])
+            start, before = time.perf_counter(), clock.mark()
+            handler(ex, step, i, a, slot)
+            after, end = clock.mark(), time.perf_counter()
+            step.rec.compute_cpu_s += time.thread_time() - cpu0
+            clock.spans.append((len(step.rec.events), a.stage, before, after))
+            step.event(i, a.stage, start, end)  # the host's span until the step's end puts the device's there
+            return
+        # the CPU (sync None: its ops are done when they return), or CUDA with the emulation hook, which needs
+        # the op's device time at once (it sleeps after the op): only then a wait for the stream per op
         sync = ex.sync
         if sync is not None:
             sync()
@@ -180,9 +231,10 @@ class PipelineExecutor:
 
     `act_meta(stage)` gives the (shape, dtype) of one micro-batch's input to `stage` (for receives, allocated on
     `device`). `after_compute(stage, op, seconds, cpu_seconds)` and `after_recv(peer, nbytes, waited_s)` are the
-    emulation and monitoring hooks; they may sleep (emulated slow devices and links). On CUDA a compute action's
-    time and a receive's wait are read after its stream has finished (device time, what the monitor and emulation
-    need). `links`: a process group per channel (direction and kind of message) of each link (NCCL, which matches
+    emulation hooks; they may sleep (emulated slow devices and links). On CUDA compute ops are timed by CUDA events
+    read once at the step's end (DeviceClock), with no wait per op; only with a hook set (emulation, a benchmark
+    feature) is a compute op's time, or a receive's wait, read after the stream has finished (the hook needs it
+    at once). `links`: a process group per channel (direction and kind of message) of each link (NCCL, which matches
     messages by order: runtime.links); None: every transfer in `group`. `stages` is read at each forward, so a
     runtime that swaps a stage's module (a new weight version) only replaces the entry. A window schedule (no
     flush) keeps the previous batch's activations, gradients and sends from one run to the next; run it with
@@ -230,9 +282,13 @@ class PipelineExecutor:
         self.loss_div = M * schedule.num_pipes  # every micro-batch of every pipe weighs the same in the loss
         self.stage_states = StageState.of_rank(schedule, rank)  # indexed by stage; None: another rank's
         self.act_meter = ActivationMeter()
+        # a receive waits for its bytes on the host only for the emulated link's hook (it needs the arrival
+        # time); else NCCL's wait orders the current stream after the receive, and a send is ordered after the
+        # current stream by NCCL itself (gloo, CPU tensors only here: cluster.device, needs neither)
         self.transport = Transport(schedule, rank, rank_offset, self.num_ids, act_meta, self.device,
                                    slice_numel=update.numel if update is not None else None, group=group,
-                                   links=links, sync=self.sync, after_recv=after_recv)
+                                   links=links, sync=self.sync if after_recv is not None else None,
+                                   after_recv=after_recv)
         training = self._MEASURED if measure_memory else self._TRAINING
         self._plans = {key: self._plan(acts, self._EVALUATION if key == "forward" else training)
                        for key, acts in self._phases().items()}
@@ -287,10 +343,13 @@ class PipelineExecutor:
         self.act_meter.begin()
         self.transport.start(plan.actions, plan.recvs, shift, rec.sent_bytes, rec.recv_wait_s)
         cpu0, wait0 = _process_cpu_s(), core_wait_s()
-        step = _Step(plan, rec, inputs, targets, on_sync, on_step, time.perf_counter(), on_last_backward)
+        clock = DeviceClock(self.device) if self.sync is not None and self.after_compute is None else None
+        step = _Step(plan, rec, inputs, targets, on_sync, on_step, time.perf_counter(), on_last_backward, clock)
         for i, (a, handle) in enumerate(zip(plan.actions, plan.handlers)):
             handle(self, step, i, a, (a.mb + shift) % num_ids if a.mb >= 0 else 0)
         self.transport.finish(keep_in_flight=self.window and phase != "drain" and not forward_only)
+        if clock is not None:
+            clock.read(rec)
         rec.peak_act_bytes = self.act_meter.peak
         rec.step_s = time.perf_counter() - step.t0
         rec.cpu_s = _process_cpu_s() - cpu0

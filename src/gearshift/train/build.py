@@ -103,8 +103,11 @@ def build_runtime(cfg: JobConfig, bounds: list[tuple[int, int]] | None = None, a
     spec = spec or job_model(cfg)
     build, act_meta = layer_factory(cfg, spec, data)
     optim = OptimConfig(t.weight_decay, (t.beta1, t.beta2), t.grad_clip)
-    hooks = {"after_compute": adapter.after_compute if adapter else None,
-             "after_recv": adapter.after_recv if adapter else None}
+    # the adapter's executor hooks do something only under emulation: without it none is set, so a CUDA job never
+    # waits for the device per op (runtime.executor times its ops by CUDA events)
+    emulating = adapter is not None and adapter.emulator is not None
+    hooks = {"after_compute": adapter.after_compute if emulating else None,
+             "after_recv": adapter.after_recv if emulating else None}
     if cfg.parallel.schedule == "multidir":
         if bounds is None or schedule is None:
             profile = multidir_profile(cfg, adapter)
