@@ -6,10 +6,11 @@ cores as measured with the job's workers, the emulated duty cycle), run it for a
 step (first steps left out). The headline price (`predicted_step_s`) is the calibration with the overhead carried
 from the other points' runs (each one's steps after the warm-up, as a finished job's fit is saved;
 profile.overhead.carried_overhead: each figure's median over the other points, leave one out, with their wait for a
-core and without their fitted cores; its compute by the compute line through their ranks' work, seconds per FLOP and
-per action, profile.overhead.compute_line): what a job on this machine is priced at before its own steps, once other
-shapes have run here (`gearshift simulate --overhead`). Beside it: the same without the wait for a core, by the
-others' median compute scale (`carried_scale`: the headline before the line), the calibration alone, no calibration,
+core and without their fitted cores; its compute by their median compute scale): what a job on this machine is
+priced at before its own steps, once other shapes have run here (`gearshift simulate --overhead`). Beside it: the
+same without the wait for a core, with its compute by the compute line through the others' ranks' work in place of
+the scale (`compute_line`: seconds per FLOP and per action, profile.overhead.compute_line), the calibration alone,
+no calibration,
 `own` (the point's own first steps after the warm-up, before the steps measured, with the wait for a core fitted to
 them: planner.host_cores.fitted_wake; `own cores`: with the cores its ranks got instead, fitted_cores; `cpu only`:
 neither) and `transfer` (the first point's, the default job's, fit alone pricing every other shape; `cores`: with its
@@ -253,9 +254,9 @@ def carry(rows: list[dict], inputs: list[tuple], fits: list[StepOverhead], agree
     """Each row's headline price, `predicted_step_s`: its calibration with the overhead carried from the other points'
     `fits` (measure: each one's run after the warm-up; profile.overhead.carried_overhead: each figure's median over
     the other points, leave one out, with their wait for a core and without their fitted cores), as a job on a
-    machine where other shapes ran is priced at its start (its compute by the compute line through the others' work
-    where they hold it: profile.overhead.compute_line); beside it the same without the wait (`carried_no_wake`),
-    with the others' median compute scale on this point's calibration in place of the line (`carried_scale`), and
+    machine where other shapes ran is priced at its start (its compute by the others' median compute scale); beside
+    it the same without the wait (`carried_no_wake`), with the compute line through the others' work in place of the
+    scale where they hold it (`compute_line`: profile.overhead.compute_line), and
     `transfer`, the first point's (the default job's) fit alone, with its wait (without its fitted cores) and with
     its fitted cores (`transfer_cores`, the wait left out). With `agree`, only the points whose A/A agreed carry
     (donors)."""
@@ -264,7 +265,7 @@ def carry(rows: list[dict], inputs: list[tuple], fits: list[StepOverhead], agree
         row["carried_from"] = donors(rows, i, agree)
         carried = carried_overhead([fits[j] for j in row["carried_from"]])
         prices = {"step": carried, "carried_no_wake": carried and dataclasses.replace(carried, wake_s=None),
-                  "carried_scale": carried and dataclasses.replace(carried, flop_s=0.0, op_s=0.0)}
+                  "compute_line": carried_overhead([fits[j] for j in row["carried_from"]], line=True)}
         if i:
             prices |= {"transfer": dataclasses.replace(fits[0], cores=0.0),
                        "transfer_cores": dataclasses.replace(fits[0], wake_s=None)}
@@ -289,7 +290,7 @@ def block(rows: list[dict], a) -> dict:
     spreads = [r["spread"] for r in rows]
     line = compute_line([w for r in rows for w in r.get("overhead_run", r["overhead"]).get("work", [])])
     return {"calibrated": summary(rows, "error"), "carried_no_wake": summary(rows, "error_carried_no_wake"),
-            "carried_scale": summary(rows, "error_carried_scale"),
+            "carried_line": summary(rows, "error_compute_line"),
             "compute_line": None if line is None else {  # through every point's own work (not a price: a figure)
                 "s_per_tflop": line.slope * 1e12, "ms_per_op": line.intercept * 1e3, "residual": line.residual,
                 "points": line.points, "method": line.method},
@@ -319,8 +320,8 @@ def goals_of(name: str, b: dict) -> None:
         "own steps, cpu only: median": (b["own_steps_cpu_only"]["median_abs"], "-"),
         "calibration alone: median": (b["calibration_only"]["median_abs"], "-"),
         "carried without the wait: median": (b["carried_no_wake"]["median_abs"], "-"),
-        "carried by the compute scale (no line): median": (b["carried_scale"]["median_abs"], "-"),
-        "carried by the compute scale (no line): worst": (b["carried_scale"]["worst_abs"], "-"),
+        "carried by the compute line: median": (b["carried_line"]["median_abs"], "-"),
+        "carried by the compute line: worst": (b["carried_line"]["worst_abs"], "-"),
         "own steps, its fitted cores: median": (b["own_cores"]["median_abs"], "-"),
         "uncalibrated median": (b["uncalibrated"]["median_abs"], "-"),
         "A/A spread: median": (aa["median_spread"], "-"), "A/A spread: worst": (aa["worst_spread"], "-")}),

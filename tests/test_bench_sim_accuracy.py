@@ -62,10 +62,11 @@ def test_a_point_is_steady_when_its_quietest_run_agrees_with_itself_and_with_the
     assert not sa.steady([drifting], 3, 0.15)
 
 
-def test_the_headline_carries_the_compute_line_where_the_compute_scale_would_not():
+def test_the_compute_line_column_carries_the_line_where_the_headline_s_compute_scale_would_not():
     """Three shapes whose compute follows one line (seconds per FLOP and per action) but whose calibrations are off
-    by different factors (each own compute scale corrects its own): the headline, carried from the other two
-    shapes' work, prices each exactly; the others' median compute scale on the shape's calibration does not."""
+    by different factors (each own compute scale corrects its own): the compute-line price, carried from the other
+    two shapes' work, prices each exactly; the headline, the others' median compute scale on the shape's
+    calibration, does not."""
     from gearshift.planner.predict import predict, work_of
     from gearshift.profile.calibration import Calibration
     from gearshift.profile.fit import LineFit
@@ -88,6 +89,6 @@ def test_the_headline_carries_the_compute_line_where_the_compute_scale_would_not
         inputs.append((prof, bounds, sch, state, 2, cal))
         rows.append({"steady": True, "measured_step_s": meas, "predicted_calibration_only_s": 0.0})
     sa.carry(rows, inputs, fits, agree=0.15)
-    assert all(abs(r["error"]) < 1e-6 for r in rows)
-    assert all(r["carried"]["flop_s"] > 0 for r in rows)
-    assert max(abs(r["error_carried_scale"]) for r in rows) > 0.3
+    assert all(abs(r["error_compute_line"]) < 1e-6 for r in rows)
+    assert all(r["carried"]["flop_s"] == 0.0 for r in rows)  # the headline prices by the compute scale
+    assert max(abs(r["error"]) for r in rows) > 0.3

@@ -122,10 +122,11 @@ def test_the_compute_line_through_jobs_work_carries_where_their_compute_scales_d
             job(a, b, [64e9, 64e9, 48e9], [16, 16, 16], 1.4), job(a, b, [2e9], [16], 1.1)]
     assert fits[0].work == [[pytest.approx(1e6), pytest.approx(a * 1e6 + b)],
                             [pytest.approx(2e6), pytest.approx(a * 2e6 + b)]]
-    got = carried_overhead(fits)
+    assert carried_overhead(fits).flop_s == 0.0  # Gearshift prices by the scale unless the line is asked for
+    got = carried_overhead(fits, line=True)
     assert got.flop_s == pytest.approx(a) and got.op_s == pytest.approx(b)
     assert "compute by FLOPs" in got.method and "per TFLOP" in got.describe()
-    loaded = carried_overhead(fits + [job(a, b, [4e9, 5e9], [16, 16], 1.0, loaded=3.0)])
+    loaded = carried_overhead(fits + [job(a, b, [4e9, 5e9], [16, 16], 1.0, loaded=3.0)], line=True)
     assert loaded.flop_s == pytest.approx(a, rel=0.25) and loaded.op_s == pytest.approx(b, rel=0.25)
     assert StepOverhead.from_dict(got.to_dict()) == got
 
@@ -136,10 +137,10 @@ def test_no_line_from_one_work_per_action_or_from_fits_without_work():
     from gearshift.profile.overhead import compute_line, work_points
 
     one = job(1e-11, 1e-3, [4e9, 4e9], [8, 8], 1.2)
-    assert compute_line(one.work) is None and carried_overhead([one, one]).flop_s == 0.0
+    assert compute_line(one.work) is None and carried_overhead([one, one], line=True).flop_s == 0.0
     close = job(1e-11, 1e-3, [4.0e9, 4.2e9, 7.9e9], [8, 8, 8], 1.2)  # within a factor 2: alike, no line
     assert compute_line(close.work) is None
     assert compute_line(job(1e-11, 1e-3, [4e9, 8e9], [8, 8], 1.2).work).slope == pytest.approx(1e-11)
     assert work_points([RankStep(0.1, 0.2, 0.3, 16)]) == []
-    assert carried_overhead(fits_without_work := [StepOverhead(1.2, 3e-4, 4e-3, 0.1, 12)]).flop_s == 0.0
+    assert carried_overhead(fits_without_work := [StepOverhead(1.2, 3e-4, 4e-3, 0.1, 12)], line=True).flop_s == 0.0
     assert carried_overhead(fits_without_work).compute_scale == 1.2

@@ -151,15 +151,16 @@ def _rank_scales(pts: Sequence[RankStep]) -> list[float]:
     return [statistics.median(by[r]) for r in range(len(by))]
 
 
-def carried_overhead(fits: Sequence[StepOverhead]) -> StepOverhead | None:
+def carried_overhead(fits: Sequence[StepOverhead], line: bool = False) -> StepOverhead | None:
     """What other jobs' own steps on this machine say about a job that has not run yet (a shape not run here): each
     figure the median over the fits that measured something (robust to one loaded job). The cores a job's ranks got
     (StepOverhead.cores) do not carry: they depend on the shape (the shorter its ops and the fewer its ranks, the
     fewer), so the carried overhead leaves them at 0 and the cluster state's count prices the new shape; the wait
-    for a core (wake_s) carries, the median over the fits that fitted one. The compute scale does not carry either
-    (each shape's is relative to its own calibration): where the fits' work spans WORK_SPAN in FLOPs per action,
-    the compute line through all of it (compute_line) prices compute (flop_s, op_s; the median compute scale stays
-    beside it for a profile without FLOPs). None when no fit measured anything."""
+    for a core (wake_s) carries, the median over the fits that fitted one. Compute is priced by the median compute
+    scale. With `line`, where the fits' work spans WORK_SPAN in FLOPs per action, the compute line through all of it
+    (compute_line: flop_s, op_s) prices compute instead: offline on one night's rows it carried better than the
+    scale, but measured live in a quiet run it priced worse (docs/benchmarks.md, issue 37), so Gearshift prices by
+    the scale and bench/sim_accuracy.py reports the line beside it. None when no fit measured anything."""
     got = [f for f in fits if f.points > 0]
     if not got:
         return None
@@ -168,7 +169,7 @@ def carried_overhead(fits: Sequence[StepOverhead]) -> StepOverhead | None:
         return statistics.median(getattr(f, key) for f in got)
 
     wakes = [f.wake_s for f in got if f.wake_s is not None]
-    line = compute_line([p for f in got for p in f.work])
+    line = compute_line([p for f in got for p in f.work]) if line else None
     method = f"carried: the median of {len(got)} jobs' fits" + (
         f"; compute by FLOPs ({line.method} over {line.points} ranks' work, residual {line.residual:.1%})"
         if line is not None else "")
