@@ -68,6 +68,11 @@ def _check_topology(rank: int, topo: Topology, dtypes: bool, send_thread: bool, 
             all_reduce(x, algo, groups=groups, matrix=shape)
             if not torch.allclose(x, ref, rtol=1e-5, atol=1e-4):
                 bad.append(f"{transport} {topo.ranks_per_node} {algo} pinned {shape}")
+    # our ring ran through comm.stream on these groups (over gloo: no shared memory here), so its receive
+    # buffer and held works are theirs (no module state)
+    if transport == "collectives" and topo.world_size > 1 and (torch.float32 not in groups.stream.buffers
+                                                               or not groups.stream.retired):
+        bad.append(f"{transport} {topo.ranks_per_node} stream state not held by the groups")
     return bad
 
 

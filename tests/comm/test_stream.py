@@ -1,13 +1,43 @@
 """comm.stream: a reduce step's receive is posted one step ahead (so a sender need not wait for its receiver
 to wake up and post) and lands in the right slot; finished works are held to the end of the next call, not
-dropped as they finish."""
+dropped as they finish; that state lives in a StreamState its owner holds, not in the module."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from gearshift.comm.stream_state import StreamState
 from gearshift.testing import spawn
+
+
+def test_a_state_reuses_its_buffer_and_two_states_share_none() -> None:
+    a, b = StreamState(), StreamState()
+    first = a.scratch(torch.float32, 100)
+    assert a.scratch(torch.float32, 60).data_ptr() == first.data_ptr()  # smaller: the same memory
+    assert a.scratch(torch.float32, 100).data_ptr() == first.data_ptr()
+    assert b.scratch(torch.float32, 100).data_ptr() != first.data_ptr()  # another owner: its own buffer
+    assert a.scratch(torch.float64, 10).data_ptr() != first.data_ptr()  # one buffer per dtype
+    grown = a.scratch(torch.float32, 200)
+    assert grown.numel() == 200 and a.scratch(torch.float32, 100).data_ptr() == grown.data_ptr()  # grown, kept
+    a.retire(["w1"])
+    assert a.retired == ["w1"] and b.retired == []
+    a.retire(["w2"])  # the previous call's works go when the next call ends
+    assert a.retired == ["w2"]
+
+
+def test_comm_groups_each_hold_their_own_state() -> None:
+    import dataclasses
+
+    from gearshift.cluster.topology import Topology
+    from gearshift.comm import CommGroups
+
+    def make() -> CommGroups:
+        return CommGroups(Topology.from_ranks_per_node([1]), 0, [0], None, None)
+
+    one, two = make(), make()
+    assert one.stream is not two.stream
+    assert dataclasses.replace(one, shm=None).stream is one.stream  # a copy of one rank's groups: the same rank
 
 
 def _two_reduce_steps(rank: int, world: int) -> tuple[int, list[float]]:
@@ -52,7 +82,7 @@ def test_reduce_receives_are_posted_a_step_ahead() -> None:
 
 
 def _works_held(rank: int, world: int) -> tuple[list[int], list[bool], list[float]]:
-    """Two calls of two swap-and-add steps; per call, how many works stream holds afterwards, whether the
+    """Two calls of two swap-and-add steps; per call, how many works the state holds afterwards, whether the
     first call's works are still alive after each call (weak references), and the sums."""
     import gc
     import weakref
@@ -74,13 +104,14 @@ def _works_held(rank: int, world: int) -> tuple[list[int], list[bool], list[floa
 
     held, alive, first = [], [], []
     x = torch.full((1000,), float(rank + 1))
+    state = StreamState()
     stream.dist.isend, stream.dist.irecv = tracked(isend), tracked(irecv)
     try:
         for _ in range(2):
-            stream.run_segments([[Step(x, other, x, other, True), Step(x, other, x, other, True)]])
+            stream.run_segments([[Step(x, other, x, other, True), Step(x, other, x, other, True)]], state=state)
             first = first or made[:4]
             gc.collect()
-            held.append(len(stream._retired))
+            held.append(len(state.retired))
             alive.append(all(ref() is not None for ref in first))
     finally:
         stream.dist.isend, stream.dist.irecv = isend, irecv

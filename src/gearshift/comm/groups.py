@@ -13,6 +13,7 @@ from gearshift.cluster.topology import Topology
 from gearshift.comm.composed import MatrixGroups
 from gearshift.comm.sender import Sender
 from gearshift.comm.shm import ShmTransport
+from gearshift.comm.stream_state import StreamState
 
 TRANSPORTS = ("collectives", "p2p")
 
@@ -38,6 +39,8 @@ class CommGroups:
     transport: str = "collectives"  # the hierarchical forms: composed collectives (comm.composed) or p2p programs
     matrix_groups: MatrixGroups | None = field(default=None, repr=False)  # collectives: rows and columns of matrices
     sender: Sender | None = field(default=None, repr=False)  # p2p with send_thread: this rank's sender thread
+    # comm.stream's scratch buffer and held works between calls (shared by a dataclasses.replace copy: one rank)
+    stream: StreamState = field(default_factory=StreamState, repr=False, compare=False)
 
     @property
     def leader(self) -> int:

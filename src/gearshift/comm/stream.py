@@ -9,7 +9,8 @@ receiver to wake up and post. Shared-memory steps need no posting: the sender ri
 to the wrong receive whatever order the segments progress in. A step waits only for what it receives:
 sends finish in the background until memory they read is written. Finished gloo works are dropped at the
 end of the next call, not as they finish: dropping a work costs its rank CPU at a moment the next step's
-message may be waiting for it (docs/benchmarks.md has the measurement)."""
+message may be waiting for it (docs/benchmarks.md has the measurement). Both the scratch buffer and the
+finished works live in a comm.stream_state.StreamState that the caller owns (CommGroups.stream), not here."""
 
 from __future__ import annotations
 
@@ -22,21 +23,13 @@ import torch.distributed as dist
 from gearshift.comm.groups import CommGroups
 from gearshift.comm.shm import staging_plan
 from gearshift.comm.steps import Step
+from gearshift.comm.stream_state import StreamState
 
 TAG_STRIDE = 1 << 10  # tag = segment * TAG_STRIDE + step
-_scratch: dict[torch.dtype, torch.Tensor] = {}  # kept between calls: fresh pages cost a fault and a zeroing
-_retired: list = []  # the previous call's finished works, dropped when this call ends (see the module doc)
 
 
-def scratch(dtype: torch.dtype, numel: int) -> torch.Tensor:
-    """A reused buffer of at least numel items (grown, never shrunk; one per dtype)."""
-    buf = _scratch.get(dtype)
-    if buf is None or buf.numel() < numel:
-        buf = _scratch[dtype] = torch.empty(numel, dtype=dtype)
-    return buf[:numel]
-
-
-def run_segments(programs: list[list[Step]], groups: CommGroups | None = None, trace: list | None = None) -> None:
+def run_segments(programs: list[list[Step]], groups: CommGroups | None = None, trace: list | None = None,
+                 state: StreamState | None = None) -> None:
     """Run programs[k] for every segment k; every peer runs programs whose step (k, j) is the other end
     of this rank's step (k, j) (comm.programs builds them so). With a trace list, each step appends
     (name, posted s, done s, args) in report.trace's Event form (perf_counter clock).
@@ -47,17 +40,23 @@ def run_segments(programs: list[list[Step]], groups: CommGroups | None = None, t
     memory; the offset goes through a doorbell, comm.doorbell) or, without it, over groups.node_group:
     another gloo context with its own I/O thread, so bursts on loopback do not hold up inter-node sockets.
     Where the machine has a core to spare per rank (groups.send_thread), large gloo sends are issued from
-    the groups' comm.sender.Sender thread, which copies them into the socket while this one reduces."""
+    the groups' comm.sender.Sender thread, which copies them into the socket while this one reduces.
+
+    state: the scratch buffer and held works kept between calls; default groups.stream, and without groups a
+    state of this call alone (nothing reused, its works dropped as it returns)."""
     if any(len(p) >= TAG_STRIDE for p in programs):
         raise ValueError(f"run_segments: a program has more than {TAG_STRIDE - 1} steps")
-    _Run(programs, groups, trace).run()
+    if state is None:
+        state = groups.stream if groups is not None else StreamState()
+    _Run(programs, groups, trace, state).run()
 
 
 class _Run:
     """The state of one run_segments call."""
 
-    def __init__(self, programs: list[list[Step]], groups: CommGroups | None, trace: list | None) -> None:
-        self.programs, self.groups, self.trace = programs, groups, trace
+    def __init__(self, programs: list[list[Step]], groups: CommGroups | None, trace: list | None,
+                 state: StreamState) -> None:
+        self.programs, self.groups, self.trace, self.state = programs, groups, trace, state
         self.me = dist.get_rank()
         self.local = set(groups.node_ranks) if groups is not None else set()
         self.shm = groups.shm if groups is not None else None
@@ -80,7 +79,7 @@ class _Run:
         self.early: dict[tuple[int, int], tuple[list, torch.Tensor]] = {}  # receives posted a step ahead
         self.finished: list = []  # works waited for, kept to the end of the next call
         dtype = next((st.recv.dtype for prog in programs for st in prog if st.reduce), None)
-        self.space = scratch(dtype, self.offsets[-1]) if dtype is not None and self.offsets[-1] else None
+        self.space = state.scratch(dtype, self.offsets[-1]) if dtype is not None and self.offsets[-1] else None
 
     def via_shm(self, peer: int, t: torch.Tensor) -> bool:
         """Whether the message t to or from peer goes through shared memory (both ends decide alike)."""
@@ -112,8 +111,7 @@ class _Run:
                         self.post(k, j + 1)
         for work in [w for seg in self.sending for *_, w in seg]:
             work.wait()
-        global _retired
-        _retired = self.finished + [w for seg in self.sending for *_, w in seg]
+        self.state.retire(self.finished + [w for seg in self.sending for *_, w in seg])
 
     def keep(self, works: list) -> None:
         """Hold works that finished until the end of the next call, not dropping them now."""
