@@ -324,11 +324,19 @@ def settle_ab(name: str, path: Path, a, base: list[str], work: Path) -> dict:
         for arm, steps in (("off", 0), ("on", a.settle)) if i % 2 == 0 else (("on", a.settle), ("off", 0)):
             r = live(name, "joint", path, argparse.Namespace(**{**vars(a), "settle": steps}), base, work,
                      f".{arm}{i}")
+            ph = phases(read_trace(path, WORLD), a.steps)
             out[arm].append({"time_s": r["time_s"], "moves": r["moves"], "decision_points": r["decision_points"],
-                             "settled": sum(1 for d in r["decisions"] if "settle" in d.get("trigger", ""))})
+                             "settled": sum(1 for d in r["decisions"] if "settle" in d.get("trigger", "")),
+                             "phase_s": [sum(r["step_s"][s:e]) + sum(v for k, v in r["decision_s_at"].items()
+                                                                       if s <= k < e) for s, e, _ in ph],
+                             "decisions": [{k: d[k] for k in ("step", "trigger", "moved", "chosen", "reason")}
+                                           for d in r["decisions"]]})
             print(f"  {name} settle {arm}: {r['time_s']:.2f} s, {r['moves']} moves, "
                   f"{out[arm][-1]['settled']} settle points", flush=True)
     mean = {k: statistics.mean(x["time_s"] for x in v) for k, v in out.items()}
+    for k, v in out.items():
+        print(f"  {name} settle {k} per phase (mean s): "
+              + " ".join(f"{statistics.mean(x):.2f}" for x in zip(*(r["phase_s"] for r in v))), flush=True)
     print(f"{name}: settle off {mean['off']:.2f} s, on {mean['on']:.2f} s: on/off speed "
           f"{mean['off'] / mean['on']:.3f}x", flush=True)
     return {"runs": out, "mean_s": mean, "on_over_off": mean["off"] / mean["on"]}
