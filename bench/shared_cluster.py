@@ -38,6 +38,7 @@ and the capped links' delays into it, from Gearshift's own Emulator."""
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import statistics
@@ -285,7 +286,8 @@ def live(name: str, controller: str, trace: Path, a, base: list[str], work: Path
         *base, f"--emulate.trace={trace}", f"--train.steps={a.steps}", "--parallel.partition=adaptive",
         "--parallel.schedule=auto", f"--adapt.controller={controller}", f"--adapt.every={a.every}",
         f"--adapt.detect={a.detect}", f"--adapt.confirm={a.confirm}", f"--adapt.hysteresis={a.hysteresis}",
-        "--adapt.schedule_kinds=" + json.dumps(a.kinds.split(","))], work, nice=a.nice)
+        f"--adapt.settle_steps={a.settle}", "--adapt.schedule_kinds=" + json.dumps(a.kinds.split(","))], work,
+        nice=a.nice)
     kinds = ("decision",) if controller == "joint" else ("replan", "schedule")
     decisions = sorted((d for k in kinds for d in run.events(k) if d["step"] > 0), key=lambda d: d["step"])
     moved = [d for d in decisions if d.get("moves_layers") or d.get("switches_schedule") or d.get("switch")
@@ -312,6 +314,32 @@ def live(name: str, controller: str, trace: Path, a, base: list[str], work: Path
             "detected": sum(1 for d in decisions if "change detected" in d.get("trigger", "")),
             "reaction_steps": statistics.median(react) if react else None,
             "speed_skew": statistics.median(skew) if skew else None}
+
+
+def settle_ab(name: str, path: Path, a, base: list[str], work: Path) -> dict:
+    """--settle-ab: gearshift's live runs on one trace, without and with the settle decision point in turn (so a
+    shared machine's load drifts over both alike); each run's time, moves and settle decision points."""
+    out: dict[str, list] = {"off": [], "on": []}
+    for i in range(a.settle_ab):
+        for arm, steps in (("off", 0), ("on", a.settle)) if i % 2 == 0 else (("on", a.settle), ("off", 0)):
+            r = live(name, "joint", path, argparse.Namespace(**{**vars(a), "settle": steps}), base, work,
+                     f".{arm}{i}")
+            ph = phases(read_trace(path, WORLD), a.steps)
+            out[arm].append({"time_s": r["time_s"], "moves": r["moves"], "decision_points": r["decision_points"],
+                             "settled": sum(1 for d in r["decisions"] if "settle" in d.get("trigger", "")),
+                             "phase_s": [sum(r["step_s"][s:e]) + sum(v for k, v in r["decision_s_at"].items()
+                                                                       if s <= k < e) for s, e, _ in ph],
+                             "decisions": [{k: d[k] for k in ("step", "trigger", "moved", "chosen", "reason")}
+                                           for d in r["decisions"]]})
+            print(f"  {name} settle {arm}: {r['time_s']:.2f} s, {r['moves']} moves, "
+                  f"{out[arm][-1]['settled']} settle points", flush=True)
+    mean = {k: statistics.mean(x["time_s"] for x in v) for k, v in out.items()}
+    for k, v in out.items():
+        print(f"  {name} settle {k} per phase (mean s): "
+              + " ".join(f"{statistics.mean(x):.2f}" for x in zip(*(r["phase_s"] for r in v))), flush=True)
+    print(f"{name}: settle off {mean['off']:.2f} s, on {mean['on']:.2f} s: on/off speed "
+          f"{mean['off'] / mean['on']:.3f}x", flush=True)
+    return {"runs": out, "mean_s": mean, "on_over_off": mean["off"] / mean["on"]}
 
 
 def ran_configs(run, decisions: list[dict]) -> list[list]:
@@ -484,6 +512,7 @@ def main() -> None:
     p.add_argument("--detect", type=float, default=2.0, help="gearshift's adapt.detect")
     p.add_argument("--confirm", type=int, default=2, help="gearshift's adapt.confirm")
     p.add_argument("--hysteresis", type=float, default=0.25, help="gearshift's adapt.hysteresis")
+    p.add_argument("--settle", type=int, default=3, help="gearshift's adapt.settle_steps (0: no settle decision)")
     p.add_argument("--kinds", default="kfkb,zb1p", help="the live runs' adapt.schedule_kinds (the static grid is "
                    "kFkB's: kfkb alone compares like with like)")
     p.add_argument("--separate", type=int, default=1, help="1: run gearshift_separate too (0: leave it out)")
@@ -492,6 +521,8 @@ def main() -> None:
                    "mean, with each run's and their spread, gearshift's A/A)")
     p.add_argument("--torch", type=int, default=1, help="1: measure torch's schedules too (0: leave them out)")
     p.add_argument("--seed", type=int, default=-1, help="-1: each trace's fixed seed; N: search from N (--tries)")
+    p.add_argument("--settle-ab", type=int, default=0, help="N > 0: only gearshift's live runs, N pairs per trace "
+                   "alternating adapt.settle_steps 0 and --settle (written to --out's _settle_ab.json beside it)")
     a = p.parse_args()
     work, t_start, seg = harness.workdir("shared_cluster", a.keep), time.perf_counter(), a.segment
     base = [*harness.job_overrides(a), f"--emulate.basis={a.basis}", f"--cluster.workers={WORLD}",
@@ -521,6 +552,9 @@ def main() -> None:
         ph = phases(trace, a.steps)
         print(f"{name}: seed {seed}, {len(ph)} phases, predicted oracle / best_static headroom "
               f"{predicted_headroom:.3f}x", flush=True)
+        if a.settle_ab:
+            report[name] = settle_ab(name, path, a, base, work)
+            continue
         # Interleaved, as bench/hetero.py: each live run sits between jobs measuring the static configurations, and
         # the configurations that can be best are measured twice (before and after the live runs), so a shared
         # machine's load drifts over every system alike; the two measurements are also best_static's A/A.
@@ -630,12 +664,19 @@ def main() -> None:
               + (f"; {len(runs)} gearshift runs: " + ", ".join(f"{g['over_oracle']:.3f}x" for g in r["gearshift_runs"])
                  + f" oracle (A/A {r['gearshift_aa_spread']:.1%})" if len(runs) > 1 else "")
               + f" [{time.perf_counter() - t_start:.0f} s]", flush=True)
+    if a.settle_ab:
+        harness.write_results("shared_cluster_settle_ab", {"summary": report, "steps": a.steps, "settle": a.settle,
+                                                           "wall_s": time.perf_counter() - t_start},
+                              Path(a.out).with_name(Path(a.out).stem + "_settle_ab.json"),
+                              emulation=f"duty cycle x{a.base:g} on every rank + trace, basis {a.basis}")
+        return
     harness.write_results("shared_cluster", {
         "rows": rows, "summary": report, "traces": a.traces, "steps": a.steps, "base_slowdown": a.base,
         "segment": seg, "trace_synth": {"grain": a.grain, "gap": a.gap, "stay": a.stay, "depth": a.depth,
                                         "headroom": a.headroom, "per_phase": a.per_phase, "top": a.top},
         "controller": {"every": a.every, "detect": a.detect, "confirm": a.confirm,
-                       "hysteresis": a.hysteresis, "schedule_kinds": a.kinds},
+                       "hysteresis": a.hysteresis, "settle_steps": a.settle,
+                       "schedule_kinds": a.kinds},
         "model": {"layers": a.layers, "width": a.width, "context": a.context, "batch": a.batch},
         "wall_s": time.perf_counter() - t_start}, a.out,
         emulation=f"duty cycle x{a.base:g} on every rank + trace, basis {a.basis}")

@@ -1,5 +1,6 @@
-"""The joint controller's rules that need no workers: when a decision point probes the links, and that a decision
-prices the partitions other than the running one with a shortlist of (m, K) only (a cheap decision point)."""
+"""The joint controller's rules that need no workers: when a decision point probes the links, when a change's
+decision is followed by a settle decision, and that a decision prices the partitions other than the running one with
+a shortlist of (m, K) only (a cheap decision point)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import gearshift.planner.joint as joint
 from gearshift.cluster.state import ClusterState
 from gearshift.planner.schedule_choice import price, splits
 from gearshift.profile.model_profile import ModelProfile
-from gearshift.runtime.controller import ALONE, ProbeLevel, drifted, left_after, period_due, probes
+from gearshift.runtime.controller import ALONE, ProbeLevel, drifted, left_after, period_due, probes, settle_next
 from gearshift.runtime.detect import Detector
 from synthetic import linear_profiles
 
@@ -48,6 +49,53 @@ def test_the_period_counts_from_the_last_decision_point() -> None:
     assert due == [10, 11, 21, 24, 34, 44]  # no period decision a step after a change's decision
     assert period_due(30, None, every) and not period_due(31, None, every)  # before any: on the period's multiples
     assert not any(period_due(n, 5, 0) for n in range(100))
+
+
+def _decision_points(changes: set[int], settle: int, forced: frozenset = frozenset(), every: int = 10,
+                     until: int = 70) -> list[tuple[int, str]]:
+    """The controller's schedule of decision points (before step nxt) for changes agreed before the steps given."""
+    last, pending, out = None, None, []
+    for nxt in range(1, until):
+        changed, settling = nxt in changes, pending == nxt
+        due = period_due(nxt, last, every)
+        if not (due or changed or settling or nxt in forced):
+            continue
+        last, pending = nxt, settle_next(nxt, changed, settle, pending)
+        out.append((nxt, "change" if changed else "settle" if settling else "period" if due else "forced"))
+    return out
+
+
+def test_a_changes_decision_is_followed_by_one_settle_decision_that_the_period_counts_from() -> None:
+    points = _decision_points({21, 41, 51, 53}, 3)
+    assert points == [(10, "period"), (20, "period"), (21, "change"), (24, "settle"), (34, "period"),
+                      (41, "change"), (44, "settle"),
+                      (51, "change"), (53, "change"), (56, "settle"),  # a change before the settle: counted anew
+                      (66, "period")]
+    # one settle per change: a settle decision or a period schedules none
+    assert [p for p in points if p[1] == "settle"] == [(24, "settle"), (44, "settle"), (56, "settle")]
+    # a forced decision point before the settle one leaves it due
+    assert (24, "settle") in _decision_points({21}, 3, frozenset({22}))
+    # off: the change's decision alone
+    assert _decision_points({21}, 0) == [(10, "period"), (20, "period"), (21, "change"), (31, "period"),
+                                         (41, "period"), (51, "period"), (61, "period")]
+    assert settle_next(30, False, 3, None) is None and settle_next(30, True, 0, None) is None
+
+
+def test_a_settle_decision_on_the_speeds_since_moves_off_a_plan_one_noisy_step_chose() -> None:
+    profiles, even = linear_profiles(BATCH, 12, splits(BATCH)), [(0, 3), (3, 6), (6, 9), (9, 12)]
+    truth, noisy = [1, 1, 1, 0.3], [1, 0.5, 1, 0.3]  # rank 3 slowed; the change's one step read rank 1 slow too
+
+    def decide(speeds, bounds, left, trigger):
+        return joint.decide_joint(profiles, _state(speeds), bounds, (4, 1), BATCH, 21, trigger, 10, 1e12,
+                                  left=left, back_gain=0.25, schedules=False)
+    first = decide(noisy, even, None, "change detected")
+    assert first.moves_layers
+    chosen = first.chosen.bounds
+    settled = decide(truth, chosen, (even, (4, 1)), "settle")  # the speeds since the change: rank 1 as it was
+    assert settled.moves_layers and settled.chosen.bounds not in (chosen, even)
+    assert settled.chosen.predicted_s < decide(truth, chosen, None, "settle").options[0].predicted_s
+    # the speeds since confirm the change's reading: the settle decision keeps the plan
+    assert not decide(noisy, chosen, (even, (4, 1)), "settle").apply
 
 
 def test_a_period_probes_where_the_step_time_moved_by_the_min_gain_since_the_last_probe() -> None:

@@ -39,6 +39,7 @@ JOB = [
     "--adapt.detect=1.5",
     "--adapt.confirm=1",  # the change acted on at the first boundary after it (the move and switch of step 3)
     "--adapt.every=0",
+    "--adapt.settle_steps=1",  # the change's decision (step 3) followed by a settle decision point at step 4
     "--emulate.slowdown=[1, 4]",
 ]
 
@@ -70,6 +71,9 @@ def test_a_detected_change_moves_layers_and_switches_schedule_in_one_exact_decis
     assert d["noise"] >= 0 and not d["back"]  # the rules against noise priced it: no plan was left before
     steps = [r for r in rows if r.get("event") is None]
     assert steps[3]["partition"] == d["chosen"]["bounds"]
+    settle = [r for r in rows if r.get("event") == "decision" and r["step"] > 3]
+    assert [(r["step"], r["trigger"]) for r in settle] == [(4, "settle")]  # one, and only after the change's
+    assert steps[4]["partition"] == (settle[0]["chosen"]["bounds"] if settle[0]["apply"] else steps[3]["partition"])
     torch.testing.assert_close(
         torch.tensor([r["loss"] for r in steps]), torch.tensor(_reference(cfg)), rtol=1e-5, atol=1e-6
     )

@@ -17,7 +17,10 @@ the detected changes that moved the measured speeds or links by the detector's r
 alarm costs a pricing, not the horizon of every move after it. The links are probed only where the step time moved and
 no rank's speed explains it, or at a period where the step time's level moved by adapt.min_gain since they were last
 probed (a period with change detection on and a steady step time has links as last probed: a link change that could pay
-for a move shows in the step time)."""
+for a move shows in the step time). A change's decision prices on the step or two measured since the change, which a
+shared machine's noise can throw off, and its plan would be held until the next period: `settle` steps after it, one
+more decision point re-prices on the speeds measured since (their median; no link probe) and moves only by the same
+rule (settle_next: its step follows from the agreed change, so every rank takes it at the same boundary)."""
 
 from __future__ import annotations
 
@@ -59,6 +62,15 @@ def period_due(nxt: int, last: int | None, every: int) -> bool:
     if every <= 0:
         return False
     return nxt % every == 0 if last is None else nxt - last >= every
+
+
+def settle_next(nxt: int, changed: bool, steps: int, pending: int | None) -> int | None:
+    """After a decision point for step `nxt` (`changed`: a detected change, agreed, triggered it): the step the settle
+    decision is due before, or None. A change's decision point schedules one `steps` after it (0 = off: none); the
+    settle decision point itself, or any one at or past it, clears it; another decision point before it leaves it."""
+    if changed and steps > 0:
+        return nxt + steps
+    return None if pending is None or nxt >= pending else pending
 
 
 def drifted(level: float, probed: float | None, min_gain: float) -> bool:
@@ -123,7 +135,8 @@ class Controller:
     change detector's ratio (0 = off); `partitions`: whether the partition may move (parallel.partition =
     adaptive); `placer`: a MoE job's expert placement, decided at the same points (its moe.every period is one
     more trigger of them); `confirm`: samples in a row a change needs (adapt.confirm); `hysteresis`: the gain a
-    move back to the plan just left needs (adapt.hysteresis)."""
+    move back to the plan just left needs (adapt.hysteresis); `settle`: steps after a change's decision point that
+    a settle decision point comes (adapt.settle_steps; 0 = none)."""
 
     adapter: Adapter
     switcher: ScheduleSwitcher
@@ -135,6 +148,7 @@ class Controller:
     placer: PlacementPart | None = None
     confirm: int = 1
     hysteresis: float = 0.0
+    settle: int = 0
 
     def __post_init__(self) -> None:
         # the job's step time (the same on every rank); its spread is the noise a move's gain is discounted by
@@ -156,6 +170,9 @@ class Controller:
         # at the period's multiples)
         self._last: int | None = None
         self._links = ProbeLevel(self.min_gain)  # the step-time level the links were last probed at
+        self._settle: int | None = None  # the step a settle decision point is due before (settle_next)
+        self._mine = False  # this rank's own detector saw a change since the last decision point
+        self._fresh = False  # ... at the last change's decision point: its speed since is taken as measured
 
     def after_step(self, rt: PipelineRuntime, step: int, step_s: float) -> DecisionEvent | None:
         """After `step` (every rank; `step_s` the gathered step time): decide if due, detected or forced, and apply
@@ -170,9 +187,11 @@ class Controller:
         if self._agree is not None:  # collective every step: a change one rank saw is every rank's
             mine, ad.detected = ad.detected, False
             ranked = self._agree(mine)
+            self._mine = self._mine or mine
         changed = ranked or stepped
         fb, fk = ad.forced.get(nxt), self.switcher.forced.get(nxt)
         due = any(period_due(nxt, self._last, e) for e in (self.every, self.placer.every if self.placer else 0))
+        settling = self._settle == nxt
         if changed:  # what each plan measured before the change says nothing about it now
             self.ran.clear()
         if not skipped:
@@ -180,12 +199,20 @@ class Controller:
             seen.append(step_s)
             del seen[:-RAN]
             self._links.watched(self.steps.estimate, changed)
-        if not (due or changed or fb is not None or fk is not None):
+        if not (due or changed or settling or fb is not None or fk is not None):
             return None
         t0 = time.perf_counter()
         self._last = nxt
-        trigger = ", ".join(t for t, on in (("change detected", changed), ("period", due),
+        self._settle = settle_next(nxt, changed, self.settle, self._settle)
+        trigger = ", ".join(t for t, on in (("change detected", changed), ("period", due), ("settle", settling),
                                             ("forced", fb is not None or fk is not None)) if on)
+        if settling and self._fresh and not changed:
+            # this rank's speed changed: the median of its samples since, not blended with the step or two the
+            # change's decision took (the noise this point is for); a rank that did not change keeps its blend
+            ad._estimate = None
+        if changed or settling:  # a change's own samples, kept for its settle decision point (until it)
+            self._fresh = changed and self._mine
+        self._mine = False
         ad.settle_speed()
         # the step time's level, the same on every rank (fed the gathered step time); without change detection every
         # period probes, as a steady level is no evidence then

@@ -279,6 +279,10 @@ class AdaptConfig:
     horizon: int = key(0, "adapt.controller = joint: steps a move's predicted gain is counted over against its "
                           "measured cost, at most (fewer while detected changes come faster: the median gap "
                           "between the last ones); 0 = adapt.every (10 when that is 0)")
+    settle_steps: int = key(3, "adapt.controller = joint with adapt.detect: a detected change's decision point is "
+                               "followed by one more this many steps after it, priced on the speeds measured "
+                               "since (no link probe; it moves only by the same rule), as the first one priced "
+                               "on a step or two of them; 0 = off")
     schedule_kinds: list[Any] = key(["kfkb", "zb1p"], "parallel.schedule = auto: the schedule kinds priced beside "
                                                       "each split into micro-batches: kfkb (every K), zb1p (split "
                                                       "backwards); both run one stage per rank, so a running job "
@@ -316,6 +320,7 @@ class AdaptConfig:
         check(self.detect == 0 or self.detect > 1, f"adapt.detect: must be > 1 (a ratio) or 0 (off), got {self.detect}")
         check(self.horizon >= 0, f"adapt.horizon: must be >= 0 (0 = adapt.every), got {self.horizon}")
         check(self.confirm >= 1, f"adapt.confirm: must be >= 1 (samples in a row), got {self.confirm}")
+        check(self.settle_steps >= 0, f"adapt.settle_steps: must be >= 0 (0 = off), got {self.settle_steps}")
         check(0 <= self.hysteresis < 1, f"adapt.hysteresis: must be in [0, 1), got {self.hysteresis}")
         if self.overhead:
             from gearshift.profile.overhead_store import carried_from
