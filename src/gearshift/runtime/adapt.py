@@ -181,10 +181,13 @@ class Adapter:
             cal = dataclasses.replace(cal, overhead=fit_overhead(self.rank_steps, scale=False))
         return cal
 
-    def settle_speed(self) -> None:
+    def settle_speed(self, fresh: bool = False) -> None:
         """Set this rank's speed from the period's samples and start a new period: their median (robust to the
         bursts of a shared machine), blended with the previous periods' estimate unless it changed by more than
-        `reset_ratio` (a real change, e.g. a slowed device, is taken at once)."""
+        `reset_ratio` (a real change, e.g. a slowed device, is taken at once) or `fresh` (the samples since a
+        change of this rank: the estimate before them is the noise a settle decision is for)."""
+        if fresh:
+            self._estimate = None
         if self.window:
             new, prev = statistics.median(self.window), self._estimate
             if prev is None or max(new / prev, prev / new) > self.reset_ratio:

@@ -206,14 +206,13 @@ class Controller:
         self._settle = settle_next(nxt, changed, self.settle, self._settle)
         trigger = ", ".join(t for t, on in (("change detected", changed), ("period", due), ("settle", settling),
                                             ("forced", fb is not None or fk is not None)) if on)
-        if settling and self._fresh and not changed:
-            # this rank's speed changed: the median of its samples since, not blended with the step or two the
-            # change's decision took (the noise this point is for); a rank that did not change keeps its blend
-            ad._estimate = None
+        # this rank's speed changed: at the settle point the median of its samples since, not blended with the step
+        # or two the change's decision took (the noise this point is for); a rank that did not change keeps its blend
+        fresh = settling and self._fresh and not changed
         if changed or settling:  # a change's own samples, kept for its settle decision point (until it)
             self._fresh = changed and self._mine
         self._mine = False
-        ad.settle_speed()
+        ad.settle_speed(fresh)
         # the step time's level, the same on every rank (fed the gathered step time); without change detection every
         # period probes, as a steady level is no evidence then
         level = self.steps.estimate if self.steps.estimate is not None else step_s
