@@ -179,3 +179,16 @@ def test_virtual_stages_cut_at_the_emulated_speeds() -> None:
         a, b = (price(prof, bounds, st, 8, ms=[4], kinds=(kind,))[0] for st in (slow, duty))
         even = price(prof, bounds, state(), 8, ms=[4], kinds=(kind,))[0]
         assert a.bounds == b.bounds != even.bounds, kind
+
+
+def test_a_k_is_skipped_exactly_when_a_smaller_k_builds_the_same_lists():
+    """_first_same_k, cached per process, names the smallest K whose kFkB action lists equal K's: what price()
+    dedups by, in place of comparing the lists on every pricing."""
+    from gearshift.planner.schedule_choice import _first_same_k
+    from gearshift.schedules import make_schedule
+
+    for stages, m in ((2, 4), (4, 8), (3, 6)):
+        lists = {k: [list(a) for a in make_schedule("kfkb", stages, m, k=k).actions] for k in range(1, m + 1)}
+        for k in range(1, m + 1):
+            first = next(j for j in range(1, k + 1) if lists[j] == lists[k])
+            assert _first_same_k(stages, m, k) == first

@@ -177,14 +177,15 @@ def price(profiles: Mapping[int, ModelProfile], bounds: Sequence[tuple[int, int]
             raise PlanError(f"schedule choice: no profile for micro-batch size {mb} (have {sorted(profiles)})")
         st = copy.deepcopy((states or {}).get(mb, state))
         st.memory = cap
-        seen: set = set()
+        seen: set[int] = set()  # the lists priced so far, by the smallest K that builds them
         for k in range(1, m + 1 if "kfkb" in kinds else 1):
             if keys is not None and (m, k) not in keys:
                 continue
-            sch, acts = _built("kfkb", S, m, k, 2)
-            if acts in seen:  # the same action lists as a smaller K: nothing new to run
+            same = _first_same_k(S, m, k)
+            if same in seen:  # the same action lists as a K priced already: nothing new to run
                 continue
-            seen.add(acts)
+            seen.add(same)
+            sch = _built("kfkb", S, m, k, 2)[0]
             again = list(range(S)) if recompute == "all" else []
             res = predictor(recomputed(prof, bounds) if again else prof, bounds, sch, st, mb)
             stored = None
@@ -218,6 +219,14 @@ def _built(kind: str, stages: int, m: int, k: int, virtual_stages: int) -> tuple
     prices the same (m, K) on every partition, and a job decides again and again (read only: never modified)."""
     sch = make_schedule(kind, stages, m, k=k, virtual_stages=virtual_stages)
     return sch, tuple(tuple(a) for a in sch.actions)
+
+
+@functools.lru_cache(maxsize=1024)
+def _first_same_k(stages: int, m: int, k: int) -> int:
+    """The smallest K whose kFkB lists equal K's (K itself where none does), found once per process: comparing the
+    lists on every pricing cost a tenth of a decision's time."""
+    acts = _built("kfkb", stages, m, k, 2)[1]
+    return next(j for j in range(1, k + 1) if _built("kfkb", stages, m, j, 2)[1] == acts)
 
 
 def decide(candidates: list[Candidate], state: ClusterState, step: int = 0, current: tuple[int, int] | None = None,
