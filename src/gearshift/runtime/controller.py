@@ -30,12 +30,10 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-import torch.distributed as dist
-
 from gearshift.planner.joint import decide_joint, expected_horizon, moved
 from gearshift.report.records import DecisionEvent, PlacementEvent
 from gearshift.runtime.adapt import Adapter
-from gearshift.runtime.agree import AnyRank, rank0_decides
+from gearshift.runtime.agree import AnyRank, PerRank, rank0_decides
 from gearshift.runtime.detect import Detector
 from gearshift.runtime.pipeline import PipelineRuntime
 from gearshift.runtime.reschedule import ScheduleSwitcher
@@ -136,7 +134,9 @@ class Controller:
     adaptive); `placer`: a MoE job's expert placement, decided at the same points (its moe.every period is one
     more trigger of them); `confirm`: samples in a row a change needs (adapt.confirm); `hysteresis`: the gain a
     move back to the plan just left needs (adapt.hysteresis); `settle`: steps after a change's decision point that
-    a settle decision point comes (adapt.settle_steps; 0 = none)."""
+    a settle decision point comes (adapt.settle_steps; 0 = none); `defer_z`: at a change's decision point with a settle
+    point to follow, a move's gain must also clear this many times the changed ranks' measured speed spread over the
+    square root of their samples since the change, or it waits for the settle point (adapt.defer_z; 0 = off)."""
 
     adapter: Adapter
     switcher: ScheduleSwitcher
@@ -149,11 +149,14 @@ class Controller:
     confirm: int = 1
     hysteresis: float = 0.0
     settle: int = 0
+    defer_z: float = 0.0
 
     def __post_init__(self) -> None:
         # the job's step time (the same on every rank); its spread is the noise a move's gain is discounted by
         self.steps = Detector(self.detect or 2.0, confirm=self.confirm, alone=ALONE)
         self._agree = AnyRank(self.adapter.device) if self.detect else None
+        self._switched = PerRank(("seconds",), self.adapter.device)  # every rank's switch time: one all_reduce
+        self._spreads: PerRank | None = None  # every rank's spread of its new speed (few_samples), made once
         if self.detect:
             self.adapter.detector = Detector(self.detect, confirm=self.confirm, alone=ALONE)
         self.switch_s = 0.0  # a schedule switch's cost, as last measured
@@ -211,6 +214,9 @@ class Controller:
         fresh = settling and self._fresh and not changed
         if changed or settling:  # a change's own samples, kept for its settle decision point (until it)
             self._fresh = changed and self._mine
+        # a change's decision point with a settle point to follow: its speeds are a step or two of samples, so a move
+        # must clear their spread too, else the settle point decides it (every rank enters: `changed` is agreed)
+        defer = self.defer_z * self._few_samples(self._mine) if changed and self.settle > 0 and self.defer_z else 0.0
         self._mine = False
         ad.settle_speed(fresh)
         # the step time's level, the same on every rank (fed the gathered step time); without change detection every
@@ -237,7 +243,7 @@ class Controller:
             self.switch_s, sw.memory, ad.merged.step_overhead() or 0.0, ad.size_states(S, nxt, list(sw.profiles)),
             self.partitions, True, self.min_gain, fb, fk, ad.calibration_now(S), sw.kinds, self.steps.noise,
             self.decide_s, self.left, self.hysteresis,
-            {k: statistics.median(v) for k, v in self.ran.items() if len(v) >= 2}))
+            {k: statistics.median(v) for k, v in self.ran.items() if len(v) >= 2}, defer))
         self.decide_s = time.perf_counter() - t0 - probe_s  # rank 0's figure is the one it prices with
         rec = DecisionEvent(d)
         if self.placer is not None:  # experts move under the partition they were measured in, before layers do
@@ -247,9 +253,7 @@ class Controller:
         if d.switches:
             t1 = time.perf_counter()
             rt.set_schedule(sw.schedule(d.chosen.key))
-            times: list = [None] * dist.get_world_size()
-            dist.all_gather_object(times, time.perf_counter() - t1)
-            self.switch_s = rec.switch_s = max(times)
+            self.switch_s = rec.switch_s = max(self._switched({"seconds": time.perf_counter() - t1})["seconds"])
         if d.apply:
             if d.moves_layers or d.switches:
                 self.left = was
@@ -267,6 +271,18 @@ class Controller:
             self.steps.reset(step_s)
         rec.decision_s = time.perf_counter() - t0  # this rank's: probes, gathers, pricing and the move
         return rec
+
+    def _few_samples(self, mine: bool) -> float:
+        """The relative spread of the new speeds a change's decision point prices on (collective: one all_reduce): the
+        largest, over the ranks whose own detector saw the change (`mine`), of its speed's measured one-sample spread
+        over the square root of its samples since the change; where none did (the step time's change alone), the step
+        time's spread (one step of it)."""
+        ad = self.adapter
+        if self._spreads is None:
+            self._spreads = PerRank(("spread",), ad.device)
+        own = ad.detector.noise / math.sqrt(max(1, len(ad.window))) if mine and ad.detector is not None else 0.0
+        worst = max(self._spreads({"spread": own})["spread"])
+        return worst if worst > 0 else self.steps.noise
 
     def _plan(self, rt: PipelineRuntime) -> tuple:
         """What runs: (bounds, key)."""
