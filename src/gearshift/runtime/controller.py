@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -78,6 +79,19 @@ def drifted(level: float, probed: float | None, min_gain: float) -> bool:
     if probed is None or level <= 0 or probed <= 0:
         return True
     return abs(math.log(level / probed)) >= math.log1p(min_gain)
+
+
+def sample_spread(noise: float, samples: int) -> float:
+    """The relative spread of a mean of `samples` samples whose one-sample spread is `noise`."""
+    return noise / math.sqrt(max(1, samples))
+
+
+def new_speed_spread(ranks: Sequence[float], step_noise: float) -> float:
+    """The spread a change's decision point's new speeds carry: the largest of the `ranks`' (each its sample_spread, 0
+    where its own detector saw no change), or, where no rank's did (the step time's change alone), `step_noise`, one
+    step of the step time's."""
+    worst = max(ranks, default=0.0)
+    return worst if worst > 0 else step_noise
 
 
 @dataclass
@@ -280,9 +294,8 @@ class Controller:
         ad = self.adapter
         if self._spreads is None:
             self._spreads = PerRank(("spread",), ad.device)
-        own = ad.detector.noise / math.sqrt(max(1, len(ad.window))) if mine and ad.detector is not None else 0.0
-        worst = max(self._spreads({"spread": own})["spread"])
-        return worst if worst > 0 else self.steps.noise
+        own = sample_spread(ad.detector.noise, len(ad.window)) if mine and ad.detector is not None else 0.0
+        return new_speed_spread(self._spreads({"spread": own})["spread"], self.steps.noise)
 
     def _plan(self, rt: PipelineRuntime) -> tuple:
         """What runs: (bounds, key)."""
