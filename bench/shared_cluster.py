@@ -326,7 +326,7 @@ def settle_ab(name: str, path: Path, a, base: list[str], work: Path) -> dict:
 def defer_ab(name: str, path: Path, a, base: list[str], work: Path) -> dict:
     """--defer-ab: gearshift's live runs on one trace, without and with the change decision's deferral (adapt.defer_z)
     in turn."""
-    return arm_ab(name, path, a, base, work, "defer", 0.0, a.defer, a.defer_ab)
+    return arm_ab(name, path, a, base, work, "defer", 0.0, a.defer or 1.0, a.defer_ab)
 
 
 def arm_ab(name: str, path: Path, a, base: list[str], work: Path, attr: str, off, on, pairs: int) -> dict:
@@ -545,10 +545,11 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=-1, help="-1: each trace's fixed seed; N: search from N (--tries)")
     p.add_argument("--settle-ab", type=int, default=0, help="N > 0: only gearshift's live runs, N pairs per trace "
                    "alternating adapt.settle_steps 0 and --settle (written to --out's _settle_ab.json beside it)")
-    p.add_argument("--defer", type=float, default=1.0, help="gearshift's adapt.defer_z (0: a change's decision point "
+    p.add_argument("--defer", type=float, default=0.0, help="gearshift's adapt.defer_z (0: a change's decision point "
                    "moves on the samples it has)")
     p.add_argument("--defer-ab", type=int, default=0, help="N > 0: only gearshift's live runs, N pairs per trace "
-                   "alternating adapt.defer_z 0 and --defer (written to --out's _defer_ab.json beside it)")
+                   "alternating adapt.defer_z 0 and --defer (1 where --defer is 0; written to --out's _defer_ab.json "
+                   "beside it)")
     a = p.parse_args()
     work, t_start, seg = harness.workdir("shared_cluster", a.keep), time.perf_counter(), a.segment
     base = [*harness.job_overrides(a), f"--emulate.basis={a.basis}", f"--cluster.workers={WORLD}",
