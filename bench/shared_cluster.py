@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -286,7 +287,8 @@ def live(name: str, controller: str, trace: Path, a, base: list[str], work: Path
         *base, f"--emulate.trace={trace}", f"--train.steps={a.steps}", "--parallel.partition=adaptive",
         "--parallel.schedule=auto", f"--adapt.controller={controller}", f"--adapt.every={a.every}",
         f"--adapt.detect={a.detect}", f"--adapt.confirm={a.confirm}", f"--adapt.hysteresis={a.hysteresis}",
-        f"--adapt.settle_steps={a.settle}", "--adapt.schedule_kinds=" + json.dumps(a.kinds.split(","))], work,
+        f"--adapt.settle_steps={a.settle}", f"--adapt.defer_z={a.defer}",
+        "--adapt.schedule_kinds=" + json.dumps(a.kinds.split(","))], work,
         nice=a.nice)
     kinds = ("decision",) if controller == "joint" else ("replan", "schedule")
     decisions = sorted((d for k in kinds for d in run.events(k) if d["step"] > 0), key=lambda d: d["step"])
@@ -317,27 +319,47 @@ def live(name: str, controller: str, trace: Path, a, base: list[str], work: Path
 
 
 def settle_ab(name: str, path: Path, a, base: list[str], work: Path) -> dict:
-    """--settle-ab: gearshift's live runs on one trace, without and with the settle decision point in turn (so a
-    shared machine's load drifts over both alike); each run's time, moves and settle decision points."""
+    """--settle-ab: gearshift's live runs on one trace, without and with the settle decision point in turn."""
+    return arm_ab(name, path, a, base, work, "settle", 0, a.settle, a.settle_ab)
+
+
+def defer_ab(name: str, path: Path, a, base: list[str], work: Path) -> dict:
+    """--defer-ab: gearshift's live runs on one trace, without and with the change decision's deferral (adapt.defer_z)
+    in turn."""
+    return arm_ab(name, path, a, base, work, "defer", 0.0, a.defer or 1.0, a.defer_ab)
+
+
+def arm_ab(name: str, path: Path, a, base: list[str], work: Path, attr: str, off, on, pairs: int) -> dict:
+    """`pairs` pairs of gearshift's live runs on one trace, `attr` (a flag of `a`) at `off` and at `on` in turn, the
+    first of each pair alternating (so a shared machine's load drifts over both alike); each run's time, load at its
+    start, moves, their wall time (the decision points that moved: pricing, migration, switch), per-phase time and
+    decisions."""
     out: dict[str, list] = {"off": [], "on": []}
-    for i in range(a.settle_ab):
-        for arm, steps in (("off", 0), ("on", a.settle)) if i % 2 == 0 else (("on", a.settle), ("off", 0)):
-            r = live(name, "joint", path, argparse.Namespace(**{**vars(a), "settle": steps}), base, work,
-                     f".{arm}{i}")
+    for i in range(pairs):
+        for arm, value in (("off", off), ("on", on)) if i % 2 == 0 else (("on", on), ("off", off)):
+            load = os.getloadavg()[0]
+            r = live(name, "joint", path, argparse.Namespace(**{**vars(a), attr: value}), base, work,
+                     f".{attr}{arm}{i}")
             ph = phases(read_trace(path, WORLD), a.steps)
-            out[arm].append({"time_s": r["time_s"], "moves": r["moves"], "decision_points": r["decision_points"],
+            moved = [d for d in r["decisions"] if d["moved"]]
+            out[arm].append({"time_s": r["time_s"], "load": load, "moves": r["moves"],
+                             "decision_points": r["decision_points"],
+                             "move_s": sum(d["decision_s"] for d in moved), "migration_s": r["migration_s"],
                              "settled": sum(1 for d in r["decisions"] if "settle" in d.get("trigger", "")),
+                             "deferred": sum(1 for d in r["decisions"] if d["reason"].startswith("deferred")),
                              "phase_s": [sum(r["step_s"][s:e]) + sum(v for k, v in r["decision_s_at"].items()
                                                                        if s <= k < e) for s, e, _ in ph],
                              "decisions": [{k: d[k] for k in ("step", "trigger", "moved", "chosen", "reason")}
                                            for d in r["decisions"]]})
-            print(f"  {name} settle {arm}: {r['time_s']:.2f} s, {r['moves']} moves, "
-                  f"{out[arm][-1]['settled']} settle points", flush=True)
+            x = out[arm][-1]
+            print(f"  {name} {attr} {arm}: {r['time_s']:.2f} s (load {load:.1f}), {r['moves']} moves "
+                  f"({x['move_s']:.2f} s, migration {x['migration_s']:.3f} s), {x['settled']} settle points, "
+                  f"{x['deferred']} deferred", flush=True)
     mean = {k: statistics.mean(x["time_s"] for x in v) for k, v in out.items()}
     for k, v in out.items():
-        print(f"  {name} settle {k} per phase (mean s): "
+        print(f"  {name} {attr} {k} per phase (mean s): "
               + " ".join(f"{statistics.mean(x):.2f}" for x in zip(*(r["phase_s"] for r in v))), flush=True)
-    print(f"{name}: settle off {mean['off']:.2f} s, on {mean['on']:.2f} s: on/off speed "
+    print(f"{name}: {attr} off {mean['off']:.2f} s, on {mean['on']:.2f} s: on/off speed "
           f"{mean['off'] / mean['on']:.3f}x", flush=True)
     return {"runs": out, "mean_s": mean, "on_over_off": mean["off"] / mean["on"]}
 
@@ -362,7 +384,7 @@ def brief(d: dict) -> dict:
             "moved": bool(d.get("moves_layers") or d.get("switches_schedule") or d.get("switch")
                           or (d["event"] == "replan" and d.get("apply") and d.get("migration"))),
             "chosen": [ch["bounds"], ch["key"]] if isinstance(ch, dict) else ch or d.get("new_bounds"),
-            "reason": d.get("reason"),
+            "reason": d.get("reason") or "",
             "horizon": d.get("horizon"), "decision_s": d.get("decision_s") or 0.0,
             "migration_s": (d.get("migration") or {}).get("seconds", 0.0), "switch_s": d.get("switch_s") or 0.0,
             "predicted_s": {"current": (d.get("current") or {}).get("predicted_s"),
@@ -523,6 +545,11 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=-1, help="-1: each trace's fixed seed; N: search from N (--tries)")
     p.add_argument("--settle-ab", type=int, default=0, help="N > 0: only gearshift's live runs, N pairs per trace "
                    "alternating adapt.settle_steps 0 and --settle (written to --out's _settle_ab.json beside it)")
+    p.add_argument("--defer", type=float, default=0.0, help="gearshift's adapt.defer_z (0: a change's decision point "
+                   "moves on the samples it has)")
+    p.add_argument("--defer-ab", type=int, default=0, help="N > 0: only gearshift's live runs, N pairs per trace "
+                   "alternating adapt.defer_z 0 and --defer (1 where --defer is 0; written to --out's _defer_ab.json "
+                   "beside it)")
     a = p.parse_args()
     work, t_start, seg = harness.workdir("shared_cluster", a.keep), time.perf_counter(), a.segment
     base = [*harness.job_overrides(a), f"--emulate.basis={a.basis}", f"--cluster.workers={WORLD}",
@@ -552,8 +579,8 @@ def main() -> None:
         ph = phases(trace, a.steps)
         print(f"{name}: seed {seed}, {len(ph)} phases, predicted oracle / best_static headroom "
               f"{predicted_headroom:.3f}x", flush=True)
-        if a.settle_ab:
-            report[name] = settle_ab(name, path, a, base, work)
+        if a.settle_ab or a.defer_ab:
+            report[name] = (settle_ab if a.settle_ab else defer_ab)(name, path, a, base, work)
             continue
         # Interleaved, as bench/hetero.py: each live run sits between jobs measuring the static configurations, and
         # the configurations that can be best are measured twice (before and after the live runs), so a shared
@@ -664,10 +691,11 @@ def main() -> None:
               + (f"; {len(runs)} gearshift runs: " + ", ".join(f"{g['over_oracle']:.3f}x" for g in r["gearshift_runs"])
                  + f" oracle (A/A {r['gearshift_aa_spread']:.1%})" if len(runs) > 1 else "")
               + f" [{time.perf_counter() - t_start:.0f} s]", flush=True)
-    if a.settle_ab:
-        harness.write_results("shared_cluster_settle_ab", {"summary": report, "steps": a.steps, "settle": a.settle,
-                                                           "wall_s": time.perf_counter() - t_start},
-                              Path(a.out).with_name(Path(a.out).stem + "_settle_ab.json"),
+    if a.settle_ab or a.defer_ab:
+        what = "settle_ab" if a.settle_ab else "defer_ab"
+        harness.write_results(f"shared_cluster_{what}", {"summary": report, "steps": a.steps, "settle": a.settle,
+                                                          "defer": a.defer, "wall_s": time.perf_counter() - t_start},
+                              Path(a.out).with_name(Path(a.out).stem + f"_{what}.json"),
                               emulation=f"duty cycle x{a.base:g} on every rank + trace, basis {a.basis}")
         return
     harness.write_results("shared_cluster", {

@@ -161,6 +161,18 @@ def test_moving_back_to_the_plan_just_left_needs_a_large_gain() -> None:
     assert other.apply and not other.back
 
 
+def test_a_change_point_defers_a_move_whose_gain_is_within_its_new_speeds_spread() -> None:
+    d = _fastest()
+    rel = (d.current.predicted_s - d.chosen.predicted_s) / d.current.predicted_s
+    kept = _fastest(defer=rel - 0.05 + 0.01)  # the bar (min_gain 5%) plus the spread of the few samples: not cleared
+    assert not kept.apply and kept.reason.startswith("deferred") and kept.chosen.bounds == UNIFORM
+    assert kept.to_dict()["defer"] == pytest.approx(rel - 0.04) and not kept.moves_layers
+    moved = _fastest(defer=rel - 0.05 - 0.01)  # cleared: it moves now, to the plan it would without the margin
+    assert moved.apply and moved.chosen.bounds == d.chosen.bounds
+    # a move that does not pay at all is not called deferred
+    assert "deferred" not in _fastest(defer=0.01, decision_cost_s=1e6).reason
+
+
 def test_plans_that_both_ran_since_the_change_are_compared_as_measured() -> None:
     d = _fastest()
     assert d.apply

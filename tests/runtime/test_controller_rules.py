@@ -8,7 +8,17 @@ import gearshift.planner.joint as joint
 from gearshift.cluster.state import ClusterState
 from gearshift.planner.schedule_choice import price, splits
 from gearshift.profile.model_profile import ModelProfile
-from gearshift.runtime.controller import ALONE, ProbeLevel, drifted, left_after, period_due, probes, settle_next
+from gearshift.runtime.controller import (
+    ALONE,
+    ProbeLevel,
+    drifted,
+    left_after,
+    new_speed_spread,
+    period_due,
+    probes,
+    sample_spread,
+    settle_next,
+)
 from gearshift.runtime.detect import Detector
 from synthetic import linear_profiles
 
@@ -179,3 +189,9 @@ def test_after_the_environment_moved_a_move_back_is_a_reaction_not_held_to_the_h
     assert left_after(left, False) == left  # noise that moved nothing: still held
     free = decide(slow0, now.bounds, now.key, left_after(left, True))  # the environment moved: a reaction
     assert free.apply and free.moves_layers and free.chosen.bounds == p0.bounds and not free.back
+
+
+def test_a_change_points_margin_is_its_changed_ranks_spread_on_the_samples_since() -> None:
+    assert sample_spread(0.2, 4) == 0.1 and sample_spread(0.2, 0) == 0.2  # a mean of 4 samples: half one's spread
+    assert new_speed_spread([0.0, 0.05, 0.02], 0.01) == 0.05  # the worst changed rank's
+    assert new_speed_spread([0.0, 0.0], 0.01) == 0.01  # no rank's own detector saw it: one step of the step time's

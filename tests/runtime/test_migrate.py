@@ -41,9 +41,12 @@ def _run(rank: int, world: int, moves: dict) -> tuple[list[float], dict, list]:
             x, y = corpus.batch(step, cfg.train.batch_size, cfg.model.gpt.context, cfg.train.seed)
             losses.append(rt.step(x, y, lr_at(step, cfg)).loss)
             if step + 1 in moves:
+                had = set(rt.layers)
                 rep = migrate(rt, moves[step + 1])
                 moved.append(rep.moved_layers)
                 assert rt.bounds == moves[step + 1]
+                # only a rank that takes layers receives bytes (point to point: none pass through the others)
+                assert (rep.bytes_moved > 0) == bool(set(rt.layers) - had), (rank, rep, had, set(rt.layers))
         links = probe_links(rt.pipe_ranks, rt.pipe_rank, rt.replica * rt.pipe_ranks, 4096, repeats=1, device=rt.device)
         stage = min(rt.stages)
         shape, dtype = rt.act_meta_fn(rt.bounds[stage][0], 2)

@@ -66,6 +66,7 @@ class JointDecision:
     noise: float = 0.0  # the step time's measured relative spread (one step's)
     decision_cost_s: float = 0.0  # a decision point's measured wall time, charged to a move
     back: bool = False  # the chosen option is the plan the last move left (held to `back_gain`)
+    defer: float = 0.0  # the further gain a move needed here (a change's decision point before its settle one)
 
     @property
     def discount(self) -> float:
@@ -90,7 +91,7 @@ class JointDecision:
                 "counted_gain_s": (self.current.predicted_s * (1 - self.discount) - self.chosen.predicted_s)
                 * self.horizon if self.current.predicted_s < INF and self.apply else None,
                 "noise": self.noise, "discount": self.discount, "decision_cost_s": self.decision_cost_s,
-                "back": self.back,
+                "back": self.back, "defer": self.defer,
                 "measured": self.measured, "options": [o.to_dict() for o in self.options]}
 
 
@@ -144,7 +145,7 @@ def decide_joint(profiles: Mapping[int, ModelProfile], state: ClusterState, boun
                  forced_key: tuple | None = None, calibration: Calibration | None = None,
                  kinds: Sequence[str] = ("kfkb",), noise: float = 0.0, decision_cost_s: float = 0.0,
                  left: tuple | None = None, back_gain: float = 0.0,
-                 ran: Mapping[tuple, float] | None = None) -> JointDecision:
+                 ran: Mapping[tuple, float] | None = None, defer: float = 0.0) -> JointDecision:
     """The decision at `step`: options are the running partition and, with `partitions`, the DP's plan for each
     split of the `batch` (at its micro-batch size's profile and speeds); each is priced with every (m, K) (only the
     running one without `schedules`) and keeps its fastest fitting. The fastest option is applied iff its step time
@@ -164,7 +165,10 @@ def decide_joint(profiles: Mapping[int, ModelProfile], state: ClusterState, boun
     partition or the schedule) is made only when its discounted gain reaches `back_gain`. `ran`: (bounds, key) -> the
     median step time measured while that plan ran since the last detected change; where the running plan and an
     option both ran, their measured times are compared, not their predictions (a prediction that a measurement
-    already contradicts is not moved for)."""
+    already contradicts is not moved for). `defer`: the further relative gain a move needs at this point (a change's
+    decision point followed by a settle one: the spread of the new speeds measured on a step or two); a move that
+    pays but does not clear it is left to the settle decision point, which re-prices on more samples (a move made on
+    a noisy sample is one the settle point often moves again, paying a second move)."""
     if horizon < 1 or migration_bandwidth <= 0:
         raise PlanError(f"controller: horizon must be >= 1 and migration bandwidth > 0, got {horizon}, "
                         f"{migration_bandwidth}")
@@ -254,9 +258,10 @@ def decide_joint(profiles: Mapping[int, ModelProfile], state: ClusterState, boun
     def bar(o: Option) -> float:
         return max(min_gain, back_gain) if back(o) else min_gain
 
-    paying = [o for o in options if t0 < INF and (o.bounds != bounds or o.key != current) and net(o) > 0
-              and rel(o) >= bar(o)]
-    best = max(paying, key=net) if paying else fastest
+    pays = [o for o in options if t0 < INF and (o.bounds != bounds or o.key != current) and net(o) > 0
+            and rel(o) >= bar(o)]
+    paying = [o for o in pays if rel(o) >= bar(o) + defer]
+    best = max(paying, key=net) if paying else max(pays, key=net) if pays else fastest
     t1 = best.predicted_s
     if t0 == INF and best is not cur_opt:
         apply, reason = True, "the running plan no longer fits in memory"
@@ -266,6 +271,9 @@ def decide_joint(profiles: Mapping[int, ModelProfile], state: ClusterState, boun
                                f"{best.cost_s:.4g} + {decision_cost_s:.3g} s decision ({len(best.moved_layers)} "
                                f"layers moved, {describe_key(best.key)}{', back' if back(best) else ''}"
                                f"{', as measured' if now != t0 else ''})")
+    elif pays:
+        apply, reason = False, (f"deferred to the settle decision: gain {rel(best):.1%} after the spread < "
+                                f"{bar(best):.0%} + {defer:.1%} for the few samples of the new speeds")
     elif best.bounds == bounds and best.key == current:
         apply, reason = False, f"the running plan is the best predicted ({t1:.4g} s/step)"
     elif rel(best) < min_gain:
@@ -279,4 +287,4 @@ def decide_joint(profiles: Mapping[int, ModelProfile], state: ClusterState, boun
         apply, reason = False, (f"gain {gain(best) * horizon:.4g} s over {horizon} steps <= move cost "
                                 f"{best.cost_s:.4g} s + decision {decision_cost_s:.3g} s")
     return JointDecision(step, trigger, options, cur_opt, best if apply else cur_opt, apply, reason,
-                         measured_inputs(state, S), horizon, noise, decision_cost_s, apply and back(best))
+                         measured_inputs(state, S), horizon, noise, decision_cost_s, apply and back(best), defer)

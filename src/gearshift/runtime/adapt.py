@@ -25,7 +25,7 @@ from gearshift.profile.fit import LineFit
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.profile.overhead import RankStep, fit_overhead
 from gearshift.report.records import Migration, ReplanEvent, StepMetrics
-from gearshift.runtime.agree import rank0_decides
+from gearshift.runtime.agree import PerRank, rank0_decides
 from gearshift.runtime.detect import Detector
 from gearshift.runtime.executor import StepRecord
 from gearshift.runtime.migrate import MigrationReport, migrate
@@ -76,6 +76,7 @@ class Adapter:
         self.rank_steps: list[RankStep] = []  # every rank's CPU of the latest steps (observe_cpu)
         self.late_s = 0.0  # this step's emulated sleeps' overshoot: waking late, not the emulated device (observe)
         self.job_lines: list[LineFit] | None = None  # the job's CPU line, one per position, as last gathered
+        self._moves: PerRank | None = None  # every rank's migration seconds and bytes (apply_bounds), made once
 
     def begin_step(self, rt: PipelineRuntime, step: int) -> None:
         """Before `step`: the step the emulation is at, and an emulated skewed router's bias on this rank's MoE
@@ -280,10 +281,10 @@ class Adapter:
             rep = MigrationReport(sorted(i for i in was if was[i] != now[i]), received, secs)
         else:
             rep = migrate(rt, new)
-        times: list = [None] * dist.get_world_size()
-        dist.all_gather_object(times, [rep.seconds, float(rep.bytes_moved)])
-        secs = max(x[0] for x in times)
-        moved = sum(x[1] for x in times)
+        if self._moves is None:
+            self._moves = PerRank(("seconds", "bytes"), self.device)
+        got = self._moves({"seconds": rep.seconds, "bytes": float(rep.bytes_moved)})  # one all_reduce, no pickling
+        secs, moved = max(got["seconds"]), sum(got["bytes"])
         bw = measured_bandwidth(self.profile, rep.moved_layers, secs)  # in the units a move is priced in
         if bw is not None:
             self.migration_bandwidth = bw

@@ -27,15 +27,14 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
-
-import torch.distributed as dist
 
 from gearshift.planner.joint import decide_joint, expected_horizon, moved
 from gearshift.report.records import DecisionEvent, PlacementEvent
 from gearshift.runtime.adapt import Adapter
-from gearshift.runtime.agree import AnyRank, rank0_decides
+from gearshift.runtime.agree import AnyRank, PerRank, rank0_decides
 from gearshift.runtime.detect import Detector
 from gearshift.runtime.pipeline import PipelineRuntime
 from gearshift.runtime.reschedule import ScheduleSwitcher
@@ -80,6 +79,19 @@ def drifted(level: float, probed: float | None, min_gain: float) -> bool:
     if probed is None or level <= 0 or probed <= 0:
         return True
     return abs(math.log(level / probed)) >= math.log1p(min_gain)
+
+
+def sample_spread(noise: float, samples: int) -> float:
+    """The relative spread of a mean of `samples` samples whose one-sample spread is `noise`."""
+    return noise / math.sqrt(max(1, samples))
+
+
+def new_speed_spread(ranks: Sequence[float], step_noise: float) -> float:
+    """The spread a change's decision point's new speeds carry: the largest of the `ranks`' (each its sample_spread, 0
+    where its own detector saw no change), or, where no rank's did (the step time's change alone), `step_noise`, one
+    step of the step time's."""
+    worst = max(ranks, default=0.0)
+    return worst if worst > 0 else step_noise
 
 
 @dataclass
@@ -136,7 +148,9 @@ class Controller:
     adaptive); `placer`: a MoE job's expert placement, decided at the same points (its moe.every period is one
     more trigger of them); `confirm`: samples in a row a change needs (adapt.confirm); `hysteresis`: the gain a
     move back to the plan just left needs (adapt.hysteresis); `settle`: steps after a change's decision point that
-    a settle decision point comes (adapt.settle_steps; 0 = none)."""
+    a settle decision point comes (adapt.settle_steps; 0 = none); `defer_z`: at a change's decision point with a settle
+    point to follow, a move's gain must also clear this many times the changed ranks' measured speed spread over the
+    square root of their samples since the change, or it waits for the settle point (adapt.defer_z; 0 = off)."""
 
     adapter: Adapter
     switcher: ScheduleSwitcher
@@ -149,11 +163,14 @@ class Controller:
     confirm: int = 1
     hysteresis: float = 0.0
     settle: int = 0
+    defer_z: float = 0.0
 
     def __post_init__(self) -> None:
         # the job's step time (the same on every rank); its spread is the noise a move's gain is discounted by
         self.steps = Detector(self.detect or 2.0, confirm=self.confirm, alone=ALONE)
         self._agree = AnyRank(self.adapter.device) if self.detect else None
+        self._switched = PerRank(("seconds",), self.adapter.device)  # every rank's switch time: one all_reduce
+        self._spreads: PerRank | None = None  # every rank's spread of its new speed (few_samples), made once
         if self.detect:
             self.adapter.detector = Detector(self.detect, confirm=self.confirm, alone=ALONE)
         self.switch_s = 0.0  # a schedule switch's cost, as last measured
@@ -211,6 +228,9 @@ class Controller:
         fresh = settling and self._fresh and not changed
         if changed or settling:  # a change's own samples, kept for its settle decision point (until it)
             self._fresh = changed and self._mine
+        # a change's decision point with a settle point to follow: its speeds are a step or two of samples, so a move
+        # must clear their spread too, else the settle point decides it (every rank enters: `changed` is agreed)
+        defer = self.defer_z * self._few_samples(self._mine) if changed and self.settle > 0 and self.defer_z else 0.0
         self._mine = False
         ad.settle_speed(fresh)
         # the step time's level, the same on every rank (fed the gathered step time); without change detection every
@@ -237,7 +257,7 @@ class Controller:
             self.switch_s, sw.memory, ad.merged.step_overhead() or 0.0, ad.size_states(S, nxt, list(sw.profiles)),
             self.partitions, True, self.min_gain, fb, fk, ad.calibration_now(S), sw.kinds, self.steps.noise,
             self.decide_s, self.left, self.hysteresis,
-            {k: statistics.median(v) for k, v in self.ran.items() if len(v) >= 2}))
+            {k: statistics.median(v) for k, v in self.ran.items() if len(v) >= 2}, defer))
         self.decide_s = time.perf_counter() - t0 - probe_s  # rank 0's figure is the one it prices with
         rec = DecisionEvent(d)
         if self.placer is not None:  # experts move under the partition they were measured in, before layers do
@@ -247,9 +267,7 @@ class Controller:
         if d.switches:
             t1 = time.perf_counter()
             rt.set_schedule(sw.schedule(d.chosen.key))
-            times: list = [None] * dist.get_world_size()
-            dist.all_gather_object(times, time.perf_counter() - t1)
-            self.switch_s = rec.switch_s = max(times)
+            self.switch_s = rec.switch_s = max(self._switched({"seconds": time.perf_counter() - t1})["seconds"])
         if d.apply:
             if d.moves_layers or d.switches:
                 self.left = was
@@ -267,6 +285,17 @@ class Controller:
             self.steps.reset(step_s)
         rec.decision_s = time.perf_counter() - t0  # this rank's: probes, gathers, pricing and the move
         return rec
+
+    def _few_samples(self, mine: bool) -> float:
+        """The relative spread of the new speeds a change's decision point prices on (collective: one all_reduce): the
+        largest, over the ranks whose own detector saw the change (`mine`), of its speed's measured one-sample spread
+        over the square root of its samples since the change; where none did (the step time's change alone), the step
+        time's spread (one step of it)."""
+        ad = self.adapter
+        if self._spreads is None:
+            self._spreads = PerRank(("spread",), ad.device)
+        own = sample_spread(ad.detector.noise, len(ad.window)) if mine and ad.detector is not None else 0.0
+        return new_speed_spread(self._spreads({"spread": own})["spread"], self.steps.noise)
 
     def _plan(self, rt: PipelineRuntime) -> tuple:
         """What runs: (bounds, key)."""

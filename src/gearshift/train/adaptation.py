@@ -127,7 +127,7 @@ def build_controller(cfg: JobConfig, adapter: Adapter | None, switcher: Schedule
     adapter.every, switcher.every, switcher.change = 0, 0, 0.0
     return Controller(adapter, switcher, a.every, a.horizon or a.every or 10, a.detect,
                       cfg.parallel.partition == "adaptive", adapter.min_gain, confirm=a.confirm,
-                      hysteresis=a.hysteresis, settle=a.settle_steps)
+                      hysteresis=a.hysteresis, settle=a.settle_steps, defer_z=a.defer_z)
 
 
 def start_schedule(cfg: JobConfig, adapter: Adapter, switcher: ScheduleSwitcher, bounds: list[tuple[int, int]],

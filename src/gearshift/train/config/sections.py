@@ -283,6 +283,11 @@ class AdaptConfig:
                                "followed by one more this many steps after it, priced on the speeds measured "
                                "since (no link probe; it moves only by the same rule), as the first one priced "
                                "on a step or two of them; 0 = off")
+    defer_z: float = key(0.0, "adapt.controller = joint with adapt.settle_steps: at a detected change's decision "
+                              "point a move's gain must also clear this many times the changed ranks' measured "
+                              "speed spread over the square root of their samples since the change, or it waits "
+                              "for the settle decision point (a move made on one noisy sample is often moved "
+                              "again there; e.g. 1); 0 = off")
     schedule_kinds: list[Any] = key(["kfkb", "zb1p"], "parallel.schedule = auto: the schedule kinds priced beside "
                                                       "each split into micro-batches: kfkb (every K), zb1p (split "
                                                       "backwards); both run one stage per rank, so a running job "
@@ -321,6 +326,7 @@ class AdaptConfig:
         check(self.horizon >= 0, f"adapt.horizon: must be >= 0 (0 = adapt.every), got {self.horizon}")
         check(self.confirm >= 1, f"adapt.confirm: must be >= 1 (samples in a row), got {self.confirm}")
         check(self.settle_steps >= 0, f"adapt.settle_steps: must be >= 0 (0 = off), got {self.settle_steps}")
+        check(self.defer_z >= 0, f"adapt.defer_z: must be >= 0 (0 = off), got {self.defer_z}")
         check(0 <= self.hysteresis < 1, f"adapt.hysteresis: must be in [0, 1), got {self.hysteresis}")
         if self.overhead:
             from gearshift.profile.overhead_store import carried_from
