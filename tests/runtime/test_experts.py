@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from norms import record_norms
 
 from gearshift.models.moe import moe_modules
 from gearshift.planner.expert_map import ExpertMap
@@ -75,7 +76,8 @@ def _train(rank: int, world: int, runs: list, out_dir: str) -> list:
         shards = ExpertShards(stages, width, mc.experts, mc.moe_layers(),
                               {i: ExpertMap(holders, width) for i in mc.moe_layers()} if holders else None)
         rt = build_runtime(cfg, data=data, experts=shards)
-        losses, routed = [], []
+        assert rt._norm_scope == "world"  # experts on some replicas only: their squares summed over every rank
+        losses, routed, norms = [], [], record_norms(rt)
         for step in range(STEPS):
             x, y = data.batch(step, cfg.train.batch_size, cfg.train.seed)
             res = rt.step(x, y, lr_at(step, cfg))
@@ -84,11 +86,11 @@ def _train(rank: int, world: int, runs: list, out_dir: str) -> list:
         held = [sorted(int(k) for k in m.experts) for i in sorted(rt.layers) for m in moe_modules(rt.layers[i])]
         model, _ = rt.saved_state()
         copies = {k: v.numpy() for k, v in rt.state()[0].items() if "experts" in k}
-        out.append((losses, routed, {k: v.numpy() for k, v in model.items()}, copies, held))
+        out.append((losses, routed, {k: v.numpy() for k, v in model.items()}, copies, held, norms))
     return out
 
 
-def _reference(cfg) -> tuple[list[float], list, dict[str, torch.Tensor]]:
+def _reference(cfg) -> tuple[list[float], list, dict[str, torch.Tensor], list[float]]:
     """Single-process training on the same micro-batches (replicas x micro-batches of them per step, each its own
     routing population), gradients accumulated."""
     torch.set_num_threads(1)
@@ -101,7 +103,7 @@ def _reference(cfg) -> tuple[list[float], list, dict[str, torch.Tensor]]:
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
                              {"params": other, "weight_decay": 0.0}], lr=t.lr, betas=(t.beta1, t.beta2))
     data = job_data(cfg)
-    losses, routed = [], []
+    losses, routed, norms = [], [], []
     for step in range(STEPS):
         x, y = data.batch(step, t.batch_size, t.seed)
         for g in opt.param_groups:
@@ -112,19 +114,19 @@ def _reference(cfg) -> tuple[list[float], list, dict[str, torch.Tensor]]:
             loss = model.loss(xc, yc)
             (loss / chunks).backward()
             total += float(loss.detach())
-        torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)))
         opt.step()
         losses.append(total / chunks)
         routed.append(([m.routed.tolist() for m in moe_modules(model)], [m.dropped for m in moe_modules(model)]))
         for m in moe_modules(model):
             m.reset_stats()
-    return losses, routed, {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return losses, routed, {k: v.detach().clone() for k, v in model.state_dict().items()}, norms
 
 
 def test_expert_parallel_training_equals_one_process(tmp_path) -> None:
     results = spawn(_train, 4, RUNS, str(tmp_path))
     # a checkpoint written with 4-wide expert parallelism resumes as 2 stages x 2-wide, and goes on exactly
-    ref_losses, _, ref_params = _reference(_cfg(1, 4, 2, 0.0, "1f1b"))
+    ref_losses, _, ref_params, _ = _reference(_cfg(1, 4, 2, 0.0, "1f1b"))
     torch.testing.assert_close(torch.tensor(results[0][0]["losses"]), torch.tensor(ref_losses[2:]), rtol=1e-5,
                                atol=1e-6)
     params = {k: torch.from_numpy(v) for r in results for k, v in r[0]["params"].items()}
@@ -134,7 +136,13 @@ def test_expert_parallel_training_equals_one_process(tmp_path) -> None:
     results = [r[1:] for r in results]
     for i, (stages, width, top_k, capacity, schedule, holders) in enumerate(RUNS):
         run = RUNS[i]
-        ref_losses, ref_routed, ref_params = _reference(_cfg(stages, width, top_k, capacity, schedule))
+        ref_losses, ref_routed, ref_params, ref_norms = _reference(_cfg(stages, width, top_k, capacity, schedule))
+        for r in results:  # every rank's clip used the job's norm: the world all-reduce's and one process's
+            used = torch.tensor([u for u, _ in r[i][5]], dtype=torch.float64)
+            torch.testing.assert_close(used, torch.tensor([w for _, w in r[i][5]], dtype=torch.float64), rtol=1e-12,
+                                       atol=0, msg=f"norm against the world all-reduce for {run}")
+            torch.testing.assert_close(used, torch.tensor(ref_norms, dtype=torch.float64), rtol=1e-5, atol=0,
+                                       msg=f"norm against one process for {run}")
         torch.testing.assert_close(torch.tensor(results[0][i][0]), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6,
                                    msg=f"losses differ for {run}")
         assert results[0][i][1] == ref_routed, run  # tokens per expert and dropped, summed over the job
