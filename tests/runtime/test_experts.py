@@ -6,12 +6,16 @@ another."""
 
 from __future__ import annotations
 
+import time
+from unittest import mock
+
 import pytest
 import torch
 from norms import record_norms
 
 from gearshift.models.moe import moe_modules
 from gearshift.planner.expert_map import ExpertMap
+from gearshift.runtime.executor import DeviceClock
 from gearshift.runtime.experts import ExpertShards
 from gearshift.testing import spawn
 from gearshift.train.build import build_runtime, job_model, lr_at, moe_config
@@ -64,6 +68,44 @@ def _resume(cfg_a, cfg_b, steps_a: int) -> dict:
     return {"losses": losses, "params": {k: v.numpy() for k, v in rt.saved_state()[0].items()}}
 
 
+class HostEvent:
+    """A CUDA timing event's interface on the host's clock (the CPU's ops are done when they return), counting
+    waits: what lets the CPU run the CUDA path's timing."""
+
+    waits = 0
+
+    def record(self) -> None:
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, end: HostEvent) -> float:
+        return (end.t - self.t) * 1e3
+
+    def synchronize(self) -> None:
+        HostEvent.waits += 1
+
+
+def _event_timed(cfg, shards: ExpertShards) -> tuple[list[float], list[tuple[float, float, int]], int]:
+    """The CUDA path of a MoE job's timing run on the CPU: the executor's ops and the experts' all-to-alls timed by
+    (host) events, read once per step; the stream waits a per-op sync would make are counted. Returns the losses,
+    each step's (compute the runtime took, the ops' busy time, the calls timed) and the stream waits."""
+    stream_waits: list[int] = []
+    with mock.patch("gearshift.runtime.pipeline._timing_events", lambda device: HostEvent), \
+            mock.patch("gearshift.runtime.executor.stream_sync", lambda device: lambda: stream_waits.append(1)), \
+            mock.patch("gearshift.runtime.executor.DeviceClock", lambda device: DeviceClock(device, event=HostEvent)):
+        data = job_data(cfg)
+        rt = build_runtime(cfg, data=data, experts=shards)
+        assert rt.executor.after_compute is None and rt.experts.clock.events is HostEvent
+        losses, timed, calls = [], [], []
+        end = rt.experts.clock.end
+        rt.experts.clock.end = lambda began: calls.append(began[2] is not None) or end(began)  # each call's span
+        for step in range(STEPS):
+            res = rt.step(*data.batch(step, cfg.train.batch_size, cfg.train.seed), lr_at(step, cfg))
+            losses.append(res.loss)
+            timed.append((rt.take_compute(), res.record.busy_s, sum(calls)))
+            calls.clear()
+    return losses, timed, len(stream_waits)
+
+
 def _train(rank: int, world: int, runs: list, out_dir: str) -> list:
     # 2 stages x 2 replicas x 4 micro-batches: the same 8 micro-batches (routing populations) per step as 4 x 2
     resumed = _resume(_cfg(1, 4, 2, 0.0, "1f1b", world, out_dir),
@@ -87,6 +129,10 @@ def _train(rank: int, world: int, runs: list, out_dir: str) -> list:
         model, _ = rt.saved_state()
         copies = {k: v.numpy() for k, v in rt.state()[0].items() if "experts" in k}
         out.append((losses, routed, {k: v.numpy() for k, v in model.items()}, copies, held, norms))
+    stages, width, top_k, capacity, schedule, _ = runs[0]
+    HostEvent.waits = 0
+    mc = moe_config(cfg := _cfg(stages, width, top_k, capacity, schedule, world))
+    out.append((*_event_timed(cfg, ExpertShards(stages, width, mc.experts, mc.moe_layers())), HostEvent.waits))
     return out
 
 
@@ -133,7 +179,15 @@ def test_expert_parallel_training_equals_one_process(tmp_path) -> None:
     assert set(params) == set(ref_params)
     for name, ref in ref_params.items():
         torch.testing.assert_close(params[name], ref, rtol=1e-5, atol=PARAM_ATOL, msg=f"{name} differs after resume")
-    results = [r[1:] for r in results]
+    # the CUDA path's timing (events read once per step, no per-op wait) on the CPU: the same losses as the host's
+    # clocks give; each step one wait, for its last op's event; the runtime's compute is the ops' time less the
+    # all-to-alls' (count exchange, rows out and back per MoE layer and micro-batch, forward and backward)
+    for r in results:
+        losses, timed, stream_waits, waits = r[-1]
+        assert losses == r[1][0]
+        assert stream_waits == 0 and waits == STEPS, (stream_waits, waits)
+        assert all(0 < compute < busy and calls > 0 for compute, busy, calls in timed), timed
+    results = [r[1:-1] for r in results]
     for i, (stages, width, top_k, capacity, schedule, holders) in enumerate(RUNS):
         run = RUNS[i]
         ref_losses, ref_routed, ref_params, ref_norms = _reference(_cfg(stages, width, top_k, capacity, schedule))

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from gearshift.cluster.device import stream_sync
 from gearshift.optim import OptimConfig, adamw
 from gearshift.planner.shares import share_rows
 from gearshift.runtime.executor import PipelineExecutor, StepRecord
@@ -216,10 +217,16 @@ class PipelineRuntime:
     def _compute_hook(self) -> Callable[[int, Op, float, float | None], None] | None:
         """after_compute, told the compute time (wall and CPU) without the expert all-to-alls inside it (waiting on
         peers is not this rank's compute: an emulated slowdown must not stretch it). With experts, that compute (and
-        the emulated slowdown's sleep) adds up in `compute_s`: what expert placement fits its cost per row to."""
+        the emulated slowdown's sleep) adds up in `compute_s`: what expert placement fits its cost per row to.
+        On CUDA without an emulation hook there is none: the executor times its ops by events and the experts'
+        clock its all-to-alls by events too, both read once per step (step: the ops' device time less the calls')."""
         if self.experts is None:
             return self.after_compute
         clock = self.experts.clock
+        events = _timing_events(self.device)
+        clock.events = events if self.after_compute is None else None
+        if clock.events is not None:
+            return None
 
         def hook(stage: int, op: Op, seconds: float, cpu_s: float | None = None) -> None:
             wall, cpu = clock.take()
@@ -293,7 +300,7 @@ class PipelineRuntime:
             self.optimizer.step()
 
         if self.experts is not None:
-            self.experts.clock.take()  # all-to-alls since the last step (evaluation) are no step's compute
+            self.experts.clock.drop()  # all-to-alls since the last step (evaluation) are no step's compute
         arm = getattr(self._grad_sync, "arm", None)  # gradient sync overlapped with each stage's last backward
 
         def on_last_backward(stage: int) -> None:
@@ -301,6 +308,8 @@ class PipelineRuntime:
 
         rec = self.executor.run(xs, ys, on_sync=on_sync, on_step=on_step,
                                 on_last_backward=on_last_backward if arm is not None else None)
+        if self.experts is not None and self.experts.clock.events is not None:  # read after the step's one wait
+            self.compute_s += max(0.0, rec.busy_s - self.experts.clock.take()[0])
         moe = self.experts.loads(self.layers) if self.experts is not None else None
         loss = mean_loss(rec.losses, self.device, self._mb_size)  # the step's read of the device
         return StepResult(loss, float(norm[0]), rec, moe)
@@ -389,6 +398,14 @@ class PipelineRuntime:
             if name in optim:
                 self.optimizer.state[p] = {k: v.to("cpu" if k == "step" else p.device, copy=True)
                                            for k, v in optim[name].items()}
+
+
+def _timing_events(device: torch.device) -> Callable[[], object] | None:
+    """A factory of timing events where the executor times ops by events (CUDA: runtime.executor.DeviceClock), else
+    None (the CPU's ops are done when they return: the host's clocks time them)."""
+    if stream_sync(device) is None:
+        return None
+    return lambda: torch.cuda.Event(enable_timing=True)
 
 
 def _numerics(device: torch.device) -> tuple:
