@@ -94,7 +94,7 @@ def _event_timed(cfg, shards: ExpertShards) -> tuple[list[float], list[tuple[flo
             mock.patch("gearshift.runtime.executor.DeviceClock", lambda device: DeviceClock(device, event=HostEvent)):
         data = job_data(cfg)
         rt = build_runtime(cfg, data=data, experts=shards)
-        assert rt.executor.after_compute is None and rt.experts.clock.events is HostEvent
+        assert rt.executor.after_compute is None and rt.experts.clock.events is HostEvent and rt._event_timed
         losses, timed, calls = [], [], []
         end = rt.experts.clock.end
         rt.experts.clock.end = lambda began: calls.append(began[2] is not None) or end(began)  # each call's span

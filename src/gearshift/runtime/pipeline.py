@@ -218,14 +218,17 @@ class PipelineRuntime:
         """after_compute, told the compute time (wall and CPU) without the expert all-to-alls inside it (waiting on
         peers is not this rank's compute: an emulated slowdown must not stretch it). With experts, that compute (and
         the emulated slowdown's sleep) adds up in `compute_s`: what expert placement fits its cost per row to.
-        On CUDA without an emulation hook there is none: the executor times its ops by events and the experts'
-        clock its all-to-alls by events too, both read once per step (step: the ops' device time less the calls')."""
+        On CUDA the experts' clock times its all-to-alls by events (the host's clock sees only NCCL's launch): with
+        the emulation hook the executor's wait after each op has finished them when the hook reads them; without
+        one there is no hook, the executor times its ops by events too, and step() takes the calls out of its ops'
+        device time once per step, after the step's one wait."""
+        self._event_timed = False
         if self.experts is None:
             return self.after_compute
         clock = self.experts.clock
-        events = _timing_events(self.device)
-        clock.events = events if self.after_compute is None else None
-        if clock.events is not None:
+        clock.events = _timing_events(self.device)
+        if clock.events is not None and self.after_compute is None:
+            self._event_timed = True
             return None
 
         def hook(stage: int, op: Op, seconds: float, cpu_s: float | None = None) -> None:
@@ -308,7 +311,7 @@ class PipelineRuntime:
 
         rec = self.executor.run(xs, ys, on_sync=on_sync, on_step=on_step,
                                 on_last_backward=on_last_backward if arm is not None else None)
-        if self.experts is not None and self.experts.clock.events is not None:  # read after the step's one wait
+        if self._event_timed:  # the ops' device time less the all-to-alls', read after the step's one wait
             self.compute_s += max(0.0, rec.busy_s - self.experts.clock.take()[0])
         moe = self.experts.loads(self.layers) if self.experts is not None else None
         loss = mean_loss(rec.losses, self.device, self._mb_size)  # the step's read of the device
