@@ -74,9 +74,9 @@ def trace_parts(path) -> dict | None:
     up to its last backward's end and that backward's span (the mean over ranks: one replica, as the simulator
     prices it), the wait for the slowest replica (the latest SYNC start less the mean), the sync once every replica
     is in (the latest SYNC end less the latest SYNC start: the exposed all-reduces) and what the STEP (clip and
-    optimizer) adds after it (its end less the latest SYNC end: gloo's ring lets the ranks out of the sync some ms
-    apart, and the clip's all-reduce holds the early ones in STEP until the last is out, a wait the sync part
-    holds already; step_span_s: the STEP's own span, that wait included)."""
+    optimizer) adds after it (the mean of its end less the latest SYNC end: gloo's ring lets the ranks out of the
+    sync some ms apart, and each goes on to its STEP at once, the clip's norm being its own; step_span_s: the
+    STEP's own span)."""
     try:
         events = json.loads(Path(path).read_text())["traceEvents"]
     except (OSError, ValueError, KeyError):
@@ -150,11 +150,11 @@ def predicted(a, cfg, profile, overlap: bool, link: dict | None = None, spread: 
     payload (the shaper charges headers too: PAYLOAD); each blocking all-reduce (after_backward) pays its ring's
     2 (n - 1) rounds a round trip each (2 x --latency-s); overlapped, the buckets are ready over the compute part of
     the last backward's simulated span (1 / slowdown of it) and the duty cycle's sleep after it hides sync too
-    (loopback: the model's default links). The clip's all-reduce of the norm before STEP is one more blocking
-    call (ScheduleCosts.step_barrier_s). With `link` (probe_links: the testbed's calls measured), its
-    per-byte time and fixed cost per call instead of the nominal rate and latency. SYNC starts when the slowest of
-    the WORLD replicas arrives (sim.replicas), their compute spread by `spread` (compute_spread of the mode's own
-    steps; 0: one replica's price, also given as predicted_one_replica_step_s)."""
+    (loopback: the model's default links). The clip sums its norm on each rank (one stage per replica: no
+    collective before STEP, so no ScheduleCosts.step_barrier_s). With `link` (probe_links: the testbed's calls
+    measured), its per-byte time and fixed cost per call instead of the nominal rate and latency. SYNC starts when
+    the slowest of the WORLD replicas arrives (sim.replicas), their compute spread by `spread` (compute_spread of
+    the mode's own steps; 0: one replica's price, also given as predicted_one_replica_step_s)."""
     m = a.micro
     sched = make_schedule("1f1b", 1, m)
     state = local_pipeline_state(WORLD, 1, [a.slowdown] * WORLD)
@@ -166,7 +166,6 @@ def predicted(a, cfg, profile, overlap: bool, link: dict | None = None, spread: 
     if link is not None:
         costs = LinkCosts(inter_alpha=a.latency_s, inter_beta=link["beta_s_per_byte"])
         call = link["call_s"]
-    cost.step_barrier_s = call  # the clip's job-wide all-reduce before the optimizer: one tiny blocking call
     span, compute_end, step_op, busy = last_backward_s(sched, cost)
     compute = span / max(1.0, a.slowdown)
     times = [predict("gloo", b, [1] * WORLD, costs) for b in sizes]

@@ -12,6 +12,7 @@ import gearshift.sim.collectives as coll
 from gearshift.cluster.topology import Topology, matrix_shapes
 from gearshift.comm import CommGroups, GradientSync, all_reduce
 from gearshift.comm.allreduce import resolve
+from gearshift.comm.composed import lines_in_one_order
 from gearshift.comm.steps import chunk_bounds
 from gearshift.errors import ConfigError
 from gearshift.testing import spawn
@@ -53,6 +54,8 @@ def _check_topology(rank: int, topo: Topology, dtypes: bool, send_thread: bool, 
                 ok = torch.allclose(x.double(), ref.double(), rtol=1e-5, atol=1e-4)
             if not ok:
                 bad.append(f"{transport} {topo.ranks_per_node} {algo} n={n} {dt}")
+            if not _same_everywhere(x):  # what lets the clip's norm skip the replicas (GradientSync.identical)
+                bad.append(f"{transport} {topo.ranks_per_node} {algo} n={n} {dt}: ranks' sums differ in bits")
     # non-contiguous 2-D input is reduced in place too
     y = _data(rank, 24, torch.float32).view(4, 6).t()
     ref = y.clone()
@@ -68,12 +71,24 @@ def _check_topology(rank: int, topo: Topology, dtypes: bool, send_thread: bool, 
             all_reduce(x, algo, groups=groups, matrix=shape)
             if not torch.allclose(x, ref, rtol=1e-5, atol=1e-4):
                 bad.append(f"{transport} {topo.ranks_per_node} {algo} pinned {shape}")
+            if not _same_everywhere(x):
+                bad.append(f"{transport} {topo.ranks_per_node} {algo} pinned {shape}: ranks' sums differ in bits")
+    if not lines_in_one_order(topo, list(range(topo.world_size))):
+        bad.append(f"{topo.ranks_per_node}: lines not in one order")
     # our ring ran through comm.stream on these groups (over gloo: no shared memory here), so its receive
     # buffer and held works are theirs (no module state)
     if transport == "collectives" and topo.world_size > 1 and (torch.float32 not in groups.stream.buffers
                                                                or not groups.stream.retired):
         bad.append(f"{transport} {topo.ranks_per_node} stream state not held by the groups")
     return bad
+
+
+def _same_everywhere(x: torch.Tensor) -> bool:
+    """Whether every rank holds `x` bit for bit (collective)."""
+    got = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(got, x.contiguous())
+    bits = (lambda t: t.view(torch.int16)) if x.element_size() == 2 else (lambda t: t.view(torch.uint8))
+    return all(torch.equal(bits(g), bits(got[0])) for g in got)
 
 
 def _train(rank: int, algo: str, groups: CommGroups | None, matrix: tuple[int, int] | None = None,
@@ -192,3 +207,16 @@ def test_a_pinned_matrix_must_hold_the_nodes() -> None:
             resolve(algo, 4096, five, None, (2, 3))
     assert resolve("gloo", 4096, five, None, (2, 3)) == "gloo"
     assert resolve("hierarchical", 4096, five, None, (5, 1)) == "hierarchical"
+
+
+def test_lines_in_one_order_where_nodes_keep_their_ranks_together() -> None:
+    """The composed forms give every rank the same bits where parallel lines of a node matrix add in one order: a
+    process group orders its ranks by global rank, so 6 nodes whose ranks come node by node pass, and 6 nodes whose
+    leaders' ranks run against the node order in one column but not the next do not (there the clip keeps the
+    world all-reduce: runtime.pipeline)."""
+    assert lines_in_one_order(Topology.from_ranks_per_node([2] * 6), list(range(12)))
+    assert lines_in_one_order(Topology.from_ranks_per_node([1] * 4), [3, 2, 1, 0])  # lines of 2: a + b == b + a
+    # 6 nodes of one rank in a 3 x 2 (or 2 x 3) matrix, node k on global rank perm[k]: column 0 ascends, column 1
+    # descends, so its three-rank ring adds in another order
+    perm = [0, 5, 1, 4, 2, 3]
+    assert not lines_in_one_order(Topology.from_ranks_per_node([1] * 6), perm)

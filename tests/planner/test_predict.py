@@ -44,7 +44,9 @@ def test_the_optimizer_update_is_each_ranks_and_waits_for_the_clip(make_profile)
     one = make_schedule("1f1b", 4, 8)
     cost = sim_cost(prof, BOUNDS, one, state)
     assert cost.step_s == pytest.approx([0.03, 0.07, 0.11, 0.15])  # the update of the layers each rank holds
-    assert cost.step_barrier_s == 0.0  # the clip's all-reduce: every rank waits for the last
+    assert cost.step_barrier_s == 0.0  # the clip's all-reduce over the pipe: every stage waits for the last
+    # one stage per replica: the clip sums no norm beyond the rank (runtime.pipeline), so nothing to wait for
+    assert sim_cost(prof, [(0, 8)], make_schedule("1f1b", 1, 8), state).step_barrier_s is None
     res = predict(prof, BOUNDS, one, state)
     without = predict(make_profile([0.3] * 8), BOUNDS, one, state)
     # every rank waits for rank 0's last backward, then the slowest update ends the step

@@ -7,8 +7,12 @@ every other CPU test leaves out."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from unittest import mock
+
 import pytest
 import torch
+from norms import record_norms
 from placement import on_device_only
 
 from gearshift.schedules import make_schedule
@@ -43,6 +47,9 @@ def _run_pipeline(rank: int, world: int, runs: list) -> list:
         data = job_data(cfg)
         rt = build_runtime(cfg, data=data, links=True)  # a group per link direction, as on NCCL (here gloo)
         optimizer, losses = rt.optimizer, []
+        norms = record_norms(rt)
+        # the norm's scope: DP needs no collective, a replicated pipeline its own pipe, one pipeline the world
+        assert rt._norm_scope == ("local" if stages == 1 else "pipe"), (rt._norm_scope, stages)
         with on_device_only(rt.device):  # a tensor made or sent off the model's device fails the step
             for step in range(STEPS):
                 if switching:  # at the step boundary, on every rank: new executors, same optimizer and state
@@ -50,10 +57,17 @@ def _run_pipeline(rank: int, world: int, runs: list) -> list:
                 x, y = data.batch(step, cfg.train.batch_size, cfg.train.seed)
                 losses.append(rt.step(x, y, lr_at(step, cfg)).loss)
             losses.append(rt.evaluate(*data.batch(0, cfg.train.batch_size, cfg.train.seed, "val")))
+        if stages < world:  # replicas: one rank whose sync is not bit-identical, or whose kernels differ, sends
+            sync = rt._grad_sync  # every rank's norm to the world all-reduce
+            rt._grad_sync = SimpleNamespace(identical=rank != 1)
+            assert rt._agree_norm_scope() == "world"
+            rt._grad_sync = sync
+            with mock.patch("gearshift.runtime.pipeline._numerics", lambda d: (rank == 1, d.type)):
+                assert rt._agree_norm_scope() == "world"
         if switching:
             assert rt.optimizer is optimizer and {int(st["step"]) for st in optimizer.state.values()} == {STEPS}
         state = rt.state()[0] if rt.replica == 0 else {}
-        out.append((losses, {k: v.numpy() for k, v in state.items()}))  # by value, not shared memory
+        out.append((losses, {k: v.numpy() for k, v in state.items()}, norms))  # by value, not shared memory
     return out
 
 
@@ -63,10 +77,31 @@ def _reference(cfg) -> tuple[list[float], dict[str, torch.Tensor]]:
 
 
 def _check(results: list, runs: list, world: int) -> None:
-    refs = {model: _reference(_cfg(world, runs[0][1], runs[0][0], model=model)) for model in MODELS}
+    refs, refs_norms = {}, {}
+    clip = torch.nn.utils.clip_grad_norm_
+    for model in MODELS:
+        norms: list[float] = []
+
+        def recorded(*a, norms: list[float] = norms, **k) -> torch.Tensor:  # one process's norm of each step
+            norms.append(float(total := clip(*a, **k)))
+            return total
+        torch.nn.utils.clip_grad_norm_ = recorded
+        try:
+            refs[model] = _reference(_cfg(world, runs[0][1], runs[0][0], model=model))
+        finally:
+            torch.nn.utils.clip_grad_norm_ = clip
+        refs_norms[model] = norms
     for i, run in enumerate(runs):
         ref_losses, ref_params = refs[run[4] if len(run) > 4 else "gpt"]
         losses = results[0][i][0]
+        ref_norms = refs_norms[run[4] if len(run) > 4 else "gpt"]
+        for r in results:  # every rank's clip used the job's norm: the world all-reduce's and one process's
+            used = torch.tensor([u for u, _ in r[i][2]], dtype=torch.float64)
+            torch.testing.assert_close(used, torch.tensor([w for _, w in r[i][2]], dtype=torch.float64),
+                                       rtol=1e-12, atol=0, msg=f"norm against the world all-reduce for {run}")
+            torch.testing.assert_close(used, torch.tensor(ref_norms, dtype=torch.float64), rtol=1e-5,
+                                       atol=0, msg=f"norm against one process for {run}")
+        assert max(ref_norms) > 0.5, ref_norms  # the clip bites (grad_clip = 0.5): a wrong norm moves the weights
         params: dict[str, torch.Tensor] = {}
         for r in results:
             params.update({k: torch.from_numpy(v) for k, v in r[i][1].items()})

@@ -6,11 +6,16 @@ another."""
 
 from __future__ import annotations
 
+import time
+from unittest import mock
+
 import pytest
 import torch
+from norms import record_norms
 
 from gearshift.models.moe import moe_modules
 from gearshift.planner.expert_map import ExpertMap
+from gearshift.runtime.executor import DeviceClock
 from gearshift.runtime.experts import ExpertShards
 from gearshift.testing import spawn
 from gearshift.train.build import build_runtime, job_model, lr_at, moe_config
@@ -63,6 +68,44 @@ def _resume(cfg_a, cfg_b, steps_a: int) -> dict:
     return {"losses": losses, "params": {k: v.numpy() for k, v in rt.saved_state()[0].items()}}
 
 
+class HostEvent:
+    """A CUDA timing event's interface on the host's clock (the CPU's ops are done when they return), counting
+    waits: what lets the CPU run the CUDA path's timing."""
+
+    waits = 0
+
+    def record(self) -> None:
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, end: HostEvent) -> float:
+        return (end.t - self.t) * 1e3
+
+    def synchronize(self) -> None:
+        HostEvent.waits += 1
+
+
+def _event_timed(cfg, shards: ExpertShards) -> tuple[list[float], list[tuple[float, float, int]], int]:
+    """The CUDA path of a MoE job's timing run on the CPU: the executor's ops and the experts' all-to-alls timed by
+    (host) events, read once per step; the stream waits a per-op sync would make are counted. Returns the losses,
+    each step's (compute the runtime took, the ops' busy time, the calls timed) and the stream waits."""
+    stream_waits: list[int] = []
+    with mock.patch("gearshift.runtime.pipeline._timing_events", lambda device: HostEvent), \
+            mock.patch("gearshift.runtime.executor.stream_sync", lambda device: lambda: stream_waits.append(1)), \
+            mock.patch("gearshift.runtime.executor.DeviceClock", lambda device: DeviceClock(device, event=HostEvent)):
+        data = job_data(cfg)
+        rt = build_runtime(cfg, data=data, experts=shards)
+        assert rt.executor.after_compute is None and rt.experts.clock.events is HostEvent and rt._event_timed
+        losses, timed, calls = [], [], []
+        end = rt.experts.clock.end
+        rt.experts.clock.end = lambda began: calls.append(began[2] is not None) or end(began)  # each call's span
+        for step in range(STEPS):
+            res = rt.step(*data.batch(step, cfg.train.batch_size, cfg.train.seed), lr_at(step, cfg))
+            losses.append(res.loss)
+            timed.append((rt.take_compute(), res.record.busy_s, sum(calls)))
+            calls.clear()
+    return losses, timed, len(stream_waits)
+
+
 def _train(rank: int, world: int, runs: list, out_dir: str) -> list:
     # 2 stages x 2 replicas x 4 micro-batches: the same 8 micro-batches (routing populations) per step as 4 x 2
     resumed = _resume(_cfg(1, 4, 2, 0.0, "1f1b", world, out_dir),
@@ -75,7 +118,8 @@ def _train(rank: int, world: int, runs: list, out_dir: str) -> list:
         shards = ExpertShards(stages, width, mc.experts, mc.moe_layers(),
                               {i: ExpertMap(holders, width) for i in mc.moe_layers()} if holders else None)
         rt = build_runtime(cfg, data=data, experts=shards)
-        losses, routed = [], []
+        assert rt._norm_scope == "world"  # experts on some replicas only: their squares summed over every rank
+        losses, routed, norms = [], [], record_norms(rt)
         for step in range(STEPS):
             x, y = data.batch(step, cfg.train.batch_size, cfg.train.seed)
             res = rt.step(x, y, lr_at(step, cfg))
@@ -84,11 +128,15 @@ def _train(rank: int, world: int, runs: list, out_dir: str) -> list:
         held = [sorted(int(k) for k in m.experts) for i in sorted(rt.layers) for m in moe_modules(rt.layers[i])]
         model, _ = rt.saved_state()
         copies = {k: v.numpy() for k, v in rt.state()[0].items() if "experts" in k}
-        out.append((losses, routed, {k: v.numpy() for k, v in model.items()}, copies, held))
+        out.append((losses, routed, {k: v.numpy() for k, v in model.items()}, copies, held, norms))
+    stages, width, top_k, capacity, schedule, _ = runs[0]
+    HostEvent.waits = 0
+    mc = moe_config(cfg := _cfg(stages, width, top_k, capacity, schedule, world))
+    out.append((*_event_timed(cfg, ExpertShards(stages, width, mc.experts, mc.moe_layers())), HostEvent.waits))
     return out
 
 
-def _reference(cfg) -> tuple[list[float], list, dict[str, torch.Tensor]]:
+def _reference(cfg) -> tuple[list[float], list, dict[str, torch.Tensor], list[float]]:
     """Single-process training on the same micro-batches (replicas x micro-batches of them per step, each its own
     routing population), gradients accumulated."""
     torch.set_num_threads(1)
@@ -101,7 +149,7 @@ def _reference(cfg) -> tuple[list[float], list, dict[str, torch.Tensor]]:
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
                              {"params": other, "weight_decay": 0.0}], lr=t.lr, betas=(t.beta1, t.beta2))
     data = job_data(cfg)
-    losses, routed = [], []
+    losses, routed, norms = [], [], []
     for step in range(STEPS):
         x, y = data.batch(step, t.batch_size, t.seed)
         for g in opt.param_groups:
@@ -112,29 +160,43 @@ def _reference(cfg) -> tuple[list[float], list, dict[str, torch.Tensor]]:
             loss = model.loss(xc, yc)
             (loss / chunks).backward()
             total += float(loss.detach())
-        torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)))
         opt.step()
         losses.append(total / chunks)
         routed.append(([m.routed.tolist() for m in moe_modules(model)], [m.dropped for m in moe_modules(model)]))
         for m in moe_modules(model):
             m.reset_stats()
-    return losses, routed, {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return losses, routed, {k: v.detach().clone() for k, v in model.state_dict().items()}, norms
 
 
 def test_expert_parallel_training_equals_one_process(tmp_path) -> None:
     results = spawn(_train, 4, RUNS, str(tmp_path))
     # a checkpoint written with 4-wide expert parallelism resumes as 2 stages x 2-wide, and goes on exactly
-    ref_losses, _, ref_params = _reference(_cfg(1, 4, 2, 0.0, "1f1b"))
+    ref_losses, _, ref_params, _ = _reference(_cfg(1, 4, 2, 0.0, "1f1b"))
     torch.testing.assert_close(torch.tensor(results[0][0]["losses"]), torch.tensor(ref_losses[2:]), rtol=1e-5,
                                atol=1e-6)
     params = {k: torch.from_numpy(v) for r in results for k, v in r[0]["params"].items()}
     assert set(params) == set(ref_params)
     for name, ref in ref_params.items():
         torch.testing.assert_close(params[name], ref, rtol=1e-5, atol=PARAM_ATOL, msg=f"{name} differs after resume")
-    results = [r[1:] for r in results]
+    # the CUDA path's timing (events read once per step, no per-op wait) on the CPU: the same losses as the host's
+    # clocks give; each step one wait, for its last op's event; the runtime's compute is the ops' time less the
+    # all-to-alls' (count exchange, rows out and back per MoE layer and micro-batch, forward and backward)
+    for r in results:
+        losses, timed, stream_waits, waits = r[-1]
+        assert losses == r[1][0]
+        assert stream_waits == 0 and waits == STEPS, (stream_waits, waits)
+        assert all(0 < compute < busy and calls > 0 for compute, busy, calls in timed), timed
+    results = [r[1:-1] for r in results]
     for i, (stages, width, top_k, capacity, schedule, holders) in enumerate(RUNS):
         run = RUNS[i]
-        ref_losses, ref_routed, ref_params = _reference(_cfg(stages, width, top_k, capacity, schedule))
+        ref_losses, ref_routed, ref_params, ref_norms = _reference(_cfg(stages, width, top_k, capacity, schedule))
+        for r in results:  # every rank's clip used the job's norm: the world all-reduce's and one process's
+            used = torch.tensor([u for u, _ in r[i][5]], dtype=torch.float64)
+            torch.testing.assert_close(used, torch.tensor([w for _, w in r[i][5]], dtype=torch.float64), rtol=1e-12,
+                                       atol=0, msg=f"norm against the world all-reduce for {run}")
+            torch.testing.assert_close(used, torch.tensor(ref_norms, dtype=torch.float64), rtol=1e-5, atol=0,
+                                       msg=f"norm against one process for {run}")
         torch.testing.assert_close(torch.tensor(results[0][i][0]), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6,
                                    msg=f"losses differ for {run}")
         assert results[0][i][1] == ref_routed, run  # tokens per expert and dropped, summed over the job

@@ -150,3 +150,58 @@ def test_the_executor_on_cuda_waits_once_per_step_not_per_op(monkeypatch):
                               after_compute=lambda stage, op, s, cpu: seen.append(s))
     hooked.run(xs, ys)
     assert waits["stream"] == 2 * ops and len(seen) == ops and all(s > 0 for s in seen)
+
+
+def test_expert_all_to_alls_on_cuda_are_timed_by_events_with_the_steps_one_wait(monkeypatch):
+    """Issue 41's hygiene for MoE jobs: the experts' all-to-alls (comm.alltoall.Clock with events, as the runtime
+    sets it on CUDA without the emulation hook) are bracketed by CUDA events and read after the executor's one wait
+    per step; no stream or device synchronize per op or per call. A stage whose forward exchanges its rows with
+    itself over a one-rank NCCL group (tests/runtime/test_experts.py runs the runtime's path on the CPU)."""
+    import torch.distributed as dist
+    from torch import nn
+
+    from gearshift.comm.alltoall import Clock, all_to_all
+    from gearshift.runtime.executor import PipelineExecutor
+    from gearshift.schedules import make_schedule
+    from gearshift.train.elastic import free_port
+
+    waits = {"stream": 0, "device": 0, "event": 0}
+    for name, owner, attr in (("stream", torch.cuda.Stream, "synchronize"), ("device", torch.cuda, "synchronize"),
+                              ("event", torch.cuda.Event, "synchronize")):
+        real = getattr(owner, attr)
+
+        def counted(*args, _real=real, _name=name, **kw):
+            waits[_name] += 1
+            return _real(*args, **kw)
+
+        monkeypatch.setattr(owner, attr, counted)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        dev = torch.device("cuda", 0)
+        clock = Clock(events=lambda: torch.cuda.Event(enable_timing=True))
+
+        class Exchanged(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.lin = nn.Linear(64, 64)
+
+            def forward(self, x):
+                n = x.shape[0]
+                return torch.tanh(all_to_all(self.lin(x), [n], [n], None, clock))
+
+        torch.manual_seed(0)
+        stages = {0: Exchanged().to(dev)}
+        m = 4
+        xs = [torch.randn(8, 64, device=dev) for _ in range(m)]
+        ys = [torch.randn(8, 64, device=dev) for _ in range(m)]
+        ex = PipelineExecutor(make_schedule("1f1b", 1, m), 0, stages, lambda out, y: ((out - y) ** 2).mean(),
+                              lambda s: ((8, 64), torch.float32), device=dev)
+        for _ in range(3):
+            clock.drop()
+            rec = ex.run(xs, ys)
+            calls = len(clock.spans)
+            exchanged, _ = clock.take()  # read without a wait: the step's one wait came after every call
+            assert calls == 2 * m and 0 < exchanged < rec.busy_s, (calls, exchanged, rec.busy_s)
+        assert waits == {"stream": 0, "device": 0, "event": 3}
+    finally:
+        dist.destroy_process_group()

@@ -4,6 +4,8 @@ assignments travel to the ranks holding their experts and the experts' outputs c
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -16,17 +18,48 @@ from gearshift.planner.placement import balanced_split
 
 class Clock:
     """Seconds spent inside all-to-all calls (waiting for peers included) and the CPU time this thread spent in
-    them, for the runtime to take out of a compute action's measured wall and CPU time."""
+    them, for the runtime to take out of a compute action's measured wall and CPU time. With `events` (a factory
+    of timing events: CUDA's, where the executor times its ops by events, runtime.executor.DeviceClock), each call
+    is bracketed by two events on the current stream instead, with no wait: `take` reads their device spans once
+    the step has waited for its last event (the calls run inside its compute ops, so theirs are done by then)."""
 
-    def __init__(self) -> None:
+    def __init__(self, events: Callable[[], Any] | None = None) -> None:
         self.seconds = 0.0
         self.cpu_seconds = 0.0
+        self.events = events
+        self.spans: list[tuple[Any, Any]] = []  # (event before, event after) of each call, events only
+
+    def begin(self) -> tuple[float, float, Any]:
+        """Before a call: the host's clocks, or (events) an event recorded now."""
+        return time.perf_counter(), time.thread_time(), self._mark() if self.events is not None else None
+
+    def end(self, began: tuple[float, float, Any]) -> None:
+        """After the call begun at `began`: its wall and CPU time, or (events) its span's second event."""
+        t0, c0, before = began
+        if before is not None:
+            self.spans.append((before, self._mark()))
+            return
+        self.seconds += time.perf_counter() - t0
+        self.cpu_seconds += time.thread_time() - c0
+
+    def _mark(self) -> Any:
+        ev = self.events()
+        ev.record()  # on the current stream: queued behind the work before it
+        return ev
 
     def take(self) -> tuple[float, float]:
-        """(wall, CPU) seconds since the last take."""
+        """(wall, CPU) seconds since the last take; with events, the calls' device seconds (elapsed_time reads
+        finished events without waiting) and no CPU."""
         s, c = self.seconds, self.cpu_seconds
+        s += sum(before.elapsed_time(after) for before, after in self.spans) / 1e3  # milliseconds
         self.seconds = self.cpu_seconds = 0.0
+        self.spans.clear()
         return s, c
+
+    def drop(self) -> None:
+        """Forget the calls since the last take without reading them (an evaluation's: no step's compute)."""
+        self.seconds = self.cpu_seconds = 0.0
+        self.spans.clear()
 
 
 def all_to_all(x: Tensor, send: list[int], recv: list[int], group: dist.ProcessGroup | None,
@@ -37,12 +70,11 @@ def all_to_all(x: Tensor, send: list[int], recv: list[int], group: dist.ProcessG
 
 
 def _exchange(x: Tensor, send: list[int], recv: list[int], group, clock: Clock | None) -> Tensor:
-    t0, c0 = time.perf_counter(), time.thread_time()
+    began = clock.begin() if clock is not None else None
     out = x.new_empty((sum(recv), *x.shape[1:]))
     dist.all_to_all_single(out, x.contiguous(), recv, send, group=group)
     if clock is not None:
-        clock.seconds += time.perf_counter() - t0
-        clock.cpu_seconds += time.thread_time() - c0
+        clock.end(began)
     return out
 
 
@@ -103,13 +135,12 @@ class AllToAllDispatch:
     def __call__(self, h: Tensor, experts: Tensor, positions: Tensor, counts: Tensor,
                  modules: nn.ModuleDict) -> Tensor:
         E, W = len(self.holders), self.width
-        t0, c0 = time.perf_counter(), time.thread_time()
+        began = self.clock.begin() if self.clock is not None else None
         table = torch.zeros((W, E), dtype=torch.int64)
         table[self.index] = counts.to(torch.int64)
         dist.all_reduce(table, group=self.group)
         if self.clock is not None:
-            self.clock.seconds += time.perf_counter() - t0
-            self.clock.cpu_seconds += time.thread_time() - c0
+            self.clock.end(began)
         ends, runs = split_rows(table, self.map)
         starts = torch.cumsum(table, 0) - table  # starts[s, e]: where source s's rows of e begin in e's queue
         g = starts[self.index, experts] + positions

@@ -139,6 +139,18 @@ class GradientSync:
         """Ranks the sum runs over (the group's size: a partition's part); 1 outside a process group."""
         return self.topology.world_size if dist.is_initialized() else 1
 
+    @property
+    def identical(self) -> bool:
+        """Whether every rank of the group ends the sync with bit-for-bit the same gradients (what lets a clip's
+        norm skip the replicas): the backend's all-reduce and our ring end by copying the sum out; a hierarchical
+        form on more than one node (a broadcast or all-gather last) where its matrix lines add in one order
+        (comm.composed.lines_in_one_order)."""
+        if self.topology.num_nodes <= 1 or all(b.algorithm in ("gloo", "ring") for b in self.buckets):
+            return True
+        members = self.groups.members if self.groups is not None and self.groups.members is not None \
+            else list(range(self.topology.world_size))
+        return composed.lines_in_one_order(self.topology, members)
+
     @staticmethod
     def _flat(b: Bucket) -> torch.Tensor:
         return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in b.params])

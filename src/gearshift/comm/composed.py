@@ -61,6 +61,37 @@ class MatrixGroups:
         return out
 
 
+Line = tuple[int, ...]
+
+
+def matrix_lines(topology: Topology, members: list[int]) -> dict[tuple[tuple[int, int], int | None, str], list[Line]]:
+    """Every line of every node matrix the forms may run in, as global ranks in grid order: per (shape, local rank
+    (None: the leaders' matrix), "rows" or "cols")."""
+    out: dict[tuple[tuple[int, int], int | None, str], list[Line]] = {}
+    locals_ = [None] + (list(range(topology.ranks_per_node[0])) if topology.uniform else [])
+    for shape in matrix_shapes(topology.num_nodes):
+        grid_nodes = topology.node_grid(shape)
+        for lr in locals_:
+            grid = [[members[topology.leader(nd) if lr is None else topology.ranks_of(nd)[lr]] for nd in row]
+                    for row in grid_nodes]
+            out[(shape, lr, "rows")] = [tuple(row) for row in grid]
+            out[(shape, lr, "cols")] = [tuple(col) for col in zip(*grid, strict=True)]
+    return out
+
+
+def lines_in_one_order(topology: Topology, members: list[int]) -> bool:
+    """Whether the forms' sums come out bit-for-bit the same on every rank: each collective's result is the same on
+    its own members (a backend's all-reduce ends by copying the sum out; the forms end in a broadcast or an
+    all-gather), so ranks of different lines agree when parallel lines add in one order. A process group orders its
+    ranks by global rank, so that holds where the lines of each kind (of 3 ranks or more: a + b == b + a exactly)
+    list their global ranks in one relative order, e.g. wherever each node's ranks come before the next node's."""
+    for lines in matrix_lines(topology, members).values():
+        orders = {tuple(sorted(range(len(line)), key=line.__getitem__)) for line in lines if len(line) > 2}
+        if len(orders) > 1:
+            return False
+    return True
+
+
 def _wait(work) -> None:
     if work is not None:
         work.wait()

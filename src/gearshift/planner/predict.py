@@ -17,7 +17,9 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
              microbatch_size: int | None = None, calibration: Calibration | None = None) -> ScheduleCosts:
     """Stage times = profiled layer times / the speed of the rank holding the stage; transfers = output
     activation bytes of each stage's last layer over the measured links; a rank's STEP = the profiled update
-    of its layers, after the clip's job-wide all-reduce (every rank waits for the last); a split backward's BI and
+    of its layers, after the clip's all-reduce over the pipeline's ranks (every stage waits for the last: the
+    runtime sums the norm over the simulated replica's pipe group, none with one stage, and other replicas' wait
+    is the SYNC's, sim.replicas); a split backward's BI and
     BW = its layers' profiled BI and BW, and its stage's forward their forward with deferrable linears; ranks that
     share a host's cores (state.hosts, state.cores) share them in the simulation, as do emulated ranks' duty cycles.
     `bounds` has one range per stage, or one per slice of a schedule of several pipes (the same cut in every pipe).
@@ -98,8 +100,9 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
         msgs, ops = messages(schedule), compute_ops(schedule)
         beside = [over.message_cpu_s * n / k if k else 0.0 for n, k in zip(msgs, ops)]
         step = [x + over.step_cpu_s for x in step]
+    barrier = 0.0 if schedule.num_ranks > 1 else None  # the clip's all-reduce over the pipe; one stage: none
     return ScheduleCosts(fwd, bwd, act, bandwidth, latency, act_mem, params, state.memory,
-                         step_s=step, step_barrier_s=0.0, host=state.hosts, cores=state.cores, duty=state.duty,
+                         step_s=step, step_barrier_s=barrier, host=state.hosts, cores=state.cores, duty=state.duty,
                          param_bytes=moved, per_op_s=per_op, input_fraction=frac, weight_s=wgt, unstretched_op_s=beside,
                          wait_cpu=calibration.wait_cpu if calibration is not None else 0.0,
                          wake_s=over.wake_s or 0.0 if over is not None else 0.0)

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from gearshift.cluster.device import stream_sync
 from gearshift.optim import OptimConfig, adamw
 from gearshift.planner.shares import share_rows
 from gearshift.runtime.executor import PipelineExecutor, StepRecord
@@ -110,13 +111,19 @@ class PipelineRuntime:
         self.grad_sync_factory = grad_sync_factory
         self.experts = experts  # a MoE model's expert parallelism (which experts here, their sync)
         self.compute_s = 0.0
-        # One data-parallel group per pipeline position (every rank creates every group, same order).
-        self.dp_group = None
+        # One data-parallel group per pipeline position and one pipe group per replica (the clip's norm), made once
+        # (every rank creates every group, same order); a single replica's pipe group is the default group (None).
+        self.dp_group = self.pipe_group = None
         if self.replicas > 1:
             for p in range(self.pipe_ranks):
                 g = dist.new_group([d * self.pipe_ranks + p for d in range(self.replicas)])
                 if p == self.pipe_rank:
                     self.dp_group = g
+            if self.pipe_ranks > 1:
+                for d in range(self.replicas):
+                    g = dist.new_group([d * self.pipe_ranks + p for p in range(self.pipe_ranks)])
+                    if d == self.replica:
+                        self.pipe_group = g
         self.layers: dict[int, nn.Module] = {}
         self.set_layout(bounds, schedule, {})
 
@@ -149,7 +156,27 @@ class PipelineRuntime:
                 self._grad_sync = self.grad_sync_factory(dense, self.dp_group)
             else:
                 self._grad_sync = _flat_allreduce(dense, self.dp_group)
+        self._norm_scope = self._agree_norm_scope()
         self._mb_size = 1
+
+    def _agree_norm_scope(self) -> str:
+        """Where the clip's squared norm is summed, the same answer on every rank (collective: each rank's facts
+        gathered): "local" (one stage per replica: each replica has the whole model's gradients), "pipe" (this
+        replica's pipeline ranks) or "world" (every rank, each dense parameter weighing 1 / replicas). The smaller
+        scopes hold only where every replica ends the sync with the same dense gradients bit for bit (the sync says
+        so: GradientSync.identical; the runtime's flat all-reduce does) and computes their norm alike (same device
+        kind, kernels and threads at each pipeline position); experts held by some replicas only need the world."""
+        if self.replicas == 1:
+            return "pipe" if self.pipe_ranks > 1 else "local"
+        facts = (self.pipe_rank, bool(getattr(self._grad_sync, "identical", True)) and not self._norm_weights,
+                 _numerics(self.device))
+        everyone: list = [None] * self.world
+        dist.all_gather_object(everyone, facts)
+        alike = all(ok for _, ok, _ in everyone) and all(
+            len({num for q, _, num in everyone if q == p}) == 1 for p in range(self.pipe_ranks))
+        if not alike:
+            return "world"
+        return "pipe" if self.pipe_ranks > 1 else "local"
 
     def set_schedule(self, schedule: Schedule) -> None:
         """Run `schedule` from the next step on (at a step boundary, on every rank): same stages, parameters
@@ -190,10 +217,19 @@ class PipelineRuntime:
     def _compute_hook(self) -> Callable[[int, Op, float, float | None], None] | None:
         """after_compute, told the compute time (wall and CPU) without the expert all-to-alls inside it (waiting on
         peers is not this rank's compute: an emulated slowdown must not stretch it). With experts, that compute (and
-        the emulated slowdown's sleep) adds up in `compute_s`: what expert placement fits its cost per row to."""
+        the emulated slowdown's sleep) adds up in `compute_s`: what expert placement fits its cost per row to.
+        On CUDA the experts' clock times its all-to-alls by events (the host's clock sees only NCCL's launch): with
+        the emulation hook the executor's wait after each op has finished them when the hook reads them; without
+        one there is no hook, the executor times its ops by events too, and step() takes the calls out of its ops'
+        device time once per step, after the step's one wait."""
+        self._event_timed = False
         if self.experts is None:
             return self.after_compute
         clock = self.experts.clock
+        clock.events = _timing_events(self.device)
+        if clock.events is not None and self.after_compute is None:
+            self._event_timed = True
+            return None
 
         def hook(stage: int, op: Op, seconds: float, cpu_s: float | None = None) -> None:
             wall, cpu = clock.take()
@@ -267,7 +303,7 @@ class PipelineRuntime:
             self.optimizer.step()
 
         if self.experts is not None:
-            self.experts.clock.take()  # all-to-alls since the last step (evaluation) are no step's compute
+            self.experts.clock.drop()  # all-to-alls since the last step (evaluation) are no step's compute
         arm = getattr(self._grad_sync, "arm", None)  # gradient sync overlapped with each stage's last backward
 
         def on_last_backward(stage: int) -> None:
@@ -275,6 +311,8 @@ class PipelineRuntime:
 
         rec = self.executor.run(xs, ys, on_sync=on_sync, on_step=on_step,
                                 on_last_backward=on_last_backward if arm is not None else None)
+        if self._event_timed:  # the ops' device time less the all-to-alls', read after the step's one wait
+            self.compute_s += max(0.0, rec.busy_s - self.experts.clock.take()[0])
         moe = self.experts.loads(self.layers) if self.experts is not None else None
         loss = mean_loss(rec.losses, self.device, self._mb_size)  # the step's read of the device
         return StepResult(loss, float(norm[0]), rec, moe)
@@ -282,14 +320,24 @@ class PipelineRuntime:
     def _clip(self) -> Tensor:
         """Clip by the global gradient norm of the whole model (all stages), as clip_grad_norm_ would; the norm
         stays on the device (a 0-dim float64 tensor) and the clip is applied there, so the step's one read of the
-        device is the loss's (the norm is read after it)."""
+        device is the loss's (the norm is read after it). The squares are summed over the smallest scope that
+        gives the job's norm (_agree_norm_scope): none beyond this rank with one stage per replica, this replica's
+        pipeline, or the world; so a data-parallel step's ranks leave the sync without waiting for each other."""
         held = [p for p in self._params if p.grad is not None]
         grads = [p.grad for p in held]
         sq = torch.zeros((), dtype=torch.float64, device=self.device)  # NCCL reduces device tensors
         if grads:  # one norm kernel per tensor (no float64 copies); squares summed in float64
             sq += (torch.stack([torch.linalg.vector_norm(g.detach()) for g in grads]).double().pow(2)
                    * self._weights(held)).sum()
-        dist.all_reduce(sq)
+        if self._norm_scope == "world":
+            dist.all_reduce(sq)
+        elif self._norm_scope == "pipe":
+            # each stage's square in its own slot, the others zeros: every slot's sum is exact whatever order the
+            # backend adds in, so every replica adds the same slots in the same order
+            slots = torch.zeros(self.pipe_ranks, dtype=torch.float64, device=self.device)
+            slots[self.pipe_rank] = sq
+            dist.all_reduce(slots, group=self.pipe_group)
+            sq = slots.sum()
         total = sq.sqrt()
         if self.optim_cfg.grad_clip > 0 and grads:  # clip_coef on the device: min(max / (norm + 1e-6), 1)
             coef = (self.optim_cfg.grad_clip / (total + 1e-6)).clamp(max=1.0)
@@ -297,12 +345,13 @@ class PipelineRuntime:
         return total
 
     def _weights(self, held: list[nn.Parameter]) -> Tensor:
-        """Each held parameter's share of the global norm (a dense one is on every replica, an expert on its
-        copies), made on the device once per set of parameters with gradients."""
+        """Each held parameter's share of the global norm (summed over the world: a dense one is on every replica,
+        an expert on its copies; else 1), made on the device once per set of parameters with gradients."""
         key = tuple(id(p) for p in held)
         if self._weights_key != key:
             self._weights_key = key
-            self._weights_t = torch.tensor([self._norm_weights.get(id(p), 1.0 / self.replicas) for p in held],
+            dense = 1.0 / self.replicas if self._norm_scope == "world" else 1.0  # summed over replicas or not
+            self._weights_t = torch.tensor([self._norm_weights.get(id(p), dense) for p in held],
                                            dtype=torch.float64, device=self.device)
         return self._weights_t
 
@@ -352,6 +401,22 @@ class PipelineRuntime:
             if name in optim:
                 self.optimizer.state[p] = {k: v.to("cpu" if k == "step" else p.device, copy=True)
                                            for k, v in optim[name].items()}
+
+
+def _timing_events(device: torch.device) -> Callable[[], object] | None:
+    """A factory of timing events where the executor times ops by events (CUDA: runtime.executor.DeviceClock), else
+    None (the CPU's ops are done when they return: the host's clocks time them)."""
+    if stream_sync(device) is None:
+        return None
+    return lambda: torch.cuda.Event(enable_timing=True)
+
+
+def _numerics(device: torch.device) -> tuple:
+    """What decides how this rank's kernels sum a tensor (replicas alike in it compute one norm of one gradient
+    bit for bit): torch, the device kind and model, and on the CPU its vector unit and threads."""
+    if device.type == "cuda":
+        return (torch.__version__, "cuda", torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device))
+    return (torch.__version__, device.type, torch.backends.cpu.get_cpu_capability(), torch.get_num_threads())
 
 
 def _flat_allreduce(params: list[nn.Parameter], group: dist.ProcessGroup | None) -> Callable[[], None]:
