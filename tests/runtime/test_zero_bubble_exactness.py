@@ -6,6 +6,7 @@ moving between ranks); the same checks as test_exactness (losses, every paramete
 from __future__ import annotations
 
 import pytest
+from norms import record_norms
 from test_exactness import STEPS, _cfg, _check, _run_pipeline
 
 from gearshift.runtime.migrate import migrate
@@ -19,11 +20,11 @@ RUNS = [("zb1p", 4, 1, 4), ("zb1p", 2, 1, 2), ("interleaved", 2, 1, 2), ("zbv", 
 MOVED = [(0, 1), (1, 4)]  # the GPT's 4 layers (embedding, 2 blocks, head) cut anew
 
 
-def _migrating(rank: int, world: int) -> tuple[list[float], dict]:
+def _migrating(rank: int, world: int) -> tuple[list[float], dict, list]:
     cfg = _cfg(world, 2, "zb1p", micro=2)
     data = job_data(cfg)
     rt = build_runtime(cfg, links=True)
-    losses = []
+    losses, norms = [], record_norms(rt)
     for step in range(STEPS):
         x, y = data.batch(step, cfg.train.batch_size, cfg.train.seed)
         losses.append(rt.step(x, y, lr_at(step, cfg)).loss)
@@ -32,7 +33,7 @@ def _migrating(rank: int, world: int) -> tuple[list[float], dict]:
             migrate(rt, MOVED)
     losses.append(rt.evaluate(*data.batch(0, cfg.train.batch_size, cfg.train.seed, "val")))
     state = rt.state()[0] if rt.replica == 0 else {}
-    return losses, {k: v.numpy() for k, v in state.items()}
+    return losses, {k: v.numpy() for k, v in state.items()}, norms
 
 
 def _all(rank: int, world: int) -> list:
