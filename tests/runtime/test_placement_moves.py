@@ -80,7 +80,7 @@ def _run(rank: int, world: int, out_dir: str) -> dict:
 def test_moves_and_replicas_equal_training_without_them(tmp_path) -> None:
     results = spawn(_run, 4, str(tmp_path / "loop"))
     # -- through the runtime: 8 experts on 4 ranks, replicated and moved after steps 0 and 1
-    ref_losses, _, ref_params = _reference(_cfg(1, 4, 2, 0.0, "1f1b", more=EIGHT))
+    ref_losses, _, ref_params, _ = _reference(_cfg(1, 4, 2, 0.0, "1f1b", more=EIGHT))
     rt = [r["runtime"] for r in results]
     torch.testing.assert_close(torch.tensor(rt[0]["losses"]), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6)
     assert rt[0]["moved"][0] and rt[0]["moved"][1]  # copies travelled at both switches
@@ -102,7 +102,7 @@ def test_moves_and_replicas_equal_training_without_them(tmp_path) -> None:
         assert all(torch.equal(copies[k][0], v) for v in copies[k][1:]), k
     # -- through the training loop
     loop_cfg = _cfg(2, 2, 1, 1.25, "1f1b", 4, str(tmp_path / "loop"), LOOP + STOP)
-    ref_losses, ref_routed, ref_params = _reference(loop_cfg)
+    ref_losses, ref_routed, ref_params, _ = _reference(loop_cfg)
     records = [json.loads(ln) for ln in (tmp_path / "loop" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "loss" in r and "event" not in r]
     decisions = [r for r in records if r.get("event") == "placement"]
