@@ -83,7 +83,7 @@ class AuxGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        return grad, grad.new_tensor(ctx.weight), None
+        return grad, grad.new_full((), ctx.weight), None  # a fill where grad is (new_tensor would copy and wait)
 
 
 class MoEFeedForward(nn.Module):
