@@ -206,7 +206,7 @@ class AllToAllDispatch:
     def _holders_on(self, device: torch.device) -> Tensor:
         """holders as an (E x copies) table of group ranks (-1 padding) on `device` (copied there once)."""
         if self._table.device != device:
-            self._table = self._table.to(device)
+            self._table = _on(self._table.cpu().numpy(), device)
         return self._table
 
 
