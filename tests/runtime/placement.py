@@ -16,18 +16,46 @@ import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 from torch.utils._device import _device_constructors
 
-CALLS = ("send", "recv", "isend", "irecv", "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter")
+CALLS = ("send", "recv", "isend", "irecv", "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
+         "all_to_all_single")
+# what hands a tensor's values to the host (a wait for the device on CUDA)
+READS = ("tolist", "item", "numpy", "__int__", "__float__", "__bool__", "__index__")
 
 
 def _checked(fn, device: torch.device):
     @functools.wraps(fn)
     def call(tensor, *args, **kwargs):
-        for t in tensor if isinstance(tensor, (list, tuple)) else [tensor]:
-            if t.device != device:
-                raise AssertionError(f"torch.distributed.{fn.__name__} got a tensor on {t.device}; the model is on "
-                                     f"{device}")
+        for arg in (tensor, *args):  # every tensor handed over (all_to_all_single: output, then input)
+            for t in arg if isinstance(arg, (list, tuple)) else [arg]:
+                if isinstance(t, torch.Tensor) and t.device != device:
+                    raise AssertionError(f"torch.distributed.{fn.__name__} got a tensor on {t.device}; the model is "
+                                         f"on {device}")
         return fn(tensor, *args, **kwargs)
     return call
+
+
+@contextlib.contextmanager
+def host_reads(modules: tuple[str, ...]) -> Iterator[list[str]]:
+    """Count the reads of tensor values on the host (READS) made by code in `modules` (called from a frame whose
+    module name is one of them): each is a wait for the device on CUDA. Yields the list of the reads' names."""
+    seen: list[str] = []
+    saved = {name: getattr(torch.Tensor, name) for name in READS}
+
+    def counted(name, real):
+        @functools.wraps(real)
+        def read(self, *args, **kwargs):
+            if sys._getframe(1).f_globals.get("__name__", "") in modules:
+                seen.append(name)
+            return real(self, *args, **kwargs)
+        return read
+
+    try:
+        for name, real in saved.items():
+            setattr(torch.Tensor, name, counted(name, real))
+        yield seen
+    finally:
+        for name, real in saved.items():
+            setattr(torch.Tensor, name, real)
 
 
 class _MetaDefault(TorchFunctionMode):

@@ -12,6 +12,7 @@ from unittest import mock
 import pytest
 import torch
 from norms import record_norms
+from placement import host_reads, on_device_only
 
 from gearshift.models.moe import moe_modules
 from gearshift.planner.expert_map import ExpertMap
@@ -30,6 +31,7 @@ STEPS = 3
 # the rounding of another summation order (rows split over ranks and copies) into a few 1e-6 at lr = 1e-3 (a dense
 # model's parameters have no such near-zero sums here and pass at 1e-6: tests/runtime/test_exactness.py).
 PARAM_ATOL = 5e-6
+MOE = ("gearshift.models.moe", "gearshift.comm.alltoall", "gearshift.runtime.experts")  # whose host reads count
 BASE = ["--model.name=moe_gpt", "--model.layers=2", "--model.width=32", "--model.heads=2", "--model.context=16",
         "--model.experts=4", "--model.moe_every=1", "--model.aux_loss=0.1", "--train.batch_size=16",
         "--data.max_bytes=100000", "--train.warmup_steps=1", "--train.lr=1e-3", "--train.grad_clip=0.5",
@@ -120,11 +122,20 @@ def _train(rank: int, world: int, runs: list, out_dir: str) -> list:
         rt = build_runtime(cfg, data=data, experts=shards)
         assert rt._norm_scope == "world"  # experts on some replicas only: their squares summed over every rank
         losses, routed, norms = [], [], record_norms(rt)
+        calls: list[int] = []  # MoE forward calls on this rank
+        for i in rt.layers:
+            for m in moe_modules(rt.layers[i]):
+                m.register_forward_hook(lambda *_, seen=calls: seen.append(1))
         for step in range(STEPS):
             x, y = data.batch(step, cfg.train.batch_size, cfg.train.seed)
-            res = rt.step(x, y, lr_at(step, cfg))
+            # every tensor on the model's device, every collective's too; the host reads the MoE code makes: the
+            # count table once per forward call, the step's loads once (when read here)
+            with on_device_only(rt.device), host_reads(MOE) as reads:
+                res = rt.step(x, y, lr_at(step, cfg))
+                routed.append((res.moe.routed, res.moe.dropped))
             losses.append(res.loss)
-            routed.append((res.moe.routed, res.moe.dropped))
+            assert calls and reads == ["tolist"] * (len(calls) + 1), (stages, width, step, len(calls), reads)
+            calls.clear()
         held = [sorted(int(k) for k in m.experts) for i in sorted(rt.layers) for m in moe_modules(rt.layers[i])]
         model, _ = rt.saved_state()
         copies = {k: v.numpy() for k, v in rt.state()[0].items() if "experts" in k}

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
@@ -89,22 +90,36 @@ class _AllToAll(torch.autograd.Function):
         return _exchange(grad, ctx.recv, ctx.send, ctx.group, ctx.clock), None, None, None, None
 
 
-def split_rows(table: Tensor, placement: ExpertMap) -> tuple[Tensor, Tensor]:
+def split_rows(table: Tensor | np.ndarray, placement: ExpertMap) -> tuple[Tensor, Tensor] | tuple[np.ndarray, ...]:
     """(ends, runs) for one call's table[s, e] (rows of expert e at group rank s): each replicated expert's rows
     split over its copies by planner.placement.balanced_split, its queue (the group's rows in (source, position)
     order) cut into one run per copy, holders order; ends[e, j] where copy j's run ends (padding copies end at the
-    queue's end), runs[s, e, j] the rows of expert e from source s that copy j computes."""
+    queue's end), runs[s, e, j] the rows of expert e from source s that copy j computes. Host arithmetic (numpy; a
+    CPU tensor in gives tensors out): the dispatch works it out from the table it has read."""
+    if isinstance(table, Tensor):
+        ends, runs = split_rows(table.numpy(), placement)
+        return torch.from_numpy(ends), torch.from_numpy(runs)
+    table = np.asarray(table, dtype=np.int64)
     total = table.sum(0)
     parts = balanced_split(total.tolist(), placement)
     n = max(len(h) for h in placement.holders)
-    ends = total[:, None].repeat(1, n)
+    ends = np.repeat(total[:, None], n, 1)
     for e, p in enumerate(parts):
-        ends[e, :len(p)] = torch.tensor(p, dtype=torch.int64).cumsum(0)
-    lo = torch.cat([torch.zeros_like(ends[:, :1]), ends[:, :-1]], 1)
-    a = (torch.cumsum(table, 0) - table)[:, :, None]
+        ends[e, :len(p)] = np.cumsum(np.asarray(p, dtype=np.int64))
+    lo = np.concatenate([np.zeros_like(ends[:, :1]), ends[:, :-1]], 1)
+    a = (np.cumsum(table, 0) - table)[:, :, None]
     b = a + table[:, :, None]
-    runs = (torch.minimum(b, ends[None]) - torch.maximum(a, lo[None])).clamp(min=0)
+    runs = np.clip(np.minimum(b, ends[None]) - np.maximum(a, lo[None]), 0, None)
     return ends, runs
+
+
+def _on(host: np.ndarray, device: torch.device) -> Tensor:
+    """An int64 host array on `device` without a wait: through pinned memory on CUDA (a pageable copy may
+    synchronise with the stream)."""
+    t = torch.from_numpy(np.ascontiguousarray(host, dtype=np.int64))
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 class AllToAllDispatch:
@@ -131,47 +146,76 @@ class AllToAllDispatch:
         self._table = table
         # per held expert, which copy this rank is
         self._mine = [self.holders[e].index(index) for e in self.held]
+        self._read: np.ndarray | None = None  # the count table kept() read, for the __call__ that follows
 
-    def __call__(self, h: Tensor, experts: Tensor, positions: Tensor, counts: Tensor,
-                 modules: nn.ModuleDict) -> Tensor:
+    def kept(self, counts: Tensor) -> list[int]:
+        """Sum the ranks' per-expert counts into the (width x E) table on the device, then read it: the one wait
+        for the device a call makes (the all-to-all's split sizes must be on the host, as in DeepSpeed's and
+        Megatron's dispatchers); every other number of the call is worked out from it on the host. Returns this
+        rank's row (its kept rows per expert); __call__ uses the table read here."""
         E, W = len(self.holders), self.width
         began = self.clock.begin() if self.clock is not None else None
-        table = torch.zeros((W, E), dtype=torch.int64)
+        table = torch.zeros((W, E), dtype=torch.int64, device=counts.device)
         table[self.index] = counts.to(torch.int64)
         dist.all_reduce(table, group=self.group)
         if self.clock is not None:
             self.clock.end(began)
+        self._read = np.asarray(table.tolist(), dtype=np.int64)  # the call's one read of the device
+        return self._read[self.index].tolist()
+
+    def __call__(self, h: Tensor, experts: Tensor, positions: Tensor, counts: Tensor,
+                 modules: nn.ModuleDict) -> Tensor:
+        if self._read is None:  # called without kept() first
+            self.kept(counts)
+        table, self._read = self._read, None
+        E, W, dev = len(self.holders), self.width, h.device
         ends, runs = split_rows(table, self.map)
-        starts = torch.cumsum(table, 0) - table  # starts[s, e]: where source s's rows of e begin in e's queue
-        g = starts[self.index, experts] + positions
-        copy = (g[:, None] >= ends[experts]).sum(1)
-        dest = self._table[experts, copy]
-        order = torch.argsort(dest, stable=True)  # (destination, expert, position)
-        per = torch.zeros(W * E, dtype=torch.int64).index_add_(0, dest * E + experts, torch.ones_like(dest))
-        got = torch.zeros((W, E), dtype=torch.int64)  # got[s, e]: rows of e from source s this rank computes
+        starts = np.cumsum(table, 0) - table  # starts[s, e]: where source s's rows of e begin in e's queue
+        got = np.zeros((W, E), dtype=np.int64)  # got[s, e]: rows of e from source s this rank computes
         for e, j in zip(self.held, self._mine):
             got[:, e] = runs[:, e, j]
-        send = per.view(W, E).sum(1).tolist()
-        recv = got.sum(1).tolist()
-        rows = all_to_all(h.index_select(0, order), send, recv, self.group, self.clock)
+        send = np.zeros(W, dtype=np.int64)  # rows of mine to each group rank: copy j of e takes runs[me, e, j]
+        for e, hs in enumerate(self.holders):
+            for j, d in enumerate(hs):
+                send[d] += runs[self.index, e, j]
+        recv = got.sum(1)
         # received: source-major, expert-ascending inside a source; the experts run expert-major
         mine = got[:, self.held]  # (W, held)
-        src_start = torch.cumsum(got.sum(1), 0) - got.sum(1)
-        offset = src_start[:, None] + torch.cumsum(mine, 1) - mine  # where (s, e) starts in `rows`
-        idx = runs_index(offset.t().reshape(-1), mine.t().reshape(-1))  # expert-major, then source
+        offset = (np.cumsum(recv) - recv)[:, None] + np.cumsum(mine, 1) - mine  # where (s, e) starts in `rows`
+        lengths = mine.T.reshape(-1)
+        idx_host = np.repeat(offset.T.reshape(-1) - (np.cumsum(lengths) - lengths), lengths) \
+            + np.arange(int(lengths.sum()))  # runs_index on the host: expert-major, then source
+        # one copy to the device, without a wait: this rank's queue starts, each copy's end, the receive order
+        ends_at = E + ends.size
+        small = _on(np.concatenate([starts[self.index], ends.reshape(-1), idx_host]), dev)
+        starts_d, ends_d, idx = small[:E], small[E:ends_at].view(ends.shape), small[ends_at:]
+        g = starts_d[experts] + positions
+        copy = (g[:, None] >= ends_d[experts]).sum(1)
+        dest = self._holders_on(dev)[experts, copy]
+        order = torch.argsort(dest, stable=True)  # (destination, expert, position)
+        send_l, recv_l = send.tolist(), recv.tolist()
+        rows = all_to_all(h.index_select(0, order), send_l, recv_l, self.group, self.clock)
         out = run_experts(rows.index_select(0, idx), mine.sum(0).tolist(), self.held, modules)
         back = torch.empty_like(idx)
-        back[idx] = torch.arange(len(idx))
-        y = all_to_all(out.index_select(0, back), recv, send, self.group, self.clock)
+        back[idx] = torch.arange(len(idx), device=dev)
+        y = all_to_all(out.index_select(0, back), recv_l, send_l, self.group, self.clock)
         undo = torch.empty_like(order)
-        undo[order] = torch.arange(len(order))
+        undo[order] = torch.arange(len(order), device=dev)
         return y.index_select(0, undo)
 
+    def _holders_on(self, device: torch.device) -> Tensor:
+        """holders as an (E x copies) table of group ranks (-1 padding) on `device` (copied there once)."""
+        if self._table.device != device:
+            self._table = _on(self._table.cpu().numpy(), device)
+        return self._table
 
-def runs_index(starts: Tensor, lengths: Tensor) -> Tensor:
-    """The concatenation of arange(starts[k], starts[k] + lengths[k]) over k, without a Python loop."""
-    total = int(lengths.sum())
+
+def runs_index(starts: Tensor, lengths: Tensor, total: int | None = None) -> Tensor:
+    """The concatenation of arange(starts[k], starts[k] + lengths[k]) over k, without a Python loop, where the
+    inputs are; `total` (sum of lengths, when the host knows it) saves a read of the device."""
+    total = int(lengths.sum()) if total is None else total
     if total == 0:
-        return torch.zeros(0, dtype=torch.int64)
+        return torch.zeros(0, dtype=torch.int64, device=starts.device)
     before = torch.cumsum(lengths, 0) - lengths  # where run k begins in the result
-    return torch.arange(total) + torch.repeat_interleave(starts - before, lengths)
+    return torch.arange(total, device=starts.device) + torch.repeat_interleave(starts - before, lengths,
+                                                                               output_size=total)

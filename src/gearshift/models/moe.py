@@ -39,7 +39,9 @@ from gearshift.models.spec import ModelSpec, register_model
 class Dispatch(Protocol):
     """Runs the experts on their assignments. `h` holds one row per kept assignment, grouped by expert in
     ascending order and in queue order within one; `experts[i]` and `positions[i]` are row i's expert and its
-    place in that expert's queue; `counts[e]` = rows of expert e. Returns the experts' outputs, row for row."""
+    place in that expert's queue; `counts[e]` = rows of expert e (on the device). Returns the experts' outputs, row
+    for row. A dispatcher may also have `kept(counts) -> list[int]`: counts on the host, read by the call's one wait
+    for the device (MoEFeedForward calls it first, before __call__, and reads counts itself where there is none)."""
 
     def __call__(self, h: Tensor, experts: Tensor, positions: Tensor, counts: Tensor,
                  modules: nn.ModuleDict) -> Tensor: ...
@@ -54,11 +56,20 @@ def run_experts(h: Tensor, counts: list[int], ids: list[int], modules: nn.Module
 
 
 class LocalDispatch:
-    """Every expert on this rank: no communication."""
+    """Every expert on this rank: no communication. The call's one read of the device is kept()'s."""
+
+    def __init__(self) -> None:
+        self._kept: list[int] | None = None
+
+    def kept(self, counts: Tensor) -> list[int]:
+        """The rows per expert on the host (the call's one wait for the device), kept for __call__."""
+        self._kept = counts.tolist()
+        return self._kept
 
     def __call__(self, h: Tensor, experts: Tensor, positions: Tensor, counts: Tensor,
                  modules: nn.ModuleDict) -> Tensor:
-        return run_experts(h, counts.tolist(), list(range(len(counts))), modules)
+        kept, self._kept = self._kept if self._kept is not None else counts.tolist(), None
+        return run_experts(h, kept, list(range(len(kept))), modules)
 
 
 class AuxGrad(torch.autograd.Function):
@@ -72,7 +83,7 @@ class AuxGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        return grad, grad.new_tensor(ctx.weight), None
+        return grad, grad.new_full((), ctx.weight), None  # a fill where grad is (new_tensor would copy and wait)
 
 
 class MoEFeedForward(nn.Module):
@@ -102,10 +113,14 @@ class MoEFeedForward(nn.Module):
         self.router_bias = None if bias is None else bias.to(self.router.weight.device)
 
     def reset_stats(self) -> None:
-        """Zero the counts of routed and dropped assignments and the summed auxiliary loss."""
-        self.routed = torch.zeros(self.num_experts, dtype=torch.int64)
+        """Zero the counts of routed and dropped assignments and the summed auxiliary loss. The routed counts and
+        the loss stay on the device (read once per step, by runtime.experts.ExpertShards.loads); the dropped
+        assignments and the calls are known on the host (the dispatch's one read per call gives them)."""
+        device = self.router.weight.device
+        self.routed = torch.zeros(self.num_experts, dtype=torch.int64, device=device)
         self.dropped = 0
-        self.aux_sum, self.calls = 0.0, 0
+        self.aux_sum = torch.zeros((), dtype=torch.float64, device=device)
+        self.calls = 0
 
     def capacity(self, tokens: int) -> int:
         """Assignments an expert keeps in a forward call of `tokens` tokens."""
@@ -124,22 +139,30 @@ class MoEFeedForward(nn.Module):
         top_p, top_e = probs.topk(k, dim=-1)
         gates = top_p if k == 1 else top_p / top_p.sum(dim=-1, keepdim=True)
         expert = top_e.t().reshape(-1)  # assignment a = choice * n + token: choice-major priority
-        token = torch.arange(n).repeat(k)
+        dev = h.device  # every index and count is made where the tokens are
+        token = torch.arange(n, device=dev).repeat(k)
         gate = gates.t().reshape(-1)
-        routed = torch.bincount(expert, minlength=E)
+        # per expert, its assignments (index_add_, not bincount: CUDA's bincount reads its input's max on the host)
+        routed = torch.zeros(E, dtype=torch.int64, device=dev).index_add_(0, expert, torch.ones_like(expert))
         order = torch.argsort(expert, stable=True)  # grouped by expert, priority order inside each group
         start = torch.cumsum(routed, 0) - routed
-        position = torch.arange(n * k) - start[expert[order]]
-        keep = position < self.capacity(n)
-        order, position = order[keep], position[keep]
-        counts = routed.clamp(max=self.capacity(n))
+        position = torch.arange(n * k, device=dev) - start[expert[order]]
+        cap = self.capacity(n)
+        counts = routed.clamp(max=cap)
+        # the kept first (still by expert, then queue), the dropped after them: a sort, not a mask (a boolean
+        # mask's size is a read of the device); how many are kept comes from the dispatch's one read
+        first = torch.argsort(torch.where(position < cap, expert[order], E), stable=True)
+        exchange = getattr(self.dispatch, "kept", None)
+        kept = sum(exchange(counts) if exchange is not None else counts.tolist())
+        first = first[:kept]
+        order, position = order[first], position[first]
         y = self.dispatch(h.index_select(0, token[order]), expert[order], position, counts, self.experts)
         out = torch.zeros_like(h).index_add(0, token[order], y * gate[order, None])
         aux = E * torch.sum(routed.to(probs.dtype) / (n * k) * probs.mean(dim=0))
         if torch.is_grad_enabled() and self.training:
-            self.routed += routed
-            self.dropped += int(n * k - len(order))
-            self.aux_sum, self.calls = self.aux_sum + float(aux.detach()), self.calls + 1
+            self.routed = self.routed.to(dev) + routed  # .to: a no-op but for the first call after a move
+            self.dropped += n * k - kept
+            self.aux_sum, self.calls = self.aux_sum.to(dev) + aux.detach().double(), self.calls + 1
             if self.aux_weight > 0:
                 out = AuxGrad.apply(out, aux, self.aux_weight * self.loss_scale)
         return out.view(shape)

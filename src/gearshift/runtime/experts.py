@@ -12,7 +12,6 @@ and divided by D, as the dense parameters are averaged over the D replicas."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -24,15 +23,37 @@ from gearshift.models.moe import LocalDispatch, moe_modules
 from gearshift.planner.expert_map import ExpertMap
 
 
-@dataclass
 class MoEStats:
     """One step's routing over the whole job: per MoE layer (global index `layers[k]`), the assignments routed to
-    each expert and those dropped by capacity; the auxiliary loss, summed over layers, per micro-batch."""
+    each expert and those dropped by capacity; the auxiliary loss, summed over layers, per micro-batch. Made from
+    the job's summed buffer on the rank's device (ExpertShards.loads), read on the host once, when a field is first
+    asked for (the loop's metrics or the placer, after the step's loss)."""
 
-    layers: list[int]
-    routed: list[list[int]]
-    dropped: list[int]
-    aux_loss: float
+    def __init__(self, layers: list[int], buf: torch.Tensor, experts: int):
+        self.layers, self._buf, self._experts = layers, buf, experts
+        self._host: tuple[list[list[int]], list[int], float] | None = None
+
+    def _read(self) -> tuple[list[list[int]], list[int], float]:
+        if self._host is None:
+            n, E = len(self.layers), self._experts
+            buf = self._buf.tolist()  # the step's one read of the experts' numbers
+            calls_per_layer = buf[-1] / max(n, 1)
+            aux = buf[-2] / calls_per_layer if calls_per_layer > 0 else 0.0
+            routed = [[round(v) for v in buf[k * E:(k + 1) * E]] for k in range(n)]
+            self._host = routed, [round(v) for v in buf[n * E:n * (E + 1)]], aux
+        return self._host
+
+    @property
+    def routed(self) -> list[list[int]]:
+        return self._read()[0]
+
+    @property
+    def dropped(self) -> list[int]:
+        return self._read()[1]
+
+    @property
+    def aux_loss(self) -> float:
+        return self._read()[2]
 
     def record(self) -> dict:
         """The fields metrics.jsonl carries."""
@@ -193,23 +214,22 @@ class ExpertShards:
                 m.dispatch = AllToAllDispatch(self.ep_group, self.index, list(placements[i].holders), self.clock)
 
     # ---- loads --------------------------------------------------------------------------------------
-    def loads(self, layers: dict[int, nn.Module]) -> MoEStats:
-        """The routing of the step just run, summed over the job (collective over all ranks); resets the layers'
-        counters."""
+    def loads(self, layers: dict[int, nn.Module], device: torch.device | None = None) -> MoEStats:
+        """The routing of the step just run, summed over the job (collective over all ranks) on `device` (the
+        rank's; by default its layers' parameters' device) and read on the host only when the stats are first
+        read; resets the layers' counters."""
         n, E = len(self.moe_layers), self.experts
-        buf = torch.zeros(n * (E + 1) + 2, dtype=torch.float64)
+        if device is None:
+            device = next((p.device for layer in layers.values() for p in layer.parameters()), torch.device("cpu"))
+        buf = torch.zeros(n * (E + 1) + 2, dtype=torch.float64, device=device)
         row = {layer: k for k, layer in enumerate(self.moe_layers)}
         for i, layer in layers.items():
             for m in moe_modules(layer):
                 k = row[i]
-                buf[k * E:(k + 1) * E] += m.routed.double()
-                buf[n * E + k] += m.dropped
-                buf[n * (E + 1)] += m.aux_sum
+                buf[k * E:(k + 1) * E] += m.routed.to(device)
+                buf[n * E + k] += m.dropped  # host numbers added on the device (no copy, no wait)
+                buf[n * (E + 1)] += m.aux_sum.to(device)
                 buf[n * (E + 1) + 1] += m.calls
                 m.reset_stats()
         dist.all_reduce(buf)
-        calls_per_layer = buf[-1] / max(n, 1)
-        aux = float(buf[-2] / calls_per_layer) if calls_per_layer > 0 else 0.0
-        routed = buf[:n * E].view(n, E).round().long().tolist()
-        return MoEStats(self.moe_layers, routed, buf[n * E:n * (E + 1)].round().long().tolist(), aux)
-
+        return MoEStats(self.moe_layers, buf, E)

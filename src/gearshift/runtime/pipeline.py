@@ -313,7 +313,7 @@ class PipelineRuntime:
                                 on_last_backward=on_last_backward if arm is not None else None)
         if self._event_timed:  # the ops' device time less the all-to-alls', read after the step's one wait
             self.compute_s += max(0.0, rec.busy_s - self.experts.clock.take()[0])
-        moe = self.experts.loads(self.layers) if self.experts is not None else None
+        moe = self.experts.loads(self.layers, self.device) if self.experts is not None else None  # read when asked
         loss = mean_loss(rec.losses, self.device, self._mb_size)  # the step's read of the device
         return StepResult(loss, float(norm[0]), rec, moe)
 

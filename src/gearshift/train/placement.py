@@ -67,6 +67,8 @@ class Placer:
         self.row_cost, self.bandwidth, self.fixed_s = state["row_cost"], state["bandwidth"], state["fixed_s"]
 
     def observe(self, step: int, rt: PipelineRuntime, res: StepResult, step_s: float) -> None:
+        """Keep the step's job-wide loads (res.moe: summed on the device, read on the host once per step, by
+        whichever of this and the metrics asks first) and, past the warm-up, this rank's compute."""
         compute = rt.take_compute()
         self.loads[step] = res.moe.routed
         for old in [s for s in self.loads if s <= step - max(self.window, self.every)]:
