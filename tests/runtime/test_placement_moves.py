@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from placement import on_device_only
 from test_experts import PARAM_ATOL, STEPS, _cfg, _reference
 
 from gearshift.models.moe import moe_modules
@@ -47,20 +48,22 @@ def _run(rank: int, world: int, out_dir: str) -> dict:
     data = job_data(cfg)
     rt = build_runtime(cfg, data=data)
     losses, moved, held, groups = [], [], [], []
-    for step in range(STEPS):
-        res = rt.step(*data.batch(step, cfg.train.batch_size, cfg.train.seed), lr_at(step, cfg))
-        losses.append(res.loss)
-        if step == 0:
-            new = {i: ExpertMap(FIRST, 4) for i in rt.experts.moe_layers}
-        elif step == 1:
-            new = {i: greedy(res.moe.routed[k], 4, 1, rt.experts.placements[i])
-                   for k, i in enumerate(rt.experts.moe_layers)}
-        else:
-            continue
-        rep = move_experts(rt, new)
-        moved.append(rep.moved)
-        groups.append((rep.groups_s, rep.seconds))
-        held.append([sorted(int(e) for e in m.experts) for i in sorted(rt.layers) for m in moe_modules(rt.layers[i])])
+    with on_device_only(rt.device):  # a tensor made or sent off the model's device fails the move
+        for step in range(STEPS):
+            res = rt.step(*data.batch(step, cfg.train.batch_size, cfg.train.seed), lr_at(step, cfg))
+            losses.append(res.loss)
+            if step == 0:
+                new = {i: ExpertMap(FIRST, 4) for i in rt.experts.moe_layers}
+            elif step == 1:
+                new = {i: greedy(res.moe.routed[k], 4, 1, rt.experts.placements[i])
+                       for k, i in enumerate(rt.experts.moe_layers)}
+            else:
+                continue
+            rep = move_experts(rt, new)
+            moved.append(rep.moved)
+            groups.append((rep.groups_s, rep.seconds))
+            held.append([sorted(int(e) for e in m.experts)
+                         for i in sorted(rt.layers) for m in moe_modules(rt.layers[i])])
     runtime = {"losses": losses, "groups": groups, "params": {k: v.numpy() for k, v in rt.saved_state()[0].items()},
                "copies": {k: v.numpy() for k, v in _copies(rt).items()}, "moved": moved, "held": held,
                "holders": {i: p.holders for i, p in rt.experts.placements.items()}}

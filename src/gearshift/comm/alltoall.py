@@ -140,10 +140,11 @@ class AllToAllDispatch:
         self.map = ExpertMap(tuple(self.holders), self.width)
         self.held = [e for e, h in enumerate(self.holders) if index in h]
         self._copies = max(len(h) for h in self.holders)
-        table = torch.full((len(holders), self._copies), -1, dtype=torch.int64)
+        table = np.full((len(holders), self._copies), -1, dtype=np.int64)  # host data: built with numpy
         for e, h in enumerate(self.holders):
-            table[e, :len(h)] = torch.tensor(h)
-        self._table = table
+            table[e, :len(h)] = h
+        self._host_table = table
+        self._table: Tensor | None = None  # the table on the device the calls run on, copied there once
         # per held expert, which copy this rank is
         self._mine = [self.holders[e].index(index) for e in self.held]
         self._read: np.ndarray | None = None  # the count table kept() read, for the __call__ that follows
@@ -205,8 +206,8 @@ class AllToAllDispatch:
 
     def _holders_on(self, device: torch.device) -> Tensor:
         """holders as an (E x copies) table of group ranks (-1 padding) on `device` (copied there once)."""
-        if self._table.device != device:
-            self._table = _on(self._table.cpu().numpy(), device)
+        if self._table is None or self._table.device != device:
+            self._table = _on(self._host_table, device)
         return self._table
 
 

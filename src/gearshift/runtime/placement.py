@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from gearshift.cluster.device import stream_sync
 from gearshift.models.moe import moe_modules
 from gearshift.planner.expert_map import ExpertMap
 from gearshift.runtime.experts import ExpertShards
@@ -53,12 +54,13 @@ def _expert(rt: PipelineRuntime, layer: int, expert: int) -> nn.Module:
 def _pack(module: nn.Module, optimizer: torch.optim.Optimizer) -> Tensor:
     """An expert's parameters, then (flag 1) each parameter's AdamW state, flat float32."""
     params = list(module.parameters())
+    dev = params[0].device  # the buffer on the expert's device (NCCL sends device tensors; AdamW's step is on the CPU)
     has = all(optimizer.state.get(p) for p in params)
-    parts = [torch.tensor([1.0 if has else 0.0])] + [p.detach().reshape(-1) for p in params]
+    parts = [torch.full((1,), 1.0 if has else 0.0, device=dev)] + [p.detach().reshape(-1) for p in params]
     for p in params:
         st = optimizer.state.get(p, {})
-        parts += [st[k].detach().reshape(-1).float() if has else torch.zeros(p.numel() if k != "step" else 1)
-                  for k in STATE]
+        parts += [st[k].detach().reshape(-1).float().to(dev) if has
+                  else torch.zeros(p.numel() if k != "step" else 1, device=dev) for k in STATE]
     return torch.cat(parts)
 
 
@@ -76,13 +78,15 @@ def _unpack(buf: Tensor, template: nn.Module) -> tuple[nn.Module, dict[nn.Parame
         p.copy_(buf[off:off + p.numel()].view_as(p))
         off += p.numel()
     states: dict[nn.Parameter, dict] = {}
+    has = bool(buf[0] > 0)  # one read of the device per expert received
     for p in params:
         st = {}
         for k in STATE:
             n = 1 if k == "step" else p.numel()
-            st[k] = buf[off:off + n].clone().reshape(()) if k == "step" else buf[off:off + n].clone().view_as(p)
+            part = buf[off:off + n]  # AdamW keeps its step on the CPU
+            st[k] = part.to("cpu", copy=True).reshape(()) if k == "step" else part.clone().view_as(p)
             off += n
-        if buf[0] > 0:
+        if has:
             states[p] = st
     return module, states
 
@@ -99,7 +103,7 @@ def move_experts(rt: PipelineRuntime, new: dict[int, ExpertMap]) -> MoveReport:
             sends.append((_pack(_expert(rt, i, e), rt.optimizer), dst, tag))
         if dst == me:
             template = next(iter(moe_modules(rt.layers[i])[0].experts.values()))
-            recvs[(i, e)] = (torch.empty(_size(template)), src, tag, template)
+            recvs[(i, e)] = (torch.empty(_size(template), device=rt.device), src, tag, template)
     t1 = time.perf_counter()
     reqs = [dist.isend(buf, dst, tag=tag) for buf, dst, tag in sends]
     reqs += [dist.irecv(buf, src, tag=tag) for buf, src, tag, _ in recvs.values()]
@@ -120,19 +124,23 @@ def move_experts(rt: PipelineRuntime, new: dict[int, ExpertMap]) -> MoveReport:
     return MoveReport(moved, received, transfer_s, time.perf_counter() - t0, shards.groups_s)
 
 
-def probe_bandwidth(shards: ExpertShards, nbytes: int) -> float:
+def probe_bandwidth(shards: ExpertShards, nbytes: int, device: torch.device | None = None) -> float:
     """Bytes/s of a point-to-point transfer of `nbytes` between neighbours of every expert-parallel group, all at
-    once, as the slowest saw it (collective)."""
+    once, as the slowest saw it (collective; buffers on `device`, the rank's, waited for before the clock is read)."""
     w, ranks = shards.width, shards.pipe_ranks
     me = dist.get_rank()
     base = me - shards.index * ranks
-    buf, got = torch.zeros(max(1, nbytes // 4)), torch.empty(max(1, nbytes // 4))
+    device = device or torch.device("cpu")
+    buf, got = torch.zeros(max(1, nbytes // 4), device=device), torch.empty(max(1, nbytes // 4), device=device)
+    done = stream_sync(device)
     dist.barrier()
     t0 = time.perf_counter()
     reqs = [dist.isend(buf, base + (shards.index + 1) % w * ranks),
             dist.irecv(got, base + (shards.index - 1) % w * ranks)]
     for r in reqs:
         r.wait()
-    secs = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+    if done is not None:
+        done()
+    secs = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
     dist.all_reduce(secs, op=dist.ReduceOp.MAX)
     return buf.numel() * 4 / max(float(secs), 1e-9)

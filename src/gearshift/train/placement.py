@@ -102,7 +102,7 @@ class Placer:
         """After `step`: decide (rank 0; a move's gain counted over the next `k` steps) and switch (every rank).
         Collective: the placement part of the joint controller's decision point, or this placer's own period."""
         if self.bandwidth is None:
-            self.bandwidth = probe_bandwidth(self.shards, self.expert_bytes)
+            self.bandwidth = probe_bandwidth(self.shards, self.expert_bytes, rt.device)
         gathered: list = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, self.samples)
         out = rank0_decides(lambda: self._decide(rt, step, gathered, k))
