@@ -18,7 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cotenant: Poisson arrivals of other jobs, each staying an exponential time; burst: short, "
                         "deep slowdowns; diurnal: slow waves (default cotenant)")
     s.add_argument("--steps", type=positive_int, default=300, help="steps the trace covers (default 300)")
-    s.add_argument("--seed", type=int_at_least(0), default=0)
+    s.add_argument("--seed", type=int_at_least(0), default=0,
+                   help="random seed: the same seed, the same trace (default 0)")
     s.add_argument("--depth", type=float, default=6.0, help="the deepest slowdown factor (default 6)")
     s.add_argument("--mean-gap", type=float, default=40.0, help="mean steps between arrivals on a device (40)")
     s.add_argument("--mean-stay", type=float, default=30.0, help="mean steps a co-tenant stays (default 30)")
