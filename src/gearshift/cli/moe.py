@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from gearshift.cli.argtypes import int_at_least, positive_int
+from gearshift.cli.argtypes import finite_float, int_at_least, positive_int
 from gearshift.errors import UsageError
 from gearshift.planner.forecast import FORECASTS
 from gearshift.planner.synthetic import KINDS
@@ -42,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--layers", type=positive_int, default=2, help="MoE layers (default 2)")
     s.add_argument("--experts", type=positive_int, default=32, help="experts per layer (default 32)")
     s.add_argument("--tokens", type=positive_int, default=8192, help="assignments per step and layer")
-    s.add_argument("--zipf", type=float, default=1.2, help="Zipf exponent of the expert popularity")
+    s.add_argument("--zipf", type=finite_float, default=1.2, help="Zipf exponent of the expert popularity")
     s.add_argument("--drift-every", type=int_at_least(0), default=50,
                    help="drift, abrupt: steps over which one hot expert trades places with another (0: no drift)")
     s.add_argument("--seed", type=int_at_least(0), default=0,
