@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from gearshift.errors import ConfigError
-from gearshift.imports import import_object, is_import_path, lazy_exports, path_of
+from gearshift.imports import import_object, is_import_path, lazy_dir, lazy_exports, path_of
 
 
 def test_import_object_and_its_errors():
@@ -53,3 +53,21 @@ def test_lazy_exports_import_on_first_use_and_keep_the_name(monkeypatch):
     assert pkg.join is os.path.join and vars(pkg)["join"] is os.path.join
     with pytest.raises(AttributeError, match="module 'lazy_pkg_x' has no attribute 'split'"):
         _ = pkg.split
+
+
+def test_dir_lists_lazy_exports_before_their_first_use(monkeypatch):
+    """dir() (what tab completion reads) shows a lazy name before it is loaded, and does not load it."""
+    import types
+
+    pkg = types.ModuleType("lazy_pkg_y")
+    monkeypatch.setitem(sys.modules, "lazy_pkg_y", pkg)
+    pkg.__all__ = ["join"]
+    pkg.__getattr__ = lazy_exports("lazy_pkg_y", {"join": "os.path"})
+    pkg.__dir__ = lazy_dir("lazy_pkg_y")
+    assert "join" in dir(pkg) and "join" not in vars(pkg)
+
+
+def test_the_package_lists_its_python_api():
+    import gearshift
+
+    assert {"launch", "load_config", "JobConfig", "ModelSpec", "LayeredModel"} <= set(dir(gearshift))

@@ -8,7 +8,7 @@ under torchrun, `python -m gearshift.train CONFIG` runs one worker.
 The names load on first use: importing a package below (gearshift.schedules, gearshift.sim, ...) runs this
 file first, and must not load the training stack (torch, comm, runtime) with it."""
 
-from gearshift.imports import lazy_exports
+from gearshift.imports import lazy_dir, lazy_exports
 
 __version__ = "0.1.0"
 __all__ = ["JobConfig", "LayeredModel", "ModelSpec", "launch", "load_config", "__version__"]
@@ -16,3 +16,4 @@ __getattr__ = lazy_exports(__name__, {
     "JobConfig": "gearshift.train.config", "load_config": "gearshift.train.config",
     "launch": "gearshift.train.launch", "LayeredModel": "gearshift.models", "ModelSpec": "gearshift.models",
 })
+__dir__ = lazy_dir(__name__)

@@ -87,3 +87,14 @@ def lazy_exports(package: str, exports: dict[str, str]) -> Callable[[str], Any]:
         return value
 
     return __getattr__
+
+
+def lazy_dir(package: str) -> Callable[[], list[str]]:
+    """A module `__dir__` for a package with lazy exports: its loaded names and its `__all__` (the lazy ones too),
+    so that `dir()` and tab completion show `gearshift.launch` before its first use."""
+
+    def __dir__() -> list[str]:
+        module = sys.modules[package]
+        return sorted(set(vars(module)) | set(getattr(module, "__all__", ())))
+
+    return __dir__

@@ -3,13 +3,15 @@ dataclasses; the commands that take the same overrides say so."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import importlib
 import re
 import typing
 
 import pytest
 
-from gearshift.cli.main import main
+from gearshift.cli.main import COMMANDS, main
 from gearshift.tomlfile import loads
 from gearshift.train.config import JobConfig, load_config
 from gearshift.train.config.fields import section_keys
@@ -73,3 +75,21 @@ def test_the_listing_is_the_job_that_runs_without_a_config(capsys):
 def test_commands_taking_overrides_point_to_the_keys(capsys, verb):
     text = " ".join(_help(capsys, verb).split())
     assert "--section.key=value" in text and "gearshift train --help" in text
+
+
+def _options(parser: argparse.ArgumentParser, prog: str):
+    """(command, option) of every option under `parser`, sub-actions (moe synth, trace show, ...) included."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, p in action.choices.items():
+                yield from _options(p, f"{prog} {name}")
+        elif action.option_strings and action.help != argparse.SUPPRESS:
+            yield prog, action
+
+
+@pytest.mark.parametrize("verb", sorted(COMMANDS))
+def test_every_option_of_every_command_says_what_it_does(verb):
+    parser = argparse.ArgumentParser(prog=f"gearshift {verb}")
+    importlib.import_module(f"gearshift.cli.{COMMANDS[verb][0]}").add_arguments(parser)
+    bare = [f"{prog} {a.option_strings[-1]}" for prog, a in _options(parser, parser.prog) if not a.help]
+    assert not bare, f"options without a line in --help: {bare}"

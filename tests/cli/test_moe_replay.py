@@ -32,7 +32,7 @@ def test_bad_replay_input_is_one_line(gearshift, tmp_path):
     np.savez(bad, loads=np.zeros((3, 4), dtype=np.int64))
     for args, message in [
         ((str(bad),), "loads must be a non-negative int array [step, layer, expert], got int64 of shape (3, 4)"),
-        ((str(tmp_path / "none.npz"),), "not a MoE trace"),
+        ((str(tmp_path / "none.npz"),), "none.npz: no such file (a MoE trace: "),
     ]:
         r = gearshift("moe", "replay", *args)
         assert r.returncode == 2 and message in r.stderr and r.stderr.count("\n") == 1, r.stderr

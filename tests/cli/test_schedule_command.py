@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 TINY = ["--model.layers=2", "--model.width=32", "--model.heads=2", "--model.context=16", "--train.batch_size=8",
         "--data.max_bytes=100000", "--cluster.workers=2", "--parallel.stages=2"]
 
@@ -44,3 +46,13 @@ def test_table_pick_what_if_and_memory(tmp_path, gearshift):
     assert r.returncode == 2 and not r.stdout
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith("gearshift schedule: error: cluster.memory_gb: no schedule fits: the smallest, m=")
+
+
+def test_latency_is_seconds_or_milliseconds_at_least_zero():
+    from gearshift.cli.schedule import _latency
+    from gearshift.errors import UsageError
+
+    assert (_latency("5ms"), _latency("0.005"), _latency("0.005s"), _latency("0")) == (0.005, 0.005, 0.005, 0.0)
+    for bad in ("-1", "-5ms", "abc", "nan", "inf"):
+        with pytest.raises(UsageError, match=r"^--latency: expected seconds or milliseconds >= 0, .*got '"):
+            _latency(bad)

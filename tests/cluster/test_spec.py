@@ -58,6 +58,8 @@ def test_constructors():
     ({"types": {"A": {"speed": "fast", "memory_gb": 1}}, "nodes": [{"devices": ["A"]}]},
      r"types.A.speed: expected a number, got 'fast'"),
     ({"types": {"A": {"speed": True, "memory_gb": 1}}, "nodes": [{"devices": ["A"]}]}, "types.A.speed"),
+    ({"types": {"A": {"speed": float("nan"), "memory_gb": 1}}, "nodes": [{"devices": ["A"]}]},
+     r"types.A.speed: expected a number, got nan"),
     ({"types": {"A": {"speed": 1, "memory_gb": 0}}, "nodes": [{"devices": ["A"]}]},
      r"types.A.memory_gb: must be > 0, got 0"),
     ({"types": TYPES}, r"\[\[nodes\]\] is missing"),

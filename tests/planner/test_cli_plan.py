@@ -143,3 +143,16 @@ def test_the_moe_example_job_loads_and_plans(capsys, monkeypatch):
     assert main(["plan", "--moe", "examples/moe.toml", "--spec", EXAMPLE, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["auto"] and all(s["name"] for s in out["pool"])
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["plan", "--stages", "99"], "--stages: must be in 1..2 (the job's local workers), got 99"),
+    (["plan", "--spec", EXAMPLE, "--stages", "99"], "--stages: must be in 1..8 (the spec's devices), got 99"),
+])
+def test_more_stages_than_devices_names_the_flag(argv, msg, tmp_path, capsys, make_profile, monkeypatch):
+    monkeypatch.chdir(__import__("pathlib").Path(__file__).resolve().parents[2])
+    prof = tmp_path / "p.json"
+    make_profile([1.0] * 16).save(prof)
+    assert main([*argv, "--profile", str(prof), "--cluster.workers=2", "--parallel.stages=2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and msg in err, err

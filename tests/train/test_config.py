@@ -76,6 +76,10 @@ def test_example_job_is_a_two_stage_pipeline_on_two_workers():
     ("--adapt.controller=both", "adapt.controller: 'both' (allowed: separate, joint)"),
     ("--emulate.trace=/nonexistent/t.json", "emulate.trace: no such file '/nonexistent/t.json'"),
     ("--adapt.overhead=/nonexistent/fits.json", "adapt.overhead: file not found: /nonexistent/fits.json"),
+    ("--train.lr=inf", "train.lr: expected a finite number, got inf"),
+    ("--cluster.timeout_s=inf", "cluster.timeout_s: expected a finite number, got inf"),
+    ("--emulate.link_bandwidth=nan", "emulate.link_bandwidth: expected a finite number, got nan"),
+    ("--emulate.slowdown=[1,-inf]", "emulate.slowdown[1]: expected a finite number, got -inf"),
 ])
 def test_keys_without_a_check_before_now_have_one(override, message):
     with pytest.raises(ConfigError) as e:

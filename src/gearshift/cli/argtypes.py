@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 
 
@@ -22,3 +23,14 @@ def int_at_least(lo: int) -> Callable[[str], int]:
 
 
 positive_int = int_at_least(1)
+
+
+def finite_float(text: str) -> float:
+    """A number option: nan and inf are refused here, where they would otherwise reach the numbers they break."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return v

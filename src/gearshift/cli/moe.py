@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from gearshift.cli.argtypes import int_at_least, positive_int
+from gearshift.cli.argtypes import finite_float, int_at_least, positive_int
 from gearshift.errors import UsageError
 from gearshift.planner.forecast import FORECASTS
 from gearshift.planner.synthetic import KINDS
@@ -38,14 +38,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="drift: the hot set drifts gradually; abrupt: at once; bursty: short flares of single "
                         "experts over a fixed skew; stationary: a fixed skew with noise; mixed: these across layers "
                         "(default drift)")
-    s.add_argument("--steps", type=positive_int, default=500)
-    s.add_argument("--layers", type=positive_int, default=2)
-    s.add_argument("--experts", type=positive_int, default=32)
+    s.add_argument("--steps", type=positive_int, default=500, help="steps the trace covers (default 500)")
+    s.add_argument("--layers", type=positive_int, default=2, help="MoE layers (default 2)")
+    s.add_argument("--experts", type=positive_int, default=32, help="experts per layer (default 32)")
     s.add_argument("--tokens", type=positive_int, default=8192, help="assignments per step and layer")
-    s.add_argument("--zipf", type=float, default=1.2, help="Zipf exponent of the expert popularity")
+    s.add_argument("--zipf", type=finite_float, default=1.2, help="Zipf exponent of the expert popularity")
     s.add_argument("--drift-every", type=int_at_least(0), default=50,
                    help="drift, abrupt: steps over which one hot expert trades places with another (0: no drift)")
-    s.add_argument("--seed", type=int_at_least(0), default=0)
+    s.add_argument("--seed", type=int_at_least(0), default=0,
+                   help="random seed: the same seed, the same trace (default 0)")
 
 
 def run(args: argparse.Namespace) -> int:

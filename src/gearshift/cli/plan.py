@@ -13,7 +13,7 @@ from gearshift.cli.argtypes import positive_int
 from gearshift.cli.config_help import add_config_help
 from gearshift.cluster.spec import load_spec
 from gearshift.cluster.state import ClusterState, local_state
-from gearshift.errors import DataError
+from gearshift.errors import DataError, UsageError
 from gearshift.planner.partition import PartitionResult
 from gearshift.planner.plan import plan_partition
 from gearshift.profile.model_profile import ModelProfile
@@ -149,6 +149,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         state, stages = _local_state(cfg), args.stages or cfg.parallel.stages
         kinds = [f"local x{f:g}" for f in cfg.emulate.slowdowns(cfg.cluster.workers)]
+    if stages > state.world_size:
+        devices = "the spec's devices" if spec_path else "the job's local workers"
+        raise UsageError(f"--stages: must be in 1..{state.world_size} ({devices}), got {stages}")
     in_flight = _in_flight(cfg, stages, microbatches)
     if args.json:
         results = {m: plan_partition(profile, state, stages, microbatches, in_flight, method=m)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 from rich.console import Console
 from rich.table import Table
@@ -30,11 +31,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _latency(text: str) -> float:
+    """--latency in seconds ("0.005", "5ms", "0.005s"): a finite number >= 0, else a one-line UsageError."""
     t = text.strip().lower()
     try:
-        return float(t[:-2]) / 1e3 if t.endswith("ms") else float(t[:-1]) if t.endswith("s") else float(t)
+        value = float(t[:-2]) / 1e3 if t.endswith("ms") else float(t[:-1]) if t.endswith("s") else float(t)
     except ValueError:
-        raise UsageError(f"--latency: expected seconds or milliseconds, e.g. 0.005 or 5ms, got {text!r}") from None
+        value = math.nan
+    if not (0 <= value < math.inf):
+        raise UsageError(f"--latency: expected seconds or milliseconds >= 0, e.g. 0.005 or 5ms, got {text!r}")
+    return value
 
 
 def link_state(cfg, stages: int, bandwidth: str | None, latency: str | None) -> ClusterState:

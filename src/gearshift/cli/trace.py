@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from gearshift.cli.argtypes import int_at_least, positive_int
+from gearshift.cli.argtypes import finite_float, int_at_least, positive_int
 from gearshift.errors import UsageError
 
 
@@ -18,11 +18,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cotenant: Poisson arrivals of other jobs, each staying an exponential time; burst: short, "
                         "deep slowdowns; diurnal: slow waves (default cotenant)")
     s.add_argument("--steps", type=positive_int, default=300, help="steps the trace covers (default 300)")
-    s.add_argument("--seed", type=int_at_least(0), default=0)
-    s.add_argument("--depth", type=float, default=6.0, help="the deepest slowdown factor (default 6)")
-    s.add_argument("--mean-gap", type=float, default=40.0, help="mean steps between arrivals on a device (40)")
-    s.add_argument("--mean-stay", type=float, default=30.0, help="mean steps a co-tenant stays (default 30)")
-    s.add_argument("--link-bandwidth", type=float, default=0.0,
+    s.add_argument("--seed", type=int_at_least(0), default=0,
+                   help="random seed: the same seed, the same trace (default 0)")
+    s.add_argument("--depth", type=finite_float, default=6.0, help="the deepest slowdown factor (default 6)")
+    s.add_argument("--mean-gap", type=finite_float, default=40.0, help="mean steps between arrivals on a device (40)")
+    s.add_argument("--mean-stay", type=finite_float, default=30.0, help="mean steps a co-tenant stays (default 30)")
+    s.add_argument("--link-bandwidth", type=finite_float, default=0.0,
                    help="cotenant: the links' free bandwidth in bytes/s; co-tenants share it (default 0: no links)")
     w = sub.add_parser("show", help="print a trace's changes; --plot PNG draws each rank's slowdown")
     w.add_argument("file", help="a trace (.json or .csv)")

@@ -86,7 +86,7 @@ def _num(table: dict, key: str, where: str, default: float | None = None, positi
             raise SpecError(f"{where}.{key}: missing (a number is required)")
         return default
     v = table[key]
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:  # v != v: TOML's nan
         raise SpecError(f"{where}.{key}: expected a number, got {v!r}")
     if positive and v <= 0:
         raise SpecError(f"{where}.{key}: must be > 0, got {v!r}")

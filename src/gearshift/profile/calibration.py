@@ -80,7 +80,8 @@ class Calibration:
             rate = ", ".join("-" if x is None else f"{x * 8 / 1e9:.3g}" for x in self.bandwidth_Bps or [])
             rows.append(f"  message latency {lat} us one way" + (f", {rate} Gbit/s" if rate else ""))
         else:
-            rows.append("  message latency: not measured here (--links measures it): the cluster state's")
+            rows.append("  message latency: not measured here (--links measures it); "
+                        "priced by the cluster state's links")
         rows.append(f"  a waiting rank uses {self.wait_cpu:.2f} of a core")
         rows.append("  " + self.overhead.describe() if self.overhead is not None else
                     "  the job's steps: none measured yet (compute as calibrated, no CPU priced per message or step)")

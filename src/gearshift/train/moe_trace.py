@@ -45,6 +45,9 @@ class MoETrace:
 def read_trace(path: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(loads[step, layer, expert], steps, layers) from a moe_trace.npz; a file that is not one is a one-line
     DataError."""
+    if not Path(path).is_file():
+        raise DataError(f"{path}: no such file (a MoE trace: a moe_trace.npz of a run with output.moe_trace = true, "
+                        "or `gearshift moe synth`)")
     try:
         with np.load(path) as f:
             loads = f["loads"]

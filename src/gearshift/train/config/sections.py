@@ -233,7 +233,7 @@ class OutputConfig:
                             "ones are deleted, and said so); 0 = every one")
     trace: bool = key(True, "write trace.json (Perfetto): one step's measured timeline beside the simulator's")
     trace_step: int = key(-1, "the step to trace; -1 = the last")
-    progress: bool = key(True, "progress bar and summary on the console")
+    progress: bool = key(True, "the live progress bar on the console (the summary table at the end prints either way)")
     report: bool = key(True, "at the end, draw metrics.png (and placement.png) and write report.html; false skips "
                              "them (`gearshift report RUN_DIR` writes the report later)")
     moe_trace: bool = key(False, "moe_gpt: write moe_trace.npz, every step's tokens routed per MoE layer and expert "

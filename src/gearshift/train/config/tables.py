@@ -4,6 +4,7 @@ sections and keys named with what is allowed, and `--section.key=value` override
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Any
@@ -20,9 +21,11 @@ def _type_name(tp: Any) -> str:
 
 
 def coerce(where: str, tp: Any, value: Any) -> Any:
-    """Check a TOML value against a key's type; ints are accepted for floats."""
-    if tp is Any:
+    """Check a TOML value against a key's type; ints are accepted for floats, nan and inf are not."""
+    if tp is Any:  # passed through as given (a custom model's own keys)
         return value
+    if isinstance(value, float) and not math.isfinite(value):  # TOML's nan and inf: no key of ours means either
+        raise ConfigError(f"{where}: expected a finite number, got {value!r}")
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         for arg in typing.get_args(tp):
