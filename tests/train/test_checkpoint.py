@@ -24,6 +24,8 @@ from gearshift.train.checkpoint import (
     find_resumable,
     job_fingerprint,
     latest_checkpoint,
+    lr_schedule,
+    lr_schedule_note,
     prune_checkpoints,
     read_checkpoint,
     save_checkpoint,
@@ -177,6 +179,16 @@ def test_a_finished_run_resumed_is_complete():
     assert "already complete at step 10 (train.steps = 10)" in completed(cfg, {"step": 10})
 
 
+def test_a_run_resumed_under_another_learning_rate_curve_says_so():
+    cfg = load_config(None, [*TINY, "--train.steps=10"])
+    assert lr_schedule_note(cfg, {"step": 5, "lr_schedule": lr_schedule(cfg)}) is None
+    assert lr_schedule_note(cfg, {"step": 5}) is None  # a checkpoint written before the curve was recorded
+    longer = load_config(None, [*TINY, "--train.steps=20", "--train.min_lr=0"])
+    note = lr_schedule_note(longer, {"step": 5, "lr_schedule": lr_schedule(cfg)})
+    assert note.startswith("gearshift: resuming at step 5 with train.steps 10 -> 20, train.min_lr ")
+    assert "-> 0.0" in note and "warmup_steps" not in note and "\n" not in note
+
+
 @pytest.mark.multiprocess
 def test_resume_skips_a_corrupt_checkpoint_keeps_three_says_complete_and_a_fresh_run_moves_it_aside(tmp_path, capfd):
     """One worker: 4 steps, a checkpoint each, 3 kept; the newest corrupted; --resume to 5 steps skips it (one
@@ -194,6 +206,7 @@ def test_resume_skips_a_corrupt_checkpoint_keeps_three_says_complete_and_a_fresh
     assert r.returncode == 0, r.stderr
     assert "skipped step_0000004 (corrupt or truncated); resuming from step_0000003 " in r.stdout
     assert r.stdout.count("step_0000004") == 1  # one line: the skip, not its deletion too
+    assert "resuming at step 3 with train.steps 4 -> 5: the learning rate follows the new" in r.stdout
     assert [json.loads(ln)["step"] for ln in (out / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2, 3, 4]
     assert "3 -> 5 " in r.stdout  # the summary: the steps this run ran
     r = _train_here(out, *one, "--train.steps=5", "--resume")

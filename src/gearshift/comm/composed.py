@@ -64,6 +64,13 @@ class MatrixGroups:
 Line = tuple[int, ...]
 
 
+def _reduce_scatter(output: torch.Tensor, input: torch.Tensor, **kw):
+    """torch.distributed's reduce-scatter into one tensor: reduce_scatter_single where the torch has it (2.13
+    deprecates reduce_scatter_tensor), reduce_scatter_tensor on older ones (a GPU machine's 2.11)."""
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return fn(output, input, **kw)
+
+
 def matrix_lines(topology: Topology, members: list[int]) -> dict[tuple[tuple[int, int], int | None, str], list[Line]]:
     """Every line of every node matrix the forms may run in, as global ranks in grid order: per (shape, local rank
     (None: the leaders' matrix), "rows" or "cols")."""
@@ -133,7 +140,7 @@ def rs_form(flat: torch.Tensor, groups, shape: tuple[int, int]) -> Iterator[obje
         buf[:n].copy_(flat)
     shard = buf[lr * width:(lr + 1) * width] if per == 1 else torch.empty(width, dtype=flat.dtype, device=flat.device)
     if per > 1:
-        yield dist.reduce_scatter_tensor(shard, buf, group=groups.node_group, async_op=True)
+        yield _reduce_scatter(shard, buf, group=groups.node_group, async_op=True)
     for line in (groups.matrix_groups.rows.get((shape, lr)), groups.matrix_groups.cols.get((shape, lr))):
         if line is not None:
             yield dist.all_reduce(shard, group=line, async_op=True)

@@ -226,6 +226,25 @@ def completed(cfg: JobConfig, ck: dict) -> str | None:
             "raise train.steps to train on")
 
 
+LR_KEYS = ("steps", "warmup_steps", "lr", "min_lr")  # what lr_at's curve depends on
+
+
+def lr_schedule(cfg: JobConfig) -> dict:
+    """The train keys the learning-rate curve is drawn from, as a checkpoint records them."""
+    return {k: getattr(cfg.train, k) for k in LR_KEYS}
+
+
+def lr_schedule_note(cfg: JobConfig, ck: dict) -> str | None:
+    """The line for a run resumed under another learning-rate curve than its checkpoint's (e.g. train.steps
+    raised to train on: the cosine decay is drawn anew over the new steps), or None where it is the same."""
+    old, new = ck.get("lr_schedule"), lr_schedule(cfg)
+    if not old or old == new:
+        return None
+    changed = ", ".join(f"train.{k} {old[k]} -> {new[k]}" for k in LR_KEYS if old.get(k) != new[k])
+    return (f"gearshift: resuming at step {int(ck['step'])} with {changed}: the learning rate follows the new "
+            "warmup and cosine decay from there, not the checkpointed run's")
+
+
 class Checkpointer:
     """Saves the job every train.checkpoint_every steps, at the end and when asked to stop; resumes it."""
 
@@ -295,6 +314,7 @@ class Checkpointer:
             save_checkpoint(tmp / META, {
                 "format": FORMAT, "step": step, "rng": [r for r, _ in rngs], "cuda_rng": [c for _, c in rngs],
                 "job": job_fingerprint(self.cfg), "data": {"seed": self.cfg.train.seed, "next_step": step},
+                "lr_schedule": lr_schedule(self.cfg),
                 "bounds": [list(b) for b in rt.bounds], **expert_state(rt, placer_state),
             })
             shutil.rmtree(path, ignore_errors=True)

@@ -18,7 +18,7 @@ from gearshift.runtime.agree import AnyRank
 from gearshift.runtime.reschedule import describe as describe_schedule
 from gearshift.train.adaptation import build_adapter, build_controller, build_switcher, plan_start, start_schedule
 from gearshift.train.build import build_runtime, expert_shards, job_model, lr_at, moe_config
-from gearshift.train.checkpoint import Checkpointer, Resume, completed, drop_after, expert_state
+from gearshift.train.checkpoint import Checkpointer, Resume, completed, drop_after, expert_state, lr_schedule_note
 from gearshift.train.config import JobConfig
 from gearshift.train.datasets import JobData, job_data
 from gearshift.train.evaluation import Evaluator
@@ -91,6 +91,8 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
         forcing.arm(rt, out)
     if resume and rank == 0:  # the checkpoints past the one resumed are this run's to write (said when found)
         drop_after(out, start)
+        if note := lr_schedule_note(cfg, ckpt.resumed()):
+            print(note, flush=True)
     if cfg.model.init and not resume:  # pretrained weights, each rank its own layers
         from gearshift.train.init_weights import load_init
 
