@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 import gearshift.sim.collectives as coll
 from gearshift.cluster.topology import Topology, matrix_shapes
-from gearshift.comm import CommGroups, GradientSync, all_reduce
+from gearshift.comm import CommGroups, GradientSync, all_reduce, composed
 from gearshift.comm.allreduce import resolve
 from gearshift.comm.composed import lines_in_one_order
 from gearshift.comm.steps import chunk_bounds
@@ -137,6 +137,7 @@ def _train(rank: int, algo: str, groups: CommGroups | None, matrix: tuple[int, i
 def _worker(rank: int, world: int, layouts: list, train: bool) -> list[str]:
     coll.segment_bytes = lambda c: 2048  # exercise the segmented (streamed) path with small tensors
     coll.FIRST_SEGMENT_BYTES = 512
+    composed.CHUNK_BYTES = 1024  # exercise the leader form's pipelined chunks with small tensors
     bad = []
     for i, lay in enumerate(layouts):
         topo = lay if isinstance(lay, Topology) else Topology.from_ranks_per_node(lay)

@@ -104,9 +104,14 @@ def _wait(work) -> None:
         work.wait()
 
 
+CHUNK_BYTES = 8 << 20  # the leader form pipelines messages above this in chunks of it (each chunk costs a few calls)
+
+
 def leader_form(flat: torch.Tensor, groups, shape: tuple[int, int]) -> Iterator[object]:
     """Reduce to the node's leader, leaders' all-reduce by rows then columns, broadcast from the leader.
-    `groups` is a comm.groups.CommGroups (node group, this rank's roles, its MatrixGroups)."""
+    `groups` is a comm.groups.CommGroups (node group, this rank's roles, its MatrixGroups). A message above
+    CHUNK_BYTES goes in chunks, pipelined: chunk c + 1's reduce and chunk c - 1's broadcast run inside the node
+    while the leaders all-reduce chunk c (every rank issues the node group's collectives in one order)."""
     topo, rank = groups.topology, groups.rank
     node = topo.node[rank]
     leader = groups.global_rank(topo.leader(node))
@@ -114,14 +119,23 @@ def leader_form(flat: torch.Tensor, groups, shape: tuple[int, int]) -> Iterator[
     if topo.num_nodes == 1:
         yield dist.all_reduce(flat, group=groups.node_group, async_op=True)
         return
-    if several:
-        yield dist.reduce(flat, dst=leader, group=groups.node_group, async_op=True)
-    if groups.is_leader:
-        for line in (groups.matrix_groups.rows.get((shape, None)), groups.matrix_groups.cols.get((shape, None))):
-            if line is not None:
-                yield dist.all_reduce(flat, group=line, async_op=True)
-    if several:
-        yield dist.broadcast(flat, src=leader, group=groups.node_group, async_op=True)
+    lines = [line for line in (groups.matrix_groups.rows.get((shape, None)),
+                               groups.matrix_groups.cols.get((shape, None))) if line is not None]
+    per = max(1, CHUNK_BYTES // flat.element_size())
+    chunks = list(flat.split(per))  # the same chunks on every rank: the leaders' lines run one all_reduce each
+    reduced = dist.reduce(chunks[0], dst=leader, group=groups.node_group, async_op=True) if several else None
+    sent = []
+    for c, chunk in enumerate(chunks):
+        ahead = dist.reduce(chunks[c + 1], dst=leader, group=groups.node_group, async_op=True) \
+            if several and c + 1 < len(chunks) else None
+        yield reduced
+        if groups.is_leader:
+            for line in lines:
+                yield dist.all_reduce(chunk, group=line, async_op=True)
+        if several:
+            sent.append(dist.broadcast(chunk, src=leader, group=groups.node_group, async_op=True))
+        reduced = ahead
+    yield from sent
 
 
 def rs_form(flat: torch.Tensor, groups, shape: tuple[int, int]) -> Iterator[object]:
