@@ -107,15 +107,8 @@ def test_overlap_and_multidir_on_cuda_train_like_the_cpu(tmp_path, extra):
     assert _losses(cuda) == pytest.approx(_losses(cpu), rel=1e-4)
 
 
-def test_the_executor_on_cuda_waits_once_per_step_not_per_op(monkeypatch):
-    """Issue 41's hygiene: compute ops are timed by CUDA events, read after one wait at the step's end; no stream
-    synchronize per op. With the emulation hook set (a benchmark feature) the executor does wait per op: the
-    counter's positive control."""
-    from torch import nn
-
-    from gearshift.runtime.executor import PipelineExecutor
-    from gearshift.schedules import make_schedule
-
+def _count_waits(monkeypatch) -> dict[str, int]:
+    """Count every stream, device and event synchronize from here on (what a step may wait on)."""
     waits = {"stream": 0, "device": 0, "event": 0}
     for name, owner, attr in (("stream", torch.cuda.Stream, "synchronize"), ("device", torch.cuda, "synchronize"),
                               ("event", torch.cuda.Event, "synchronize")):
@@ -126,6 +119,19 @@ def test_the_executor_on_cuda_waits_once_per_step_not_per_op(monkeypatch):
             return _real(*args, **kw)
 
         monkeypatch.setattr(owner, attr, counted)
+    return waits
+
+
+def test_the_executor_on_cuda_waits_once_per_step_not_per_op(monkeypatch):
+    """Issue 41's hygiene: compute ops are timed by CUDA events, read after one wait at the step's end; no stream
+    synchronize per op. With the emulation hook set (a benchmark feature) the executor does wait per op: the
+    counter's positive control."""
+    from torch import nn
+
+    from gearshift.runtime.executor import PipelineExecutor
+    from gearshift.schedules import make_schedule
+
+    waits = _count_waits(monkeypatch)
     dev = torch.device("cuda", 0)
     torch.manual_seed(0)
     stages = {s: nn.Sequential(nn.Linear(64, 64), nn.Tanh()).to(dev) for s in range(3)}
@@ -165,16 +171,7 @@ def test_expert_all_to_alls_on_cuda_are_timed_by_events_with_the_steps_one_wait(
     from gearshift.schedules import make_schedule
     from gearshift.train.elastic import free_port
 
-    waits = {"stream": 0, "device": 0, "event": 0}
-    for name, owner, attr in (("stream", torch.cuda.Stream, "synchronize"), ("device", torch.cuda, "synchronize"),
-                              ("event", torch.cuda.Event, "synchronize")):
-        real = getattr(owner, attr)
-
-        def counted(*args, _real=real, _name=name, **kw):
-            waits[_name] += 1
-            return _real(*args, **kw)
-
-        monkeypatch.setattr(owner, attr, counted)
+    waits = _count_waits(monkeypatch)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         dev = torch.device("cuda", 0)
