@@ -17,8 +17,9 @@ co-tenants also cap the pipeline links), every change moved to a multiple of --g
 that the simulator found to give the oracle headroom over any static plan (--seed N searches again: the first seed
 whose predicted headroom reaches --headroom). The static configurations measured are picked by the simulator from
 every contiguous partition x the (m, K) grid (m from 4 to twice --micro): its --top best over the trace, each
-phase's --per-phase best, and the uniform partition at 1F1B and at GPipe (--per-phase 0: every partition at the
-default schedule, then the grid on the --top best, all measured).
+phase's --per-phase best, the uniform partition at 1F1B and at GPipe, and torch's equal-time split at the
+default schedule (--per-phase 0: every partition at the default schedule, then the grid on the --top best, all
+measured).
 
 Interleaved, as bench/hetero.py: per trace the jobs run the static candidates' sweep, gearshift (joint),
 gearshift_separate, then again the measured --top best and uniform; each of those has the mean of its two
@@ -587,7 +588,11 @@ def main() -> None:
         # machine's load drifts over every system alike; the two measurements are also best_static's A/A.
         if a.per_phase:  # the simulator picks what is measured
             pred = predicted(profiles, every, ph, a.batch)
-            pick = candidates(pred, ph, a.top, a.per_phase, [(uni, default), (uni, (a.micro, a.micro))])
+            # uniform at 1F1B and GPipe, and torch's equal-time split at the default schedule: the static plan a user
+            # would pick by the profile (torch's runs on it), so best_static is never a weaker plan than torch's
+            even = tuple(tuple(b) for b in equal_time_slices(profile, WORLD))
+            always = [(uni, default), (uni, (a.micro, a.micro)), (even, default)]
+            pick = candidates(pred, ph, a.top, a.per_phase, always)
             # each phase's best by the simulator with fewer micro-batches than stages (the controller's m = 2
             # picks): measured apart in the second sweep, so the breakdown says whether m < stages wins
             below = {min((c for c in pred if c[1][0] < WORLD), key=lambda c, i=i: pred[c][i]) for i in range(len(ph))}
@@ -661,7 +666,9 @@ def main() -> None:
             report[name].update(separate_over_best_static=tps["gearshift_separate"] / tps["best_static"],
                                 joint_over_separate=tps["gearshift"] / tps["gearshift_separate"], separate=separate)
         if torch_s:
+            # the ceiling of gearshift / torch on this trace: a system at the oracle's pace reaches no more
             report[name].update(torch_schedule=best_torch, gearshift_over_torch=tps["gearshift"] / tps["torch"],
+                                oracle_over_torch=tps["oracle"] / tps["torch"],
                                 torch_tokens_per_s={k: tokens * a.steps / v for k, v in torch_s.items()})
         measured = {**times, **{c: both[c] for c in extra}}
         split = split_m(measured, ph)
@@ -683,7 +690,8 @@ def main() -> None:
               f"{r['gearshift_over_oracle']:.3f}x oracle, {r['gearshift_over_best_static']:.3f}x best_static"
               + (f", {r['joint_over_separate']:.3f}x separate ({r['separate_over_best_static']:.3f}x best_static)"
                  if separate else "")
-              + (f", {r['gearshift_over_torch']:.3f}x torch ({best_torch})" if torch_s else "")
+              + (f", {r['gearshift_over_torch']:.3f}x torch ({best_torch}; the oracle {r['oracle_over_torch']:.3f}x)"
+                 if torch_s else "")
               + f"; {joint['changes']} changes: joint {joint['decision_points']} decision points, "
               f"{joint['moves']} moves, reaction {joint['reaction_steps']} steps, speed skew {joint['speed_skew']}"
               + (f"; separate {separate['decision_points']} decision points, {separate['moves']} moves"
