@@ -5,9 +5,10 @@ micro-batch sizes, a Theil-Sen line against the profile), predict its step (`gea
 cores as measured with the job's workers, the emulated duty cycle), run it for a few steps and compare the median
 step (first steps left out). The headline price (`predicted_step_s`) is the calibration with the overhead carried
 from the other points' runs (each one's steps after the warm-up, as a finished job's fit is saved;
-profile.overhead.carried_overhead: each figure's median over the other points, leave one out, with their wait for a
-core and without their fitted cores; its compute by their median compute scale): what a job on this machine is
-priced at before its own steps, once other shapes have run here (`gearshift simulate --overhead`). Beside it: the
+profile.overhead.carried_overhead: each figure's median over the other points, leave one out, without their fitted
+cores; its compute by the line through their priced work, a scale and a fixed cost per action, and then without
+their wait for a core): what a job on this machine is priced at before its own steps, once other shapes have run
+here (`gearshift simulate --overhead`). Beside it: the
 same without the wait for a core, with its compute by the compute line through the others' ranks' work in place of
 the scale (`compute_line`: seconds per FLOP and per action, profile.overhead.compute_line), the calibration alone,
 no calibration,
@@ -254,7 +255,7 @@ def carry(rows: list[dict], inputs: list[tuple], fits: list[StepOverhead], agree
     """Each row's headline price, `predicted_step_s`: its calibration with the overhead carried from the other points'
     `fits` (measure: each one's run after the warm-up; profile.overhead.carried_overhead: each figure's median over
     the other points, leave one out, with their wait for a core and without their fitted cores), as a job on a
-    machine where other shapes ran is priced at its start (its compute by the others' median compute scale); beside
+    machine where other shapes ran is priced at its start (its compute by the others' priced work); beside
     it the same without the wait (`carried_no_wake`), with the compute line through the others' work in place of the
     scale where they hold it (`compute_line`: profile.overhead.compute_line), and
     `transfer`, the first point's (the default job's) fit alone, with its wait (without its fitted cores) and with
