@@ -5,16 +5,18 @@ micro-batch sizes, a Theil-Sen line against the profile), predict its step (`gea
 cores as measured with the job's workers, the emulated duty cycle), run it for a few steps and compare the median
 step (first steps left out). The headline price (`predicted_step_s`) is the calibration with the overhead carried
 from the other points' runs (each one's steps after the warm-up, as a finished job's fit is saved;
-profile.overhead.carried_overhead: each figure's median over the other points, leave one out, with their wait for a
-core and without their fitted cores; its compute by their median compute scale): what a job on this machine is
-priced at before its own steps, once other shapes have run here (`gearshift simulate --overhead`). Beside it: the
+profile.overhead.carried_overhead: each figure's median over the other points, leave one out, without their fitted
+cores; its compute by the line through their priced work, a scale and a fixed cost per action, and then without
+their wait for a core): what a job on this machine is priced at before its own steps, once other shapes have run
+here (`gearshift simulate --overhead`). Beside it: the
 same without the wait for a core, with its compute by the compute line through the others' ranks' work in place of
 the scale (`compute_line`: seconds per FLOP and per action, profile.overhead.compute_line), the calibration alone,
 no calibration,
 `own` (the point's own first steps after the warm-up, before the steps measured, with the wait for a core fitted to
 them: planner.host_cores.fitted_wake; `own cores`: with the cores its ranks got instead, fitted_cores; `cpu only`:
-neither) and `transfer` (the first point's, the default job's, fit alone pricing every other shape; `cores`: with its
-fitted cores in place of its wait).
+neither), `transfer` (the first point's, the default job's, fit alone pricing every other shape; `cores`: with its
+fitted cores in place of its wait) and `structure` (each rank's compute as its measured steps ran it, no wait, no
+fitted cores: what the simulator misses beside the compute that carries).
 `--points N --seed S` runs a seeded sample of the grid (the default job, context 128 with 4 samples per
 micro-batch on 4 stages, 1F1B, is always in it); `--emulate 1,4` runs every point quiet and with every rank slowed
 4 times (duty cycle), from one profile and calibration per point, and reports each emulation apart (`quiet`,
@@ -227,17 +229,25 @@ def measure(point: tuple, factor: float, a, runs: list[Measured], pred: dict,
         has = measured and measured[0].get(key)  # split, and the time its main thread was ready without a core
         pred[key[:-2] + "_ms"] = [round(1e3 * statistics.median(r[key][i] for r in measured), 3)
                                   for i in range(len(measured[0][key]))] if has else None
+    # what is left beside the compute that carries: each rank's compute as its measured steps ran it (rank_scale: their
+    # median compute CPU over its calibrated compute), the run's CPU per message and step, no wait and no fitted cores
+    done = job_overhead(run, inputs, 1, max(r["step"] for r in run.steps) + 1)
+    if pred["compute_cpu_ms"] and len(pred["compute_cpu_ms"]) == len(pred["predicted_compute_ms"]):
+        measured_scale = [c / p for c, p in zip(pred["compute_cpu_ms"], pred["predicted_compute_ms"])]
+        pred["predicted_structure_s"] = with_overhead(inputs, dataclasses.replace(
+            done, cores=0.0, wake_s=None, rank_scale=measured_scale))
+    else:
+        pred["predicted_structure_s"] = pred["predicted_own_cpu_only_s"]
     row = {"context": ctx, "microbatch_samples": n, "stages": stages,
            "schedule": {"kfkb": "kfkb K=2", "multidir": "multidir flush", "moe": "moe 2 experts 1f1b"}.get(kind, kind),
            "emulated": factor != 1.0, "emulate": factor, "measured_step_s": meas, **pred,
            "measured_runs_s": meds, "half_spread": [round(half_spread(m.run, a.skip), 4) for m in runs],
            "spread": round(runs_spread(runs, a.skip), 4), "steady": steady(runs, a.skip, a.agree),
            "load_1min": [m.load for m in runs]}
-    for key in ("calibration_only", "uncalibrated", "own", "own_cores", "own_cpu_only"):
+    for key in ("calibration_only", "uncalibrated", "own", "own_cores", "own_cpu_only", "structure"):
         row[f"error_{key}"] = row[f"predicted_{key}_s"] / meas - 1
     # what the point carries to the others: its whole run's fit after the warm-up (a finished job's, as `gearshift
     # simulate --save-overhead` saves it), not only the first steps its own price is fitted from
-    done = job_overhead(run, inputs, 1, max(r["step"] for r in run.steps) + 1)
     row["overhead_run"] = done.to_dict()
     return row, inputs, done
 
@@ -254,7 +264,7 @@ def carry(rows: list[dict], inputs: list[tuple], fits: list[StepOverhead], agree
     """Each row's headline price, `predicted_step_s`: its calibration with the overhead carried from the other points'
     `fits` (measure: each one's run after the warm-up; profile.overhead.carried_overhead: each figure's median over
     the other points, leave one out, with their wait for a core and without their fitted cores), as a job on a
-    machine where other shapes ran is priced at its start (its compute by the others' median compute scale); beside
+    machine where other shapes ran is priced at its start (its compute by the others' priced work); beside
     it the same without the wait (`carried_no_wake`), with the compute line through the others' work in place of the
     scale where they hold it (`compute_line`: profile.overhead.compute_line), and
     `transfer`, the first point's (the default job's) fit alone, with its wait (without its fitted cores) and with
@@ -297,7 +307,7 @@ def block(rows: list[dict], a) -> dict:
             "calibration_only": summary(rows, "error_calibration_only"),
             "own_cores": summary(rows, "error_own_cores"), "uncalibrated": summary(rows, "error_uncalibrated"),
             "own_steps": summary(rows, "error_own"), "transfer": summary(rows[1:], "error_transfer"),
-            "own_steps_cpu_only": summary(rows, "error_own_cpu_only"),
+            "own_steps_cpu_only": summary(rows, "error_own_cpu_only"), "structure": summary(rows, "error_structure"),
             "transfer_cores": summary(rows[1:], "error_transfer_cores"),
             "default_job_error": rows[0]["error"], "default_job_error_own": rows[0]["error_own"],
             "aa": {"median_spread": statistics.median(spreads), "worst_spread": max(spreads),
@@ -319,6 +329,8 @@ def goals_of(name: str, b: dict) -> None:
         "transfer: worst": (tr.get("worst_abs", nan), "<= 0.20"),
         "own steps, cpu only: median": (b["own_steps_cpu_only"]["median_abs"], "-"),
         "calibration alone: median": (b["calibration_only"]["median_abs"], "-"),
+        "each rank's measured compute (structure): median": (b["structure"]["median_abs"], "-"),
+        "each rank's measured compute (structure): worst": (b["structure"]["worst_abs"], "-"),
         "carried without the wait: median": (b["carried_no_wake"]["median_abs"], "-"),
         "carried by the compute line: median": (b["carried_line"]["median_abs"], "-"),
         "carried by the compute line: worst": (b["carried_line"]["worst_abs"], "-"),

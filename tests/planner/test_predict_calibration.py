@@ -181,3 +181,26 @@ def test_a_carried_compute_line_prices_each_action_by_its_flops_in_place_of_the_
     scaled = sim_cost(prof, BOUNDS, sch, state, microbatch_size=4,
                       calibration=Calibration(cal(1.5, 0.01).lines, overhead=StepOverhead(3.0, 0.0005)))
     assert scaled.forward_s == pytest.approx([3.0 * 1.5 * 2 * 0.2] * 2)  # no line: the calibration x the scale
+
+
+def test_a_fixed_cost_per_action_is_paid_once_per_forward_and_backward_whatever_its_size(make_profile):
+    """StepOverhead.action_s (carried: profile.overhead.carried_overhead) adds the same seconds to every forward and
+    backward, after the compute scale: a rank's compute grows by its actions x that cost, at 1 sample per
+    micro-batch as at 4 (a scale would grow the 4-sample job's 4 times as much)."""
+    from gearshift.planner.predict import own_compute_s
+    from gearshift.profile.overhead import StepOverhead
+
+    prof = make_profile([0.3] * 4)
+    sch = make_schedule("1f1b", 2, 4)
+    state = local_cluster(2, cores=2)
+
+    def compute(mb: int, over: StepOverhead) -> list[float]:
+        c = sim_cost(prof, BOUNDS, sch, state, mb, Calibration(cal(1.5, 0.01).lines, overhead=over))
+        return own_compute_s(c, sch)
+
+    for mb in (1, 4):
+        plain, fixed = compute(mb, StepOverhead(1.2)), compute(mb, StepOverhead(1.2, action_s=0.003))
+        assert [f - p for f, p in zip(fixed, plain)] == pytest.approx([8 * 0.003] * 2)  # 4 F + 4 B a rank
+    cost = sim_cost(prof, BOUNDS, sch, state, 2, Calibration(cal(1.5, 0.01).lines,
+                                                             overhead=StepOverhead(1.2, action_s=0.003)))
+    assert cost.per_op_s == pytest.approx([1.2 * 0.01 + 0.003] * 2)

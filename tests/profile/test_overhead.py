@@ -144,3 +144,43 @@ def test_no_line_from_one_work_per_action_or_from_fits_without_work():
     assert work_points([RankStep(0.1, 0.2, 0.3, 16)]) == []
     assert carried_overhead(fits_without_work := [StepOverhead(1.2, 3e-4, 4e-3, 0.1, 12)], line=True).flop_s == 0.0
     assert carried_overhead(fits_without_work).compute_scale == 1.2
+
+
+def priced_job(scale: float, fixed: float, prices: list[float], ops: list[int], wake: float | None,
+               loaded: float = 1.0) -> StepOverhead:
+    """One job's own fit from three steps of its ranks, each rank's compute CPU `scale` x its calibrated price plus
+    `fixed` per action (x `loaded`), with the wait for a core it was fitted (`wake`)."""
+    samples = [RankStep(p, loaded * (scale * p + fixed * n), loaded * (scale * p + fixed * n) + 0.01, 16, ops=n)
+               for _ in range(3) for p, n in zip(prices, ops)]
+    return dataclasses.replace(fit_overhead(samples), wake_s=wake)
+
+
+def test_a_fixed_cost_per_action_carries_as_one_not_as_a_compute_scale():
+    """Jobs whose compute CPU is the calibration's price plus 0.7 ms per forward or backward: a job of many small
+    actions has a large compute scale, one of few large ones a small one, and their median would price neither.
+    The carried overhead recovers the scale and the cost per action from their priced work, and carries no wait for
+    a core (each job's was fitted beside its own scale); one loaded job (x3) moves neither much."""
+    b = 0.0007
+    fits = [priced_job(1.0, b, [0.016, 0.024], [16, 16], 0.0), priced_job(1.0, b, [0.3, 0.32], [8, 8], 0.04),
+            priced_job(1.0, b, [0.08, 0.16], [16, 16], 0.012), priced_job(1.0, b, [0.6], [16], 0.05)]
+    assert fits[0].priced == [[pytest.approx(0.001), pytest.approx(0.001 + b)],
+                              [pytest.approx(0.0015), pytest.approx(0.0015 + b)]]
+    assert fits[0].compute_scale > 1.4 and fits[1].compute_scale < 1.05  # the fixed cost, seen as a scale
+    got = carried_overhead(fits)
+    assert got.compute_scale == pytest.approx(1.0) and got.action_s == pytest.approx(b)
+    assert got.wake_s is None and "a cost per action" in got.method and "beyond the calibration" in got.describe()
+    loaded = carried_overhead(fits + [priced_job(1.0, b, [0.05, 0.06], [16, 16], 0.0, loaded=3.0)])
+    assert loaded.compute_scale == pytest.approx(1.0, rel=0.25) and loaded.action_s == pytest.approx(b, rel=0.25)
+    assert StepOverhead.from_dict(got.to_dict()) == got
+
+
+def test_without_a_span_of_priced_work_the_median_scale_and_the_wait_carry():
+    """Priced work within a factor 2 per action among all the jobs (or none: fits whose ranks did not say their
+    actions) says nothing about a cost per action: the median compute scale prices compute and the wait carries."""
+    b = 0.0007
+    same = [priced_job(1.0, b, [0.08, 0.09], [16, 16], w) for w in (0.01, 0.02, 0.03)]
+    got = carried_overhead(same)
+    assert got.action_s == 0.0 and got.compute_scale == pytest.approx(same[0].compute_scale)
+    assert got.wake_s == pytest.approx(0.02)
+    unsaid = [dataclasses.replace(f, priced=[]) for f in same]
+    assert carried_overhead(unsaid).action_s == 0.0 and carried_overhead(unsaid).wake_s == pytest.approx(0.02)

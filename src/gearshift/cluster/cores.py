@@ -44,13 +44,15 @@ def _together(n: int, work: int) -> list[float]:
 
 def effective_cores(processes: int, cores: float | None = None, work: int = 100, rounds: int = 3) -> float:
     """Cores' worth of throughput `processes` single-threaded processes get together on this host: processes x
-    (one worker's time alone) / (each one's time among all of them), at most min(processes, cores); alone and
-    together alternate `rounds` times (medians), so a drift in the machine's speed hits both."""
+    (one worker's time alone) / (each one's time among all of them), at most min(processes, cores). Alone and
+    together alternate `rounds` times, and each is its quietest round's (alone: the fastest; together: the round
+    whose median is the least): other processes' load only ever slows a round, and a median over rounds let a
+    spell of it that covered two of three rounds price a job's whole run at the cores that spell left."""
     cores = float(cores or available_cores())
     if processes <= 1:
         return cores
     alone, shared = [], []
     for _ in range(rounds):
         alone += _together(1, work)
-        shared += _together(processes, work)
-    return min(cores, float(processes), processes * statistics.median(alone) / statistics.median(shared))
+        shared.append(statistics.median(_together(processes, work)))
+    return min(cores, float(processes), processes * min(alone) / min(shared))

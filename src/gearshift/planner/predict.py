@@ -29,7 +29,8 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
     backward; a waiting rank uses the calibration's `wait_cpu` of a core where ranks share cores; links without
     a measured latency take the calibration's. Where the calibration carries the job's own steps (its
     `overhead`, profile.overhead): compute times scaled by its compute scale (each rank's own where it has one:
-    StepOverhead.rank_scale), or, where it carries a compute line (StepOverhead.flop_s > 0, from other jobs' work)
+    StepOverhead.rank_scale) and each forward and backward its fixed cost per action (StepOverhead.action_s), or,
+    where it carries a compute line (StepOverhead.flop_s > 0, from other jobs' work)
     and the profile counts every layer's FLOPs, each action priced by its FLOPs and a fixed cost per action from
     that line instead of the calibration's; each send's and receive's CPU
     spread over the rank's compute actions (a per-op cost: compute that shares the host's cores, which is
@@ -93,7 +94,7 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
         fwd = [c[place[s]] * x for s, x in enumerate(fwd)]
         bwd = [c[place[s]] * x for s, x in enumerate(bwd)]
         wgt = [c[place[s]] * x for s, x in enumerate(wgt)]
-        per_op = [c[r] * x for r, x in enumerate(per_op)]
+        per_op = [c[r] * x + over.action_s / state.speeds[r] for r, x in enumerate(per_op)]
     if over is not None:
         # the host's CPU, not the device's compute: not divided by a rank's speed, and spent in the sends and
         # receives, outside the compute ops that an emulated duty cycle stretches

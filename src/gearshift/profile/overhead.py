@@ -50,7 +50,11 @@ class StepOverhead:
     jobs' ranks). work: the job's compute per action, [FLOPs per action, compute CPU seconds per action] per group of
     ranks with the same work (the median of its steps): what a carried overhead pools. flop_s and op_s: the compute
     line carried from jobs' work (carried_overhead: compute CPU per action = flop_s x its FLOPs + op_s); where > 0 it
-    prices compute in place of the calibration x compute_scale (planner.predict.sim_cost); 0: not carried."""
+    prices compute in place of the calibration x compute_scale (planner.predict.sim_cost); 0: not carried.
+    priced: the job's compute per action against its calibration's price, [calibrated seconds per action, compute
+    CPU seconds per action] per group of ranks with the same work (the median of its steps): what carries as a
+    scale and a fixed cost per action. action_s: CPU seconds each forward and backward costs beyond the calibration
+    x compute_scale (a fixed cost per action, carried: carried_overhead); 0: none."""
 
     compute_scale: float = 1.0
     message_cpu_s: float = 0.0
@@ -64,6 +68,8 @@ class StepOverhead:
     work: list[list[float]] = field(default_factory=list)
     flop_s: float = 0.0
     op_s: float = 0.0
+    priced: list[list[float]] = field(default_factory=list)
+    action_s: float = 0.0
 
     def scale(self, rank: int) -> float:
         """The compute scale of schedule rank `rank`: its own where fitted, else compute_scale."""
@@ -86,6 +92,8 @@ class StepOverhead:
                    else "")
                 + (f"; a rank waits {self.wake_s * 1e3:.2f} ms for a core when every core computes"
                    if self.wake_s is not None else "")
+                + (f"; {self.action_s * 1e3:.3f} ms CPU per forward or backward beyond the calibration"
+                   if self.action_s else "")
                 + (f"; compute priced by its FLOPs: {self.flop_s * 1e12:.2f} s per TFLOP + {self.op_s * 1e3:.3f} ms "
                    "per forward or backward" if self.flop_s > 0 else ""))
 
@@ -95,17 +103,18 @@ def fit_overhead(samples: Sequence[RankStep], scale: bool = True) -> StepOverhea
     speeds already carry the compute's own slowness) the compute scale stays 1 and only the CPU beside the
     compute is fitted. Samples that measured no CPU are left out; none left: the neutral StepOverhead."""
     pts = [s for s in samples if s.cpu_s > 0 and s.compute_cpu_s > 0]
-    work = work_points(pts)
+    work, priced = work_points(pts), priced_points(pts)
     scaled = [s.compute_cpu_s / s.predicted_compute_s for s in pts if s.predicted_compute_s > 0]
     c = statistics.median(scaled) if scale and scaled else 1.0
     ranks = _rank_scales(pts) if scale else []
     beside = [(float(s.messages), s.cpu_s - s.compute_cpu_s) for s in pts
               if s.messages > 0 and s.cpu_s > s.compute_cpu_s]
     if not beside:
-        return StepOverhead(c, points=len(pts), method="compute only" if pts else "none", rank_scale=ranks, work=work)
+        return StepOverhead(c, points=len(pts), method="compute only" if pts else "none", rank_scale=ranks, work=work,
+                            priced=priced)
     line = theil_sen([x for x, _ in beside], [y for _, y in beside])
     return StepOverhead(c, line.slope, line.intercept, line.residual, len(pts), line.method, rank_scale=ranks,
-                        work=work)
+                        work=work, priced=priced)
 
 
 def work_points(pts: Sequence[RankStep]) -> list[list[float]]:
@@ -117,6 +126,16 @@ def work_points(pts: Sequence[RankStep]) -> list[list[float]]:
         if s.flops > 0 and s.ops > 0:
             by.setdefault((s.flops, s.ops), []).append(s.compute_cpu_s)
     return [[f / n, statistics.median(cs) / n] for (f, n), cs in sorted(by.items())]
+
+
+def priced_points(pts: Sequence[RankStep]) -> list[list[float]]:
+    """[calibrated seconds per action, compute CPU seconds per action] per group of rank-steps with the same price
+    and actions, the CPU the median of the group's; samples that do not say their actions or price are left out."""
+    by: dict[tuple[float, int], list[float]] = {}
+    for s in pts:
+        if s.predicted_compute_s > 0 and s.ops > 0:
+            by.setdefault((s.predicted_compute_s, s.ops), []).append(s.compute_cpu_s)
+    return [[p / n, statistics.median(cs) / n] for (p, n), cs in sorted(by.items())]
 
 
 WORK_SPAN = 2.0  # the compute line needs work points whose FLOPs per action span this factor at least
@@ -155,12 +174,21 @@ def carried_overhead(fits: Sequence[StepOverhead], line: bool = False) -> StepOv
     """What other jobs' own steps on this machine say about a job that has not run yet (a shape not run here): each
     figure the median over the fits that measured something (robust to one loaded job). The cores a job's ranks got
     (StepOverhead.cores) do not carry: they depend on the shape (the shorter its ops and the fewer its ranks, the
-    fewer), so the carried overhead leaves them at 0 and the cluster state's count prices the new shape; the wait
-    for a core (wake_s) carries, the median over the fits that fitted one. Compute is priced by the median compute
-    scale. With `line`, where the fits' work spans WORK_SPAN in FLOPs per action, the compute line through all of it
-    (compute_line: flop_s, op_s) prices compute instead: offline on one night's rows it carried better than the
-    scale, but measured live in a quiet run it priced worse (docs/benchmarks.md, issue 37), so Gearshift prices by
-    the scale and bench/sim_accuracy.py reports the line beside it. None when no fit measured anything."""
+    fewer), so the carried overhead leaves them at 0 and the cluster state's count prices the new shape.
+
+    Compute: where the fits' priced work spans WORK_SPAN in calibrated seconds per action (StepOverhead.priced), the
+    Theil-Sen line through all of it, compute CPU per action = slope x the calibration's price + a fixed cost: the
+    slope is the carried compute scale and the fixed cost `action_s`, paid once per forward and backward whatever
+    its size. A median compute scale would carry that fixed cost as a multiplier: too little for a shape of many
+    small actions (1-sample micro-batches: 4x the actions of 4-sample ones), too much for one of few large ones.
+    The wait for a core (wake_s) then does not carry: each job's was fitted to its step beside its own compute
+    scale, and soaked up the fixed cost that scale missed (none for some shapes, tens of ms for others).
+    Without that span (or a line with a negative fixed cost): compute by the median compute scale, and the wait
+    carries, the median over the fits that fitted one. With `line`, where the fits' work spans WORK_SPAN in FLOPs
+    per action, the compute line through all of it (compute_line: flop_s, op_s) prices compute instead: offline on
+    one night's rows it carried better than the scale, but measured live in a quiet run it priced worse
+    (docs/benchmarks.md, issue 37), so bench/sim_accuracy.py reports it beside. None when no fit measured
+    anything."""
     got = [f for f in fits if f.points > 0]
     if not got:
         return None
@@ -169,12 +197,18 @@ def carried_overhead(fits: Sequence[StepOverhead], line: bool = False) -> StepOv
         return statistics.median(getattr(f, key) for f in got)
 
     wakes = [f.wake_s for f in got if f.wake_s is not None]
-    line = compute_line([p for f in got for p in f.work]) if line else None
+    flops = compute_line([p for f in got for p in f.work]) if line else None
+    per_action = compute_line([p for f in got for p in f.priced])
+    if per_action is not None and (per_action.slope <= 0 or per_action.intercept < 0):
+        per_action = None
     method = f"carried: the median of {len(got)} jobs' fits" + (
-        f"; compute by FLOPs ({line.method} over {line.points} ranks' work, residual {line.residual:.1%})"
-        if line is not None else "")
-    return StepOverhead(med("compute_scale"), med("message_cpu_s"), med("step_cpu_s"), med("residual"),
-                        sum(f.points for f in got), method, 0.0,
-                        statistics.median(wakes) if wakes else None,
-                        flop_s=line.slope if line is not None else 0.0,
-                        op_s=line.intercept if line is not None else 0.0)
+        f"; compute by its price and a cost per action ({per_action.method} over {per_action.points} ranks' work, "
+        f"residual {per_action.residual:.1%})" if per_action is not None else "") + (
+        f"; compute by FLOPs ({flops.method} over {flops.points} ranks' work, residual {flops.residual:.1%})"
+        if flops is not None else "")
+    return StepOverhead(per_action.slope if per_action is not None else med("compute_scale"), med("message_cpu_s"),
+                        med("step_cpu_s"), med("residual"), sum(f.points for f in got), method, 0.0,
+                        statistics.median(wakes) if wakes and per_action is None else None,
+                        flop_s=flops.slope if flops is not None else 0.0,
+                        op_s=flops.intercept if flops is not None else 0.0,
+                        action_s=per_action.intercept if per_action is not None else 0.0)
