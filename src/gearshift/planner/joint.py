@@ -9,6 +9,7 @@ would otherwise flip it back and forth). Pure Python."""
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -98,6 +99,13 @@ class JointDecision:
 SHORTLIST = 3  # the running partition's fastest (m, K) every other partition is priced with, beside its own split
 
 
+@functools.lru_cache(maxsize=256)
+def _in_flight(stages: int, m: int) -> tuple[int, ...]:
+    """1F1B's micro-batches in flight per stage at `m` micro-batches, built once per process: every decision asks
+    again for every split, and building the schedule each time was a twentieth of a decision's time."""
+    return tuple(peak_in_flight(make_schedule("kfkb", stages, m, k=1)))
+
+
 def _best(cands: list[Candidate], keys: set[tuple[int, int]] | None) -> Candidate | None:
     fit = [c for c in cands if c.fits and (keys is None or c.key in keys)]
     return min(fit, key=lambda c: (c.predicted_s, max(c.peak_memory), c.m, c.k)) if fit else None
@@ -184,7 +192,7 @@ def decide_joint(profiles: Mapping[int, ModelProfile], state: ClusterState, boun
             if mb not in profiles or (keys is not None and m != current[0]):
                 continue
             st = (states or {}).get(mb, state)
-            fl = peak_in_flight(make_schedule("kfkb", S, m, k=1))
+            fl = list(_in_flight(S, m))
             try:
                 plan = plan_partition(profiles[mb], st, S, m, fl)
             except PlanError:

@@ -102,6 +102,7 @@ class _Program:
     link: list[int]  # for sends: src * num_ranks + dst
     mem: list[float]  # activation memory taken (F) or released (B)
     carried: list[float]  # per rank: activation memory held at the start (forwards of the previous step)
+    whole_steps: int = 0  # whole-rank STEPs (not a slice's): the arrivals the job-wide barrier waits for
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,7 @@ class _Shape:
     depn: dict[int, tuple[int, ...]]
     link: tuple[int, ...]
     carried: tuple[tuple[int, int], ...]  # (rank, stage) of each backward whose forward the previous step ran
+    whole_steps: int = 0  # STEPs of a whole rank (not in depn): what _Barrier counts, the same under every cost
 
 
 SHAPES = 64  # schedules whose _Shape is kept (a decision prices some 40; a job re-prices the same ones)
@@ -254,7 +256,8 @@ def _build_shape(schedule: Schedule) -> _Shape:
                        for q, bs_ in enumerate(bars)]
             depn[g] = [d for d in depn[g] if d != _NONE]
     return _Shape(tuple(flat), tuple(kind), tuple(offs), tuple(ranks), tuple(stage), tuple(peer), tuple(dep1),
-                  tuple(dep2), {g: tuple(ds) for g, ds in depn.items()}, tuple(link), tuple(carried_bwd))
+                  tuple(dep2), {g: tuple(ds) for g, ds in depn.items()}, tuple(link), tuple(carried_bwd),
+                  sum(k == _STEP and g not in depn for g, k in enumerate(kind)))
 
 
 def _compile(schedule: Schedule, cost: ScheduleCosts) -> _Program:
@@ -305,7 +308,8 @@ def _compile(schedule: Schedule, cost: ScheduleCosts) -> _Program:
     carried_mem = [0.0] * num_ranks
     for r, s in sh.carried:
         carried_mem[r] += act_mem[s]
-    return _Program(sh.flat, sh.kind, sh.offs, sh.dep1, sh.dep2, sh.depn, dur, sh.link, mem, carried_mem)
+    return _Program(sh.flat, sh.kind, sh.offs, sh.dep1, sh.dep2, sh.depn, dur, sh.link, mem, carried_mem,
+                    sh.whole_steps)
 
 
 class _Barrier:
@@ -315,7 +319,7 @@ class _Barrier:
     def __init__(self, prog: _Program, cost: ScheduleCosts):
         self.latency = cost.step_barrier_s
         self.on = self.latency is not None
-        self.left = sum(k == _STEP and g not in prog.depn for g, k in enumerate(prog.kind)) if self.on else 0
+        self.left = prog.whole_steps if self.on else 0
         self.passed: set[int] = set()
         self.latest = 0.0
 
