@@ -206,14 +206,14 @@ def decide_joint(profiles: Mapping[int, ModelProfile], state: ClusterState, boun
     options: list[Option] = []
     cur_opt: Option | None = None
     short: set[tuple] | None = None  # the keys the other partitions are priced with (after the running one's)
+    pricer = partial(predict, calibration=calibration, timelines=False)  # a candidate keeps its time and memory only
     for b in found:
         ms = None if schedules else [current[0]]
         keys_b = None
         if short is not None and tuple(b) != tuple(tuple(x) for x in forced_bounds or ()):
             m_b = planned.get(tuple(b))
             keys_b = short | ({(m_b, 1)} | {(m_b, 1, kd) for kd in kinds if kd != "kfkb"} if m_b else set())
-        cands = price(profiles, b, state, batch, memory, ms, partial(predict, calibration=calibration), overhead_s,
-                      states, kinds, keys=keys_b)
+        cands = price(profiles, b, state, batch, memory, ms, pricer, overhead_s, states, kinds, keys=keys_b)
         if b == bounds and schedules:  # the running partition's fastest keys: a shortlist for the others
             fit = sorted((c for c in cands if c.fits), key=lambda c: c.predicted_s)
             short = {c.key for c in fit[:SHORTLIST]} | {current} | ({tuple(forced_key)} if forced_key else set())

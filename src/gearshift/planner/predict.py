@@ -205,7 +205,8 @@ def with_fitted_cores(state: ClusterState, calibration: Calibration | None) -> C
 
 
 def predict(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Schedule, state: ClusterState,
-            microbatch_size: int | None = None, calibration: Calibration | None = None) -> SimResult:
+            microbatch_size: int | None = None, calibration: Calibration | None = None,
+            timelines: bool = True) -> SimResult:
     """Simulated iteration of `schedule` on `state` (processor-shared where ranks share a host's cores), priced
-    by the job's `calibration` where given (sim_cost)."""
-    return simulate(schedule, sim_cost(profile, bounds, schedule, state, microbatch_size, calibration))
+    by the job's `calibration` where given (sim_cost); without `timelines`, the result's are left empty (simulate)."""
+    return simulate(schedule, sim_cost(profile, bounds, schedule, state, microbatch_size, calibration), timelines)

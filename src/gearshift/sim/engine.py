@@ -74,15 +74,16 @@ class SimResult:
     peak_act_bytes: list[float] | None = None  # per rank: max activation bytes held (saved for backward)
 
 
-def simulate(schedule: Schedule, cost: ScheduleCosts) -> SimResult:
-    """Replay `schedule` under `cost`; never raises on a deadlock (see SimResult.deadlock)."""
+def simulate(schedule: Schedule, cost: ScheduleCosts, timelines: bool = True) -> SimResult:
+    """Replay `schedule` under `cost`; never raises on a deadlock (see SimResult.deadlock). Without `timelines`
+    (a pricing that reads only the step time, busy time and memory) its timelines and transfers are left empty."""
     cost.check(schedule.num_stages, schedule.num_ranks)
     gc_was_on = gc.isenabled()
     gc.disable()  # the replay allocates ~1e5 tuples and no cycles; collections would cost more than it
     try:
         prog = _compile(schedule, cost)
         run = _run_shared if cost.oversubscribed() else _run
-        return _result(schedule, cost, prog, run(prog, cost))
+        return _result(schedule, cost, prog, run(prog, cost), timelines)
     finally:
         if gc_was_on:
             gc.enable()
@@ -558,7 +559,7 @@ def _run_shared(prog: _Program, cost: ScheduleCosts) -> _Replay:
     return rp
 
 
-def _result(schedule: Schedule, cost: ScheduleCosts, prog: _Program, tm: _Replay) -> SimResult:
+def _result(schedule: Schedule, cost: ScheduleCosts, prog: _Program, tm: _Replay, lines: bool = True) -> SimResult:
     """Assemble timelines, busy time, memory peaks and the deadlock report from per-action times."""
     flat, kind, offs, pc = prog.flat, prog.kind, prog.offs, tm.pc
     num_ranks = schedule.num_ranks
@@ -568,7 +569,8 @@ def _result(schedule: Schedule, cost: ScheduleCosts, prog: _Program, tm: _Replay
     iteration = max((tm.arrive[g] for g, _, _ in tm.xfers), default=0.0)
     for r in range(num_ranks):
         lo, hi = offs[r], pc[r]
-        timelines.append(list(zip(flat[lo:hi], tm.start[lo:hi], tm.end[lo:hi])))
+        if lines:
+            timelines.append(list(zip(flat[lo:hi], tm.start[lo:hi], tm.end[lo:hi])))
         is_comp = [k <= _BW for k in kind[lo:hi]]
         busy.append(sum(compress(tm.took[lo:hi], is_comp)))
         held = max(accumulate(compress(prog.mem[lo:hi], is_comp), initial=prog.carried[r]))
@@ -584,5 +586,5 @@ def _result(schedule: Schedule, cost: ScheduleCosts, prog: _Program, tm: _Replay
         bubble = 1.0 - sum(busy) / (num_ranks * iteration) if iteration > 0 else 0.0
     cap = cost.memory_bytes
     fits = cap is None or all(p <= c for p, c in zip(peaks, cap))
-    transfers = [(flat[g], r, flat[g].peer, x0, tm.arrive[g]) for g, r, x0 in tm.xfers]
+    transfers = [(flat[g], r, flat[g].peer, x0, tm.arrive[g]) for g, r, x0 in tm.xfers] if lines else []
     return SimResult(iteration, timelines, busy, bubble, peaks, fits, deadlock, transfers, acts)
