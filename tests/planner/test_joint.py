@@ -218,3 +218,60 @@ def test_a_several_fold_jump_is_a_change_at_once_a_burst_within_the_bar_still_ne
     for i in range(12):
         noisy.update(1.0 if i % 2 else 1.6)  # +-60% swings: the bar widens to 3 spreads, and `alone` with it
     assert noisy.bar > math.log(2.0) and not noisy.update(3.0)
+
+
+def _facts_from_lists(schedule):
+    """What sim_cost read from a schedule's lists on every pricing before they were kept per schedule."""
+    from gearshift.planner.predict import ScheduleFacts
+    from gearshift.schedules import Op
+
+    acts = schedule.actions
+    return ScheduleFacts(
+        frozenset(a.stage for ra in acts for a in ra if a.op is Op.BACKWARD_INPUT and not schedule.is_first(a.stage)),
+        tuple(frozenset(a.stage for a in ra if a.op is Op.STEP) for ra in acts),
+        tuple(sum((a.op.is_p2p_send or a.op.is_p2p_recv) and a.peer >= 0 for a in ra) for ra in acts),
+        tuple(sum(a.op.is_compute for a in ra) for ra in acts))
+
+
+@pytest.mark.parametrize("kinds", [("kfkb",), ("kfkb", "zb1p")])
+def test_a_decision_is_the_same_with_its_caches_cold_warm_or_bypassed(monkeypatch, kinds) -> None:
+    """The schedule facts and 1F1B's in-flight counts kept per process change no decision: a decision priced with
+    every fact counted from the lists again (as before they were kept), then with the caches cold, then warm, takes
+    the same plan for the same reason and prices every option alike (calibrated with the job's overhead, so the
+    messages and compute actions per rank are read)."""
+    from gearshift.planner import joint, predict
+    from gearshift.profile.calibration import Calibration
+    from gearshift.profile.fit import LineFit
+    from gearshift.profile.overhead import StepOverhead
+    from gearshift.schedules import make_schedule, peak_in_flight
+
+    state = _state([0.3, 1, 0.8, 1])
+    state.duty = [2.0, 1.0, 1.5, 1.0]
+    cal = Calibration([LineFit(1.3, 2e-4, method="theil-sen")] * 4,
+                      overhead=StepOverhead(1.2, 3e-4, 1e-3, rank_scale=[1.1, 1.2, 1.3, 1.0]))
+    states = {mb: _state([0.3 * (1 + mb / 16), 1, 0.8, 1]) for mb in _profiles()}
+
+    def decide() -> dict:
+        return decide_joint(_profiles(), state, UNIFORM, (4, 1), 8, 5, "change detected", 12, 1e9, 0.01, None,
+                            0.002, states, calibration=cal, kinds=kinds, noise=0.02, decision_cost_s=0.01).to_dict()
+
+    with monkeypatch.context() as m:
+        m.setattr(predict, "schedule_facts", _facts_from_lists)
+        m.setattr(joint, "_in_flight", lambda s, n: tuple(peak_in_flight(make_schedule("kfkb", s, n, k=1))))
+        before = decide()
+    predict._facts.clear()
+    joint._in_flight.cache_clear()
+    cold, warm = decide(), decide()
+    assert before["apply"] and before["moves_layers"]  # a decision with a move: every part of it compared
+    assert cold == before and warm == before
+
+
+def test_schedule_facts_follow_a_schedule_changed_in_place() -> None:
+    from gearshift.planner.predict import schedule_facts
+    from gearshift.schedules import Action, Op, make_schedule
+
+    sch = make_schedule("zb1p", 4, 8)
+    assert schedule_facts(sch) == _facts_from_lists(sch) and schedule_facts(sch) is schedule_facts(sch)
+    sch.actions[1].insert(0, Action(Op.SEND_ACT, 1, 0, 2))
+    assert schedule_facts(sch) == _facts_from_lists(sch) and schedule_facts(sch).messages[1] == \
+        sum(1 for a in sch.actions[1] if (a.op.is_p2p_send or a.op.is_p2p_recv) and a.peer >= 0)

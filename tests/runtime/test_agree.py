@@ -1,9 +1,12 @@
 """runtime.agree on 4 gloo ranks: the per-rank table's one all_reduce gives every rank exactly what each rank
 contributed (floats bit for bit, integers past 2**32), made once and refilled each call; the step's statistics
 (train.step_stats) from it; the stop agreement when one rank alone asks; rank 0's decision, and its PlanError,
-on every rank."""
+on every rank; objects gathered and broadcast in one collective where they fit, in two where one does not (the
+capacity then grows alike on every rank)."""
 
 from __future__ import annotations
+
+import pickle
 
 import pytest
 
@@ -71,7 +74,7 @@ def test_step_statistics_are_every_rank_numbers() -> None:
 
 def _agree(rank: int, world: int) -> dict:
     from gearshift.errors import PlanError
-    from gearshift.runtime.agree import AnyRank, rank0_decides
+    from gearshift.runtime.agree import AnyRank, Objects, rank0_decides
 
     stop = AnyRank()
     asked = [stop(rank == 2), stop(False), stop(rank == 0), stop(rank == 3)]
@@ -81,7 +84,16 @@ def _agree(rank: int, world: int) -> dict:
         error = None
     except PlanError as e:
         error = str(e)
-    return {"asked": asked, "decided": decided, "error": error}
+    # objects in one collective where they fit 16 bytes, else a second one sized by the lengths every rank got
+    objects = Objects(capacity=16)
+    small = objects.all_gather(rank)
+    large = objects.all_gather(list(range(rank * 40)))  # rank 0's fits, the others' do not
+    grown = objects.capacity
+    spoken = objects.broadcast({"by": rank, "pool": list(range(100))})
+    told = Objects(capacity=16).broadcast("rank 0's" if rank == 0 else None)
+    by_objects = rank0_decides(lambda: {"by": rank, "long": "x" * 300}, Objects(capacity=16))
+    return {"asked": asked, "decided": decided, "error": error, "small": small, "large": large, "grown": grown,
+            "spoken": spoken, "told": told, "by_objects": by_objects}
 
 
 def test_stop_agreement_and_rank0_decisions_on_every_rank() -> None:
@@ -89,3 +101,8 @@ def test_stop_agreement_and_rank0_decisions_on_every_rank() -> None:
         assert out["asked"] == [True, False, True, True]  # one rank asking stops every rank
         assert out["decided"] == {"by": 0, "pool": [(0, 4), (4, 8)]}
         assert out["error"] == "nothing fits"
+        assert out["small"] == list(range(WORLD))
+        assert out["large"] == [list(range(r * 40)) for r in range(WORLD)]
+        assert out["grown"] >= len(pickle.dumps(list(range((WORLD - 1) * 40))))  # alike on every rank
+        assert out["spoken"] == {"by": 0, "pool": list(range(100))} and out["told"] == "rank 0's"
+        assert out["by_objects"] == {"by": 0, "long": "x" * 300}

@@ -1,5 +1,6 @@
 """The simulator's per-schedule cache (sim.engine._shape): a schedule priced again under another cost gives what a
-fresh build gives, over every kind of schedule and shape, and a cache hit shares nothing a caller can change."""
+fresh build gives, over every kind of schedule and shape, and a cache hit shares nothing a caller can change; a
+pricing without timelines gives every other figure alike."""
 
 import copy
 
@@ -71,3 +72,16 @@ def test_the_cache_holds_at_most_its_size() -> None:
     for _ in range(engine.SHAPES + 5):
         simulate(make_schedule("gpipe", 2, 2), cost)
     assert len(engine._shapes) <= engine.SHAPES
+
+
+@pytest.mark.parametrize("sch", _schedules(), ids=lambda s: f"{s.name}-{s.num_stages}-{s.num_microbatches}")
+def test_a_pricing_without_timelines_gives_every_other_figure_alike(sch) -> None:
+    """simulate(timelines=False), what a decision's pricing runs: the same step time, busy time, memory, fit and
+    deadlock, with the timelines and transfers it does not read left empty."""
+    for c in _costs(sch):
+        full, lean = simulate(sch, c), simulate(sch, c, timelines=False)
+        assert lean.timelines == [] and lean.transfers == [] and full.timelines
+        assert (lean.iteration_s, lean.busy_s, lean.bubble_fraction, lean.peak_act_mem, lean.fits_memory,
+                lean.deadlock, lean.peak_act_bytes) == (full.iteration_s, full.busy_s, full.bubble_fraction,
+                                                        full.peak_act_mem, full.fits_memory, full.deadlock,
+                                                        full.peak_act_bytes)

@@ -9,6 +9,7 @@ would otherwise flip it back and forth). Pure Python."""
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -98,6 +99,13 @@ class JointDecision:
 SHORTLIST = 3  # the running partition's fastest (m, K) every other partition is priced with, beside its own split
 
 
+@functools.lru_cache(maxsize=256)
+def _in_flight(stages: int, m: int) -> tuple[int, ...]:
+    """1F1B's micro-batches in flight per stage at `m` micro-batches, built once per process: every decision asks
+    again for every split, and building the schedule each time was a twentieth of a decision's time."""
+    return tuple(peak_in_flight(make_schedule("kfkb", stages, m, k=1)))
+
+
 def _best(cands: list[Candidate], keys: set[tuple[int, int]] | None) -> Candidate | None:
     fit = [c for c in cands if c.fits and (keys is None or c.key in keys)]
     return min(fit, key=lambda c: (c.predicted_s, max(c.peak_memory), c.m, c.k)) if fit else None
@@ -184,7 +192,7 @@ def decide_joint(profiles: Mapping[int, ModelProfile], state: ClusterState, boun
             if mb not in profiles or (keys is not None and m != current[0]):
                 continue
             st = (states or {}).get(mb, state)
-            fl = peak_in_flight(make_schedule("kfkb", S, m, k=1))
+            fl = list(_in_flight(S, m))
             try:
                 plan = plan_partition(profiles[mb], st, S, m, fl)
             except PlanError:
@@ -198,14 +206,14 @@ def decide_joint(profiles: Mapping[int, ModelProfile], state: ClusterState, boun
     options: list[Option] = []
     cur_opt: Option | None = None
     short: set[tuple] | None = None  # the keys the other partitions are priced with (after the running one's)
+    pricer = partial(predict, calibration=calibration, timelines=False)  # a candidate keeps its time and memory only
     for b in found:
         ms = None if schedules else [current[0]]
         keys_b = None
         if short is not None and tuple(b) != tuple(tuple(x) for x in forced_bounds or ()):
             m_b = planned.get(tuple(b))
             keys_b = short | ({(m_b, 1)} | {(m_b, 1, kd) for kd in kinds if kd != "kfkb"} if m_b else set())
-        cands = price(profiles, b, state, batch, memory, ms, partial(predict, calibration=calibration), overhead_s,
-                      states, kinds, keys=keys_b)
+        cands = price(profiles, b, state, batch, memory, ms, pricer, overhead_s, states, kinds, keys=keys_b)
         if b == bounds and schedules:  # the running partition's fastest keys: a shortlist for the others
             fit = sorted((c for c in cands if c.fits), key=lambda c: c.predicted_s)
             short = {c.key for c in fit[:SHORTLIST]} | {current} | ({tuple(forced_key)} if forced_key else set())

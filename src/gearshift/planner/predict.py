@@ -4,6 +4,8 @@ schedule's action lists (the same lists the runtime executes)."""
 from __future__ import annotations
 
 import dataclasses
+from collections import OrderedDict
+from dataclasses import dataclass
 
 from gearshift.cluster.state import ClusterState
 from gearshift.errors import PlanError
@@ -53,8 +55,8 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
             slope[r], per_op[r] = line.slope, line.intercept / state.speeds[r]
     # a stage whose backward is split runs its linears deferrable (not a pipe's first: runtime.executor), at their
     # forward's cost
-    split = {a.stage for acts in schedule.actions for a in acts
-             if a.op is Op.BACKWARD_INPUT and not schedule.is_first(a.stage)}
+    facts = schedule_facts(schedule)
+    split = facts.split
     fwd = [scale * slope[place[s]] / state.speeds[place[s]] *
            sum(lp.split_forward_s if s in split else lp.forward_s for lp in profile.layers[a:b])
            for s, (a, b) in enumerate(bounds)]
@@ -72,8 +74,7 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
     params = [4.0 * sum(lp.param_bytes for lp in profile.layers[a:b]) for a, b in bounds]
     moved = [float(sum(lp.param_bytes for lp in profile.layers[a:b])) for a, b in bounds]  # a slice's update
     step = [0.0] * len(state.speeds)  # a whole-rank STEP updates every stage the rank holds, a slice's STEP that slice
-    for r, acts in enumerate(schedule.actions):
-        stepped = {a.stage for a in acts if a.op is Op.STEP}
+    for r, stepped in enumerate(facts.stepped):
         stages = [s for s in range(len(bounds)) if place[s] == r] if -1 in stepped else sorted(stepped)
         step[r] = sum(lp.step_s for s in stages for lp in profile.layers[slice(*bounds[s])]) / state.speeds[r]
     latency, bandwidth = state.latency, state.bandwidth
@@ -98,7 +99,7 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
     if over is not None:
         # the host's CPU, not the device's compute: not divided by a rank's speed, and spent in the sends and
         # receives, outside the compute ops that an emulated duty cycle stretches
-        msgs, ops = messages(schedule), compute_ops(schedule)
+        msgs, ops = facts.messages, facts.compute_ops
         beside = [over.message_cpu_s * n / k if k else 0.0 for n, k in zip(msgs, ops)]
         step = [x + over.step_cpu_s for x in step]
     barrier = 0.0 if schedule.num_ranks > 1 else None  # the clip's all-reduce over the pipe; one stage: none
@@ -109,10 +110,45 @@ def sim_cost(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sch
                          wake_s=over.wake_s or 0.0 if over is not None else 0.0)
 
 
+@dataclass(frozen=True)
+class ScheduleFacts:
+    """What sim_cost reads from a schedule's lists alone, the same under every cost: the stages whose backward is
+    split (not a pipe's first), each rank's STEP stages (-1: the whole rank), sends and receives, compute actions."""
+
+    split: frozenset[int]
+    stepped: tuple[frozenset[int], ...]
+    messages: tuple[int, ...]
+    compute_ops: tuple[int, ...]
+
+
+FACTS = 64  # schedules whose facts are kept (a decision prices some 40 cached schedules; a job re-prices them)
+_facts: OrderedDict[int, tuple[Schedule, tuple, ScheduleFacts]] = OrderedDict()  # id -> (schedule, snapshot, facts)
+
+
+def schedule_facts(schedule: Schedule) -> ScheduleFacts:
+    """The schedule's ScheduleFacts, found once per schedule object and reused while it holds the same lists (a
+    decision prices each cached schedule under many costs, and counting its lists was a sixth of its pricing)."""
+    snap = (schedule.num_stages, schedule.stages_per_pipe, tuple(map(tuple, schedule.actions)))
+    hit = _facts.get(id(schedule))
+    if hit is not None and hit[0] is schedule and hit[1] == snap:
+        _facts.move_to_end(id(schedule))
+        return hit[2]
+    acts = schedule.actions
+    facts = ScheduleFacts(
+        frozenset(a.stage for ra in acts for a in ra if a.op is Op.BACKWARD_INPUT and not schedule.is_first(a.stage)),
+        tuple(frozenset(a.stage for a in ra if a.op is Op.STEP) for ra in acts),
+        tuple(sum((a.op.is_p2p_send or a.op.is_p2p_recv) and a.peer >= 0 for a in ra) for ra in acts),
+        tuple(sum(a.op.is_compute for a in ra) for ra in acts))
+    _facts[id(schedule)] = (schedule, snap, facts)  # holding the schedule keeps its id from being reused
+    while len(_facts) > FACTS:
+        _facts.popitem(last=False)
+    return facts
+
+
 def messages(schedule: Schedule) -> list[int]:
     """Per rank: the sends and receives of its list to or from another rank (stage messages and a slice's update
     messages; a REDUCE that stays on the rank is none)."""
-    return [sum((a.op.is_p2p_send or a.op.is_p2p_recv) and a.peer >= 0 for a in acts) for acts in schedule.actions]
+    return list(schedule_facts(schedule).messages)
 
 
 def work_of(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Schedule,
@@ -131,7 +167,7 @@ def work_of(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Sche
 
 def compute_ops(schedule: Schedule) -> list[int]:
     """Per rank: the compute actions (F, B, BI, BW) of its list."""
-    return [sum(a.op.is_compute for a in acts) for acts in schedule.actions]
+    return list(schedule_facts(schedule).compute_ops)
 
 
 def own_compute_s(cost: ScheduleCosts, schedule: Schedule) -> list[float]:
@@ -170,7 +206,8 @@ def with_fitted_cores(state: ClusterState, calibration: Calibration | None) -> C
 
 
 def predict(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Schedule, state: ClusterState,
-            microbatch_size: int | None = None, calibration: Calibration | None = None) -> SimResult:
+            microbatch_size: int | None = None, calibration: Calibration | None = None,
+            timelines: bool = True) -> SimResult:
     """Simulated iteration of `schedule` on `state` (processor-shared where ranks share a host's cores), priced
-    by the job's `calibration` where given (sim_cost)."""
-    return simulate(schedule, sim_cost(profile, bounds, schedule, state, microbatch_size, calibration))
+    by the job's `calibration` where given (sim_cost); without `timelines`, the result's are left empty (simulate)."""
+    return simulate(schedule, sim_cost(profile, bounds, schedule, state, microbatch_size, calibration), timelines)

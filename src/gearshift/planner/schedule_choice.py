@@ -9,7 +9,7 @@ so the fewest stages that make it fit are its fastest way to fit."""
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import functools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -175,8 +175,7 @@ def price(profiles: Mapping[int, ModelProfile], bounds: Sequence[tuple[int, int]
         prof = profiles.get(mb)
         if prof is None:
             raise PlanError(f"schedule choice: no profile for micro-batch size {mb} (have {sorted(profiles)})")
-        st = copy.deepcopy((states or {}).get(mb, state))
-        st.memory = cap
+        st = dataclasses.replace((states or {}).get(mb, state), memory=cap)  # the caller's state left as it is
         seen: set[int] = set()  # the lists priced so far, by the smallest K that builds them
         for k in range(1, m + 1 if "kfkb" in kinds else 1):
             if keys is not None and (m, k) not in keys:

@@ -25,7 +25,7 @@ from gearshift.profile.fit import LineFit
 from gearshift.profile.model_profile import ModelProfile
 from gearshift.profile.overhead import RankStep, fit_overhead
 from gearshift.report.records import Migration, ReplanEvent, StepMetrics
-from gearshift.runtime.agree import PerRank, rank0_decides
+from gearshift.runtime.agree import Objects, PerRank, rank0_decides
 from gearshift.runtime.detect import Detector
 from gearshift.runtime.executor import StepRecord
 from gearshift.runtime.migrate import MigrationReport, migrate
@@ -77,6 +77,14 @@ class Adapter:
         self.late_s = 0.0  # this step's emulated sleeps' overshoot: waking late, not the emulated device (observe)
         self.job_lines: list[LineFit] | None = None  # the job's CPU line, one per position, as last gathered
         self._moves: PerRank | None = None  # every rank's migration seconds and bytes (apply_bounds), made once
+        self._objects: Objects | None = None  # made on first use, on `device` as built (train.adaptation sets it)
+
+    @property
+    def objects(self) -> Objects:
+        """The monitors' gather and the controller's decisions, on this rank's device: one collective each."""
+        if self._objects is None:
+            self._objects = Objects(self.device)
+        return self._objects
 
     def begin_step(self, rt: PipelineRuntime, step: int) -> None:
         """Before `step`: the step the emulation is at, and an emulated skewed router's bias on this rank's MoE
@@ -209,9 +217,7 @@ class Adapter:
         """The cluster as the planner sees it (collective): one device per pipeline position, as its slowest
         replica sees it (speed, and each link in each direction), from every rank's monitor merged over the
         specified cluster."""
-        dicts: list = [None] * dist.get_world_size()
-        dist.all_gather_object(dicts, self.monitor.to_dict())
-        self.merged = merge(dicts)
+        self.merged = merge(self.objects.all_gather(self.monitor.to_dict()))
         if self.cpu_priced and self.calibration is not None:  # every rank fits the same line from the same points
             self.job_lines = self.merged.cpu_lines(stages) or self.job_lines
         return self.merged.state(step, self.base.resized(dist.get_world_size())).pipeline(stages)

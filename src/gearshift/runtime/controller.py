@@ -257,7 +257,7 @@ class Controller:
             self.switch_s, sw.memory, ad.merged.step_overhead() or 0.0, ad.size_states(S, nxt, list(sw.profiles)),
             self.partitions, True, self.min_gain, fb, fk, ad.calibration_now(S), sw.kinds, self.steps.noise,
             self.decide_s, self.left, self.hysteresis,
-            {k: statistics.median(v) for k, v in self.ran.items() if len(v) >= 2}, defer))
+            {k: statistics.median(v) for k, v in self.ran.items() if len(v) >= 2}, defer), ad.objects)
         self.decide_s = time.perf_counter() - t0 - probe_s  # rank 0's figure is the one it prices with
         rec = DecisionEvent(d)
         if self.placer is not None:  # experts move under the partition they were measured in, before layers do

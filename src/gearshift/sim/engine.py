@@ -74,15 +74,16 @@ class SimResult:
     peak_act_bytes: list[float] | None = None  # per rank: max activation bytes held (saved for backward)
 
 
-def simulate(schedule: Schedule, cost: ScheduleCosts) -> SimResult:
-    """Replay `schedule` under `cost`; never raises on a deadlock (see SimResult.deadlock)."""
+def simulate(schedule: Schedule, cost: ScheduleCosts, timelines: bool = True) -> SimResult:
+    """Replay `schedule` under `cost`; never raises on a deadlock (see SimResult.deadlock). Without `timelines`
+    (a pricing that reads only the step time, busy time and memory) its timelines and transfers are left empty."""
     cost.check(schedule.num_stages, schedule.num_ranks)
     gc_was_on = gc.isenabled()
     gc.disable()  # the replay allocates ~1e5 tuples and no cycles; collections would cost more than it
     try:
         prog = _compile(schedule, cost)
         run = _run_shared if cost.oversubscribed() else _run
-        return _result(schedule, cost, prog, run(prog, cost))
+        return _result(schedule, cost, prog, run(prog, cost), timelines)
     finally:
         if gc_was_on:
             gc.enable()
@@ -102,6 +103,7 @@ class _Program:
     link: list[int]  # for sends: src * num_ranks + dst
     mem: list[float]  # activation memory taken (F) or released (B)
     carried: list[float]  # per rank: activation memory held at the start (forwards of the previous step)
+    whole_steps: int = 0  # whole-rank STEPs (not a slice's): the arrivals the job-wide barrier waits for
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,7 @@ class _Shape:
     depn: dict[int, tuple[int, ...]]
     link: tuple[int, ...]
     carried: tuple[tuple[int, int], ...]  # (rank, stage) of each backward whose forward the previous step ran
+    whole_steps: int = 0  # STEPs of a whole rank (not in depn): what _Barrier counts, the same under every cost
 
 
 SHAPES = 64  # schedules whose _Shape is kept (a decision prices some 40; a job re-prices the same ones)
@@ -254,7 +257,8 @@ def _build_shape(schedule: Schedule) -> _Shape:
                        for q, bs_ in enumerate(bars)]
             depn[g] = [d for d in depn[g] if d != _NONE]
     return _Shape(tuple(flat), tuple(kind), tuple(offs), tuple(ranks), tuple(stage), tuple(peer), tuple(dep1),
-                  tuple(dep2), {g: tuple(ds) for g, ds in depn.items()}, tuple(link), tuple(carried_bwd))
+                  tuple(dep2), {g: tuple(ds) for g, ds in depn.items()}, tuple(link), tuple(carried_bwd),
+                  sum(k == _STEP and g not in depn for g, k in enumerate(kind)))
 
 
 def _compile(schedule: Schedule, cost: ScheduleCosts) -> _Program:
@@ -305,7 +309,8 @@ def _compile(schedule: Schedule, cost: ScheduleCosts) -> _Program:
     carried_mem = [0.0] * num_ranks
     for r, s in sh.carried:
         carried_mem[r] += act_mem[s]
-    return _Program(sh.flat, sh.kind, sh.offs, sh.dep1, sh.dep2, sh.depn, dur, sh.link, mem, carried_mem)
+    return _Program(sh.flat, sh.kind, sh.offs, sh.dep1, sh.dep2, sh.depn, dur, sh.link, mem, carried_mem,
+                    sh.whole_steps)
 
 
 class _Barrier:
@@ -315,7 +320,7 @@ class _Barrier:
     def __init__(self, prog: _Program, cost: ScheduleCosts):
         self.latency = cost.step_barrier_s
         self.on = self.latency is not None
-        self.left = sum(k == _STEP and g not in prog.depn for g, k in enumerate(prog.kind)) if self.on else 0
+        self.left = prog.whole_steps if self.on else 0
         self.passed: set[int] = set()
         self.latest = 0.0
 
@@ -554,7 +559,7 @@ def _run_shared(prog: _Program, cost: ScheduleCosts) -> _Replay:
     return rp
 
 
-def _result(schedule: Schedule, cost: ScheduleCosts, prog: _Program, tm: _Replay) -> SimResult:
+def _result(schedule: Schedule, cost: ScheduleCosts, prog: _Program, tm: _Replay, lines: bool = True) -> SimResult:
     """Assemble timelines, busy time, memory peaks and the deadlock report from per-action times."""
     flat, kind, offs, pc = prog.flat, prog.kind, prog.offs, tm.pc
     num_ranks = schedule.num_ranks
@@ -564,7 +569,8 @@ def _result(schedule: Schedule, cost: ScheduleCosts, prog: _Program, tm: _Replay
     iteration = max((tm.arrive[g] for g, _, _ in tm.xfers), default=0.0)
     for r in range(num_ranks):
         lo, hi = offs[r], pc[r]
-        timelines.append(list(zip(flat[lo:hi], tm.start[lo:hi], tm.end[lo:hi])))
+        if lines:
+            timelines.append(list(zip(flat[lo:hi], tm.start[lo:hi], tm.end[lo:hi])))
         is_comp = [k <= _BW for k in kind[lo:hi]]
         busy.append(sum(compress(tm.took[lo:hi], is_comp)))
         held = max(accumulate(compress(prog.mem[lo:hi], is_comp), initial=prog.carried[r]))
@@ -580,5 +586,5 @@ def _result(schedule: Schedule, cost: ScheduleCosts, prog: _Program, tm: _Replay
         bubble = 1.0 - sum(busy) / (num_ranks * iteration) if iteration > 0 else 0.0
     cap = cost.memory_bytes
     fits = cap is None or all(p <= c for p, c in zip(peaks, cap))
-    transfers = [(flat[g], r, flat[g].peer, x0, tm.arrive[g]) for g, r, x0 in tm.xfers]
+    transfers = [(flat[g], r, flat[g].peer, x0, tm.arrive[g]) for g, r, x0 in tm.xfers] if lines else []
     return SimResult(iteration, timelines, busy, bubble, peaks, fits, deadlock, transfers, acts)
