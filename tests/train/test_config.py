@@ -199,10 +199,20 @@ def test_replicas_directions_and_the_parts_of_the_batch():
     assert load_config(None, ["--parallel.directions=3"]).batch_parts == 1  # directions are multidir's alone
 
 
-def test_validation_never_imports_a_model_given_by_import_path():
-    cfg = load_config(None, ["--model.name=no_such_module_x:build", "--data.seq_len=16"])
-    with pytest.raises(ConfigError, match=r"^model.name: cannot import 'no_such_module_x'"):
+def test_validation_never_imports_a_model_given_by_import_path(tmp_path, monkeypatch):
+    (tmp_path / "explodes_on_import.py").write_text("raise RuntimeError('imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = load_config(None, ["--model.name=explodes_on_import:build", "--data.seq_len=16"])
+    with pytest.raises(ConfigError, match=r"^model.name: importing 'explodes_on_import' raised RuntimeError"):
         job_model(cfg)  # the pre-check where the model is built (the launcher's and every worker's)
+
+
+@pytest.mark.parametrize("section", ["model", "data"])
+def test_a_model_or_data_module_that_does_not_exist_is_the_one_error_before_the_keys_it_decides(section):
+    """No data.seq_len given (required for a model by import path): the missing module is what is said."""
+    with pytest.raises(ConfigError, match=rf"^{section}.name: cannot import 'no_such_pkg.mod' for "
+                                          r"'no_such_pkg.mod:build' \(no module named 'no_such_pkg'"):
+        load_config(None, [f"--{section}.name=no_such_pkg.mod:build"])
 
 
 def test_microbatch_size_keeps_the_size_as_replicas_change(tmp_path):
