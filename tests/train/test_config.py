@@ -258,3 +258,21 @@ def test_adapt_overhead_is_a_file_of_fits_that_measured_a_step(tmp_path):
         load_config(None, [f"--adapt.overhead={fits}"])
     add_fit(fits, StepOverhead(1.3, 4e-4, 1e-3, points=8, wake_s=0.002), "a run")
     assert load_config(None, [f"--adapt.overhead={fits}"]).adapt.overhead == str(fits)
+
+
+@pytest.mark.parametrize("override, hint", [
+    ("--train.stpes=5", "did you mean train.steps?"),
+    ("--model.layer=3", "did you mean model.layers?"),  # a free-form section ([model]) too
+    ("--train.workers=2", "did you mean cluster.workers?"),  # the key of another section
+    ("--trian.steps=5", "did you mean [train]?"),
+])
+def test_a_mistyped_key_or_section_suggests_the_one_meant(override, hint):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert str(e.value).endswith(hint) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_key_in_a_config_file_is_suggested_too(tmp_path):
+    (tmp_path / "job.toml").write_text("[parallel]\nschedul = '1f1b'\n")
+    with pytest.raises(ConfigError, match=r"^parallel.schedul: unknown key .*; did you mean parallel.schedule\?$"):
+        load_config(str(tmp_path / "job.toml"), [])

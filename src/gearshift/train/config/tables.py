@@ -4,6 +4,7 @@ sections and keys named with what is allowed, and `--section.key=value` override
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import types
 import typing
@@ -48,6 +49,16 @@ def coerce(where: str, tp: Any, value: Any) -> Any:
     raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
 
 
+def _did_you_mean(cfg: Any, sec: str, name: str, keys: list[str]) -> str:
+    """"; did you mean SEC.KEY?" for a mistyped key: the closest key of its section, else the same key in another
+    section (`train.workers` -> cluster.workers); "" when none is close."""
+    close = difflib.get_close_matches(name, keys, n=1, cutoff=0.7)
+    if close:
+        return f"; did you mean {sec}.{close[0]}?"
+    homes = [f.name for f in dataclasses.fields(cfg) if name in section_keys(type(getattr(cfg, f.name)))]
+    return f"; did you mean {homes[0]}.{name}?" if homes else ""
+
+
 def apply(cfg: Any, data: dict, origin: str) -> None:
     """Set the keys of `data` ({section: {key: value}}) on `cfg`; `origin` names where they came from."""
     sections = {f.name: f for f in dataclasses.fields(cfg)}
@@ -59,19 +70,22 @@ def apply(cfg: Any, data: dict, origin: str) -> None:
             where = f"under [{homes[0]}]" if homes else f"under a section ({', '.join(sections)})"
             raise ConfigError(f"{origin}: {sec} = {table!r} is outside any section; it goes {where}")
         if sec not in sections:
-            raise ConfigError(f"{origin}: unknown section [{sec}] (allowed: {', '.join(sections)})")
+            close = difflib.get_close_matches(sec, list(sections), n=1, cutoff=0.6)
+            hint = f"; did you mean [{close[0]}]?" if close else ""
+            raise ConfigError(f"{origin}: unknown section [{sec}] (allowed: {', '.join(sections)}){hint}")
         obj = getattr(cfg, sec)
         keys = section_keys(type(obj))
         if "options" in keys:
-            _apply_free_form(obj, sec, table, keys)
+            _apply_free_form(cfg, obj, sec, table, keys)
             continue
         for name, value in table.items():
             if name not in keys:
-                raise ConfigError(f"{sec}.{name}: unknown key (allowed in [{sec}]: {', '.join(keys)})")
+                raise ConfigError(f"{sec}.{name}: unknown key (allowed in [{sec}]: {', '.join(keys)})"
+                                  f"{_did_you_mean(cfg, sec, name, list(keys))}")
             set_key(obj, name, coerce(f"{sec}.{name}", keys[name][2], value))
 
 
-def _apply_free_form(obj: Any, sec: str, table: dict, keys: dict) -> None:
+def _apply_free_form(cfg: Any, obj: Any, sec: str, table: dict, keys: dict) -> None:
     """[model] or [data]: `name` first; with an import path every other key is free-form (kept in `options`,
     passed to the function), else each must be a key. Turning an import path back into a built-in name applies
     the keys collected so far as keys."""
@@ -88,7 +102,7 @@ def _apply_free_form(obj: Any, sec: str, table: dict, keys: dict) -> None:
             obj.options[name] = value
         elif name not in fields:
             raise ConfigError(f"{sec}.{name}: unknown key (allowed in [{sec}]: {', '.join(fields)}; other keys need "
-                              f"{sec}.name = 'package.module:function')")
+                              f"{sec}.name = 'package.module:function'){_did_you_mean(cfg, sec, name, fields)}")
         else:
             set_key(obj, name, coerce(f"{sec}.{name}", keys[name][2], value))
             given(obj).add(name)
