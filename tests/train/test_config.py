@@ -276,3 +276,17 @@ def test_a_key_in_a_config_file_is_suggested_too(tmp_path):
     (tmp_path / "job.toml").write_text("[parallel]\nschedul = '1f1b'\n")
     with pytest.raises(ConfigError, match=r"^parallel.schedul: unknown key .*; did you mean parallel.schedule\?$"):
         load_config(str(tmp_path / "job.toml"), [])
+
+
+def test_a_number_or_boolean_in_quotes_says_to_drop_them(tmp_path):
+    """A JSON or YAML habit: the one line says what is wrong with '3e-3'; a string that is no number gets no hint."""
+    hint = " (a string: drop the quotes)"
+    for body, says in (('[train]\nlr = "3e-3"\n', "train.lr: expected a number, got '3e-3'" + hint),
+                       ('[train]\nsteps = "10"\n', "train.steps: expected an integer, got '10'" + hint),
+                       ('[output]\ntrace = "true"\n', "output.trace: expected true or false, got 'true'" + hint),
+                       ('[train]\nsteps = "ten"\n', "train.steps: expected an integer, got 'ten'"),
+                       ('[train]\nsteps = "true"\n', "train.steps: expected an integer, got 'true'")):
+        (tmp_path / "job.toml").write_text(body)
+        with pytest.raises(ConfigError) as e:
+            load_config(str(tmp_path / "job.toml"), [])
+        assert str(e.value) == says

@@ -46,7 +46,20 @@ def coerce(where: str, tp: Any, value: Any) -> Any:
         return value
     if tp in (str, bool) and isinstance(value, tp):
         return value
-    raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+    raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}{_quoted_hint(tp, value)}")
+
+
+def _quoted_hint(tp: Any, value: Any) -> str:
+    """" (a string: drop the quotes)" for a number or boolean written in quotes ("3e-3", "true"), a habit from
+    JSON and YAML configs; "" otherwise."""
+    if not isinstance(value, str) or tp not in (int, float, bool):
+        return ""
+    try:
+        v = loads(f"v = {value.strip()}")["v"]
+        ok = isinstance(v, (int, float) if tp is float else tp) and (tp is bool or not isinstance(v, bool))
+    except TOMLDecodeError:
+        ok = False
+    return " (a string: drop the quotes)" if ok else ""
 
 
 def _did_you_mean(cfg: Any, sec: str, name: str, keys: list[str]) -> str:
