@@ -132,6 +132,8 @@ def _model(name: str, **shape) -> ModelConfig:
     (AdaptConfig(schedule_kinds=["kfkb", "zbv"]),
      "adapt.schedule_kinds: ['kfkb', 'zbv'] (allowed: a non-empty list of kfkb, zb1p)"),
     (ParallelConfig(virtual_stages=0), "parallel.virtual_stages: must be >= 1, got 0"),
+    (ParallelConfig(directions=-1),
+     "parallel.directions: must be >= 2 (multidir's pipelines, at most parallel.stages / 2), got -1"),
     (MoEPlacementConfig(window=-1), "moe.window: must be >= 0, got -1"),
 ])
 def test_each_section_checks_its_own_keys(section, message):

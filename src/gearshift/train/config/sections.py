@@ -156,6 +156,8 @@ class ParallelConfig:
               f"parallel.microbatch_size: must be >= 0 (0 = parallel.microbatches decides), got {self.microbatch_size}")
         check(self.k >= 1, f"parallel.k: must be >= 1, got {self.k}")
         check(self.virtual_stages >= 1, f"parallel.virtual_stages: must be >= 1, got {self.virtual_stages}")
+        check(self.directions >= 2, f"parallel.directions: must be >= 2 (multidir's pipelines, at most "
+                                    f"parallel.stages / 2), got {self.directions}")
         check(self.update in UPDATES, f"parallel.update: {self.update!r} (allowed: {', '.join(UPDATES)})")
         self.sync.check()
         if isinstance(self.partition, str):
