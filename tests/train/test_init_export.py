@@ -83,7 +83,7 @@ def test_a_file_that_does_not_fit_is_one_line(tmp_path: Path, capsys) -> None:
     assert "no config.json" in capsys.readouterr().err
 
 
-def test_export_format_follows_the_extension_and_a_contradiction_is_one_line(tmp_path: Path, capsys) -> None:
+def test_export_format_by_extension_and_a_contradiction_or_a_directory_is_one_line(tmp_path: Path, capsys) -> None:
     assert [out_format(f) for f in ("m.safetensors", "m.pt", "m.PTH", "pytorch_model.bin", "m.weights")] == \
         ["safetensors", "torch", "torch", "torch", "safetensors"]
     assert out_format("m.weights", "torch") == "torch" and out_format("m.pt", "torch") == "torch"
@@ -92,3 +92,8 @@ def test_export_format_follows_the_extension_and_a_contradiction_is_one_line(tmp
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(f"gearshift export: error: --format: {fmt} contradicts OUT {out}")
     assert not list(tmp_path.iterdir())  # refused before reading the run: nothing written
+    (tmp_path / "dir").mkdir()
+    assert cli_main(["export", str(tmp_path), str(tmp_path / "dir")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"gearshift export: error: OUT: {tmp_path / 'dir'} is a directory; name the file to write (e.g. "
+                   f"{tmp_path / 'dir' / 'model.safetensors'})"]

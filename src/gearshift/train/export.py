@@ -59,12 +59,22 @@ def export_run(run_dir: str | Path, out: str | Path, fmt: str | None = None) -> 
     """Write the run's model to `out` in `fmt` (None: by out's extension, `out_format`); returns (the checkpoint
     exported, tensors written)."""
     fmt = out_format(out, fmt)
+    if Path(out).is_dir():
+        raise UsageError(f"OUT: {out} is a directory; name the file to write (e.g. {Path(out) / 'model'}"
+                         f"{next(e for e, f in EXTENSIONS.items() if f == fmt)})")
     state, path = consolidated(run_dir)
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    if fmt == "safetensors":
-        from safetensors.torch import save_file
+    try:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        if fmt == "safetensors":
+            from safetensors import SafetensorError
+            from safetensors.torch import save_file
 
-        save_file({k: v.clone() for k, v in state.items()}, str(out), metadata={"format": "pt"})
-    else:
-        torch.save(state, out)
+            try:
+                save_file({k: v.clone() for k, v in state.items()}, str(out), metadata={"format": "pt"})
+            except SafetensorError as e:
+                raise OSError(str(e)) from None
+        else:
+            torch.save(state, out)
+    except OSError as e:
+        raise DataError(f"OUT: cannot write {out} ({e.strerror or e})") from None
     return path, len(state)
