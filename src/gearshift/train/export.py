@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from gearshift.errors import DataError, UsageError
+from gearshift.paths import check_output_file
 from gearshift.train.checkpoint import latest_checkpoint, load_checkpoint, read_tensors
 from gearshift.train.config import JobConfig, config_from_dict
 from gearshift.train.model import job_model
@@ -62,6 +63,7 @@ def export_run(run_dir: str | Path, out: str | Path, fmt: str | None = None) -> 
     if Path(out).is_dir():
         raise UsageError(f"OUT: {out} is a directory; name the file to write (e.g. {Path(out) / 'model'}"
                          f"{next(e for e, f in EXTENSIONS.items() if f == fmt)})")
+    check_output_file(out, "OUT", UsageError)  # no parent is a file
     state, path = consolidated(run_dir)
     try:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
