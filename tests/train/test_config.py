@@ -292,3 +292,12 @@ def test_a_number_or_boolean_in_quotes_says_to_drop_them(tmp_path):
         with pytest.raises(ConfigError) as e:
             load_config(str(tmp_path / "job.toml"), [])
         assert str(e.value) == says
+
+
+def test_python_overrides_take_one_string_and_refuse_other_shapes_in_one_line():
+    """load_config(path, "--train.steps=5") is the list of that one override (a str would otherwise be read a
+    character at a time); a dict or a non-string is one line saying what overrides are."""
+    assert load_config(None, "--train.steps=5").train.steps == 5
+    for bad in ({"train.steps": 5}, ["--train.steps=5", 3]):
+        with pytest.raises(ConfigError, match=r"^overrides: expected a list of '--section.key=value' strings"):
+            load_config(None, bad)
