@@ -13,11 +13,11 @@ def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] 
                 base: dict | None = None) -> JobConfig:
     """Defaults (or `base`, a job's to_dict()) <- the job file at `path` (none: the defaults are the job) <-
     `--section.key=value` overrides (one such string alone reads as a list of it)."""
-    if isinstance(overrides, str):
-        overrides = [overrides]
-    elif not isinstance(overrides, (list, tuple)) or not all(isinstance(o, str) for o in overrides):
+    given = overrides
+    overrides = [overrides] if isinstance(overrides, str) else [] if isinstance(overrides, dict) else list(overrides)
+    if isinstance(given, dict) or not all(isinstance(o, str) for o in overrides):
         raise ConfigError(f"overrides: expected a list of '--section.key=value' strings (e.g. ['--train.steps=50']), "
-                          f"got {type(overrides).__name__} {overrides!r}"[:200])
+                          f"got {type(given).__name__} {given!r}"[:200])
     cfg = config_from_dict(base) if base is not None else JobConfig()
     if path is not None:
         _apply(cfg, read_toml(path, "config", ConfigError), str(path))
