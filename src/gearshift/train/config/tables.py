@@ -16,6 +16,8 @@ from gearshift.tomlfile import TOMLDecodeError, loads
 from gearshift.train.config.fields import section_keys, set_key
 from gearshift.train.config.model import given
 
+SPEC_SECTIONS = {"types", "nodes", "network"}  # a cluster spec's (gearshift.cluster.spec), not a job's
+
 
 def _type_name(tp: Any) -> str:
     return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
@@ -83,6 +85,10 @@ def apply(cfg: Any, data: dict, origin: str) -> None:
             where = f"under [{homes[0]}]" if homes else f"under a section ({', '.join(sections)})"
             raise ConfigError(f"{origin}: {sec} = {table!r} is outside any section; it goes {where}")
         if sec not in sections:
+            if origin != "override" and set(data) <= SPEC_SECTIONS:
+                raise ConfigError(f"{origin}: this is a cluster spec ([{sec}]), not a job; name it in a job as "
+                                  f"cluster.spec = \"{origin}\" (or --cluster.spec={origin}, or `gearshift plan "
+                                  f"--spec {origin}`)")
             close = difflib.get_close_matches(sec, list(sections), n=1, cutoff=0.6)
             hint = f"; did you mean [{close[0]}]?" if close else ""
             raise ConfigError(f"{origin}: unknown section [{sec}] (allowed: {', '.join(sections)}){hint}")
