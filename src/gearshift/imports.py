@@ -5,6 +5,7 @@ names what it exports from heavier modules without importing them."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 from collections.abc import Callable
@@ -18,15 +19,37 @@ def is_import_path(name: str) -> bool:
     return ":" in name
 
 
-def import_object(path: str, where: str) -> Callable:
-    """The callable at "package.module:qualname", importable from the working directory or the Python
-    path; a ConfigError naming `where` (the config field) when it cannot be had."""
+def _split(path: str, where: str) -> tuple[str, str]:
+    """("package.module", "qualname") of an import path, with the working directory on the Python path (as
+    `python -m` has it; console scripts leave it out); a ConfigError naming `where` for a malformed path."""
     module_name, _, qualname = path.partition(":")
     if not module_name or not qualname:
         raise ConfigError(f"{where}: {path!r} is not an import path (expected 'package.module:function')")
     cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:  # as `python -m` does; console scripts leave it out
+    if cwd not in sys.path and "" not in sys.path:
         sys.path.insert(0, cwd)
+    return module_name, qualname
+
+
+def check_findable(path: str, where: str) -> None:
+    """That the top package of "package.module:function" can be found, without importing anything (config
+    loading never imports the user's code): a mistyped module is the one line the user sees, before any check of
+    the keys that depend on the model."""
+    module_name, _ = _split(path, where)
+    top = module_name.split(".")[0]
+    try:
+        found = importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise ConfigError(f"{where}: cannot import {module_name!r} for {path!r} (no module named {top!r} on the "
+                          f"Python path or in the working directory)")
+
+
+def import_object(path: str, where: str) -> Callable:
+    """The callable at "package.module:qualname", importable from the working directory or the Python
+    path; a ConfigError naming `where` (the config field) when it cannot be had."""
+    module_name, qualname = _split(path, where)
     try:
         obj = importlib.import_module(module_name)
     except ImportError as e:

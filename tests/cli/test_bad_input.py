@@ -79,6 +79,11 @@ CASES = [
     (["train", "unknown_section.toml"], "unknown_section.toml: unknown section [trainer] (allowed: model, data"),
     (["train", "top_level_key.toml"], "top_level_key.toml: steps = 5 is outside any section; it goes under [train]"),
     (["train", "--train=5"], "expected --section.key=value"),
+    (["train", "spec.toml"], "spec.toml: this is a cluster spec ([types]), not a job; name it in a job as "
+                             "cluster.spec"),
+    (["train", "--cluster.spec=job.toml"], "cluster.spec: job.toml: unknown section 'train' (allowed: network, nodes, "
+                                          "types); this is a job config, not a cluster spec"),
+    (["train", "--cluster.spec=spec_no_memory.toml"], "cluster.spec: spec_no_memory.toml: types.A.memory_gb: missing"),
     # paths named by the config: checked before any worker starts
     (["train", "--output.dir=afile"], "output.dir: afile is a file, not a directory"),
     (["train", "--output.dir=afile/run"], "output.dir: afile/run is under afile, which is a file"),
@@ -132,6 +137,8 @@ def files(tmp_path, monkeypatch):
     (tmp_path / "binary.toml").write_bytes(b"\xff\xfe\x00\x01")
     (tmp_path / "unknown_section.toml").write_text("[trainer]\nsteps = 3\n")
     (tmp_path / "top_level_key.toml").write_text("steps = 5\n")
+    (tmp_path / "spec.toml").write_text('[types.A]\nspeed = 1.0\nmemory_gb = 8\n[[nodes]]\ndevices = ["A"]\n')
+    (tmp_path / "spec_no_memory.toml").write_text("[types.A]\nspeed = 1.0\n")
     (tmp_path / "notjson.txt").write_text("not json")
     (tmp_path / "nolayers.json").write_text("{}")
     (tmp_path / "badlayer.json").write_text(json.dumps({"layers": [{"name": "x"}], "microbatch_size": 2,

@@ -9,7 +9,7 @@ import pytest
 
 from gearshift.cli.main import main
 from gearshift.errors import DataError
-from gearshift.report.html import summary, write_report
+from gearshift.report.html import read_run, summary, write_report
 
 
 def step(i: int, loss: float, bounds: list[list[int]], **extra) -> dict:
@@ -160,6 +160,20 @@ def test_bad_run_dir_is_one_error_line(tmp_path, capsys, case):
     assert main(["report", str(run)]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and err.startswith("gearshift report: error:")
+
+
+def test_a_run_that_died_while_writing_a_line_is_reported_up_to_it(tmp_path, capsys):
+    """A run killed half way leaves its last line cut short: the page holds every step before it, and says so."""
+    run = tmp_path / "run"
+    records = write_run(run)
+    text = (run / "metrics.jsonl").read_text()
+    (run / "metrics.jsonl").write_text(text[:-len(json.dumps(records[-1])) // 2 - 1])  # half the last line
+    assert main(["report", str(run)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith(f"line {len(records)} is cut short (the run stopped while writing it); left out")
+    notes: list[str] = []
+    assert read_run(run, notes)[0] == records[:-1] and len(notes) == 1  # every whole line, the cut one left out
+    assert "Gearshift run" in (run / "report.html").read_text()
 
 
 def test_cli_writes_the_page(tmp_path, capsys):

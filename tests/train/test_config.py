@@ -132,6 +132,8 @@ def _model(name: str, **shape) -> ModelConfig:
     (AdaptConfig(schedule_kinds=["kfkb", "zbv"]),
      "adapt.schedule_kinds: ['kfkb', 'zbv'] (allowed: a non-empty list of kfkb, zb1p)"),
     (ParallelConfig(virtual_stages=0), "parallel.virtual_stages: must be >= 1, got 0"),
+    (ParallelConfig(directions=-1),
+     "parallel.directions: must be >= 2 (multidir's pipelines, at most parallel.stages / 2), got -1"),
     (MoEPlacementConfig(window=-1), "moe.window: must be >= 0, got -1"),
 ])
 def test_each_section_checks_its_own_keys(section, message):
@@ -199,10 +201,20 @@ def test_replicas_directions_and_the_parts_of_the_batch():
     assert load_config(None, ["--parallel.directions=3"]).batch_parts == 1  # directions are multidir's alone
 
 
-def test_validation_never_imports_a_model_given_by_import_path():
-    cfg = load_config(None, ["--model.name=no_such_module_x:build", "--data.seq_len=16"])
-    with pytest.raises(ConfigError, match=r"^model.name: cannot import 'no_such_module_x'"):
+def test_validation_never_imports_a_model_given_by_import_path(tmp_path, monkeypatch):
+    (tmp_path / "explodes_on_import.py").write_text("raise RuntimeError('imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = load_config(None, ["--model.name=explodes_on_import:build", "--data.seq_len=16"])
+    with pytest.raises(ConfigError, match=r"^model.name: importing 'explodes_on_import' raised RuntimeError"):
         job_model(cfg)  # the pre-check where the model is built (the launcher's and every worker's)
+
+
+@pytest.mark.parametrize("section", ["model", "data"])
+def test_a_model_or_data_module_that_does_not_exist_is_the_one_error_before_the_keys_it_decides(section):
+    """No data.seq_len given (required for a model by import path): the missing module is what is said."""
+    with pytest.raises(ConfigError, match=rf"^{section}.name: cannot import 'no_such_pkg.mod' for "
+                                          r"'no_such_pkg.mod:build' \(no module named 'no_such_pkg'"):
+        load_config(None, [f"--{section}.name=no_such_pkg.mod:build"])
 
 
 def test_microbatch_size_keeps_the_size_as_replicas_change(tmp_path):
@@ -248,3 +260,44 @@ def test_adapt_overhead_is_a_file_of_fits_that_measured_a_step(tmp_path):
         load_config(None, [f"--adapt.overhead={fits}"])
     add_fit(fits, StepOverhead(1.3, 4e-4, 1e-3, points=8, wake_s=0.002), "a run")
     assert load_config(None, [f"--adapt.overhead={fits}"]).adapt.overhead == str(fits)
+
+
+@pytest.mark.parametrize("override, hint", [
+    ("--train.stpes=5", "did you mean train.steps?"),
+    ("--model.layer=3", "did you mean model.layers?"),  # a free-form section ([model]) too
+    ("--train.workers=2", "did you mean cluster.workers?"),  # the key of another section
+    ("--trian.steps=5", "did you mean [train]?"),
+])
+def test_a_mistyped_key_or_section_suggests_the_one_meant(override, hint):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert str(e.value).endswith(hint) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_key_in_a_config_file_is_suggested_too(tmp_path):
+    (tmp_path / "job.toml").write_text("[parallel]\nschedul = '1f1b'\n")
+    with pytest.raises(ConfigError, match=r"^parallel.schedul: unknown key .*; did you mean parallel.schedule\?$"):
+        load_config(str(tmp_path / "job.toml"), [])
+
+
+def test_a_number_or_boolean_in_quotes_says_to_drop_them(tmp_path):
+    """A JSON or YAML habit: the one line says what is wrong with '3e-3'; a string that is no number gets no hint."""
+    hint = " (a string: drop the quotes)"
+    for body, says in (('[train]\nlr = "3e-3"\n', "train.lr: expected a number, got '3e-3'" + hint),
+                       ('[train]\nsteps = "10"\n', "train.steps: expected an integer, got '10'" + hint),
+                       ('[output]\ntrace = "true"\n', "output.trace: expected true or false, got 'true'" + hint),
+                       ('[train]\nsteps = "ten"\n', "train.steps: expected an integer, got 'ten'"),
+                       ('[train]\nsteps = "true"\n', "train.steps: expected an integer, got 'true'")):
+        (tmp_path / "job.toml").write_text(body)
+        with pytest.raises(ConfigError) as e:
+            load_config(str(tmp_path / "job.toml"), [])
+        assert str(e.value) == says
+
+
+def test_python_overrides_take_one_string_and_refuse_other_shapes_in_one_line():
+    """load_config(path, "--train.steps=5") is the list of that one override (a str would otherwise be read a
+    character at a time); a dict or a non-string is one line saying what overrides are."""
+    assert load_config(None, "--train.steps=5").train.steps == 5
+    for bad in ({"train.steps": 5}, ["--train.steps=5", 3]):
+        with pytest.raises(ConfigError, match=r"^overrides: expected a list of '--section.key=value' strings"):
+            load_config(None, bad)

@@ -16,6 +16,7 @@ from gearshift.testing import spawn
 from gearshift.train.build import build_runtime, job_model
 from gearshift.train.checkpoint import Checkpointer
 from gearshift.train.config import load_config
+from gearshift.train.export import out_format
 from gearshift.train.init_weights import check_init, load_init
 from gearshift.train.rundir import write_config
 
@@ -50,9 +51,11 @@ def test_init_then_export_gives_back_the_same_tensors(tmp_path: Path) -> None:
     held = spawn(_load_and_save, 2, [*TINY, f"--model.init={st}", f"--output.dir={run}"])
     assert held == [[0, 1], [2, 3]]  # each rank built (and loaded) only its own layers
     assert cli_main(["export", str(run), str(tmp_path / "out.safetensors")]) == 0
-    assert cli_main(["export", str(run), str(tmp_path / "out.pt"), "--format", "torch"]) == 0
+    assert cli_main(["export", str(run), str(tmp_path / "out.pt")]) == 0  # torch, as the extension says
+    assert cli_main(["export", str(run), str(tmp_path / "out.weights"), "--format", "torch"]) == 0
     own = job_model(load_config(None, TINY)).model(0).state_dict()
-    for got in (load_file(str(tmp_path / "out.safetensors")), torch.load(tmp_path / "out.pt", weights_only=True)):
+    for got in (load_file(str(tmp_path / "out.safetensors")), torch.load(tmp_path / "out.pt", weights_only=True),
+                torch.load(tmp_path / "out.weights", weights_only=True)):
         assert set(got) == set(ref)
         for k, v in ref.items():
             assert torch.equal(got[k], v), k
@@ -78,3 +81,19 @@ def test_a_file_that_does_not_fit_is_one_line(tmp_path: Path, capsys) -> None:
         load_config(None, [*TINY, "--model.init=/nonexistent.pt"])
     assert cli_main(["export", str(tmp_path), str(tmp_path / "x.safetensors")]) == 2
     assert "no config.json" in capsys.readouterr().err
+
+
+def test_export_format_by_extension_and_a_contradiction_or_a_directory_is_one_line(tmp_path: Path, capsys) -> None:
+    assert [out_format(f) for f in ("m.safetensors", "m.pt", "m.PTH", "pytorch_model.bin", "m.weights")] == \
+        ["safetensors", "torch", "torch", "torch", "safetensors"]
+    assert out_format("m.weights", "torch") == "torch" and out_format("m.pt", "torch") == "torch"
+    for out, fmt in (("x.pt", "safetensors"), ("x.safetensors", "torch")):
+        assert cli_main(["export", str(tmp_path), str(tmp_path / out), "--format", fmt]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"gearshift export: error: --format: {fmt} contradicts OUT {out}")
+    assert not list(tmp_path.iterdir())  # refused before reading the run: nothing written
+    (tmp_path / "dir").mkdir()
+    assert cli_main(["export", str(tmp_path), str(tmp_path / "dir")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"gearshift export: error: OUT: {tmp_path / 'dir'} is a directory; name the file to write (e.g. "
+                   f"{tmp_path / 'dir' / 'model.safetensors'})"]

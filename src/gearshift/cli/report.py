@@ -16,5 +16,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"report: unexpected argument {args.overrides[0]!r} (usage: gearshift report RUN_DIR)")
     from gearshift.report.html import write_report
 
-    print(f"wrote {write_report(args.run_dir)}")
+    notes: list[str] = []
+    out = write_report(args.run_dir, notes)
+    for note in notes:
+        print(note)
+    print(f"wrote {out}")
     return 0

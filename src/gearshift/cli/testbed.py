@@ -9,13 +9,14 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from gearshift.cli.argtypes import positive_int
 from gearshift.cluster.testbed import Testbed, TestbedConfig, cleanup, is_root, status
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("action", choices=["up", "down", "status"], help="build, remove or show the testbed")
-    p.add_argument("--nodes", type=int, default=2, help="emulated hosts (network namespaces)")
-    p.add_argument("--ranks-per-node", type=int, default=1, help="worker processes per host")
+    p.add_argument("--nodes", type=positive_int, default=2, help="emulated hosts (network namespaces)")
+    p.add_argument("--ranks-per-node", type=positive_int, default=1, help="worker processes per host")
     p.add_argument("--bandwidth", default="1gbit", help="cap of every host link, e.g. 200mbit, 1gbit")
     p.add_argument("--per-node-bandwidth", default=None,
                    help="comma-separated caps, one per node (overrides --bandwidth)")

@@ -105,7 +105,9 @@ def parse_spec(data: dict) -> ClusterSpec:
     known = {"types", "nodes", "network"}
     for k in data:
         if k not in known:
-            raise SpecError(f"cluster spec: unknown section {k!r} (allowed: {', '.join(sorted(known))})")
+            job = k in ("model", "data", "cluster", "parallel", "train", "output")  # a job config's sections
+            hint = "; this is a job config, not a cluster spec (pass the job as CONFIG)" if job else ""
+            raise SpecError(f"cluster spec: unknown section {k!r} (allowed: {', '.join(sorted(known))}){hint}")
     types = data.get("types", {})
     if not types:
         raise SpecError("cluster spec: [types] is missing (define at least one device type)")

@@ -45,9 +45,10 @@ table.inputs { font-size: 0.85em; margin: 0.3em 0; }
 """
 
 
-def read_run(run_dir: str | Path) -> tuple[list[dict], dict | None]:
+def read_run(run_dir: str | Path, notes: list[str] | None = None) -> tuple[list[dict], dict | None]:
     """metrics.jsonl's records and config.json (None when the run has none); DataError for a missing
-    directory or metrics file and for a line that is not JSON."""
+    directory or metrics file and for a line that is not JSON, but for a last line cut short (a run that died
+    while writing it): that line is left out and `notes` told so."""
     run = Path(run_dir)
     if not run.is_dir():
         raise DataError(f"report: {run} is not a run directory")
@@ -55,11 +56,18 @@ def read_run(run_dir: str | Path) -> tuple[list[dict], dict | None]:
     if not path.is_file():
         raise DataError(f"report: {path} not found (a run directory holds metrics.jsonl)")
     records = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
+    text = path.read_text()
+    lines = text.splitlines()
+    for i, line in enumerate(lines, 1):
         if line.strip():
             try:
                 records.append(json.loads(line))
             except json.JSONDecodeError:
+                if i == len(lines) and not text.endswith("\n"):  # cut short as the run died: keep what it logged
+                    if notes is not None:
+                        notes.append(f"report: {path} line {i} is cut short (the run stopped while writing it); "
+                                     f"left out")
+                    break
                 raise DataError(f"report: {path} line {i} is not JSON") from None
     cfg_path = run / "config.json"
     config = None
@@ -250,10 +258,11 @@ def render(records: list[dict], config: dict | None, title: str, info: RunInfo |
             f"<style>{_STYLE}</style></head><body>\n" + "\n".join(sections) + "\n</body></html>\n")
 
 
-def write_report(run_dir: str | Path) -> Path:
-    """Write RUN_DIR/report.html from RUN_DIR/metrics.jsonl (and config.json when present); returns its path."""
+def write_report(run_dir: str | Path, notes: list[str] | None = None) -> Path:
+    """Write RUN_DIR/report.html from RUN_DIR/metrics.jsonl (and config.json when present); returns its path
+    (what it left out of a run cut short: in `notes`)."""
     run = Path(run_dir)
-    records, config = read_run(run)
+    records, config = read_run(run, notes)
     out = run / "report.html"
     out.write_text(render(records, config, f"Gearshift run: {run}", read_run_info(run, config)))
     return out

@@ -9,12 +9,27 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from gearshift.errors import DataError
+from gearshift.errors import DataError, UsageError
+from gearshift.paths import check_output_file
 from gearshift.train.checkpoint import latest_checkpoint, load_checkpoint, read_tensors
 from gearshift.train.config import JobConfig, config_from_dict
 from gearshift.train.model import job_model
 
 FORMATS = ("safetensors", "torch")
+EXTENSIONS = {".safetensors": "safetensors", ".pt": "torch", ".pth": "torch", ".bin": "torch"}  # OUT's suffix -> format
+
+
+def out_format(out: str | Path, fmt: str | None = None) -> str:
+    """The format to write `out` in: `fmt` if given, else the one its extension names (safetensors for any other);
+    a UsageError when `fmt` contradicts a known extension (a .pt file holding safetensors would not load as one)."""
+    if fmt is not None and fmt not in FORMATS:
+        raise UsageError(f"--format: {fmt!r} (allowed: {', '.join(FORMATS)})")
+    ext = Path(out).suffix.lower()
+    implied = EXTENSIONS.get(ext)
+    if fmt is not None and implied is not None and fmt != implied:
+        raise UsageError(f"--format: {fmt} contradicts OUT {Path(out).name} (a {ext} file is {implied}); drop --format "
+                         f"or end OUT with {' or '.join(e for e, f in EXTENSIONS.items() if f == fmt)}")
+    return fmt or implied or "safetensors"
 
 
 def run_config(run_dir: str | Path) -> JobConfig:
@@ -41,14 +56,27 @@ def consolidated(run_dir: str | Path) -> tuple[dict[str, Tensor], Path]:
     return out, path
 
 
-def export_run(run_dir: str | Path, out: str | Path, fmt: str = "safetensors") -> tuple[Path, int]:
-    """Write the run's model to `out` in `fmt`; returns (the checkpoint exported, tensors written)."""
+def export_run(run_dir: str | Path, out: str | Path, fmt: str | None = None) -> tuple[Path, int]:
+    """Write the run's model to `out` in `fmt` (None: by out's extension, `out_format`); returns (the checkpoint
+    exported, tensors written)."""
+    fmt = out_format(out, fmt)
+    if Path(out).is_dir():
+        raise UsageError(f"OUT: {out} is a directory; name the file to write (e.g. {Path(out) / 'model'}"
+                         f"{next(e for e, f in EXTENSIONS.items() if f == fmt)})")
+    check_output_file(out, "OUT", UsageError)  # no parent is a file
     state, path = consolidated(run_dir)
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    if fmt == "safetensors":
-        from safetensors.torch import save_file
+    try:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        if fmt == "safetensors":
+            from safetensors import SafetensorError
+            from safetensors.torch import save_file
 
-        save_file({k: v.clone() for k, v in state.items()}, str(out), metadata={"format": "pt"})
-    else:
-        torch.save(state, out)
+            try:
+                save_file({k: v.clone() for k, v in state.items()}, str(out), metadata={"format": "pt"})
+            except SafetensorError as e:
+                raise OSError(str(e)) from None
+        else:
+            torch.save(state, out)
+    except OSError as e:
+        raise DataError(f"OUT: cannot write {out} ({e.strerror or e})") from None
     return path, len(state)

@@ -9,10 +9,15 @@ from gearshift.train.config.job import JobConfig, validate
 from gearshift.train.config.tables import apply, parse_override
 
 
-def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = (),
+def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] | str = (),
                 base: dict | None = None) -> JobConfig:
     """Defaults (or `base`, a job's to_dict()) <- the job file at `path` (none: the defaults are the job) <-
-    `--section.key=value` overrides."""
+    `--section.key=value` overrides (one such string alone reads as a list of it)."""
+    given = overrides
+    overrides = [overrides] if isinstance(overrides, str) else [] if isinstance(overrides, dict) else list(overrides)
+    if isinstance(given, dict) or not all(isinstance(o, str) for o in overrides):
+        raise ConfigError(f"overrides: expected a list of '--section.key=value' strings (e.g. ['--train.steps=50']), "
+                          f"got {type(given).__name__} {given!r}"[:200])
     cfg = config_from_dict(base) if base is not None else JobConfig()
     if path is not None:
         _apply(cfg, read_toml(path, "config", ConfigError), str(path))

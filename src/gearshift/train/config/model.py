@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from gearshift.errors import ConfigError
-from gearshift.imports import is_import_path
+from gearshift.imports import check_findable, is_import_path
 from gearshift.keys import key, key_names
 from gearshift.models.config import GPTConfig, MoEConfig
 from gearshift.train.config.fields import embed
@@ -65,10 +65,11 @@ class ModelConfig:
         return shape.num_layers, what, []
 
     def check(self) -> None:
-        """The name, moe_gpt's keys set only for moe_gpt, and a built-in's shape (a model by import path is
-        imported and checked where it is built)."""
+        """The name, moe_gpt's keys set only for moe_gpt, and a built-in's shape (a model by import path: its top
+        package found, not imported; it is imported and checked where it is built)."""
         check(not self.init or Path(self.init).exists(), f"model.init: {self.init} does not exist")
         if is_import_path(self.name):
+            check_findable(self.name, "model.name")
             return
         check(self.name in BUILT_IN_MODELS, f"model.name: unknown model {self.name!r} (allowed: "
                                             f"{', '.join(BUILT_IN_MODELS)} or 'package.module:function')")
@@ -102,6 +103,7 @@ class DataConfig:
         """A built-in corpus: its name, path and ranges (a dataset by import path is checked against the model
         before the workers start)."""
         if is_import_path(self.name):
+            check_findable(self.name, "data.name")
             return
         check(self.name in DATA_NAMES,
               f"data.name: unknown data {self.name!r} (allowed: {', '.join(DATA_NAMES)} or 'package.module:function')")

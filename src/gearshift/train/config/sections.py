@@ -63,8 +63,16 @@ class ClusterConfig:
         check(self.timeout_s > 0, f"cluster.timeout_s: must be > 0, got {self.timeout_s}")
         check(self.stop_grace_s > 0, f"cluster.stop_grace_s: must be > 0, got {self.stop_grace_s}")
         check(self.max_restarts >= 0, f"cluster.max_restarts: must be >= 0, got {self.max_restarts}")
-        if self.spec:
+        if self.spec:  # read here, so that a file that is no spec is one line before any worker starts
+            from gearshift.cluster.spec import load_spec
+            from gearshift.errors import SpecError
+
             check_input_file(self.spec, "cluster.spec", ConfigError)
+            try:
+                load_spec(self.spec)
+            except SpecError as e:
+                said = str(e).removeprefix("cluster spec: ").removeprefix("cluster.spec: ")
+                raise ConfigError(f"cluster.spec: {self.spec}: {said}") from None
         _check_rate(self.bandwidth)
         rpn = self.ranks_per_node or self.workers
         check(self.ranks_per_node >= 0 and self.workers % rpn == 0,
@@ -156,6 +164,8 @@ class ParallelConfig:
               f"parallel.microbatch_size: must be >= 0 (0 = parallel.microbatches decides), got {self.microbatch_size}")
         check(self.k >= 1, f"parallel.k: must be >= 1, got {self.k}")
         check(self.virtual_stages >= 1, f"parallel.virtual_stages: must be >= 1, got {self.virtual_stages}")
+        check(self.directions >= 2, f"parallel.directions: must be >= 2 (multidir's pipelines, at most "
+                                    f"parallel.stages / 2), got {self.directions}")
         check(self.update in UPDATES, f"parallel.update: {self.update!r} (allowed: {', '.join(UPDATES)})")
         self.sync.check()
         if isinstance(self.partition, str):

@@ -4,6 +4,7 @@ sections and keys named with what is allowed, and `--section.key=value` override
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import types
 import typing
@@ -14,6 +15,8 @@ from gearshift.imports import is_import_path
 from gearshift.tomlfile import TOMLDecodeError, loads
 from gearshift.train.config.fields import section_keys, set_key
 from gearshift.train.config.model import given
+
+SPEC_SECTIONS = {"types", "nodes", "network"}  # a cluster spec's (gearshift.cluster.spec), not a job's
 
 
 def _type_name(tp: Any) -> str:
@@ -45,7 +48,30 @@ def coerce(where: str, tp: Any, value: Any) -> Any:
         return value
     if tp in (str, bool) and isinstance(value, tp):
         return value
-    raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+    raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}{_quoted_hint(tp, value)}")
+
+
+def _quoted_hint(tp: Any, value: Any) -> str:
+    """" (a string: drop the quotes)" for a number or boolean written in quotes ("3e-3", "true"), a habit from
+    JSON and YAML configs; "" otherwise."""
+    if not isinstance(value, str) or tp not in (int, float, bool):
+        return ""
+    try:
+        v = loads(f"v = {value.strip()}")["v"]
+        ok = isinstance(v, (int, float) if tp is float else tp) and (tp is bool or not isinstance(v, bool))
+    except TOMLDecodeError:
+        ok = False
+    return " (a string: drop the quotes)" if ok else ""
+
+
+def _did_you_mean(cfg: Any, sec: str, name: str, keys: list[str]) -> str:
+    """"; did you mean SEC.KEY?" for a mistyped key: the closest key of its section, else the same key in another
+    section (`train.workers` -> cluster.workers); "" when none is close."""
+    close = difflib.get_close_matches(name, keys, n=1, cutoff=0.7)
+    if close:
+        return f"; did you mean {sec}.{close[0]}?"
+    homes = [f.name for f in dataclasses.fields(cfg) if name in section_keys(type(getattr(cfg, f.name)))]
+    return f"; did you mean {homes[0]}.{name}?" if homes else ""
 
 
 def apply(cfg: Any, data: dict, origin: str) -> None:
@@ -59,19 +85,26 @@ def apply(cfg: Any, data: dict, origin: str) -> None:
             where = f"under [{homes[0]}]" if homes else f"under a section ({', '.join(sections)})"
             raise ConfigError(f"{origin}: {sec} = {table!r} is outside any section; it goes {where}")
         if sec not in sections:
-            raise ConfigError(f"{origin}: unknown section [{sec}] (allowed: {', '.join(sections)})")
+            if origin != "override" and set(data) <= SPEC_SECTIONS:
+                raise ConfigError(f"{origin}: this is a cluster spec ([{sec}]), not a job; name it in a job as "
+                                  f"cluster.spec = \"{origin}\" (or --cluster.spec={origin}, or `gearshift plan "
+                                  f"--spec {origin}`)")
+            close = difflib.get_close_matches(sec, list(sections), n=1, cutoff=0.6)
+            hint = f"; did you mean [{close[0]}]?" if close else ""
+            raise ConfigError(f"{origin}: unknown section [{sec}] (allowed: {', '.join(sections)}){hint}")
         obj = getattr(cfg, sec)
         keys = section_keys(type(obj))
         if "options" in keys:
-            _apply_free_form(obj, sec, table, keys)
+            _apply_free_form(cfg, obj, sec, table, keys)
             continue
         for name, value in table.items():
             if name not in keys:
-                raise ConfigError(f"{sec}.{name}: unknown key (allowed in [{sec}]: {', '.join(keys)})")
+                raise ConfigError(f"{sec}.{name}: unknown key (allowed in [{sec}]: {', '.join(keys)})"
+                                  f"{_did_you_mean(cfg, sec, name, list(keys))}")
             set_key(obj, name, coerce(f"{sec}.{name}", keys[name][2], value))
 
 
-def _apply_free_form(obj: Any, sec: str, table: dict, keys: dict) -> None:
+def _apply_free_form(cfg: Any, obj: Any, sec: str, table: dict, keys: dict) -> None:
     """[model] or [data]: `name` first; with an import path every other key is free-form (kept in `options`,
     passed to the function), else each must be a key. Turning an import path back into a built-in name applies
     the keys collected so far as keys."""
@@ -88,7 +121,7 @@ def _apply_free_form(obj: Any, sec: str, table: dict, keys: dict) -> None:
             obj.options[name] = value
         elif name not in fields:
             raise ConfigError(f"{sec}.{name}: unknown key (allowed in [{sec}]: {', '.join(fields)}; other keys need "
-                              f"{sec}.name = 'package.module:function')")
+                              f"{sec}.name = 'package.module:function'){_did_you_mean(cfg, sec, name, fields)}")
         else:
             set_key(obj, name, coerce(f"{sec}.{name}", keys[name][2], value))
             given(obj).add(name)
