@@ -4,7 +4,8 @@ read or written fails with one line naming the field before any work starts."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,16 @@ def check_dir(path: str | Path, field: str, error: type[UserError] = UserError) 
     if p.exists() and not p.is_dir():
         raise error(f"{field}: {p} is a file, not a directory")
     _check_parents(p, field, error)
+
+
+@contextmanager
+def writing(path: str | Path, field: str, error: type[UserError] = UserError) -> Iterator[None]:
+    """An OSError while writing `path` (a folder that cannot be made, a full disk, no permission) is one line naming
+    `field`, not a traceback: for writes whose failure a check beforehand cannot foresee."""
+    try:
+        yield
+    except OSError as e:
+        raise error(f"{field}: cannot write {path}: {e.strerror or e}") from None
 
 
 def check_output_file(path: str | Path, field: str, error: type[UserError] = UserError) -> None:

@@ -4,6 +4,7 @@ issue's shape, plot); a trace of the wrong shape or replicas that do not fit are
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 
@@ -43,3 +44,7 @@ def test_bad_replay_input_is_one_line(gearshift, tmp_path):
                                                            "each of the 8 experts), got 7"), r.stderr
     r = gearshift("moe", "replay", str(good), "--devices=3")
     assert r.returncode == 2 and "--devices: must divide the 8 experts, got 3" in r.stderr
+    if Path("/proc").is_dir():  # a folder no one can make: the plot's write fails after the checks, one line
+        r = gearshift("moe", "replay", str(good), "--devices=4", "--plot=/proc/gearshift-none/p.png")
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert "--plot: cannot write /proc/gearshift-none" in r.stderr

@@ -79,3 +79,6 @@ def test_cli_synth_show_and_bad_file(tmp_path, capsys):
     assert main(["trace", "show", _write(tmp_path, [{"step": 1, "rank": "x", "slowdown": 2}], "b.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "file[0].rank" in err[0]
+    assert main(["trace", "synth", str(tmp_path / "c.txt"), "--ranks", "3"]) == 2  # the name picks the format
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "a trace is written as .json or .csv" in err[0] and not (tmp_path / "c.txt").exists()

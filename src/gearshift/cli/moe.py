@@ -87,9 +87,11 @@ def _replay(args: argparse.Namespace) -> int:
     moved = args.expert_bytes or expert_bytes(128, copies=MOVED)  # a width-128 expert with its AdamW state
     results = replay(loads, args.devices, args.every, args.replicas, moved, args.window, forecast=args.forecast)
     if args.plot:
+        from gearshift.paths import writing
         from gearshift.report.placement_plots import plot_replay
 
-        plot_replay(results, args.plot)
+        with writing(args.plot, "--plot"):
+            plot_replay(results, args.plot)
     if args.json:
         print(json.dumps({"policies": [r.row() for r in results]}, indent=1))
         return 0

@@ -4,6 +4,7 @@ changes per step (and, with --plot, each rank's slowdown over steps as a PNG).""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from gearshift.cli.argtypes import finite_float, int_at_least, positive_int
 from gearshift.errors import UsageError
@@ -44,6 +45,10 @@ def _synth(args: argparse.Namespace) -> int:
     from gearshift.paths import check_output_file
 
     check_output_file(args.out, "out")
+    suffix = Path(args.out).suffix.lower()
+    if suffix not in (".json", ".csv"):
+        raise UsageError(f"out: {args.out}: a trace is written as .json or .csv (by its name), got "
+                         f"{suffix or 'no extension'}")
     if args.depth < 1:
         raise UsageError(f"--depth: must be >= 1, got {args.depth}")
     if args.mean_gap <= 0 or args.mean_stay <= 0 or args.link_bandwidth < 0:
@@ -64,12 +69,13 @@ def _show(args: argparse.Namespace) -> int:
                  f"link {r.link[0]}->{r.link[1]} {r.bandwidth:.3g} B/s" for r in rs]
         print(f"step {step}: " + ", ".join(parts))
     if args.plot:
-        from gearshift.paths import check_output_file
+        from gearshift.paths import check_output_file, writing
         from gearshift.report.trace_plot import plot_trace
 
         check_output_file(args.plot, "--plot")
         ranks = 1 + max([r.rank for r in rows if r.rank is not None] or [0])
         steps = 1 + max([r.step for r in rows] or [0]) + 10
-        plot_trace(slowdown_series(rows, ranks, steps), args.plot)
+        with writing(args.plot, "--plot"):
+            plot_trace(slowdown_series(rows, ranks, steps), args.plot)
         print(f"wrote {args.plot}")
     return 0
