@@ -24,21 +24,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", nargs="?", help="job config TOML (default: every key at its default)")
     p.add_argument("--bandwidth", help="price every pipeline link at this rate, e.g. 100mbit (default: the "
                                        "cluster spec's, the testbed's cluster.bandwidth, or unlimited)")
-    p.add_argument("--latency", help="and this latency per message, e.g. 5ms or 0.005 (default: the spec's, or 0)")
+    p.add_argument("--latency", help="and this latency per message in seconds, e.g. 0.005, or in milliseconds with "
+                                     "an ms suffix (default: the spec's, or 0)")
     p.add_argument("--m", help="only these splits, comma-separated (each must divide the batch per replica)")
     p.add_argument("--json", action="store_true", help="print the decision record (as metrics.jsonl logs it)")
     add_config_help(p, full=False)
 
 
 def _latency(text: str) -> float:
-    """--latency in seconds ("0.005", "5ms", "0.005s"): a finite number >= 0, else a one-line UsageError."""
+    """--latency in seconds ("0.005", "0.005s") or milliseconds (the "ms" suffix): a finite number >= 0, else
+    a one-line UsageError."""
     t = text.strip().lower()
     try:
         value = float(t[:-2]) / 1e3 if t.endswith("ms") else float(t[:-1]) if t.endswith("s") else float(t)
     except ValueError:
         value = math.nan
     if not (0 <= value < math.inf):
-        raise UsageError(f"--latency: expected seconds or milliseconds >= 0, e.g. 0.005 or 5ms, got {text!r}")
+        raise UsageError(f"--latency: expected seconds or milliseconds >= 0, e.g. 0.005, or a number ending in ms, "
+                         f"got {text!r}")
     return value
 
 

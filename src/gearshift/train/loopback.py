@@ -43,7 +43,8 @@ def _pair(rank: int, port: int, nbytes: int, queue) -> None:
 
 def local_link_costs(nbytes: int, timeout_s: float = 300) -> dict:
     """{"latency_s": half the median one-float round trip, "bandwidth_Bps": a message of `nbytes` one way,
-    "wait_cpu": the share of a core a receive blocked for 50 ms takes (median of 3)}, between two spawned
+    "wait_cpu": the share of a core a receive blocked for a twentieth of a second
+    takes (median of 3)}, between two spawned
     processes on this machine."""
     import torch.multiprocessing as mp
 
