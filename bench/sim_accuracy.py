@@ -7,8 +7,9 @@ step (first steps left out). The headline price (`predicted_step_s`) is the cali
 from the other points' runs (each one's steps after the warm-up, as a finished job's fit is saved;
 profile.overhead.carried_overhead: each figure's median over the other points, leave one out, without their fitted
 cores; its compute by the line through their priced work, a scale and a fixed cost per action, and then without
-their wait for a core): what a job on this machine is priced at before its own steps, once other shapes have run
-here (`gearshift simulate --overhead`). Beside it: the
+their wait for a core; the share of the host's cores that the points asking as much of a core got: 4 ranks on 2
+cores get fewer cores' worth than a probe of independent processes says): what a job on this machine is priced at
+before its own steps, once other shapes have run here (`gearshift simulate --overhead`). Beside it: the
 same without the wait for a core, with its compute by the compute line through the others' ranks' work in place of
 the scale (`compute_line`: seconds per FLOP and per action, profile.overhead.compute_line), the calibration alone,
 no calibration,
@@ -37,7 +38,7 @@ from pathlib import Path
 import harness
 from gearshift.cluster.cores import effective_cores
 from gearshift.cluster.state import available_cores, local_pipeline_state
-from gearshift.planner.host_cores import fitted_cores, fitted_wake
+from gearshift.planner.host_cores import fit_host, host_demand
 from gearshift.planner.predict import messages, own_compute_s, predict, sim_cost, work_of
 from gearshift.profile.overhead import RankStep, StepOverhead, carried_overhead, compute_line, fit_overhead
 from gearshift.train.build import equal_time_slices, job_schedule, slice_act_bytes
@@ -138,10 +139,9 @@ def job_overhead(run: harness.Run, inputs: tuple, lo: int, hi: int) -> StepOverh
     step_s = run.median("step_time_s", lo=lo, hi=hi)
     if over.points == 0 or not step_s > 0:
         return over
-    cal = dataclasses.replace(cal, overhead=over)
-    cores = fitted_cores(prof, bounds, schedule, state, mb, cal, step_s,
-                         most=available_cores())  # one replica: the host's cores are the pipeline's
-    return dataclasses.replace(over, cores=cores, wake_s=fitted_wake(prof, bounds, schedule, state, mb, cal, step_s))
+    # one replica: the host's cores are the pipeline's
+    return fit_host(prof, bounds, schedule, state, mb, dataclasses.replace(cal, overhead=over), step_s,
+                    most=available_cores())
 
 
 def with_overhead(inputs: tuple, over: StepOverhead) -> float:
@@ -263,19 +263,22 @@ def donors(rows: list[dict], i: int, agree: float) -> list[int]:
 def carry(rows: list[dict], inputs: list[tuple], fits: list[StepOverhead], agree: float = 0.0) -> None:
     """Each row's headline price, `predicted_step_s`: its calibration with the overhead carried from the other points'
     `fits` (measure: each one's run after the warm-up; profile.overhead.carried_overhead: each figure's median over
-    the other points, leave one out, with their wait for a core and without their fitted cores), as a job on a
-    machine where other shapes ran is priced at its start (its compute by the others' priced work); beside
-    it the same without the wait (`carried_no_wake`), with the compute line through the others' work in place of the
-    scale where they hold it (`compute_line`: profile.overhead.compute_line), and
+    the other points, leave one out, with their wait for a core and without their fitted cores; the share of the
+    host's cores the points as oversubscribed got: host_demand), as a job on a machine where other shapes ran is
+    priced at its start (its compute by the others' priced work); beside it the same without the wait
+    (`carried_no_wake`), without the share (`carried_no_share`: the probe's cores), with the compute line through
+    the others' work in place of the scale where they hold it (`compute_line`: profile.overhead.compute_line), and
     `transfer`, the first point's (the default job's) fit alone, with its wait (without its fitted cores) and with
     its fitted cores (`transfer_cores`, the wait left out). With `agree`, only the points whose A/A agreed carry
     (donors)."""
     for i, (row, inp) in enumerate(zip(rows, inputs)):
         meas = row["measured_step_s"]
         row["carried_from"] = donors(rows, i, agree)
-        carried = carried_overhead([fits[j] for j in row["carried_from"]])
+        donated = [fits[j] for j in row["carried_from"]]
+        carried = carried_overhead(donated, demand=host_demand(inp[3]))
         prices = {"step": carried, "carried_no_wake": carried and dataclasses.replace(carried, wake_s=None),
-                  "compute_line": carried_overhead([fits[j] for j in row["carried_from"]], line=True)}
+                  "carried_no_share": carried_overhead(donated),
+                  "compute_line": carried_overhead(donated, line=True, demand=host_demand(inp[3]))}
         if i:
             prices |= {"transfer": dataclasses.replace(fits[0], cores=0.0),
                        "transfer_cores": dataclasses.replace(fits[0], wake_s=None)}
@@ -300,6 +303,8 @@ def block(rows: list[dict], a) -> dict:
     spreads = [r["spread"] for r in rows]
     line = compute_line([w for r in rows for w in r.get("overhead_run", r["overhead"]).get("work", [])])
     return {"calibrated": summary(rows, "error"), "carried_no_wake": summary(rows, "error_carried_no_wake"),
+            "carried_no_share": summary(rows, "error_carried_no_share"),
+            "default_job_error_no_share": rows[0]["error_carried_no_share"],
             "carried_line": summary(rows, "error_compute_line"),
             "compute_line": None if line is None else {  # through every point's own work (not a price: a figure)
                 "s_per_tflop": line.slope * 1e12, "ms_per_op": line.intercept * 1e3, "residual": line.residual,
@@ -332,6 +337,9 @@ def goals_of(name: str, b: dict) -> None:
         "each rank's measured compute (structure): median": (b["structure"]["median_abs"], "-"),
         "each rank's measured compute (structure): worst": (b["structure"]["worst_abs"], "-"),
         "carried without the wait: median": (b["carried_no_wake"]["median_abs"], "-"),
+        "carried without the cores' share: median": (b["carried_no_share"]["median_abs"], "-"),
+        "carried without the cores' share: worst": (b["carried_no_share"]["worst_abs"], "-"),
+        "carried without the cores' share: default job": (abs(b["default_job_error_no_share"]), "-"),
         "carried by the compute line: median": (b["carried_line"]["median_abs"], "-"),
         "carried by the compute line: worst": (b["carried_line"]["worst_abs"], "-"),
         "own steps, its fitted cores: median": (b["own_cores"]["median_abs"], "-"),

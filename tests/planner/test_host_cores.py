@@ -100,3 +100,31 @@ def test_the_simulator_gives_back_the_wait_for_a_core_it_was_priced_with(make_pr
     assert predict(prof, two, sch2, state2, calibration=cal2).iteration_s == \
         predict(prof, two, sch2, state2, calibration=calibrated(over)).iteration_s
     assert fitted_wake(prof, two, sch2, state2, prof.microbatch_size, cal2, 1.0) is None
+
+
+def test_host_demand_counts_each_rank_by_its_duty_cycle_over_the_cores():
+    from gearshift.planner.host_cores import host_demand
+
+    state = local_cluster(4, cores=2)
+    assert host_demand(state) == pytest.approx(2.0)  # 4 busy ranks on 2 cores
+    assert host_demand(dataclasses.replace(state, duty=[4.0] * 4)) == pytest.approx(0.5)  # each busy a quarter
+    assert host_demand(dataclasses.replace(state, hosts=None, cores=None)) == 0.0
+
+
+def test_fit_host_keeps_the_cores_share_and_demand_that_carry_and_a_share_prices_like_its_cores(make_profile):
+    """The fitted cores, their share of the state's cores and the host's demand travel together; a carried share
+    alone (no count of its own) prices the step as that many of the state's cores would."""
+    from gearshift.planner.host_cores import fit_host
+
+    prof = make_profile([0.02] * 8)
+    sch = make_schedule("1f1b", 4, 8)
+    state = local_cluster(4, cores=2)
+    over = StepOverhead(1.2, 0.0003, 0.002, points=12, method="theil-sen")
+    measured = predict(prof, BOUNDS, sch, state, calibration=calibrated(dataclasses.replace(over, cores=1.6)))
+    got = fit_host(prof, BOUNDS, sch, state, prof.microbatch_size, calibrated(over), measured.iteration_s)
+    assert got.cores == pytest.approx(1.6, rel=1e-3) and got.core_share == pytest.approx(0.8, rel=1e-3)
+    assert got.demand == pytest.approx(2.0)
+    shared = dataclasses.replace(over, core_share=got.core_share)
+    again = predict(prof, BOUNDS, sch, state, calibration=calibrated(shared))
+    assert again.iteration_s == pytest.approx(measured.iteration_s, rel=1e-3)
+    assert again.iteration_s > predict(prof, BOUNDS, sch, state, calibration=calibrated(over)).iteration_s

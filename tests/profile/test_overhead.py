@@ -89,6 +89,24 @@ def test_carried_overhead_is_each_figures_median_without_the_fitted_cores():
     assert carried_overhead([StepOverhead()]) is None and carried_overhead([]) is None
 
 
+def test_the_share_of_a_hosts_cores_carries_only_between_jobs_as_oversubscribed():
+    """4 ranks on 2 cores (demand 2) got 85-90% of the cores' worth; 2 ranks on 2 cores (demand 1) all of them: a
+    new 4-rank job carries the 4-rank jobs' median share, a 2-rank job theirs, a job without a demand none."""
+    from gearshift.profile.overhead import carried_overhead
+
+    fits = [StepOverhead(1.1, 3e-4, 1e-3, 0.1, 12, "theil-sen", cores=1.8, core_share=0.9, demand=2.0),
+            StepOverhead(1.1, 3e-4, 1e-3, 0.1, 12, "theil-sen", cores=1.7, core_share=0.85, demand=2.0),
+            StepOverhead(1.1, 3e-4, 1e-3, 0.1, 12, "theil-sen", cores=1.76, core_share=0.88, demand=2.0),
+            StepOverhead(1.1, 3e-4, 1e-3, 0.1, 12, "theil-sen", cores=2.0, core_share=1.0, demand=1.0),
+            StepOverhead(1.1, 3e-4, 1e-3, 0.1, 12, "theil-sen", cores=1.98, core_share=0.99, demand=1.0)]
+    four = carried_overhead(fits, demand=2.0)
+    assert four.core_share == pytest.approx(0.88) and four.demand == 2.0 and four.cores == 0.0
+    assert "as oversubscribed" in four.method and "of their host's cores" in four.describe()
+    assert carried_overhead(fits, demand=1.0).core_share == pytest.approx(0.995)
+    assert carried_overhead(fits, demand=0.5).core_share == 0.0  # no fit asked as little of a core
+    assert carried_overhead(fits).core_share == 0.0
+
+
 def test_the_fits_file_keeps_every_fit_and_refuses_another_file(tmp_path):
     from gearshift.profile.overhead_store import add_fit, read_fits
 

@@ -57,3 +57,16 @@ def test_local_calibration_fits_a_line_per_stage_and_prices_the_prediction():
     assert cost.forward_s[0] == pytest.approx(cal.lines[0].slope * fwd0)
     assert predict(prof, bounds, sch, state, 4, cal).iteration_s > 0
     assert "per-op cost" in cal.describe() and "theil-sen" in cal.describe()
+
+
+def test_a_jobs_start_carries_the_cores_share_of_jobs_asking_as_much_of_a_core():
+    """adapt.overhead at a job's start: its local workers over this host's cores, each by its duty cycle, is the
+    demand the carried share of the cores is matched on; a cluster spec's hosts are its own (none)."""
+    from gearshift.cluster.state import available_cores
+    from gearshift.train.adaptation import _demand
+
+    four = ["--cluster.workers=4", "--parallel.stages=4", "--model.layers=2"]
+    assert _demand(load_config(None, four)) == pytest.approx(4 / available_cores())
+    slowed = load_config(None, [*four, "--emulate.slowdown=[4,4,4,4]"])
+    assert _demand(slowed) == pytest.approx(1 / available_cores())
+    assert _demand(load_config(None, [*four, "--cluster.spec=configs/cluster_mixed.toml"])) == 0.0

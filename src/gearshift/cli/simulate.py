@@ -44,8 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-overhead", metavar="FILE", help="add the overhead fitted from the run's steps (output.dir "
                    "holds a run whose steps measured their CPU) to FILE, for --overhead to price other shapes by")
     p.add_argument("--overhead", metavar="FILE", help="price by the overhead carried from the fits in FILE (each "
-                   "figure's median over other runs on this machine, without their fitted cores): a shape not run "
-                   "yet, priced as its own steps would")
+                   "figure's median over other runs on this machine; of their fitted cores, the share of the host's that "
+                   "runs as oversubscribed got): a shape not run yet, priced as its own steps would")
     add_config_help(p, full=False)
 
 
@@ -61,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
         check_output_file(args.trace, "--trace")
     if args.save_overhead:
         check_output_file(args.save_overhead, "--save-overhead")
-    carried = _carried(args.overhead) if args.overhead else None
+    if args.overhead:
+        _carried(args.overhead)  # a bad file is refused before the profile
     spec = job_model(cfg)  # its layers, whichever model it is (the GPT's are model.layers + embedding + head)
     info = cfg.model.layer_info()  # what a built-in's layers are, for the message
     layers_are = info[1] if info is not None else f"in {cfg.model.name}"
@@ -98,8 +99,10 @@ def run(args: argparse.Namespace) -> int:
     state = local_pipeline_state(cfg.cluster.workers, p.stages, cfg.emulate.slowdowns(cfg.cluster.workers),
                                  cores=eff)
     cal = _calibration(cfg, prof, bounds, spec, args.links)
-    if carried is not None:  # every price below carries the other runs' CPU beside compute
-        cal = dataclasses.replace(cal, overhead=carried)
+    if args.overhead:  # every price below carries the other runs' CPU beside compute (and cores' share)
+        from gearshift.planner.host_cores import host_demand
+
+        cal = dataclasses.replace(cal, overhead=_carried(args.overhead, host_demand(state)))
     cores = state.cores[0] * cfg.cluster.workers / p.stages
     title = f"{out}: {job_title(cfg)}" if has_run else job_title(cfg)
     t = Table(caption=f"{cfg.cluster.workers} workers sharing {available_cores()} cores, measured as {cores:.2f} at "
@@ -234,7 +237,7 @@ def run_overhead(out: Path, segs: list[tuple], most: float | None = None):
     import dataclasses
     import statistics
 
-    from gearshift.planner.host_cores import fitted_cores, fitted_wake
+    from gearshift.planner.host_cores import fit_host
     from gearshift.planner.predict import messages, own_compute_s, sim_cost, work_of
     from gearshift.profile.overhead import RankStep, fit_overhead
     from gearshift.train.metrics import read_metrics
@@ -255,10 +258,8 @@ def run_overhead(out: Path, segs: list[tuple], most: float | None = None):
     times = [by_step[k]["step_time_s"] for k in steps if k in by_step]
     if not times:
         return over
-    cal = dataclasses.replace(cal, overhead=over)
-    cores = fitted_cores(prof, bounds, schedule, state, mb, cal, statistics.median(times), most)
-    wake = fitted_wake(prof, bounds, schedule, state, mb, cal, statistics.median(times))
-    return dataclasses.replace(over, cores=cores, wake_s=wake)
+    return fit_host(prof, bounds, schedule, state, mb, dataclasses.replace(cal, overhead=over),
+                    statistics.median(times), most)
 
 
 def _with_mk(cfg: JobConfig, m: int, k: int) -> JobConfig:
@@ -278,14 +279,15 @@ def _moe_comm(cfg: JobConfig):
     return spec_comm_costs(cfg) if cfg.cluster.spec else measure_local(cfg.cluster.workers)
 
 
-def _carried(path: str):
-    """The overhead carried from the fits in `path` (--overhead); one line naming the option for a bad file."""
+def _carried(path: str, demand: float = 0.0):
+    """The overhead carried from the fits in `path` (--overhead) to a job asking `demand` cores' worth per core of
+    its busiest host; one line naming the option for a bad file."""
     from gearshift.paths import check_input_file
     from gearshift.profile.overhead_store import carried_from
 
     check_input_file(path, "--overhead")
     try:
-        return carried_from(path)
+        return carried_from(path, demand)
     except ValueError as e:
         raise UserError(f"--overhead: {e}") from None
 

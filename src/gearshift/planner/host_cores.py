@@ -19,6 +19,7 @@ from gearshift.cluster.state import ClusterState
 from gearshift.planner.predict import predict
 from gearshift.profile.calibration import Calibration
 from gearshift.profile.model_profile import ModelProfile
+from gearshift.profile.overhead import StepOverhead
 from gearshift.schedules import Schedule
 
 LOWEST = 0.25  # cores: the bottom of the search (a host that gave its ranks less is priced at this; or `most`)
@@ -106,3 +107,31 @@ def fitted_wake(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: 
         return predict(profile, bounds, schedule, state, microbatch_size, cal).iteration_s
 
     return fit_wake(step_at, measured_s)
+
+
+def host_demand(state: ClusterState) -> float:
+    """The cores' worth of compute the busiest host is asked for per core: its ranks, each busy 1 / its duty cycle
+    of the time (the emulation sleeps the rest), over the host's cores; 0 where ranks do not share cores."""
+    if state.hosts is None or state.cores is None:
+        return 0.0
+    duty = state.duty or [1.0] * state.world_size
+    asked = [0.0] * len(state.cores)
+    for r, h in enumerate(state.hosts):
+        asked[h] += 1.0 / max(duty[r], 1.0)
+    return max(a / c for a, c in zip(asked, state.cores) if c > 0)
+
+
+def fit_host(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Schedule, state: ClusterState,
+             microbatch_size: int, calibration: Calibration, measured_s: float,
+             most: float | None = None) -> StepOverhead:
+    """The calibration's overhead (the job's own CPU per compute, message and step) with what its host gave its
+    ranks fitted to the measured step: the cores they got together (fitted_cores, at most `most`), their share of
+    the state's cores and the host's demand (what carries to other shapes: profile.overhead.carried_overhead), and a
+    woken rank's wait for a core (fitted_wake)."""
+    over = calibration.overhead
+    assert over is not None, "fit_host: the calibration carries no overhead"
+    cores = fitted_cores(profile, bounds, schedule, state, microbatch_size, calibration, measured_s, most)
+    share = min(1.0, cores / max(state.cores)) if cores > 0 and state.cores else 0.0
+    return dataclasses.replace(over, cores=cores, core_share=share, demand=host_demand(state) if share else 0.0,
+                               wake_s=fitted_wake(profile, bounds, schedule, state, microbatch_size, calibration,
+                                                  measured_s))

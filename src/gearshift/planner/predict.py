@@ -198,11 +198,16 @@ def _links(matrix: list[list[float]], per_link: list[float | None] | None) -> li
 
 def with_fitted_cores(state: ClusterState, calibration: Calibration | None) -> ClusterState:
     """`state` with each host's cores replaced by the cores the job's ranks got together, where the calibration's
-    overhead fitted them from the job's own steps (StepOverhead.cores > 0; planner.host_cores); else `state`."""
+    overhead fitted them from the job's own steps (StepOverhead.cores > 0; planner.host_cores), or by the share of
+    each host's cores it carried from jobs as oversubscribed (core_share > 0); else `state`."""
     over = calibration.overhead if calibration is not None else None
-    if over is None or over.cores <= 0 or state.cores is None:
+    if over is None or state.cores is None:
         return state
-    return dataclasses.replace(state, cores=[over.cores] * len(state.cores))
+    if over.cores > 0:
+        return dataclasses.replace(state, cores=[over.cores] * len(state.cores))
+    if over.core_share > 0:
+        return dataclasses.replace(state, cores=[over.core_share * c for c in state.cores])
+    return state
 
 
 def predict(profile: ModelProfile, bounds: list[tuple[int, int]], schedule: Schedule, state: ClusterState,

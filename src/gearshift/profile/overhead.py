@@ -54,7 +54,10 @@ class StepOverhead:
     priced: the job's compute per action against its calibration's price, [calibrated seconds per action, compute
     CPU seconds per action] per group of ranks with the same work (the median of its steps): what carries as a
     scale and a fixed cost per action. action_s: CPU seconds each forward and backward costs beyond the calibration
-    x compute_scale (a fixed cost per action, carried: carried_overhead); 0: none."""
+    x compute_scale (a fixed cost per action, carried: carried_overhead); 0: none. core_share: the fitted cores over
+    the cores the cluster state gave the host (at most 1; 0: not fitted): what carries of `cores`, to a job whose
+    host is as oversubscribed (carried_overhead). demand: the cores' worth of compute the job's busiest host was
+    asked for per core when it was fitted (each rank on it 1 / its duty cycle, over its cores; 0: not said)."""
 
     compute_scale: float = 1.0
     message_cpu_s: float = 0.0
@@ -70,6 +73,8 @@ class StepOverhead:
     op_s: float = 0.0
     priced: list[list[float]] = field(default_factory=list)
     action_s: float = 0.0
+    core_share: float = 0.0
+    demand: float = 0.0
 
     def scale(self, rank: int) -> float:
         """The compute scale of schedule rank `rank`: its own where fitted, else compute_scale."""
@@ -89,7 +94,8 @@ class StepOverhead:
                 f"the calibration{per_rank}, {self.message_cpu_s * 1e3:.3f} ms CPU per send or receive, "
                 f"{self.step_cpu_s * 1e3:.3f} ms CPU per step and rank; residual {self.residual:.1%}"
                 + (f"; the ranks got {self.cores:.2f} cores together (fitted to the measured step)" if self.cores > 0
-                   else "")
+                   else f"; the ranks get {self.core_share:.0%} of their host's cores (carried from jobs as "
+                        f"oversubscribed, {self.demand:.2f} cores asked per core)" if self.core_share > 0 else "")
                 + (f"; a rank waits {self.wake_s * 1e3:.2f} ms for a core when every core computes"
                    if self.wake_s is not None else "")
                 + (f"; {self.action_s * 1e3:.3f} ms CPU per forward or backward beyond the calibration"
@@ -170,11 +176,19 @@ def _rank_scales(pts: Sequence[RankStep]) -> list[float]:
     return [statistics.median(by[r]) for r in range(len(by))]
 
 
-def carried_overhead(fits: Sequence[StepOverhead], line: bool = False) -> StepOverhead | None:
+DEMAND_SPAN = 1.5  # a fit's share of its host's cores carries to a job asking within this factor as much per core
+
+
+def carried_overhead(fits: Sequence[StepOverhead], line: bool = False, demand: float = 0.0) -> StepOverhead | None:
     """What other jobs' own steps on this machine say about a job that has not run yet (a shape not run here): each
     figure the median over the fits that measured something (robust to one loaded job). The cores a job's ranks got
-    (StepOverhead.cores) do not carry: they depend on the shape (the shorter its ops and the fewer its ranks, the
-    fewer), so the carried overhead leaves them at 0 and the cluster state's count prices the new shape.
+    (StepOverhead.cores) do not carry as a count: it depends on the host. With the new job's `demand` (the cores'
+    worth of compute its busiest host is asked for per core: planner.host_cores.host_demand), their share of the
+    host's cores (core_share) does, the median over the fits whose demand is within DEMAND_SPAN of it: ranks that
+    oversubscribe a host's cores (pipeline ranks woken by each other's messages) get a steady share of them
+    whatever the shape (4 ranks on 2 cores: 1.7-1.9 of them on the 2-core machine of docs/benchmarks.md), and the
+    cluster state's probe of independent processes does not see it. Without `demand`, or no such fit: the state's
+    count prices the new shape.
 
     Compute: where the fits' priced work spans WORK_SPAN in calibrated seconds per action (StepOverhead.priced), the
     Theil-Sen line through all of it, compute CPU per action = slope x the calibration's price + a fixed cost: the
@@ -206,9 +220,14 @@ def carried_overhead(fits: Sequence[StepOverhead], line: bool = False) -> StepOv
         f"residual {per_action.residual:.1%})" if per_action is not None else "") + (
         f"; compute by FLOPs ({flops.method} over {flops.points} ranks' work, residual {flops.residual:.1%})"
         if flops is not None else "")
+    alike = [f.core_share for f in got if f.core_share > 0 and demand > 0 and f.demand > 0
+             and max(f.demand, demand) <= DEMAND_SPAN * min(f.demand, demand)]
+    if alike:
+        method += f"; cores by the share {len(alike)} jobs as oversubscribed got"
     return StepOverhead(per_action.slope if per_action is not None else med("compute_scale"), med("message_cpu_s"),
                         med("step_cpu_s"), med("residual"), sum(f.points for f in got), method, 0.0,
                         statistics.median(wakes) if wakes and per_action is None else None,
                         flop_s=flops.slope if flops is not None else 0.0,
                         op_s=flops.intercept if flops is not None else 0.0,
-                        action_s=per_action.intercept if per_action is not None else 0.0)
+                        action_s=per_action.intercept if per_action is not None else 0.0,
+                        core_share=statistics.median(alike) if alike else 0.0, demand=demand if alike else 0.0)

@@ -35,10 +35,11 @@ def add_fit(path: str | Path, fit: StepOverhead, label: str) -> int:
     return len(fits)
 
 
-def carried_from(path: str | Path) -> StepOverhead:
-    """The overhead carried from the fits in the file at `path` (carried_overhead); ValueError for a file that is
-    not a fits file or holds no fit that measured a step."""
-    got = carried_overhead(read_fits(path))
+def carried_from(path: str | Path, demand: float = 0.0) -> StepOverhead:
+    """The overhead carried from the fits in the file at `path` to a job whose busiest host is asked for `demand`
+    cores' worth per core (carried_overhead); ValueError for a file that is not a fits file or holds no fit that
+    measured a step."""
+    got = carried_overhead(read_fits(path), demand=demand)
     if got is None:
         raise ValueError(f"{path} holds no fit that measured a step (add one with `gearshift simulate "
                          "--save-overhead`)")

@@ -151,11 +151,23 @@ def measure_start(cfg: JobConfig, adapter: Adapter, spec: ModelSpec, data: JobDa
         if cfg.adapt.overhead:  # other runs' steps on this machine price the start (the job's own, once measured)
             from gearshift.profile.overhead_store import carried_from
 
-            cal = dataclasses.replace(cal, overhead=carried_from(cfg.adapt.overhead))
+            cal = dataclasses.replace(cal, overhead=carried_from(cfg.adapt.overhead, _demand(cfg)))
         adapter.set_calibration(cal)
     adapter.seed_speed(_probe_speed(cfg, adapter, pipe_rank, spec, data))
     adapter.measure_links(stages, pipe_rank, replica)
     adapter.start_measured = True
+
+
+def _demand(cfg: JobConfig) -> float:
+    """The cores' worth of compute this job asks per core of its host (planner.host_cores.host_demand): its local
+    workers over this host's cores, each 1 / its emulated duty cycle; 0 with a cluster spec (hosts of their own)."""
+    if cfg.cluster.spec:
+        return 0.0
+    from gearshift.cluster.state import available_cores, local_pipeline_state
+    from gearshift.planner.host_cores import host_demand
+
+    w = cfg.cluster.workers
+    return host_demand(local_pipeline_state(w, cfg.parallel.stages, cfg.emulate.slowdowns(w), cores=available_cores()))
 
 
 def plan_start(cfg: JobConfig, adapter: Adapter, spec: ModelSpec, data: JobData,

@@ -307,7 +307,8 @@ class AdaptConfig:
                                 "forward or backward beside the profile); false = by the profile alone")
     overhead: str = key("", "with adapt.calibrate: a file of other runs' overhead fits on this machine (`gearshift "
                             "simulate --save-overhead`); the job's start prices by their median (compute against "
-                            "the calibration, CPU per message and step, the wait for a core) until its own steps "
+                            "the calibration, CPU per message and step, the share of the host's cores that runs "
+                            "as oversubscribed got) until its own steps "
                             'are measured; "" = the calibration alone')
     step_overhead: bool = key(True, "with adapt.calibrate: every decision also prices the CPU each rank spends beside "
                                     "its compute (per send or receive, per step), fitted from the job's latest "
