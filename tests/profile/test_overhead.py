@@ -105,6 +105,8 @@ def test_the_share_of_a_hosts_cores_carries_only_between_jobs_as_oversubscribed(
     assert carried_overhead(fits, demand=1.0).core_share == pytest.approx(0.995)
     assert carried_overhead(fits, demand=0.5).core_share == 0.0  # no fit asked as little of a core
     assert carried_overhead(fits).core_share == 0.0
+    waited = [dataclasses.replace(f, wake_s=0.01) for f in fits]  # two fits of one loss: the share, not both
+    assert carried_overhead(waited, demand=2.0).wake_s is None and carried_overhead(waited).wake_s == 0.01
 
 
 def test_the_fits_file_keeps_every_fit_and_refuses_another_file(tmp_path):

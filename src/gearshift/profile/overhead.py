@@ -188,7 +188,8 @@ def carried_overhead(fits: Sequence[StepOverhead], line: bool = False, demand: f
     oversubscribe a host's cores (pipeline ranks woken by each other's messages) get a steady share of them
     whatever the shape (4 ranks on 2 cores: 1.7-1.9 of them on the 2-core machine of docs/benchmarks.md), and the
     cluster state's probe of independent processes does not see it. Without `demand`, or no such fit: the state's
-    count prices the new shape.
+    count prices the new shape. The share and the wait for a core (wake_s) are two fits of the same loss (each
+    bisected alone onto the job's step): where the share carries, the wait does not.
 
     Compute: where the fits' priced work spans WORK_SPAN in calibrated seconds per action (StepOverhead.priced), the
     Theil-Sen line through all of it, compute CPU per action = slope x the calibration's price + a fixed cost: the
@@ -226,7 +227,7 @@ def carried_overhead(fits: Sequence[StepOverhead], line: bool = False, demand: f
         method += f"; cores by the share {len(alike)} jobs as oversubscribed got"
     return StepOverhead(per_action.slope if per_action is not None else med("compute_scale"), med("message_cpu_s"),
                         med("step_cpu_s"), med("residual"), sum(f.points for f in got), method, 0.0,
-                        statistics.median(wakes) if wakes and per_action is None else None,
+                        statistics.median(wakes) if wakes and per_action is None and not alike else None,
                         flop_s=flops.slope if flops is not None else 0.0,
                         op_s=flops.intercept if flops is not None else 0.0,
                         action_s=per_action.intercept if per_action is not None else 0.0,
