@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from conftest import TINY
 from gearshift.testing import spawn
@@ -190,3 +191,5 @@ def test_a_restart_after_a_migration_and_a_switch_keeps_the_partition_and_schedu
     last = events[-1]  # the restarted group's first choice
     assert last["trigger"] == "resumed" and last["step"] == 3 and last["chosen"][:2] == [4, 1], last
     assert max(abs(a["loss"] - b["loss"]) for a, b in zip(got, plain)) <= 1e-5
+    meta = torch.load(out / "checkpoints" / "step_0000004" / "meta.pt", weights_only=True)  # what --resume restores
+    assert meta["bounds"] == [list(b) for b in move] and meta["schedule"][:2] == [4, 1]

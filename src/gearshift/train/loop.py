@@ -80,7 +80,7 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
     if switcher:  # the schedule for the partition it starts with, under the links as measured now
         bounds = bounds or resolve_partition(cfg, spec)
         first = int(ckpt.resumed()["step"]) if resume else 0
-        saved = ckpt.resumed().get("schedule") if resume else None  # the (m, K) in force when it stopped
+        saved = _schedule_in_force(cfg, ckpt.resumed()) if resume else None
         choice = start_schedule(cfg, adapter, switcher, bounds, spec, data, first, saved)
     experts = None
     if resume and (mc := moe_config(cfg)) is not None:  # the expert->rank map the checkpoint was written under
@@ -228,6 +228,17 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
                   f"{path}; --resume continues", flush=True)
     summary["stopped"] = stopped
     return summary
+
+
+def _schedule_in_force(cfg: JobConfig, ck: dict) -> list | None:
+    """The (m, K) that ran when `ck` (a checkpoint or an in-memory copy) was taken, where it still fits the job
+    (the same stages, m a split of the batch per replica); None where it does not or was not recorded."""
+    saved = ck.get("schedule")
+    if not saved or len(ck.get("bounds", [])) != cfg.parallel.stages:
+        return None
+    m, k = saved[0], saved[1]
+    per_replica = cfg.train.batch_size // cfg.batch_parts
+    return list(saved) if per_replica % m == 0 and k <= m else None
 
 
 def _draw_report(cfg: JobConfig, out: Path, metrics: Path, info, placement: bool) -> str:
