@@ -153,21 +153,23 @@ def test_a_signal_hidden_behind_torch_s_metrics_wrapper_is_still_the_exit_code()
 
 def test_a_rank_lost_in_a_collective_and_one_killed_publishing_a_checkpoint_resume_from_the_last_complete_one(
         tmp_path, capfd, plain):
-    """Without in-memory copies (train.snapshot_every = 0) a restart goes on from disk. Two replicas: rank 1 dies
-    before its gradient all_reduce in step 1 while rank 0 waits inside it; both leave and the group goes on from
-    the checkpoint of step 1. Then rank 0 dies writing the checkpoint of step 3, its data and metadata written but
-    not published: the group goes on from step 2's, the half-written one is never read, and it is written anew.
-    Each step once, the losses of the run without faults."""
+    """Two replicas, a checkpoint every step, an in-memory copy every other step. Rank 1 dies before its gradient
+    all_reduce in step 1 while rank 0 waits inside it: both leave, and the group goes on from the checkpoint of
+    step 1 (no copy yet). Rank 0 dies writing the checkpoint of step 3, its data and metadata written but not
+    published: the group goes on from step 2 (the copy), the half-written one is never read, and it is written
+    anew. Rank 1 dies in step 3: the checkpoint of step 3 is newer than any copy, and the group goes on from it
+    (it is not dropped for the older copy). Each step once, the losses of the run without faults."""
     out = tmp_path / "disk"
-    job = load_config(None, [*JOB, "--parallel.stages=1", "--train.checkpoint_every=1", "--train.snapshot_every=0",
+    job = load_config(None, [*JOB, "--parallel.stages=1", "--train.checkpoint_every=1", "--train.snapshot_every=2",
                              f"--output.dir={out}"])
-    faults = Forcing(kills=[(1, 1, "allreduce"), (0, 2, "checkpoint")])
+    faults = Forcing(kills=[(1, 1, "allreduce"), (0, 2, "checkpoint"), (1, 3, "forward")])
     assert launch(job, quiet=True, forcing=faults) == 0
     said = capfd.readouterr().out
     assert "restarted: going on from the checkpoint of step 1; 0 finished steps to replay" in said
-    assert "restarted: going on from the checkpoint of step 2; 1 finished steps to replay" in said
+    assert "restarted: going on from the in-memory copy of step 2; 1 finished steps to replay" in said
+    assert "restarted: going on from the checkpoint of step 3; 0 finished steps to replay" in said
     kills = [(k["rank"], k["step"], k["where"]) for k in map(json.loads, (out / ".launch" / "kills.jsonl").open())]
-    assert kills == [(1, 1, "allreduce"), (0, 2, "checkpoint")]
+    assert kills == [(1, 1, "allreduce"), (0, 2, "checkpoint"), (1, 3, "forward")]
     got, want = _steps(out), plain
     assert [r["step"] for r in got] == [0, 1, 2, 3]
     assert max(abs(a["loss"] - b["loss"]) for a, b in zip(got, want)) <= 1e-5
