@@ -2,8 +2,10 @@
 partition that wrote them): every rank writes its own layers and their AdamW state (replica 0's; an expert from
 its first holder) into one directory, and on load every rank reads just the layers it now holds, whatever the
 number of workers or the partition that wrote them. A directory is written under a temporary name and renamed
-once complete (rank 0, after every rank's part is written), so a crash leaves the old checkpoints and no half.
-Beside the tensors, `meta.pt` holds the step, every rank's RNG state, the partition, the job's fingerprint
+once complete (rank 0, after every rank's part is written), so a crash leaves the old checkpoints and no half (the
+next save clears what a crash left); a write that fails (a full disk) fails on every rank alike, as one line.
+Beside the tensors, `meta.pt` holds the step, every rank's RNG state, the partition and the (m, K) in force, the
+job's fingerprint
 (`--resume` refuses a checkpoint written by another job) and a MoE job's expert->rank map and placement state
 (the loads it forecasts from), so a resumed run holds the experts where the interrupted one did and decides as it
 would have. Tensors are saved from the CPU and placed on each rank's device on load: a checkpoint written on GPUs
@@ -33,6 +35,7 @@ from gearshift.train.env import under_torchrun
 FORMAT = 3  # a DCP directory and meta.pt
 OLD_FORMAT = 2  # one torch.save file holding the whole job
 _NAME = re.compile(r"^step_(\d+)(\.pt)?$")
+_TEMP = re.compile(r"^\.step_\d+\.tmp$")  # a checkpoint being written (Checkpointer.save), or left by a crash
 META = "meta.pt"
 Resume = bool | str  # False: a fresh run; True: the newest good checkpoint in output.dir; a path: that checkpoint
 
@@ -88,10 +91,15 @@ def latest_checkpoint(out_dir: str | Path) -> Path | None:
 
 
 def prune_checkpoints(out_dir: str | Path, keep: int) -> list[Path]:
-    """Delete all but the newest `keep` checkpoints (0: keep every one); returns those deleted."""
+    """Delete all but the newest `keep` checkpoints (0: keep every one), and the half-written directories a crash
+    left (never read; run between saves, when none is being written); returns the checkpoints deleted."""
     old = checkpoints(out_dir)[keep:] if keep > 0 else []
     for p in old:
         _remove(p)
+    d = checkpoint_dir(out_dir)
+    for p in d.iterdir() if d.is_dir() else ():
+        if _TEMP.match(p.name):
+            _remove(p)
     return old
 
 
