@@ -165,7 +165,9 @@ def test_resume_skips_a_corrupt_or_truncated_newest_checkpoint_and_a_path_picks_
 def test_only_the_newest_keep_checkpoints_are_kept(tmp_path):
     cfg = load_config(None, [*TINY, f"--output.dir={tmp_path}"])
     paths = [_fake(cfg, s) for s in (1, 2, 10, 3)]
-    assert prune_checkpoints(tmp_path, 0) == [] and len(checkpoints(tmp_path)) == 4
+    half = checkpoint_path(tmp_path, 11).with_name(".step_0000011.tmp")  # a crash between writing and publishing
+    (half / "x").mkdir(parents=True)
+    assert prune_checkpoints(tmp_path, 0) == [] and len(checkpoints(tmp_path)) == 4 and not half.exists()
     assert prune_checkpoints(tmp_path, 2) == [paths[1], paths[0]]
     assert checkpoints(tmp_path) == [paths[2], paths[3]]
     assert load_config(None, ["--train.steps=50"]).train.keep_checkpoints == 3
@@ -245,3 +247,42 @@ def test_a_moe_checkpoint_gives_back_its_expert_placement_where_it_fits(tmp_path
     got = Checkpointer(cfg).expert_placements(8, 4)
     assert got == {3: ExpertMap(tuple(tuple(h) for h in holders), 4)}
     assert Checkpointer(load_config(None, moe + ["--parallel.experts=2"])).expert_placements(8, 2) is None
+
+
+@pytest.mark.multiprocess
+def test_a_full_disk_at_a_checkpoint_is_one_line_and_keeps_the_earlier_checkpoints(tmp_path, capfd):
+    """The checkpoint of step 4 cannot be written (the file size limit: every write past 64 KiB fails as on a full
+    disk, on both ranks): the job stops with one line naming output.dir and exit 2, the half-written directory is
+    gone, step 2's checkpoint is still the one --resume takes; a write that fails on rank 0 alone stops both ranks
+    alike; --resume then finishes the job."""
+    import resource
+
+    out = tmp_path / "full"
+    two = ["--cluster.workers=2", "--parallel.stages=2", "--train.checkpoint_every=2", "--train.snapshot_every=0"]
+    assert _launch(out, *two, "--train.stop_after=2") == 0
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    capfd.readouterr()
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))  # the workers the launch starts inherit it
+    try:
+        cfg = load_config(None, [*TINY, f"--output.dir={out}", "--train.steps=10", "--train.warmup_steps=2", *two])
+        rc = launch(cfg, resume=True)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    err = capfd.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert err == [f"gearshift train: error: output.dir: cannot write the checkpoint {checkpoint_path(out, 4)}: File "
+                   "too large (the earlier checkpoints are kept; --resume continues from the newest)"]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_0000002"]
+    path, ck, _ = find_resumable(load_config(None, [*TINY, f"--output.dir={out}"]))
+    assert path == checkpoint_path(out, 2) and ck["step"] == 2
+    # a write that fails on rank 0 alone (its directory cannot be made: a file holds the name): every rank stops
+    blocker = out / "checkpoints" / ".step_0000004.tmp"
+    blocker.write_text("")
+    capfd.readouterr()
+    assert launch(cfg, resume=True) == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert err == [f"gearshift train: error: output.dir: cannot write the checkpoint {checkpoint_path(out, 4)}: File "
+                   "exists (the earlier checkpoints are kept; --resume continues from the newest)"]
+    blocker.unlink()
+    assert _launch(out, *two, resume=True) == 0
+    assert [json.loads(ln)["step"] for ln in (out / "metrics.jsonl").read_text().splitlines()] == list(range(10))

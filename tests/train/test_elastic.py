@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from conftest import TINY
 from gearshift.testing import spawn
@@ -148,3 +149,49 @@ def test_a_signal_hidden_behind_torch_s_metrics_wrapper_is_still_the_exit_code()
     except UnboundLocalError as e:
         assert e.__context__ is not None and _signal_in(e, SignalException) == 15
     assert _signal_in(ValueError("no signal"), SignalException) is None
+
+
+def test_a_rank_lost_in_a_collective_and_one_killed_publishing_a_checkpoint_resume_from_the_last_complete_one(
+        tmp_path, capfd, plain):
+    """Two replicas, a checkpoint every step, an in-memory copy every other step. Rank 1 dies before its gradient
+    all_reduce in step 1 while rank 0 waits inside it: both leave, and the group goes on from the checkpoint of
+    step 1 (no copy yet). Rank 0 dies writing the checkpoint of step 3, its data and metadata written but not
+    published: the group goes on from step 2 (the copy), the half-written one is never read, and it is written
+    anew. Rank 1 dies in step 3: the checkpoint of step 3 is newer than any copy, and the group goes on from it
+    (it is not dropped for the older copy). Each step once, the losses of the run without faults."""
+    out = tmp_path / "disk"
+    job = load_config(None, [*JOB, "--parallel.stages=1", "--train.checkpoint_every=1", "--train.snapshot_every=2",
+                             f"--output.dir={out}"])
+    faults = Forcing(kills=[(1, 1, "allreduce"), (0, 2, "checkpoint"), (1, 3, "forward")])
+    assert launch(job, quiet=True, forcing=faults) == 0
+    said = capfd.readouterr().out
+    assert "restarted: going on from the checkpoint of step 1; 0 finished steps to replay" in said
+    assert "restarted: going on from the in-memory copy of step 2; 1 finished steps to replay" in said
+    assert "restarted: going on from the checkpoint of step 3; 0 finished steps to replay" in said
+    kills = [(k["rank"], k["step"], k["where"]) for k in map(json.loads, (out / ".launch" / "kills.jsonl").open())]
+    assert kills == [(1, 1, "allreduce"), (0, 2, "checkpoint"), (1, 3, "forward")]
+    got, want = _steps(out), plain
+    assert [r["step"] for r in got] == [0, 1, 2, 3]
+    assert max(abs(a["loss"] - b["loss"]) for a, b in zip(got, want)) <= 1e-5
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_0000002", "step_0000003", "step_0000004"]
+
+
+def test_a_restart_after_a_migration_and_a_switch_keeps_the_partition_and_schedule_in_force(tmp_path, capfd, plain):
+    """Layer 1 moves to stage 1 before step 1 and the schedule switches to 4 micro-batches before step 2; rank 0
+    dies in step 3, where nothing is forced: the group goes on from the copy of step 3 under the partition and the
+    (m, K) that were in force (not the configured ones), and the losses are those of the run without faults."""
+    out = tmp_path / "moved"
+    move = [(0, 1), (1, 4)]
+    faults = Forcing(partitions={1: move}, schedules={2: (4, 1)}, kills=[(0, 3, "forward")])
+    assert launch(load_config(None, [*JOB, f"--output.dir={out}"]), quiet=True, forcing=faults) == 0
+    assert "restarted: going on from the in-memory copy of step 3; 0 finished steps" in capfd.readouterr().out
+    got = _steps(out)
+    assert [r["step"] for r in got] == [0, 1, 2, 3]
+    assert [r["partition"] for r in got] == [[[0, 2], [2, 4]], *[[list(b) for b in move]] * 3]
+    events = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+              if r.get("event") == "schedule"]
+    last = events[-1]  # the restarted group's first choice
+    assert last["trigger"] == "resumed" and last["step"] == 3 and last["chosen"][:2] == [4, 1], last
+    assert max(abs(a["loss"] - b["loss"]) for a, b in zip(got, plain)) <= 1e-5
+    meta = torch.load(out / "checkpoints" / "step_0000004" / "meta.pt", weights_only=True)  # what --resume restores
+    assert meta["bounds"] == [list(b) for b in move] and meta["schedule"][:2] == [4, 1]

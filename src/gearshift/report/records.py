@@ -169,7 +169,8 @@ class ScheduleEvent:
             m, k, *kind = d["chosen"]
             would = f"m={m} {kind[0]}" if kind else f"m={m} K={k}"
             d.update(chosen=list(self.chosen), switch=self.switch, would_choose=d["chosen"],
-                     reason=f"forced (the choice would be {would})", predicted_s=self.predicted_s)
+                     reason=f"{'the schedule in force when resumed' if self.trigger == 'resumed' else 'forced'} "
+                            f"(the choice would be {would})", predicted_s=self.predicted_s)
             if "recompute" in d:
                 d.update(recompute=self.recompute, would_recompute=d["recompute"])
         d["trigger"] = self.trigger

@@ -58,12 +58,16 @@ class ScheduleSwitcher:
         return key_schedule(key or self.current, self.stages)
 
     # ---- decisions (collective) ---------------------------------------------------------------
-    def start(self, adapter: Adapter, bounds: list[tuple[int, int]], step: int = 0) -> ScheduleEvent:
+    def start(self, adapter: Adapter, bounds: list[tuple[int, int]], step: int = 0,
+              resumed: tuple | None = None) -> ScheduleEvent:
         """The first choice, at `step` (0, or where a resumed run continues), under the links measured before
-        training (adapter.measure_links first)."""
+        training (adapter.measure_links first); `resumed`: the (m, K) that was in force at that step, which runs
+        on (priced, but not re-chosen) unless one is forced there."""
         state = adapter.pipeline_state(self.stages, step)
         forced = self.forced.get(step)
-        rec = rank0_decides(lambda: self._decide(state, bounds, step, "forced" if forced else "start", forced,
+        trigger = "forced" if forced else "resumed" if resumed else "start"
+        forced = forced or resumed
+        rec = rank0_decides(lambda: self._decide(state, bounds, step, trigger, forced,
                                                  adapter.merged.step_overhead() or 0.0,
                                                  adapter.size_states(self.stages, step, list(self.profiles)),
                                                  adapter.calibration_now(self.stages)))

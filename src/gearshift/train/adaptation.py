@@ -131,12 +131,13 @@ def build_controller(cfg: JobConfig, adapter: Adapter | None, switcher: Schedule
 
 
 def start_schedule(cfg: JobConfig, adapter: Adapter, switcher: ScheduleSwitcher, bounds: list[tuple[int, int]],
-                   spec: ModelSpec, data: JobData, step: int = 0) -> ScheduleEvent:
+                   spec: ModelSpec, data: JobData, step: int = 0, resumed: list | None = None) -> ScheduleEvent:
     """The first schedule choice (collective; its record is the first "schedule" event of metrics.jsonl),
-    under this rank's speed and its pipeline's links as measured now (unless plan_start just measured them)."""
+    under this rank's speed and its pipeline's links as measured now (unless plan_start just measured them).
+    `resumed`: the (m, K) in force when the checkpoint or copy resumed from was taken, which runs on."""
     if not adapter.start_measured:
         measure_start(cfg, adapter, spec, data)
-    return switcher.start(adapter, bounds, step)
+    return switcher.start(adapter, bounds, step, tuple(resumed) if resumed else None)
 
 
 def measure_start(cfg: JobConfig, adapter: Adapter, spec: ModelSpec, data: JobData) -> None:

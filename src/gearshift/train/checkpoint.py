@@ -2,9 +2,10 @@
 partition that wrote them): every rank writes its own layers and their AdamW state (replica 0's; an expert from
 its first holder) into one directory, and on load every rank reads just the layers it now holds, whatever the
 number of workers or the partition that wrote them. A directory is written under a temporary name and renamed
-once complete (rank 0, after every rank's part is written), so a crash leaves the old checkpoints and no half.
-Beside the tensors, `meta.pt` holds the step, every rank's RNG state, the partition, the job's fingerprint
-(`--resume` refuses a checkpoint written by another job) and a MoE job's expert->rank map and placement state
+once complete (rank 0, after every rank's part is written), so a crash leaves the old checkpoints and no half (the
+next save clears what a crash left); a write that fails (a full disk) fails on every rank alike, as one line.
+Beside the tensors, `meta.pt` holds the step, every rank's RNG state, the partition and the (m, K) in force, the
+job's fingerprint (`--resume` refuses a checkpoint written by another job) and a MoE job's expert->rank map and placement state
 (the loads it forecasts from), so a resumed run holds the experts where the interrupted one did and decides as it
 would have. Tensors are saved from the CPU and placed on each rank's device on load: a checkpoint written on GPUs
 resumes on CPUs and back. Checkpoints of the earlier format (one `step_N.pt` file holding the whole job, gathered
@@ -18,6 +19,7 @@ import os
 import re
 import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -32,6 +34,7 @@ from gearshift.train.env import under_torchrun
 FORMAT = 3  # a DCP directory and meta.pt
 OLD_FORMAT = 2  # one torch.save file holding the whole job
 _NAME = re.compile(r"^step_(\d+)(\.pt)?$")
+_TEMP = re.compile(r"^\.step_\d+\.tmp$")  # a checkpoint being written (Checkpointer.save), or left by a crash
 META = "meta.pt"
 Resume = bool | str  # False: a fresh run; True: the newest good checkpoint in output.dir; a path: that checkpoint
 
@@ -87,10 +90,15 @@ def latest_checkpoint(out_dir: str | Path) -> Path | None:
 
 
 def prune_checkpoints(out_dir: str | Path, keep: int) -> list[Path]:
-    """Delete all but the newest `keep` checkpoints (0: keep every one); returns those deleted."""
+    """Delete all but the newest `keep` checkpoints (0: keep every one), and the half-written directories a crash
+    left (never read; run between saves, when none is being written); returns the checkpoints deleted."""
     old = checkpoints(out_dir)[keep:] if keep > 0 else []
     for p in old:
         _remove(p)
+    d = checkpoint_dir(out_dir)
+    for p in d.iterdir() if d.is_dir() else ():
+        if _TEMP.match(p.name):
+            _remove(p)
     return old
 
 
@@ -293,35 +301,89 @@ class Checkpointer:
             return None
         return {int(i): ExpertMap(tuple(tuple(h) for h in holders), width) for i, holders in saved["holders"].items()}
 
-    def save(self, rt: PipelineRuntime, step: int, placer_state: dict | None = None) -> Path:
+    def save(self, rt: PipelineRuntime, step: int, placer_state: dict | None = None,
+             schedule: list | None = None) -> Path:
         """Write one checkpoint (collective): every rank its layers (replica 0's; experts from their first
-        holders) through DCP, rank 0 the metadata with every rank's RNG state; with experts, their placement and
-        `placer_state` (Placer.state). Written under a temporary name, renamed once whole."""
+        holders) through DCP, rank 0 the metadata with every rank's RNG state, the partition and `schedule` (the
+        (m, K) in force, where it switches); with experts, their placement and `placer_state` (Placer.state).
+        Written under a temporary name, renamed once whole. A write that fails on any rank (a full disk, no
+        permission) fails on every rank alike: a DataError naming output.dir, the half-written directory removed
+        and the earlier checkpoints untouched."""
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
 
         path = checkpoint_path(self.cfg.output.dir, step)
         tmp = path.with_name(f".{path.name}.tmp")
         rank = dist.get_rank()
         if rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        dist.barrier()
-        dcp.save(_flatten(*rt.saved_state()), checkpoint_id=str(tmp))
+            self._agree(lambda: (shutil.rmtree(tmp, ignore_errors=True), tmp.mkdir(parents=True)), path, tmp)
+        else:
+            self._agree(None, path, tmp)
+        try:  # DCP's own collectives raise a failure on one rank on every rank
+            dcp.save(_flatten(*rt.saved_state()), checkpoint_id=str(tmp))
+        except (OSError, CheckpointException) as e:  # CheckpointException: each failed rank's error
+            if (err := _os_error(e)) is None:
+                raise
+            self._fail(path, tmp, err)
         cuda_rng = torch.cuda.get_rng_state(rt.device) if rt.device.type == "cuda" else None
         rngs = [None] * dist.get_world_size() if rank == 0 else None
         dist.gather_object((torch.get_rng_state(), cuda_rng), rngs, dst=0)
-        if rank == 0:
+
+        def publish() -> None:
             save_checkpoint(tmp / META, {
                 "format": FORMAT, "step": step, "rng": [r for r, _ in rngs], "cuda_rng": [c for _, c in rngs],
                 "job": job_fingerprint(self.cfg), "data": {"seed": self.cfg.train.seed, "next_step": step},
-                "lr_schedule": lr_schedule(self.cfg),
-                "bounds": [list(b) for b in rt.bounds], **expert_state(rt, placer_state),
+                "lr_schedule": lr_schedule(self.cfg), "bounds": [list(b) for b in rt.bounds],
+                **({"schedule": list(schedule)} if schedule else {}), **expert_state(rt, placer_state),
             })
+            if self.before_publish is not None:  # a test's fault: the data written, the checkpoint not yet published
+                self.before_publish()
             shutil.rmtree(path, ignore_errors=True)
             os.replace(tmp, path)
+
+        self._agree(publish if rank == 0 else None, path, tmp)
+        if rank == 0:
             prune_checkpoints(self.cfg.output.dir, self.cfg.train.keep_checkpoints)
         dist.barrier()
         return path
+
+    before_publish: Callable[[], None] | None = None  # train.forcing's "checkpoint" kill point (tests only)
+
+    def _agree(self, write: Callable[[], object] | None, path: Path, tmp: Path) -> None:
+        """Rank 0 runs `write` (others pass None) and every rank learns whether it failed (collective): a failure
+        is raised on every rank, so none waits in a collective rank 0 left."""
+        def attempt() -> str | None:
+            try:
+                write()
+            except OSError as e:
+                return e.strerror or str(e)
+            return None
+
+        box = [attempt() if write is not None else None]
+        dist.broadcast_object_list(box, src=0)
+        if box[0] is not None:
+            self._fail(path, tmp, box[0])
+
+    def _fail(self, path: Path, tmp: Path, why: object) -> None:
+        if dist.get_rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        why = why.strerror or str(why) if isinstance(why, OSError) else why
+        raise DataError(f"output.dir: cannot write the checkpoint {path}: {why} (the earlier checkpoints are "
+                        "kept; --resume continues from the newest)")
+
+
+def _os_error(e: BaseException) -> OSError | None:
+    """The first OSError in `e` (itself, its causes, or the per-rank failures of DCP's CheckpointException)."""
+    seen: list[BaseException] = [e]
+    while seen:
+        x = seen.pop()
+        if isinstance(x, OSError):
+            return x
+        failures = getattr(x, "failures", None)  # CheckpointException: rank -> (exception, traceback)
+        if isinstance(failures, dict):
+            seen.extend(v[0] if isinstance(v, tuple) else v for v in failures.values())
+        seen.extend(c for c in (x.__cause__, x.__context__) if c is not None)
+    return None
 
 
 def expert_state(rt: PipelineRuntime, placer_state: dict | None) -> dict:

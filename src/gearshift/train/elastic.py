@@ -1,6 +1,7 @@
 """Local workers through torch.distributed.elastic: the agent torchrun runs (built as `elastic_launch` builds it)
 starts the ranks (c10d rendezvous on 127.0.0.1), restarts the whole group up to cluster.max_restarts times when a
-worker fails (a new rendezvous round; the workers go on from their in-memory copies, train.snapshot), with fewer
+worker fails (a new rendezvous round; the workers go on from their in-memory copies, train.snapshot; not after
+bad input, a UserError such as a full disk at a checkpoint: a restart would meet it again), with fewer
 workers when some are lost for good (the launcher re-plans: train.survivors), stops them on SIGTERM / SIGINT (they
 checkpoint after their step) and hands back the failed ranks' error files (`@record`). This turns the agent's
 outcome into one line and the launcher's exit code."""
@@ -154,6 +155,12 @@ def _run_agent(args: list[str], n: int, run_dir: Path, grace_s: float, max_resta
     from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
     class Agent(LocalElasticAgent):
+        def _monitor_workers(self, worker_group):
+            result = super()._monitor_workers(worker_group)
+            if result.is_failed() and (run_dir / USER_ERROR).is_file():  # bad input (a full disk...): no restart
+                self._remaining_restarts = 0  # would find it as bad; the agent stops the group and reports it
+            return result
+
         def _restart_workers(self, worker_group) -> None:
             if resize is not None:
                 worker_group.spec.local_world_size = resize(worker_group.spec.local_world_size)

@@ -14,7 +14,7 @@ from gearshift.errors import ConfigError
 from gearshift.models.spec import ModelSpec
 from gearshift.train.config import JobConfig, check_ranges
 
-KILL_POINTS = ("boundary", "forward", "allreduce", "migration", "switch")
+KILL_POINTS = ("boundary", "forward", "allreduce", "migration", "switch", "checkpoint")
 
 
 @dataclass
@@ -22,7 +22,8 @@ class Forcing:
     """`partitions`: step -> the stage bounds applied before it (a live migration; runtime.adapt.Adapter).
     `schedules`: step -> (m, k), m micro-batches in groups of k from that step on (runtime.reschedule).
     `move_experts`: expert placement moves at every decision, whatever the switch rule says (train.placement).
-    `kills`: (rank, step, where) faults: that rank SIGKILLs itself during that step, `where` one of KILL_POINTS;
+    `kills`: (rank, step, where) faults: that rank SIGKILLs itself during that step, `where` one of KILL_POINTS
+    ("checkpoint": rank 0, in the checkpoint written after that step, its data and metadata written, not published);
     the i-th kill fires in the group the elastic agent started i-th (after i restarts), so a restarted group
     does not kill itself again. Each kill appends a line (rank, step, where, time) to RUN_DIR/.launch/kills.jsonl,
     and a kill listed in `lost` (by index) also to RUN_DIR/.launch/lost.jsonl: its worker is gone for good (its host

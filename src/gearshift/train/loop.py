@@ -68,7 +68,7 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
     switcher = build_switcher(cfg, adapter, forcing)
     controller = build_controller(cfg, adapter, switcher)
     bounds, plan = None, None
-    if resume and cfg.parallel.partition == "adaptive":  # continue from the partition that was learned
+    if resume and (cfg.parallel.partition == "adaptive" or restarted):  # the partition in force (learned, moved)
         bounds = [tuple(b) for b in ckpt.resumed().get("bounds", [])] or None
         if bounds and len(bounds) != cfg.parallel.stages:  # written by another layout (fewer workers left)
             bounds = None
@@ -80,7 +80,8 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
     if switcher:  # the schedule for the partition it starts with, under the links as measured now
         bounds = bounds or resolve_partition(cfg, spec)
         first = int(ckpt.resumed()["step"]) if resume else 0
-        choice = start_schedule(cfg, adapter, switcher, bounds, spec, data, first)
+        saved = _schedule_in_force(cfg, ckpt.resumed()) if resume else None
+        choice = start_schedule(cfg, adapter, switcher, bounds, spec, data, first, saved)
     experts = None
     if resume and (mc := moe_config(cfg)) is not None:  # the expert->rank map the checkpoint was written under
         experts = expert_shards(cfg, ckpt.expert_placements(mc.experts, cfg.parallel.experts))
@@ -89,6 +90,7 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
     start = ckpt.restore(rt) if resume else 0
     if forcing:
         forcing.arm(rt, out)
+        ckpt.before_publish = lambda: forcing.maybe_kill(forcing.now, "checkpoint", out)
     if resume and rank == 0:  # the checkpoints past the one resumed are this run's to write (said when found)
         drop_after(out, start)
         if note := lr_schedule_note(cfg, ckpt.resumed()):
@@ -143,7 +145,8 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
         res = rt.step(x, y, lr)
         if snapshots and snapshots.due(step + 1):  # before the stats: a finished step has every rank's copy
             snapshots.write(rt.state(copy=False), step + 1, rank, dist.get_world_size(),  # and where experts are
-                            {"bounds": [list(b) for b in rt.bounds], **expert_state(rt, placer and placer.state())})
+                            {"bounds": [list(b) for b in rt.bounds], **expert_state(rt, placer and placer.state()),
+                             **({"schedule": list(switcher.current)} if switcher else {})})
         if adapter:
             adapter.observe(rt, res.record, getattr(rt, "microbatch_size", per_part // rt.schedule.num_microbatches))
         speed = adapter.monitor.speed(rank) if adapter else None
@@ -194,7 +197,8 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
                 log.write(placed)
                 bar.note(_describe(placed.to_dict()))
         if ckpt.due(step + 1, end) or stopped:
-            path = ckpt.save(rt, step + 1, placer.state() if placer else None)
+            path = ckpt.save(rt, step + 1, placer.state() if placer else None,
+                             list(switcher.current) if switcher else None)
         if forcing:
             forcing.maybe_kill(step, "boundary", out)
         if stopped:
@@ -224,6 +228,17 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
                   f"{path}; --resume continues", flush=True)
     summary["stopped"] = stopped
     return summary
+
+
+def _schedule_in_force(cfg: JobConfig, ck: dict) -> list | None:
+    """The (m, K) that ran when `ck` (a checkpoint or an in-memory copy) was taken, where it still fits the job
+    (the same stages, m a split of the batch per replica); None where it does not or was not recorded."""
+    saved = ck.get("schedule")
+    if not saved or len(ck.get("bounds", [])) != cfg.parallel.stages:
+        return None
+    m, k = saved[0], saved[1]
+    per_replica = cfg.train.batch_size // cfg.batch_parts
+    return list(saved) if per_replica % m == 0 and k <= m else None
 
 
 def _draw_report(cfg: JobConfig, out: Path, metrics: Path, info, placement: bool) -> str:

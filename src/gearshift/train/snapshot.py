@@ -169,15 +169,19 @@ class Snapshots:
 
 def go_on_from(cfg: JobConfig, ckpt: Checkpointer, snapshots: Snapshots | None) -> bool:
     """After the agent restarted the group (collective): hand `ckpt` the newest complete in-memory copy, else
-    leave it the newest checkpoint on disk; True when there is either (the job resumes), False to start over.
-    Rank 0 decides and says so, with the steps that will be replayed."""
+    leave it the newest checkpoint on disk (also where that is newer than every copy: train.snapshot_every above
+    train.checkpoint_every; the run resumed drops the checkpoints past its step, so a finished one would go); True
+    when there is either (the job resumes), False to start over. Rank 0 decides and says so, with the steps that
+    will be replayed."""
 
     def decide() -> tuple[str, int | None, int]:
         logged = _logged_steps(Path(cfg.output.dir) / "metrics.jsonl")
         step = snapshots.newest() if snapshots else None
-        if step is not None:
+        disk = latest_checkpoint(cfg.output.dir)
+        on_disk = int(re.search(r"(\d+)", disk.name).group(1)) if disk else None
+        if step is not None and (on_disk is None or step >= on_disk):
             return "memory", step, logged
-        return ("disk", None, logged) if latest_checkpoint(cfg.output.dir) else ("start", None, logged)
+        return ("disk", None, logged) if disk else ("start", None, logged)
 
     kind, step, logged = rank0_decides(decide)
     if kind == "memory":
