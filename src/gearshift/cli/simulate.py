@@ -44,8 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-overhead", metavar="FILE", help="add the overhead fitted from the run's steps (output.dir "
                    "holds a run whose steps measured their CPU) to FILE, for --overhead to price other shapes by")
     p.add_argument("--overhead", metavar="FILE", help="price by the overhead carried from the fits in FILE (each "
-                   "figure's median over other runs on this machine; of their fitted cores, the share of the host's that "
-                   "runs as oversubscribed got): a shape not run yet, priced as its own steps would")
+                   "figure's median over other runs on this machine; of their fitted cores, the share of the host's "
+                   "that runs as oversubscribed got): a shape not run yet, priced as its own steps would")
     add_config_help(p, full=False)
 
 

@@ -1,17 +1,17 @@
-"""Checkpoints through torch.distributed.checkpoint (DCP), keyed by global layer name (independent of the
-partition that wrote them): every rank writes its own layers and their AdamW state (replica 0's; an expert from
-its first holder) into one directory, and on load every rank reads just the layers it now holds, whatever the
-number of workers or the partition that wrote them. A directory is written under a temporary name and renamed
-once complete (rank 0, after every rank's part is written), so a crash leaves the old checkpoints and no half (the
-next save clears what a crash left); a write that fails (a full disk) fails on every rank alike, as one line.
-Beside the tensors, `meta.pt` holds the step, every rank's RNG state, the partition and the (m, K) in force, the
-job's fingerprint (`--resume` refuses a checkpoint written by another job) and a MoE job's expert->rank map and placement state
-(the loads it forecasts from), so a resumed run holds the experts where the interrupted one did and decides as it
-would have. Tensors are saved from the CPU and placed on each rank's device on load: a checkpoint written on GPUs
-resumes on CPUs and back. Checkpoints of the earlier format (one `step_N.pt` file holding the whole job, gathered
-on rank 0) are still read, so old runs resume. `--resume` takes the newest checkpoint that loads (a corrupt or
-truncated newer one is skipped, and said so); `--resume=PATH` takes that one. Only the newest
-train.keep_checkpoints are kept."""
+"""Checkpoints through torch.distributed.checkpoint (DCP), keyed by global layer name (independent of the partition
+that wrote them): every rank writes its own layers and their AdamW state (replica 0's; an expert from its first
+holder) into one directory, and on load every rank reads just the layers it now holds, whatever the number of
+workers or the partition that wrote them. A directory is written under a temporary name and renamed once complete
+(rank 0, after every rank's part is written), so a crash leaves the old checkpoints and no half (the next save
+clears what a crash left); a write that fails (a full disk) fails on every rank alike, as one line. Beside the
+tensors, `meta.pt` holds the step, every rank's RNG state, the partition and the (m, K) in force, the job's
+fingerprint (`--resume` refuses a checkpoint written by another job) and a MoE job's expert->rank map and placement
+state (the loads it forecasts from), so a resumed run holds the experts where the interrupted one did and decides as
+it would have. Tensors are saved from the CPU and placed on each rank's device on load: a checkpoint written on GPUs
+resumes on CPUs and back. Checkpoints of the earlier format (one `step_N.pt` file holding the whole job, gathered on
+rank 0) are still read, so old runs resume. `--resume` takes the newest checkpoint that loads (a corrupt or
+truncated newer one is skipped, and said so); `--resume=PATH` takes that one. Only the newest train.keep_checkpoints
+are kept."""
 
 from __future__ import annotations
 
