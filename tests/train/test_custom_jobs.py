@@ -120,3 +120,17 @@ def test_a_bad_model_is_one_line_from_the_command_as_a_user_runs_it(tmp_path):
     """The same check in a fresh interpreter, as a user runs it: exit 2, one line on stderr, no traceback."""
     (args, message), out = BAD[1], tmp_path / "run"
     _check_one_line(_gs("train", *args, *MLP, f"--output.dir={out}"), message, out)
+
+
+@pytest.mark.multiprocess
+def test_an_error_in_the_users_forward_is_one_traceback_naming_its_rank(tmp_path):
+    """A bug the launcher's check cannot reach (it runs only while training) stops the job with exit 1 and the
+    raising rank's traceback once, down to the user's line; each worker's failure is one line naming its rank, not
+    a prefixed traceback per rank (before: one from each of the 2 ranks and the launcher's)."""
+    r = _gs("train", "--model.name=tests.train.custom_parts:fails_in_training",
+            "--data.name=tests.train.custom_parts:classes", *MLP, "--train.steps=3", "--cluster.max_restarts=0",
+            f"--output.dir={tmp_path / 'run'}")
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.count("Traceback") == 1 and "[rank" not in r.stderr, r.stderr
+    assert "gearshift: rank 1 failed: RuntimeError: a bug in the user's forward" in r.stderr
+    assert "custom_parts.py" in r.stderr.split("--- rank 1 traceback ---")[1]
