@@ -59,3 +59,17 @@ def test_only_the_newest_output_keep_runs_moved_aside_are_kept(tmp_path):
     assert "deleted" not in prepare_run_dir(_cfg(out, "--output.keep_runs=0"), resume=False)
     with pytest.raises(ConfigError, match="output.keep_runs: must be >= 0"):
         _cfg(out, "--output.keep_runs=-1")
+
+
+def test_resuming_another_runs_checkpoint_moves_the_old_run_aside(tmp_path):
+    """--resume=PATH from another run's checkpoints starts a new run in output.dir (before: its steps were
+    appended to the metrics and checkpoints of the run there); PATH inside output.dir continues it."""
+    out, other = tmp_path / "run", tmp_path / "other" / "checkpoints" / "step_0000010"
+    (out / "checkpoints" / "step_0000004").mkdir(parents=True)
+    (out / "metrics.jsonl").write_text('{"step": 0}\n')
+    assert prepare_run_dir(_cfg(out), resume=str(out / "checkpoints" / "step_0000004")) is None
+    assert (out / "metrics.jsonl").is_file()
+    with pytest.raises(ConfigError, match="output.dir: .* holds another run"):
+        prepare_run_dir(_cfg(out, "--output.existing=refuse"), resume=str(other))
+    note = prepare_run_dir(_cfg(out), resume=str(other))
+    assert note and "moved it to" in note and not holds_run(out)

@@ -21,14 +21,23 @@ def holds_run(out: Path) -> bool:
     return out.is_dir() and any((out / name).exists() for name in RESULTS)
 
 
-def prepare_run_dir(cfg: JobConfig, resume: bool) -> str | None:
+def continues_run(out: Path, resume: bool | str) -> bool:
+    """Whether `resume` continues the run in `out`: --resume, or --resume=PATH naming one of out's own
+    checkpoints (a checkpoint of another run starts a new run here, from that step)."""
+    if isinstance(resume, str):
+        return Path(resume).resolve().parent == (out / "checkpoints").resolve()
+    return bool(resume)
+
+
+def prepare_run_dir(cfg: JobConfig, resume: bool | str) -> str | None:
     """Make output.dir ready for this run; returns a line to tell the user, or None. Idempotent: the local
     launcher calls it before starting workers, and rank 0 calls it again (a no-op then; under torchrun the
-    first call)."""
+    first call). A run resumed from another run's checkpoint (--resume=PATH outside output.dir) is a fresh
+    run for the directory: an old one there is moved aside, not mixed into (its metrics, its checkpoints)."""
     out = Path(cfg.output.dir)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"output.dir: {out} is a file, not a directory")
-    if resume or not holds_run(out):
+    if continues_run(out, resume) or not holds_run(out):
         out.mkdir(parents=True, exist_ok=True)
         return None
     if cfg.output.existing == "refuse":
