@@ -24,7 +24,7 @@ from gearshift.train.elastic import free_port, run_elastic, run_id
 from gearshift.train.env import job_device_choice
 from gearshift.train.forcing import Forcing
 from gearshift.train.model import brings_own, check_job, job_model
-from gearshift.train.rundir import prepare_run_dir
+from gearshift.train.rundir import prepare_run_dir, release
 
 
 @dataclass
@@ -135,9 +135,18 @@ def launch(
         check_init(cfg.model.init, job_model(cfg), cfg.train.seed)
     if forcing:
         forcing.check(cfg, job_model(cfg))
-    note = prepare_run_dir(cfg, resume)
+    note = prepare_run_dir(cfg, resume)  # names this process the directory's owner while the job runs
     if note and not quiet:
         print(note, flush=True)
+    try:
+        return _run_workers(cfg, resume, env, testbed, quiet, forcing)
+    finally:
+        release(Path(cfg.output.dir))
+
+
+def _run_workers(cfg: JobConfig, resume: bool | str, env: dict[str, str] | None, testbed, quiet: bool,
+                 forcing: Forcing | None) -> int:
+    """Start the job's workers (launch, after its checks) and wait for them; returns launch's exit code."""
     n = cfg.cluster.workers
     run_dir = Path(cfg.output.dir) / ".launch"
     run_dir.mkdir(parents=True, exist_ok=True)
