@@ -134,3 +134,29 @@ def test_an_error_in_the_users_forward_is_one_traceback_naming_its_rank(tmp_path
     assert r.stderr.count("Traceback") == 1 and "[rank" not in r.stderr, r.stderr
     assert "gearshift: rank 1 failed: RuntimeError: a bug in the user's forward" in r.stderr
     assert "custom_parts.py" in r.stderr.split("--- rank 1 traceback ---")[1]
+
+
+def test_a_worker_of_the_launcher_shows_its_failure_as_one_line(monkeypatch, capsys):
+    """Under gearshift's launcher a failing worker's excepthook prints one line naming its rank (the launcher
+    prints the root cause's traceback once); a peer's gloo 'connection closed' says a peer went first, not gloo's
+    long line."""
+    import sys
+
+    from gearshift.train.worker import run_as_worker
+
+    monkeypatch.setenv("GEARSHIFT_PARENT_PID", str(os.getpid()))
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
+    for error, line in [
+        (ValueError("bad batch\nmore detail"), "gearshift: rank 3 failed: ValueError: bad batch\n"),
+        (RuntimeError("[../pair.cc:553] Connection closed by peer [127.0.0.1]:1. This is typically caused by a "
+                      "remote worker crashing. GLHF!"),
+         "gearshift: rank 3 stopped: a peer's connection closed (the rank that failed first says why)\n"),
+    ]:
+        def body(e=error):
+            raise e
+
+        with pytest.raises(type(error)) as raised:
+            run_as_worker(body)
+        sys.excepthook(raised.type, raised.value, raised.tb)
+        assert capsys.readouterr().err == line

@@ -76,6 +76,9 @@ def _write_json(path: str, obj: dict) -> None:
     os.replace(tmp, path)
 
 
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer")  # gloo, when another rank's process ended
+
+
 def _one_line_hook(rank: str) -> Callable:
     """An excepthook that prints a failure as one line naming the rank, for a worker of gearshift's own launcher:
     the launcher prints the earliest failure's traceback (the root cause) once, not one prefixed traceback per
@@ -83,6 +86,10 @@ def _one_line_hook(rank: str) -> Callable:
 
     def hook(kind: type, value: BaseException, tb) -> None:
         first = (str(value).strip().splitlines() or [""])[0]
+        if any(s in first for s in PEER_GONE):  # gloo's long line for a peer that died first
+            print(f"gearshift: rank {rank} stopped: a peer's connection closed (the rank that failed first says "
+                  "why)", file=sys.stderr, flush=True)
+            return
         print(f"gearshift: rank {rank} failed: {kind.__name__}{': ' + first if first else ''}", file=sys.stderr,
               flush=True)
 
