@@ -160,3 +160,25 @@ def test_a_worker_of_the_launcher_shows_its_failure_as_one_line(monkeypatch, cap
             run_as_worker(body)
         sys.excepthook(raised.type, raised.value, raised.tb)
         assert capsys.readouterr().err == line
+
+
+def test_workers_import_the_model_module_from_where_the_launcher_found_it(tmp_path, monkeypatch):
+    """A script run from another directory (`python sub/train.py`: sys.path has sub/, the working directory does
+    not hold the module) launches workers that import its model and data modules from there too (before: every
+    worker failed with "cannot import"); a module in the working directory needs nothing added."""
+    from gearshift.train.launch import _with_module_roots
+
+    pkg = tmp_path / "sub" / "mypkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "parts.py").write_text("from tests.train.custom_parts import head as build, classes as data\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "sub"))
+    monkeypatch.delitem(sys.modules, "mypkg", raising=False)
+    monkeypatch.delitem(sys.modules, "mypkg.parts", raising=False)
+    import mypkg.parts  # noqa: F401 - what the user's script imported
+
+    cfg = gearshift.load_config(None, ["--model.name=mypkg.parts:build", "--data.name=mypkg.parts:data"])
+    env = _with_module_roots(cfg, {"OTHER": "1"})
+    assert env["OTHER"] == "1" and env["PYTHONPATH"].split(os.pathsep) == [str((tmp_path / "sub").resolve())]
+    monkeypatch.chdir(tmp_path / "sub")
+    assert _with_module_roots(cfg, None) is None

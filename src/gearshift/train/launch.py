@@ -124,7 +124,6 @@ def launch(
     every worker. With a `testbed` (gearshift.cluster.testbed.Testbed, up), each
     node's ranks run inside that node's network namespace and talk over its shaped link."""
     cfg = use_functions(cfg, model, data)
-    env = _importable(env)
     # a device not here: one line
     job_device_choice(cfg, local_world=cfg.cluster.ranks_per_node or cfg.cluster.workers)
     if brings_own(cfg):  # the built-ins always fit
@@ -135,6 +134,7 @@ def launch(
         check_init(cfg.model.init, job_model(cfg), cfg.train.seed)
     if forcing:
         forcing.check(cfg, job_model(cfg))
+    env = _importable(_with_module_roots(cfg, env))
     note = prepare_run_dir(cfg, resume)  # names this process the directory's owner while the job runs
     if note and not quiet:
         print(note, flush=True)
@@ -170,6 +170,28 @@ def _run_workers(cfg: JobConfig, resume: bool | str, env: dict[str, str] | None,
                            _Survivors(cfg, cfg_path, Snapshots(snapshot_root(rid, cfg.output.dir), 1), quiet))
     finally:
         drop(snapshot_root(rid, cfg.output.dir))  # the in-memory copies die with the job
+
+
+def _with_module_roots(cfg: JobConfig, env: dict[str, str] | None) -> dict[str, str] | None:
+    """`env` with PYTHONPATH extended by where this process found the job's model and data modules (import paths
+    it has loaded) when that is not the working directory: a script run from elsewhere (`python sub/train.py`) or
+    a sys.path of its own imports them, and its workers must too."""
+    roots = []
+    for name in (cfg.model.name, cfg.data.name):
+        mod = sys.modules.get(name.partition(":")[0]) if is_import_path(name) else None
+        if mod is None or not getattr(mod, "__file__", None):
+            continue
+        parts, base = mod.__name__.split("."), Path(mod.__file__).resolve()
+        if base.name == "__init__.py":
+            base = base.parent
+        root = str(base.parents[len(parts) - 1])
+        if root != str(Path.cwd().resolve()):
+            roots.append(root)
+    if not roots:
+        return env
+    env = dict(env or {})
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in [env.get("PYTHONPATH", ""), *roots] if p))
+    return env
 
 
 def _importable(env: dict[str, str] | None) -> dict[str, str] | None:
