@@ -93,3 +93,13 @@ def test_every_option_of_every_command_says_what_it_does(verb):
     importlib.import_module(f"gearshift.cli.{COMMANDS[verb][0]}").add_arguments(parser)
     bare = [f"{prog} {a.option_strings[-1]}" for prog, a in _options(parser, parser.prog) if not a.help]
     assert not bare, f"options without a line in --help: {bare}"
+
+
+@pytest.mark.parametrize("verb", sorted(COMMANDS))
+def test_every_option_taking_a_value_says_its_default(verb):
+    """An option with a default value names it in its --help line (flags and options without one are exempt)."""
+    parser = argparse.ArgumentParser(prog=f"gearshift {verb}")
+    importlib.import_module(f"gearshift.cli.{COMMANDS[verb][0]}").add_arguments(parser)
+    silent = [f"{prog} {a.option_strings[-1]}" for prog, a in _options(parser, parser.prog)
+              if a.nargs != 0 and a.default not in (None, False) and "default" not in (a.help or "")]
+    assert not silent, f"options whose --help line does not say their default: {silent}"

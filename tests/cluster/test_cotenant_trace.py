@@ -45,6 +45,12 @@ def test_missing_and_malformed_files(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(ConfigError, match="emulate.trace: not JSON"):
         EmulationConfig(trace=str(bad)).check(2)
+    with pytest.raises(ConfigError, match="emulate.trace: .* is a directory; expected a co-tenant trace file"):
+        EmulationConfig(trace=str(tmp_path)).check(2)
+    timeline = tmp_path / "trace.json"  # what a run writes beside its metrics: Perfetto's format
+    timeline.write_text(json.dumps({"traceEvents": [], "displayTimeUnit": "ms"}))
+    with pytest.raises(ConfigError, match=r"emulate.trace: .* is a run's timeline \(open it in https://ui.perfetto"):
+        EmulationConfig(trace=str(timeline)).check(2)
 
 
 def test_emulator_applies_rank_and_link_rows(tmp_path):

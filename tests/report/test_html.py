@@ -10,6 +10,7 @@ import pytest
 from gearshift.cli.main import main
 from gearshift.errors import DataError
 from gearshift.report.html import read_run, summary, write_report
+from gearshift.train.config import load_config
 
 
 def step(i: int, loss: float, bounds: list[list[int]], **extra) -> dict:
@@ -191,3 +192,19 @@ def test_the_job_shape_reads_per_rank_emulation_lists():
            "emulate": {"slowdown": [1, 4], "link_bandwidth": [1e9, 2e5]}}
     line = job_shape(cfg)
     assert "slowdown 1.00 / 4.00" in line and "200,000 B/s" in line
+
+
+def test_a_run_with_no_step_yet_is_a_page_of_its_config_and_says_so(tmp_path, capsys):
+    """A run dir whose first step has not finished (config.json, metrics.jsonl empty or not written yet) gets a
+    page of the job and its config and a line saying why there are no figures; a dir with neither is refused."""
+    run = tmp_path / "run"
+    run.mkdir()
+    assert main(["report", str(run)]) == 2 and "metrics.jsonl not found" in capsys.readouterr().err
+    (run / "config.json").write_text(json.dumps(load_config(None, ["--train.steps=7"]).to_dict()))
+    for metrics in (None, ""):
+        if metrics is not None:
+            (run / "metrics.jsonl").write_text(metrics)
+        assert main(["report", str(run)]) == 0
+        out = capsys.readouterr().out
+        assert "has no finished step logged yet" in out and str(run / "report.html") in out
+        assert "7 steps" in (run / "report.html").read_text()

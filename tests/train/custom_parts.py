@@ -92,3 +92,17 @@ def head(table: dict) -> ModelSpec:
     """Two layers ending in a head of `classes` (default 3) outputs, trained with cross-entropy."""
     n = table.get("classes", 3)
     return ModelSpec(2, lambda i: nn.Linear(8, 8 if i == 0 else n), F.cross_entropy)
+
+
+class _FailsWhileTraining(nn.Linear):
+    """A layer with a bug that only training reaches (the launcher's check runs it without gradients)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled():
+            raise RuntimeError("a bug in the user's forward")
+        return super().forward(x)
+
+
+def fails_in_training(table: dict) -> ModelSpec:
+    """Two layers to 10 classes, the last raising in every training forward."""
+    return ModelSpec(2, lambda i: nn.Linear(8, 8) if i == 0 else _FailsWhileTraining(8, 10), F.cross_entropy)

@@ -120,3 +120,65 @@ def test_a_bad_model_is_one_line_from_the_command_as_a_user_runs_it(tmp_path):
     """The same check in a fresh interpreter, as a user runs it: exit 2, one line on stderr, no traceback."""
     (args, message), out = BAD[1], tmp_path / "run"
     _check_one_line(_gs("train", *args, *MLP, f"--output.dir={out}"), message, out)
+
+
+@pytest.mark.multiprocess
+def test_an_error_in_the_users_forward_is_one_traceback_naming_its_rank(tmp_path):
+    """A bug the launcher's check cannot reach (it runs only while training) stops the job with exit 1 and the
+    raising rank's traceback once, down to the user's line; each worker's failure is one line naming its rank, not
+    a prefixed traceback per rank (before: one from each of the 2 ranks and the launcher's)."""
+    r = _gs("train", "--model.name=tests.train.custom_parts:fails_in_training",
+            "--data.name=tests.train.custom_parts:classes", *MLP, "--train.steps=3", "--cluster.max_restarts=0",
+            f"--output.dir={tmp_path / 'run'}")
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.count("Traceback") == 1 and "[rank" not in r.stderr, r.stderr
+    assert "gearshift: rank 1 failed: RuntimeError: a bug in the user's forward" in r.stderr
+    assert "custom_parts.py" in r.stderr.split("--- rank 1 traceback ---")[1]
+
+
+def test_a_worker_of_the_launcher_shows_its_failure_as_one_line(monkeypatch, capsys):
+    """Under gearshift's launcher a failing worker's excepthook prints one line naming its rank (the launcher
+    prints the root cause's traceback once); a peer's gloo 'connection closed' says a peer went first, not gloo's
+    long line."""
+    import sys
+
+    from gearshift.train.worker import run_as_worker
+
+    monkeypatch.setenv("GEARSHIFT_PARENT_PID", str(os.getpid()))
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
+    for error, line in [
+        (ValueError("bad batch\nmore detail"), "gearshift: rank 3 failed: ValueError: bad batch\n"),
+        (RuntimeError("[../pair.cc:553] Connection closed by peer [127.0.0.1]:1. This is typically caused by a "
+                      "remote worker crashing. GLHF!"),
+         "gearshift: rank 3 stopped: a peer's connection closed (the rank that failed first says why)\n"),
+    ]:
+        def body(e=error):
+            raise e
+
+        with pytest.raises(type(error)) as raised:
+            run_as_worker(body)
+        sys.excepthook(raised.type, raised.value, raised.tb)
+        assert capsys.readouterr().err == line
+
+
+def test_workers_import_the_model_module_from_where_the_launcher_found_it(tmp_path, monkeypatch):
+    """A script run from another directory (`python sub/train.py`: sys.path has sub/, the working directory does
+    not hold the module) launches workers that import its model and data modules from there too (before: every
+    worker failed with "cannot import"); a module in the working directory needs nothing added."""
+    from gearshift.train.launch import _with_module_roots
+
+    pkg = tmp_path / "sub" / "mypkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "parts.py").write_text("from tests.train.custom_parts import head as build, classes as data\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "sub"))
+    monkeypatch.delitem(sys.modules, "mypkg", raising=False)
+    monkeypatch.delitem(sys.modules, "mypkg.parts", raising=False)
+    import mypkg.parts  # noqa: F401 - what the user's script imported
+
+    cfg = gearshift.load_config(None, ["--model.name=mypkg.parts:build", "--data.name=mypkg.parts:data"])
+    env = _with_module_roots(cfg, {"OTHER": "1"})
+    assert env["OTHER"] == "1" and env["PYTHONPATH"].split(os.pathsep) == [str((tmp_path / "sub").resolve())]
+    monkeypatch.chdir(tmp_path / "sub")
+    assert _with_module_roots(cfg, None) is None

@@ -41,10 +41,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--steps", type=positive_int, default=500, help="steps the trace covers (default 500)")
     s.add_argument("--layers", type=positive_int, default=2, help="MoE layers (default 2)")
     s.add_argument("--experts", type=positive_int, default=32, help="experts per layer (default 32)")
-    s.add_argument("--tokens", type=positive_int, default=8192, help="assignments per step and layer")
-    s.add_argument("--zipf", type=finite_float, default=1.2, help="Zipf exponent of the expert popularity")
+    s.add_argument("--tokens", type=positive_int, default=8192,
+                   help="assignments per step and layer (default 8192)")
+    s.add_argument("--zipf", type=finite_float, default=1.2,
+                   help="Zipf exponent of the expert popularity (default 1.2)")
     s.add_argument("--drift-every", type=int_at_least(0), default=50,
-                   help="drift, abrupt: steps over which one hot expert trades places with another (0: no drift)")
+                   help="drift, abrupt: steps over which one hot expert trades places with another "
+                        "(0: no drift; default 50)")
     s.add_argument("--seed", type=int_at_least(0), default=0,
                    help="random seed: the same seed, the same trace (default 0)")
 

@@ -17,8 +17,9 @@ from gearshift.train.profiling import profile_job
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", nargs="?", help="job config TOML (default: every key at its default)")
     p.add_argument("--out", help="where to write the profile JSON (default: OUTPUT_DIR/profile.json)")
-    p.add_argument("--repeats", type=positive_int, default=10, help="timed repeats per layer (median is kept)")
-    p.add_argument("--warmup", type=int_at_least(0), default=3, help="untimed warm-up runs per layer")
+    p.add_argument("--repeats", type=positive_int, default=10,
+                   help="timed repeats per layer, the median kept (default 10)")
+    p.add_argument("--warmup", type=int_at_least(0), default=3, help="untimed warm-up runs per layer (default 3)")
     add_config_help(p, full=False)
 
 

@@ -15,12 +15,12 @@ from gearshift.cluster.testbed import Testbed, TestbedConfig, cleanup, is_root, 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("action", choices=["up", "down", "status"], help="build, remove or show the testbed")
-    p.add_argument("--nodes", type=positive_int, default=2, help="emulated hosts (network namespaces)")
-    p.add_argument("--ranks-per-node", type=positive_int, default=1, help="worker processes per host")
-    p.add_argument("--bandwidth", default="1gbit", help="cap of every host link, e.g. 200mbit, 1gbit")
+    p.add_argument("--nodes", type=positive_int, default=2, help="emulated hosts (network namespaces; default 2)")
+    p.add_argument("--ranks-per-node", type=positive_int, default=1, help="worker processes per host (default 1)")
+    p.add_argument("--bandwidth", default="1gbit", help="cap of every host link, e.g. 200mbit (default 1gbit)")
     p.add_argument("--per-node-bandwidth", default=None,
                    help="comma-separated caps, one per node (overrides --bandwidth)")
-    p.add_argument("--prefix", default="gs-", help="name prefix of namespaces and links")
+    p.add_argument("--prefix", default="gs-", help="name prefix of namespaces and links (default gs-)")
     p.add_argument("--json", action="store_true", help="status: print the raw JSON instead of a table")
 
 

@@ -22,12 +22,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--seed", type=int_at_least(0), default=0,
                    help="random seed: the same seed, the same trace (default 0)")
     s.add_argument("--depth", type=finite_float, default=6.0, help="the deepest slowdown factor (default 6)")
-    s.add_argument("--mean-gap", type=finite_float, default=40.0, help="mean steps between arrivals on a device (40)")
+    s.add_argument("--mean-gap", type=finite_float, default=40.0,
+                   help="mean steps between arrivals on a device (default 40)")
     s.add_argument("--mean-stay", type=finite_float, default=30.0, help="mean steps a co-tenant stays (default 30)")
     s.add_argument("--link-bandwidth", type=finite_float, default=0.0,
                    help="cotenant: the links' free bandwidth in bytes/s; co-tenants share it (default 0: no links)")
     w = sub.add_parser("show", help="print a trace's changes; --plot PNG draws each rank's slowdown")
-    w.add_argument("file", help="a trace (.json or .csv)")
+    w.add_argument("file", help="a co-tenant trace (.json or .csv: what trace synth writes, emulate.trace reads); "
+                   "a run's trace.json is a timeline for https://ui.perfetto.dev")
     w.add_argument("--plot", help="write a PNG of each rank's slowdown over steps")
 
 

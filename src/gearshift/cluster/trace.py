@@ -36,6 +36,9 @@ def read_trace(path: str | Path, world_size: int | None = None, where: str = "em
     """The rows of a trace file, checked (ranks inside the job when `world_size` is given, steps in order);
     a ConfigError names the first bad field."""
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{where}: {str(path)!r} is a directory; expected a co-tenant trace file (.json or .csv, "
+                          "as `gearshift trace synth` writes)")
     if not p.is_file():
         raise ConfigError(f"{where}: no such file {str(path)!r}")
     text = p.read_text()
@@ -47,6 +50,9 @@ def read_trace(path: str | Path, world_size: int | None = None, where: str = "em
         except json.JSONDecodeError as e:
             raise ConfigError(f"{where}: not JSON ({e.msg} at line {e.lineno}); expected a list of rows "
                               "{step, rank, slowdown} / {step, link: [src, dst], bandwidth}, or a .csv") from None
+        if isinstance(data, dict) and "traceEvents" in data:  # a run's trace.json: a timeline, not a co-tenant trace
+            raise ConfigError(f"{where}: {str(path)!r} is a run's timeline (open it in https://ui.perfetto.dev); "
+                              "expected a co-tenant trace, as `gearshift trace synth` writes")
         raw = data.get("rows") if isinstance(data, dict) else data
         if not isinstance(raw, list):
             raise ConfigError(f"{where}: expected a list of rows (or {{\"rows\": [...]}})")

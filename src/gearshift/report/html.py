@@ -47,16 +47,16 @@ table.inputs { font-size: 0.85em; margin: 0.3em 0; }
 
 def read_run(run_dir: str | Path, notes: list[str] | None = None) -> tuple[list[dict], dict | None]:
     """metrics.jsonl's records and config.json (None when the run has none); DataError for a missing
-    directory or metrics file and for a line that is not JSON, but for a last line cut short (a run that died
-    while writing it): that line is left out and `notes` told so."""
+    directory, for neither file there, and for a line that is not JSON, but for a last line cut short (a run
+    that died while writing it): that line is left out and `notes` told so."""
     run = Path(run_dir)
     if not run.is_dir():
         raise DataError(f"report: {run} is not a run directory")
     path = run / "metrics.jsonl"
-    if not path.is_file():
+    if not path.is_file() and not (run / "config.json").is_file():
         raise DataError(f"report: {path} not found (a run directory holds metrics.jsonl)")
     records = []
-    text = path.read_text()
+    text = path.read_text() if path.is_file() else ""  # a run started, no step logged yet: its config alone
     lines = text.splitlines()
     for i, line in enumerate(lines, 1):
         if line.strip():
@@ -76,6 +76,9 @@ def read_run(run_dir: str | Path, notes: list[str] | None = None) -> tuple[list[
             config = json.loads(cfg_path.read_text())
         except json.JSONDecodeError:
             raise DataError(f"report: {cfg_path} is not JSON") from None
+    if notes is not None and not any("loss" in r for r in records):
+        notes.append(f"report: {run} has no finished step logged yet (a run that has not finished its first "
+                     "step, or stopped before it): the page holds the job and its config only")
     return records, config
 
 

@@ -24,7 +24,7 @@ from gearshift.train.elastic import free_port, run_elastic, run_id
 from gearshift.train.env import job_device_choice
 from gearshift.train.forcing import Forcing
 from gearshift.train.model import brings_own, check_job, job_model
-from gearshift.train.rundir import prepare_run_dir
+from gearshift.train.rundir import prepare_run_dir, release
 
 
 @dataclass
@@ -124,7 +124,6 @@ def launch(
     every worker. With a `testbed` (gearshift.cluster.testbed.Testbed, up), each
     node's ranks run inside that node's network namespace and talk over its shaped link."""
     cfg = use_functions(cfg, model, data)
-    env = _importable(env)
     # a device not here: one line
     job_device_choice(cfg, local_world=cfg.cluster.ranks_per_node or cfg.cluster.workers)
     if brings_own(cfg):  # the built-ins always fit
@@ -135,9 +134,19 @@ def launch(
         check_init(cfg.model.init, job_model(cfg), cfg.train.seed)
     if forcing:
         forcing.check(cfg, job_model(cfg))
-    note = prepare_run_dir(cfg, resume)
+    env = _importable(_with_module_roots(cfg, env))
+    note = prepare_run_dir(cfg, resume)  # names this process the directory's owner while the job runs
     if note and not quiet:
         print(note, flush=True)
+    try:
+        return _run_workers(cfg, resume, env, testbed, quiet, forcing)
+    finally:
+        release(Path(cfg.output.dir))
+
+
+def _run_workers(cfg: JobConfig, resume: bool | str, env: dict[str, str] | None, testbed, quiet: bool,
+                 forcing: Forcing | None) -> int:
+    """Start the job's workers (launch, after its checks) and wait for them; returns launch's exit code."""
     n = cfg.cluster.workers
     run_dir = Path(cfg.output.dir) / ".launch"
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -161,6 +170,28 @@ def launch(
                            _Survivors(cfg, cfg_path, Snapshots(snapshot_root(rid, cfg.output.dir), 1), quiet))
     finally:
         drop(snapshot_root(rid, cfg.output.dir))  # the in-memory copies die with the job
+
+
+def _with_module_roots(cfg: JobConfig, env: dict[str, str] | None) -> dict[str, str] | None:
+    """`env` with PYTHONPATH extended by where this process found the job's model and data modules (import paths
+    it has loaded) when that is not the working directory: a script run from elsewhere (`python sub/train.py`) or
+    a sys.path of its own imports them, and its workers must too."""
+    roots = []
+    for name in (cfg.model.name, cfg.data.name):
+        mod = sys.modules.get(name.partition(":")[0]) if is_import_path(name) else None
+        if mod is None or not getattr(mod, "__file__", None):
+            continue
+        parts, base = mod.__name__.split("."), Path(mod.__file__).resolve()
+        if base.name == "__init__.py":
+            base = base.parent
+        root = str(base.parents[len(parts) - 1])
+        if root != str(Path.cwd().resolve()):
+            roots.append(root)
+    if not roots:
+        return env
+    env = dict(env or {})
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in [env.get("PYTHONPATH", ""), *roots] if p))
+    return env
 
 
 def _importable(env: dict[str, str] | None) -> dict[str, str] | None:

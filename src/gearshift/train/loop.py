@@ -55,7 +55,7 @@ def train(cfg: JobConfig, resume: Resume = False, stop: StopRequest | None = Non
     ckpt.cfg = cfg  # the strategy chosen (the checkpoint read stays: the job's model and data are the same)
     t, out = cfg.train, Path(cfg.output.dir)
     if rank == 0:
-        note = prepare_run_dir(cfg, resume or restarted)
+        note = prepare_run_dir(cfg, True if restarted else resume)  # a restarted group goes on in its own dir
         if note:
             print(note, flush=True)
         write_config(cfg)

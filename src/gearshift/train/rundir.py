@@ -5,6 +5,7 @@ config beside its results."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import time
@@ -21,14 +22,32 @@ def holds_run(out: Path) -> bool:
     return out.is_dir() and any((out / name).exists() for name in RESULTS)
 
 
-def prepare_run_dir(cfg: JobConfig, resume: bool) -> str | None:
+def continues_run(out: Path, resume: bool | str) -> bool:
+    """Whether `resume` continues the run in `out`: --resume, or --resume=PATH naming one of out's own
+    checkpoints (a checkpoint of another run starts a new run here, from that step)."""
+    if isinstance(resume, str):
+        return Path(resume).resolve().parent == (out / "checkpoints").resolve()
+    return bool(resume)
+
+
+def prepare_run_dir(cfg: JobConfig, resume: bool | str) -> str | None:
     """Make output.dir ready for this run; returns a line to tell the user, or None. Idempotent: the local
     launcher calls it before starting workers, and rank 0 calls it again (a no-op then; under torchrun the
-    first call)."""
+    first call). A run resumed from another run's checkpoint (--resume=PATH outside output.dir) is a fresh
+    run for the directory: an old one there is moved aside, not mixed into (its metrics, its checkpoints)."""
     out = Path(cfg.output.dir)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"output.dir: {out} is a file, not a directory")
-    if resume or not holds_run(out):
+    if (pid := running_job(out)) is not None:
+        raise ConfigError(f"output.dir: {out} is in use by a job still running (process {pid}); wait for it, stop "
+                          "it, or give another --output.dir")
+    note = _make_ready(cfg, out, resume)
+    claim(out)
+    return note
+
+
+def _make_ready(cfg: JobConfig, out: Path, resume: bool | str) -> str | None:
+    if continues_run(out, resume) or not holds_run(out):
         out.mkdir(parents=True, exist_ok=True)
         return None
     if cfg.output.existing == "refuse":
@@ -48,6 +67,59 @@ def prepare_run_dir(cfg: JobConfig, resume: bool) -> str | None:
         note += (f"; deleted {len(removed)} older run{'s' if len(removed) > 1 else ''} moved aside "
                  f"(output.keep_runs = {cfg.output.keep_runs})")
     return note
+
+
+OWNER = ".launch/owner"  # the process that runs the job in this directory: "pid start-time"
+
+
+def _job_process() -> int:
+    """The process that owns this job: the local launcher (a worker's GEARSHIFT_PARENT_PID), else this one."""
+    return int(os.environ.get("GEARSHIFT_PARENT_PID") or os.getpid())
+
+
+def _start_time(pid: int) -> str:
+    """A process's start time (Linux /proc; "" elsewhere), so that a reused pid is not taken for the owner."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def running_job(out: Path) -> int | None:
+    """The pid of another process still running a job in `out` (its owner file names a live process that is
+    neither this job's nor this process's parent), or None."""
+    try:
+        pid_s, _, started = (out / OWNER).read_text().strip().partition(" ")
+        pid = int(pid_s)
+    except (OSError, ValueError):
+        return None
+    if pid in (_job_process(), os.getppid()):  # this job's, or the process that started this one's
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return pid if _start_time(pid) == started else None
+
+
+def claim(out: Path) -> None:
+    """Name this job's process as `out`'s owner (prepare_run_dir; launch releases it when the job ends)."""
+    pid = _job_process()
+    path = out / OWNER
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{pid} {_start_time(pid)}\n")
+
+
+def release(out: Path) -> None:
+    """Drop `out`'s owner file if this job's process owns it."""
+    path = out / OWNER
+    try:
+        if int(path.read_text().split()[0]) == _job_process():
+            path.unlink()
+    except (OSError, ValueError, IndexError):
+        pass
 
 
 def runs_aside(out: Path) -> list[Path]:

@@ -76,6 +76,26 @@ def _write_json(path: str, obj: dict) -> None:
     os.replace(tmp, path)
 
 
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer")  # gloo, when another rank's process ended
+
+
+def _one_line_hook(rank: str) -> Callable:
+    """An excepthook that prints a failure as one line naming the rank, for a worker of gearshift's own launcher:
+    the launcher prints the earliest failure's traceback (the root cause) once, not one prefixed traceback per
+    rank and restart (torch's own hook)."""
+
+    def hook(kind: type, value: BaseException, tb) -> None:
+        first = (str(value).strip().splitlines() or [""])[0]
+        if any(s in first for s in PEER_GONE):  # gloo's long line for a peer that died first
+            print(f"gearshift: rank {rank} stopped: a peer's connection closed (the rank that failed first says "
+                  "why)", file=sys.stderr, flush=True)
+            return
+        print(f"gearshift: rank {rank} failed: {kind.__name__}{': ' + first if first else ''}", file=sys.stderr,
+              flush=True)
+
+    return hook
+
+
 def run_as_worker(body: Callable[[], None]) -> None:
     """Run body() as one rank of the elastic agent (train.elastic, torchrun) or of train.launch.run_ranks: exit
     when the launcher is gone. Under the agent a failure propagates to `@record` (the agent's error file); bad
@@ -103,6 +123,8 @@ def run_as_worker(body: Callable[[], None]) -> None:
             if os.environ.get("RANK", "0") == "0":
                 print(f"gearshift train: error: {user}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
+        if os.environ.get("GEARSHIFT_PARENT_PID"):  # our launcher shows the root cause's traceback once
+            sys.excepthook = _one_line_hook(os.environ.get("RANK", "?"))
         raise
     finally:
         if dist.is_initialized():
