@@ -195,3 +195,20 @@ def test_a_restart_after_a_migration_and_a_switch_keeps_the_partition_and_schedu
     assert max(abs(a["loss"] - b["loss"]) for a, b in zip(got, plain)) <= 1e-5
     meta = torch.load(out / "checkpoints" / "step_0000004" / "meta.pt", weights_only=True)  # what --resume restores
     assert meta["bounds"] == [list(b) for b in move] and meta["schedule"][:2] == [4, 1]
+
+
+def test_the_agents_restart_reaches_the_user_as_one_line():
+    """The agent logs a restart at INFO on its own logger, whose import sets it to WARNING: the line printed only
+    where the level is set after that import (in a fresh process, as the launcher imports the agent inside the
+    log's context; it was silent on every restart)."""
+    import subprocess
+    import sys
+
+    code = ("import logging\n"
+            "from gearshift.train.elastic import _agent_log\n"
+            "with _agent_log(quiet=False):\n"
+            "    import torch.distributed.elastic.agent.server.api as api\n"
+            "    api.logger.info('[default] Worker group FAILED. 3/3 attempts left; will restart worker group')\n")
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr
+    assert "a worker failed: restarting the workers (restart 1)" in got.stderr

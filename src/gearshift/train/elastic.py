@@ -60,6 +60,8 @@ class _AgentLines(logging.Handler):
 
 @contextlib.contextmanager
 def _agent_log(quiet: bool):
+    import torch.distributed.elastic.agent.server.api  # noqa: F401  (its import sets its logger's level: first)
+
     log = logging.getLogger("torch.distributed.elastic")
     api = logging.getLogger("torch.distributed.elastic.agent.server.api")
     handler = _AgentLines(quiet)
