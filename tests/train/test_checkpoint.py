@@ -286,3 +286,12 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_and_keeps_the_earlier_checkpoin
     blocker.unlink()
     assert _launch(out, *two, resume=True) == 0
     assert [json.loads(ln)["step"] for ln in (out / "metrics.jsonl").read_text().splitlines()] == list(range(10))
+
+
+def test_a_key_the_checkpoints_job_left_unset_is_named_so_with_the_way_to_its_weights(tmp_path):
+    cfg = load_config(None, [*TINY, f"--output.dir={tmp_path}"])
+    path = checkpoint_path(cfg.output.dir, 3).with_suffix(".pt")
+    save_checkpoint(path, {"format": OLD_FORMAT, "step": 3, "job": {**job_fingerprint(cfg), "train.seed": None}})
+    with pytest.raises(DataError, match=r"train.seed is unset \(its default\) in the checkpoint but 0 in the "
+                                        r"config .*gearshift export it, then model.init in a new output.dir"):
+        find_resumable(cfg)

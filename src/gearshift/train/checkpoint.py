@@ -189,9 +189,15 @@ def load_checkpoint(path: Path, fingerprint: dict) -> dict:
     saved = ck.get("job", {})
     for key, value in fingerprint.items():
         if saved.get(key) != value:
-            raise DataError(f"checkpoint {path}: {key} is {saved.get(key)!r} in the checkpoint but {value!r} in "
-                            "the config (--resume continues the same job)")
+            raise DataError(f"checkpoint {path}: {key} is {_said(saved.get(key))} in the checkpoint but "
+                            f"{_said(value)} in the config (--resume continues the same job; to start from its "
+                            "weights under another config: gearshift export it, then model.init in a new output.dir)")
     return ck
+
+
+def _said(value: object) -> str:
+    """A fingerprint value as the resume error names it: None is a key left unset (the model's own default)."""
+    return "unset (its default)" if value is None else repr(value)
 
 
 def find_resumable(cfg: JobConfig, resume: Resume = True) -> tuple[Path, dict, str | None]:
