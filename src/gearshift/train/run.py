@@ -33,5 +33,4 @@ def run_worker(cfg: JobConfig, resume: Resume, forcing: Forcing | None = None) -
         dist.barrier()
         if snaps and dist.get_rank() == 0 and not summary["stopped"]:  # done: free its copies (a group stopped
             drop(snaps.root)  # to be restarted larger goes on from them)
-            drop(snaps.root)
     run_as_worker(job)

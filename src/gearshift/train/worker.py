@@ -107,6 +107,7 @@ def run_as_worker(body: Callable[[], None]) -> None:
     user_file = os.environ.get("GEARSHIFT_USER_ERROR_FILE")
     if user_file and restart_count() > 0 and os.path.isfile(user_file):
         raise SystemExit(2)
+    user: str | None = None
     try:
         body()
     except BaseException as e:
@@ -127,5 +128,24 @@ def run_as_worker(body: Callable[[], None]) -> None:
             sys.excepthook = _one_line_hook(os.environ.get("RANK", "?"))
         raise
     finally:
-        if dist.is_initialized():
+        joined = dist.is_initialized()  # a worker process (a body run in a test's own process joins no group)
+        if joined:
             dist.destroy_process_group()
+        if joined and user is not None:
+            _exit_now(2)
+
+
+def _exit_now(code: int) -> None:
+    """Exit with `code` without the interpreter's teardown: a rank stopped by bad input can leave gloo work
+    objects that abort in it ('terminate called without an active exception', exit by SIGABRT: seen under load,
+    after destroy_process_group), which would print a C++ trace under the one line and turn exit 2 into a crash.
+    Everything the job writes is flushed as written; the standard streams and logging are flushed here."""
+    import logging
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
