@@ -51,8 +51,24 @@ def _context(mp):
     return ctx
 
 
+class _PortTaken(RuntimeError):
+    """Rank 0 could not listen on the port free_port gave: another process took it in between."""
+
+
 def spawn(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float = 180) -> list[Any]:
-    """Run fn(rank, world, *args) in `world` spawned gloo workers; return results by rank or raise."""
+    """Run fn(rank, world, *args) in `world` spawned gloo workers; return results by rank or raise. A port taken
+    between free_port and rank 0's listen (the ephemeral range other processes' connections draw from too) is
+    tried again on a new port, up to three times: no rank ran fn."""
+    for attempt in range(3):
+        try:
+            return _spawn_once(fn, world, args, timeout_s)
+        except _PortTaken:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _spawn_once(fn: Callable[..., Any], world: int, args: tuple, timeout_s: float) -> list[Any]:
     import time
 
     import torch.multiprocessing as mp
@@ -83,7 +99,8 @@ def spawn(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float = 180
         if p.is_alive():
             p.kill()
     if errors:
-        raise RuntimeError("worker failed: " + errors[0])
+        taken = "EADDRINUSE" in errors[0] and "init_worker" in errors[0]
+        raise (_PortTaken if taken else RuntimeError)("worker failed: " + errors[0])
     if len(results) < world:
         raise RuntimeError(f"workers did not finish in {timeout_s}s (got {sorted(results)})")
     return [results[r] for r in range(world)]
