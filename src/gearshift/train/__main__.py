@@ -69,4 +69,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from gearshift.train.worker import exit_after
+
+    exit_after(main)

@@ -11,6 +11,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -135,11 +136,27 @@ def run_as_worker(body: Callable[[], None]) -> None:
             _exit_now(2)
 
 
-def _exit_now(code: int) -> None:
-    """Exit with `code` without the interpreter's teardown: a rank stopped by bad input can leave gloo work
+def exit_after(main: Callable[[], int | None]) -> NoReturn:
+    """A worker process's `__main__`: run main() and exit with its code (a SystemExit's; 1 and the traceback
+    through sys.excepthook for an error) without the interpreter's teardown, as multiprocessing's children do."""
+    try:
+        code = main()
+    except SystemExit as e:
+        code = e.code
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    _exit_now(code or 0)
+
+
+def _exit_now(code: int) -> NoReturn:
+    """Exit with `code` without the interpreter's teardown: a rank that stopped on an error can leave gloo work
     objects that abort in it ('terminate called without an active exception', exit by SIGABRT: seen under load,
-    after destroy_process_group), which would print a C++ trace under the one line and turn exit 2 into a crash.
-    Everything the job writes is flushed as written; the standard streams and logging are flushed here."""
+    after destroy_process_group), which prints a C++ trace under the error's line and turns its exit code into a
+    crash's. Everything the job writes is flushed as written; the standard streams and logging are flushed here."""
     import logging
 
     logging.shutdown()
