@@ -175,6 +175,22 @@ def test_only_the_newest_keep_checkpoints_are_kept(tmp_path):
         load_config(None, ["--train.keep_checkpoints=-1"])
 
 
+def test_a_step_checkpointed_again_keeps_its_earlier_checkpoint_until_the_new_one_is_in_place(tmp_path):
+    """A crash between the two renames of a same-step replace leaves the step's earlier checkpoint as
+    .step_N.old and no step_N: it still counts (and loads); once a step_N is in place, pruning removes it."""
+    cfg = load_config(None, [*TINY, f"--output.dir={tmp_path}"])
+    first, second = _fake(cfg, 2), _fake(cfg, 4)
+    replaced = second.with_name(".step_0000004.old")
+    second.rename(replaced)
+    assert checkpoints(tmp_path) == [replaced, first]
+    path, ck, _ = find_resumable(cfg)
+    assert path == replaced and ck["step"] == 4
+    assert prune_checkpoints(tmp_path, 0) == [] and replaced.exists()  # the only copy of step 4: kept
+    again = _fake(cfg, 4)
+    assert checkpoints(tmp_path) == [again, first]
+    assert prune_checkpoints(tmp_path, 0) == [] and not replaced.exists()
+
+
 def test_a_finished_run_resumed_is_complete():
     cfg = load_config(None, [*TINY, "--train.steps=10"])
     assert completed(cfg, {"step": 9}) is None

@@ -35,6 +35,7 @@ FORMAT = 3  # a DCP directory and meta.pt
 OLD_FORMAT = 2  # one torch.save file holding the whole job
 _NAME = re.compile(r"^step_(\d+)(\.pt)?$")
 _TEMP = re.compile(r"^\.step_\d+\.tmp$")  # a checkpoint being written (Checkpointer.save), or left by a crash
+_REPLACED = re.compile(r"^\.step_(\d+)\.old$")  # a step's earlier checkpoint while a new one of that step goes in
 META = "meta.pt"
 Resume = bool | str  # False: a fresh run; True: the newest good checkpoint in output.dir; a path: that checkpoint
 
@@ -80,6 +81,9 @@ def checkpoints(out_dir: str | Path) -> list[Path]:
     if not d.is_dir():
         return []
     found = [(int(m.group(1)), p) for p in d.iterdir() if (m := _NAME.match(p.name))]
+    steps = {step for step, _ in found}
+    found += [(step, p) for p in d.iterdir() if (m := _REPLACED.match(p.name))  # a crash between the two renames:
+              and (step := int(m.group(1))) not in steps]  # the step's earlier checkpoint is whole, and counts
     return [p for _, p in sorted(found, reverse=True)]
 
 
@@ -91,14 +95,18 @@ def latest_checkpoint(out_dir: str | Path) -> Path | None:
 
 def prune_checkpoints(out_dir: str | Path, keep: int) -> list[Path]:
     """Delete all but the newest `keep` checkpoints (0: keep every one), and the half-written directories a crash
-    left (never read; run between saves, when none is being written); returns the checkpoints deleted."""
+    left (never read; run between saves, when none is being written) and a replaced copy of a step whose new
+    checkpoint is in place; returns the checkpoints deleted."""
     old = checkpoints(out_dir)[keep:] if keep > 0 else []
     for p in old:
         _remove(p)
     d = checkpoint_dir(out_dir)
-    for p in d.iterdir() if d.is_dir() else ():
-        if _TEMP.match(p.name):
-            _remove(p)
+    names = [p.name for p in d.iterdir()] if d.is_dir() else []
+    published = {int(m.group(1)) for n in names if (m := _NAME.match(n))}
+    for n in names:
+        m = _REPLACED.match(n)  # a step's earlier checkpoint, replaced: gone once the step's new one is in place
+        if _TEMP.match(n) or (m and int(m.group(1)) in published):
+            _remove(d / n)
     return old
 
 
@@ -344,8 +352,12 @@ class Checkpointer:
             })
             if self.before_publish is not None:  # a test's fault: the data written, the checkpoint not yet published
                 self.before_publish()
-            shutil.rmtree(path, ignore_errors=True)
+            replaced = path.with_name(f".{path.name}.old")  # a checkpoint of this step already (a redone step):
+            if path.exists():  # kept whole under another name until the new one is in place (checkpoints())
+                shutil.rmtree(replaced, ignore_errors=True)
+                os.replace(path, replaced)
             os.replace(tmp, path)
+            shutil.rmtree(replaced, ignore_errors=True)
 
         self._agree(publish if rank == 0 else None, path, tmp)
         if rank == 0:
