@@ -32,6 +32,7 @@ from gearshift.train.checkpoint import (
 )
 from gearshift.train.config import load_config
 from gearshift.train.launch import launch
+from gearshift.train.metrics import read_metrics
 
 
 def _argv(out: Path, *args: str) -> list[str]:
@@ -302,6 +303,31 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_and_keeps_the_earlier_checkpoin
     blocker.unlink()
     assert _launch(out, *two, resume=True) == 0
     assert [json.loads(ln)["step"] for ln in (out / "metrics.jsonl").read_text().splitlines()] == list(range(10))
+
+
+@pytest.mark.multiprocess
+def test_a_full_disk_at_a_metrics_line_is_one_line_and_exit_2_without_restarts(tmp_path, capfd):
+    """metrics.jsonl cannot grow past 3 KB (the file size limit, as a full disk) after a few steps: rank 0's one
+    line naming output.dir, exit 2, no restart (before: a traceback, and every restart failed on the torn line);
+    the other rank, whose peer left, says nothing more; the metrics file holds whole lines."""
+    import resource
+
+    out = tmp_path / "full"
+    cfg = load_config(None, [*TINY, f"--output.dir={out}", "--train.steps=10", "--cluster.workers=2",
+                             "--parallel.stages=2", "--train.checkpoint_every=0", "--train.snapshot_every=0"])
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    capfd.readouterr()
+    resource.setrlimit(resource.RLIMIT_FSIZE, (3000, hard))
+    try:
+        rc = launch(cfg)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    err = capfd.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert len(err) == 1, err
+    assert err[0].startswith(f"gearshift train: error: output.dir: cannot write {out / 'metrics.jsonl'}: ")
+    steps = [r["step"] for r in read_metrics(out / "metrics.jsonl") if "event" not in r]
+    assert 0 < len(steps) < 10 and (out / "metrics.jsonl").read_text().endswith("\n")
 
 
 def test_a_key_the_checkpoints_job_left_unset_is_named_so_with_the_way_to_its_weights(tmp_path):

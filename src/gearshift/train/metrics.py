@@ -3,9 +3,13 @@ record of gearshift.report.records, written as its to_dict()."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from gearshift.errors import DataError
 
 if TYPE_CHECKING:
     from gearshift.report.records import Record
@@ -22,14 +26,26 @@ class MetricsLog:
         if resume_step is None:
             path.write_text("")
         elif path.exists():
-            lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
-            kept = [ln for ln in lines if _before(json.loads(ln), resume_step)]
+            kept = [json.dumps(r) for r in _records(path.read_text()) if _before(r, resume_step)]
             path.write_text("".join(ln + "\n" for ln in kept))
-        self._f = open(path, "a")
+        self._f = open(path, "ab", buffering=0)  # each line goes to the file as it is written, or fails there
+        self._size = path.stat().st_size
 
     def write(self, record: dict | Record) -> None:
-        self._f.write(json.dumps(record if isinstance(record, dict) else record.to_dict()) + "\n")
-        self._f.flush()
+        """Append one line; a write that fails (a full disk) leaves the file as it was, and is one line naming
+        output.dir (DataError) with the checkpoints untouched."""
+        line = (json.dumps(record if isinstance(record, dict) else record.to_dict()) + "\n").encode()
+        try:
+            if self._f.write(line) != len(line):  # part of it: the disk filled up
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError as e:
+            try:  # no torn line left behind for a resume to read
+                os.truncate(self.path, self._size)
+            except OSError:
+                pass
+            raise DataError(f"output.dir: cannot write {self.path}: {e.strerror or e} (the checkpoints are "
+                            "kept; --resume continues from the newest)") from None
+        self._size += len(line)
 
     def close(self) -> None:
         self._f.close()
@@ -42,4 +58,18 @@ def _before(record: dict, resume_step: int) -> bool:
 
 
 def read_metrics(path: str | Path) -> list[dict]:
-    return [json.loads(ln) for ln in Path(path).read_text().splitlines() if ln.strip()]
+    return _records(Path(path).read_text())
+
+
+def _records(text: str) -> list[dict]:
+    """The records of metrics.jsonl's text; a torn last line (a crash in mid-write) is left out, a bad line
+    before it is an error."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    records = []
+    for i, ln in enumerate(lines):
+        try:
+            records.append(json.loads(ln))
+        except json.JSONDecodeError:
+            if i < len(lines) - 1:
+                raise
+    return records

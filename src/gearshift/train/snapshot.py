@@ -32,6 +32,7 @@ from gearshift.train.checkpoint import (
     save_checkpoint,
 )
 from gearshift.train.config import JobConfig
+from gearshift.train.metrics import read_metrics
 
 _NAME = re.compile(r"^step(\d+)\.world(\d+)\.rank(\d+)\.slot([01])\.json$")
 _ALIGN = 64  # each tensor's bytes start on this boundary in a slot (a view of any dtype lines up)
@@ -200,8 +201,7 @@ def _logged_steps(path: Path) -> int:
     """How many steps metrics.jsonl says were finished (the last step record's step + 1)."""
     if not path.is_file():
         return 0
-    steps = [json.loads(ln).get("step", -1) for ln in path.read_text().splitlines() if ln.strip() and '"event"'
-             not in ln]
+    steps = [r.get("step", -1) for r in read_metrics(path) if "event" not in r]
     return max(steps, default=-1) + 1
 
 
