@@ -66,3 +66,30 @@ def test_no_complete_copy_is_none(tmp_path):
     assert snaps.newest() is None and not snaps.due(1) and snaps.due(2)
     snaps.write(_state(0, 2), 2, 0, 2, {})
     assert snaps.newest() is None
+
+
+def test_a_rank_whose_copy_host_memory_cannot_hold_goes_on_without_copies(tmp_path, monkeypatch, capsys):
+    """A full /dev/shm (the slot's memory cannot be reserved) is a line from that rank and no more copies from it,
+    not a failed step (before: an OSError, and every restart failed the same way); its earlier copies go, so no
+    step counts as copied by every rank past the last one it finished."""
+    import errno
+    import os
+
+    snaps = [Snapshots(tmp_path / "shm", every=1) for _ in (0, 1)]  # one per rank, as in two processes
+    for rank in (0, 1):
+        snaps[rank].write(_state(rank, 1), 1, rank, 2, {})
+    assert snaps[0].newest() == 1
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", full)  # step 2 maps a new slot: its memory cannot be had
+    assert snaps[1].write(_state(1, 2), 2, 1, 2, {}) is None
+    monkeypatch.undo()
+    assert capsys.readouterr().err == (
+        f"gearshift: rank 1: {tmp_path} cannot hold its in-memory copy (No space left on device): it goes on without "
+        "copies; a restart goes on from the newest checkpoint or an older copy (train.snapshot_every = 0 turns the "
+        "copies off)\n")
+    assert not snaps[1].due(3) and not list((tmp_path / "shm").glob("*rank1*"))
+    snaps[0].write(_state(0, 2), 2, 0, 2, {})
+    assert snaps[0].newest() is None

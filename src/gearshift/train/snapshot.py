@@ -16,6 +16,7 @@ import math
 import os
 import re
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -68,11 +69,29 @@ class Snapshots:
         """Whether to copy after `done` finished steps."""
         return bool(self.every) and done % self.every == 0
 
-    def write(self, state: tuple[dict, dict], done: int, rank: int, world: int, extra: dict) -> Path:
+    def write(self, state: tuple[dict, dict], done: int, rank: int, world: int, extra: dict) -> Path | None:
         """Copy this rank's (model, optim) state after `done` steps (live tensors: they are only read), with
         `extra` (bounds...: JSON) and its RNG state, into the slot its copy of the step before does not use;
         returns the manifest. A rank keeps its two newest copies (the newest may be one its peers have not
-        finished)."""
+        finished). Where host memory cannot hold the copy (a full /dev/shm) the rank says so once and goes on
+        without copies (None): training is not stopped for them, and a restart goes on from an older complete
+        copy or the newest checkpoint (snapshot.go_on_from takes the newer)."""
+        try:
+            return self._write(state, done, rank, world, extra)
+        except OSError as e:
+            self.every = 0  # due() is False from now on: this rank's copies stop here
+            for s in (0, 1):
+                self._mapped.pop((world, rank, s), None)
+                self._slot_file(world, rank, s).unlink(missing_ok=True)
+                for m in self._manifests(world, rank, s):
+                    m.unlink(missing_ok=True)
+            sys.stderr.write(f"gearshift: rank {rank}: {self.root.parent} cannot hold its in-memory copy "
+                             f"({e.strerror or e}): it goes on without copies; a restart goes on from the newest "
+                             "checkpoint or an older copy (train.snapshot_every = 0 turns the copies off)\n")
+            sys.stderr.flush()
+            return None
+
+    def _write(self, state: tuple[dict, dict], done: int, rank: int, world: int, extra: dict) -> Path:
         model, optim = state
         tensors = [*model.values(), *(v for st in optim.values() for v in st.values()), torch.get_rng_state()]
         keys = (tuple(model), tuple((n, tuple(st)) for n, st in optim.items()),
