@@ -190,6 +190,6 @@ def measure_local(workers: int) -> CommCosts:
 if __name__ == "__main__":  # a rank of measure_local
     import sys
 
-    from gearshift.train.worker import run_as_worker
+    from gearshift.train.worker import exit_after, run_as_worker
 
-    run_as_worker(lambda: _measure_rank(sys.argv[1]))
+    exit_after(lambda: run_as_worker(lambda: _measure_rank(sys.argv[1])))

@@ -135,7 +135,7 @@ def run_as_worker(body: Callable[[], None]) -> None:
         joined = dist.is_initialized()  # a worker process (a body run in a test's own process joins no group)
         if joined:
             dist.destroy_process_group()
-        if joined and user is not None:
+        if joined and user is not None:  # as exit_after would (the entry points that do not call it: a CLI's ranks)
             _exit_now(2)
 
 
