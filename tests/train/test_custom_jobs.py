@@ -136,6 +136,19 @@ def test_an_error_in_the_users_forward_is_one_traceback_naming_its_rank(tmp_path
     assert "custom_parts.py" in r.stderr.split("--- rank 1 traceback ---")[1]
 
 
+@pytest.mark.multiprocess
+def test_a_bug_that_fails_again_after_a_restart_is_not_restarted_again(tmp_path):
+    """The same error at the same step after a restart is a bug in the job, not a lost worker: one restart, then a
+    line saying so and the traceback once (before: cluster.max_restarts = 3 restarts, each failing alike)."""
+    r = _gs("train", "--model.name=tests.train.custom_parts:fails_in_training",
+            "--data.name=tests.train.custom_parts:classes", *MLP, "--train.steps=3", f"--output.dir={tmp_path / 'run'}")
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.count("restarting the workers") == 1, r.stderr
+    assert "gearshift: the same error again after a restart, with 0 steps finished as before: a bug in the job, not " \
+           "a lost worker; not restarted again" in r.stderr
+    assert r.stderr.count("Traceback") == 1
+
+
 def test_a_worker_of_the_launcher_shows_its_failure_as_one_line(monkeypatch, capsys):
     """Under gearshift's launcher a failing worker's excepthook prints one line naming its rank (the launcher
     prints the root cause's traceback once); a peer's gloo 'connection closed' says a peer went first, not gloo's

@@ -212,3 +212,22 @@ def test_the_agents_restart_reaches_the_user_as_one_line():
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert got.returncode == 0, got.stderr
     assert "a worker failed: restarting the workers (restart 1)" in got.stderr
+
+
+def test_a_failure_is_a_repeat_only_with_the_same_python_errors_at_the_same_step():
+    """What tells a bug (restarted once, then not again) from a lost worker (restarted up to max_restarts): each
+    failed rank's Python error, a peer's closed connection left out, and the steps finished."""
+    from types import SimpleNamespace
+
+    from gearshift.train.elastic import failure_signature
+
+    def failed(message, data=True):
+        return SimpleNamespace(message={"message": message, "extraInfo": {"timestamp": time.time()}},
+                               error_file_data={"message": message} if data else {})
+
+    bug = {1: failed("RuntimeError: a bug"), 0: failed("RuntimeError: [pair.cc:553] Connection closed by peer")}
+    assert failure_signature(bug, 4) == (((1, "RuntimeError: a bug"),), 4)
+    assert failure_signature(bug, 4) == failure_signature({**bug, 0: failed("Connection reset by peer")}, 4)
+    assert failure_signature(bug, 4) != failure_signature(bug, 5)
+    assert failure_signature({1: failed("", data=False)}, 4) is None  # killed: no Python error
+    assert failure_signature({0: bug[0]}, 4) is None  # only a peer's connection: the one that left said nothing

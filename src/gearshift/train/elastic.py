@@ -17,6 +17,7 @@ import signal
 import socket
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -90,11 +91,12 @@ def run_id() -> str:
 
 def run_elastic(args: list[str], n: int, run_dir: Path, env: dict[str, str] | None = None, quiet: bool = False,
                 grace_s: float = 60.0, max_restarts: int = 0, rid: str = "local",
-                resize: Resize | None = None) -> int:
+                resize: Resize | None = None, finished: Callable[[], int] | None = None) -> int:
     """Run `python ARGS` as ranks 0..n-1 under the elastic agent; returns 0, 1 when a worker failed (after the
     restarts), 2 on bad input found by a worker, 128 + signal number when stopped by SIGTERM / SIGINT. `rid`: the
     agent's run id (the workers' TORCHELASTIC_RUN_ID); `resize`: the next group's size, asked before each
-    restart (may raise NoLayout)."""
+    restart (may raise NoLayout); `finished`: the steps the job has finished (metrics.jsonl), with which a
+    failure that repeats itself after a restart (the same errors at the same step) is not restarted again."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
@@ -104,7 +106,7 @@ def run_elastic(args: list[str], n: int, run_dir: Path, env: dict[str, str] | No
             "GEARSHIFT_USER_ERROR_FILE": str(run_dir / USER_ERROR), **(env or {})}
     with _environ(wenv), _agent_log(quiet):
         try:
-            _run_agent(args, n, run_dir, grace_s, max_restarts, rid, resize)
+            _run_agent(args, n, run_dir, grace_s, max_restarts, rid, resize, finished, quiet)
             return 0
         except SignalException as e:
             return 128 + int(e.sigval)
@@ -142,8 +144,24 @@ class Resize(Protocol):
     def grows(self) -> bool: ...
 
 
+def failure_signature(failures: dict, finished: int) -> tuple | None:
+    """What a group's failure was, to tell one that repeats itself: each failed rank's Python error (a peer's
+    closed connection left out) and the steps finished. None where a rank left no Python error (killed, lost:
+    a machine's fault, never called a repeat)."""
+    from gearshift.train.worker import PEER_GONE
+
+    errors = []
+    for rank, f in sorted(failures.items()):
+        said = f.message.get("message") if isinstance(f.message, dict) else f.message  # @record's: a dict
+        if not f.error_file_data or not isinstance(said, str) or not said:
+            return None
+        if not any(s in said for s in PEER_GONE):
+            errors.append((rank, said))
+    return (tuple(errors), finished) if errors else None
+
+
 def _run_agent(args: list[str], n: int, run_dir: Path, grace_s: float, max_restarts: int, rid: str,
-               resize: Resize | None) -> None:
+               resize: Resize | None, finished: Callable[[], int] | None = None, quiet: bool = False) -> None:
     """What elastic_launch does (a rendezvous handler, a WorkerSpec, a LocalElasticAgent, a ChildFailedError on
     failure), with one addition: before each restart, `resize(workers now)` gives the size of the next group (the
     same, fewer when workers were lost for good, more when they are back: the launcher has re-planned the job for
@@ -157,10 +175,21 @@ def _run_agent(args: list[str], n: int, run_dir: Path, grace_s: float, max_resta
     from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
     class Agent(LocalElasticAgent):
+        last_failure: tuple | None = None
+
         def _monitor_workers(self, worker_group):
             result = super()._monitor_workers(worker_group)
             if result.is_failed() and (run_dir / USER_ERROR).is_file():  # bad input (a full disk...): no restart
                 self._remaining_restarts = 0  # would find it as bad; the agent stops the group and reports it
+            elif result.is_failed() and finished is not None:
+                failure = failure_signature(result.failures, finished())
+                if failure is not None and failure == self.last_failure and self._remaining_restarts > 0:
+                    self._remaining_restarts = 0  # a bug in the job, not a lost worker: it would fail again
+                    if not quiet:
+                        print(f"gearshift: the same error again after a restart, with {failure[1]} steps finished "
+                              "as before: a bug in the job, not a lost worker; not restarted again", file=sys.stderr,
+                              flush=True)
+                self.last_failure = failure
             return result
 
         def _restart_workers(self, worker_group) -> None:

@@ -162,12 +162,14 @@ def _run_workers(cfg: JobConfig, resume: bool | str, env: dict[str, str] | None,
         with traffic(cfg, testbed, quiet):
             return run_ranks(cmd, n, cfg.cluster.ranks_per_node or n, run_dir, testbed, env, quiet,
                              cfg.cluster.stop_grace_s)
+    from gearshift.train.metrics import steps_logged
     from gearshift.train.snapshot import Snapshots, drop, snapshot_root
 
     rid = run_id()
     try:
         return run_elastic(cmd[1:], n, run_dir, env, quiet, cfg.cluster.stop_grace_s, cfg.cluster.max_restarts, rid,
-                           _Survivors(cfg, cfg_path, Snapshots(snapshot_root(rid, cfg.output.dir), 1), quiet))
+                           _Survivors(cfg, cfg_path, Snapshots(snapshot_root(rid, cfg.output.dir), 1), quiet),
+                           lambda: steps_logged(Path(cfg.output.dir) / "metrics.jsonl"))
     finally:
         drop(snapshot_root(rid, cfg.output.dir))  # the in-memory copies die with the job
 

@@ -61,6 +61,13 @@ def read_metrics(path: str | Path) -> list[dict]:
     return _records(Path(path).read_text())
 
 
+def steps_logged(path: str | Path) -> int:
+    """How many steps metrics.jsonl says were finished (the last step record's step + 1; 0 with no file)."""
+    if not Path(path).is_file():
+        return 0
+    return max((r.get("step", -1) for r in read_metrics(path) if "event" not in r), default=-1) + 1
+
+
 def _records(text: str) -> list[dict]:
     """The records of metrics.jsonl's text; a torn last line (a crash in mid-write) is left out, a bad line
     before it is an error."""

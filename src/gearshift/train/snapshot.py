@@ -33,7 +33,7 @@ from gearshift.train.checkpoint import (
     save_checkpoint,
 )
 from gearshift.train.config import JobConfig
-from gearshift.train.metrics import read_metrics
+from gearshift.train.metrics import steps_logged
 
 _NAME = re.compile(r"^step(\d+)\.world(\d+)\.rank(\d+)\.slot([01])\.json$")
 _ALIGN = 64  # each tensor's bytes start on this boundary in a slot (a view of any dtype lines up)
@@ -195,7 +195,7 @@ def go_on_from(cfg: JobConfig, ckpt: Checkpointer, snapshots: Snapshots | None) 
     will be replayed."""
 
     def decide() -> tuple[str, int | None, int]:
-        logged = _logged_steps(Path(cfg.output.dir) / "metrics.jsonl")
+        logged = steps_logged(Path(cfg.output.dir) / "metrics.jsonl")
         step = snapshots.newest() if snapshots else None
         disk = latest_checkpoint(cfg.output.dir)
         on_disk = int(re.search(r"(\d+)", disk.name).group(1)) if disk else None
@@ -214,14 +214,6 @@ def go_on_from(cfg: JobConfig, ckpt: Checkpointer, snapshots: Snapshots | None) 
         print(f"gearshift: restarted: going on from {where}; {max(0, logged - (step or 0))} finished steps to "
               "replay", flush=True)
     return kind != "start"
-
-
-def _logged_steps(path: Path) -> int:
-    """How many steps metrics.jsonl says were finished (the last step record's step + 1)."""
-    if not path.is_file():
-        return 0
-    steps = [r.get("step", -1) for r in read_metrics(path) if "event" not in r]
-    return max(steps, default=-1) + 1
 
 
 def to_checkpoint(cfg: JobConfig, snapshots: Snapshots) -> Path | None:

@@ -44,7 +44,8 @@ class ClusterConfig:
     stop_grace_s: float = key(60.0, "after SIGTERM / SIGINT, seconds the workers get to finish their step and "
                                     "checkpoint before they are killed")
     max_restarts: int = key(3, "times the elastic agent restarts the workers after one fails (they go on from "
-                               "train.snapshot_every's in-memory copy); 0 = a failed worker ends the job")
+                               "train.snapshot_every's in-memory copy; the same error again at the same step ends "
+                               "the job); 0 = a failed worker ends the job")
     memory_gb: float | list[float] = key(0.0, "memory per rank in GB that parallel.schedule = auto keeps parameters, "
                                               "optimizer state and activations within (one for all or one per "
                                               "rank); 0 = the cluster spec's, or no limit")
