@@ -231,3 +231,18 @@ def test_a_failure_is_a_repeat_only_with_the_same_python_errors_at_the_same_step
     assert failure_signature(bug, 4) != failure_signature(bug, 5)
     assert failure_signature({1: failed("", data=False)}, 4) is None  # killed: no Python error
     assert failure_signature({0: bug[0]}, 4) is None  # only a peer's connection: the one that left said nothing
+
+
+def test_the_root_failure_is_the_earliest_that_is_not_a_peers_closed_connection():
+    """Error files carry whole-second timestamps: a tie went to rank 0, whose line was only that its peer left."""
+    from types import SimpleNamespace
+
+    from gearshift.train.elastic import root_failure
+
+    def failed(message, at):
+        return SimpleNamespace(message={"message": message}, timestamp=at)
+
+    peer = failed("RuntimeError: [pair.cc:553] Connection closed by peer", 100)
+    assert root_failure({0: peer, 1: failed("RuntimeError: a bug", 100)})[0] == 1
+    assert root_failure({0: failed("ValueError: first", 99), 1: failed("RuntimeError: later", 100)})[0] == 0
+    assert root_failure({0: peer})[0] == 0

@@ -152,12 +152,30 @@ def failure_signature(failures: dict, finished: int) -> tuple | None:
 
     errors = []
     for rank, f in sorted(failures.items()):
-        said = f.message.get("message") if isinstance(f.message, dict) else f.message  # @record's: a dict
-        if not f.error_file_data or not isinstance(said, str) or not said:
+        said = _said(f)
+        if not f.error_file_data or not said:
             return None
         if not any(s in said for s in PEER_GONE):
             errors.append((rank, said))
     return (tuple(errors), finished) if errors else None
+
+
+def _said(failure) -> str:
+    """A ProcessFailure's error line ('' where the rank left none): @record's message is a dict."""
+    said = failure.message.get("message") if isinstance(failure.message, dict) else failure.message
+    return said if isinstance(said, str) else ""
+
+
+def root_failure(failures: dict) -> tuple[int, object]:
+    """The failure that caused the others: the earliest that is not a peer's closed connection (torch's first
+    failure goes by the error files' whole-second timestamps, so a tie went to rank 0 and a peer's line)."""
+    from gearshift.train.worker import PEER_GONE
+
+    def order(rank: int) -> tuple:
+        return any(s in _said(failures[rank]) for s in PEER_GONE), failures[rank].timestamp, rank
+
+    rank = min(failures, key=order)
+    return rank, failures[rank]
 
 
 def _run_agent(args: list[str], n: int, run_dir: Path, grace_s: float, max_restarts: int, rid: str,
@@ -224,7 +242,7 @@ def _failed(e, run_dir: Path, quiet: bool) -> int:
     if user.is_file():
         print(f"gearshift train: error: {json.loads(user.read_text())['user_error']}", file=sys.stderr)
         return 2
-    rank, failure = e.get_first_failure()
+    rank, failure = root_failure(e.failures)
     if quiet:
         return 1
     stack = ""
