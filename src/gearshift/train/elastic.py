@@ -148,15 +148,12 @@ def failure_signature(failures: dict, finished: int) -> tuple | None:
     """What a group's failure was, to tell one that repeats itself: each failed rank's Python error (a peer's
     closed connection left out) and the steps finished. None where a rank left no Python error (killed, lost:
     a machine's fault, never called a repeat)."""
-    from gearshift.train.worker import PEER_GONE
-
     errors = []
     for rank, f in sorted(failures.items()):
-        said = _said(f)
-        if not f.error_file_data or not said:
+        if not f.error_file_data or not _said(f):
             return None
-        if not any(s in said for s in PEER_GONE):
-            errors.append((rank, said))
+        if not _peer_gone(f):
+            errors.append((rank, _said(f)))
     return (tuple(errors), finished) if errors else None
 
 
@@ -166,13 +163,18 @@ def _said(failure) -> str:
     return said if isinstance(said, str) else ""
 
 
+def _peer_gone(failure) -> bool:
+    """Whether the rank failed only because a peer's process ended first (gloo's closed connection)."""
+    from gearshift.train.worker import PEER_GONE
+
+    return any(s in _said(failure) for s in PEER_GONE)
+
+
 def root_failure(failures: dict) -> tuple[int, object]:
     """The failure that caused the others: the earliest that is not a peer's closed connection (torch's first
     failure goes by the error files' whole-second timestamps, so a tie went to rank 0 and a peer's line)."""
-    from gearshift.train.worker import PEER_GONE
-
     def order(rank: int) -> tuple:
-        return any(s in _said(failures[rank]) for s in PEER_GONE), failures[rank].timestamp, rank
+        return _peer_gone(failures[rank]), failures[rank].timestamp, rank
 
     rank = min(failures, key=order)
     return rank, failures[rank]
