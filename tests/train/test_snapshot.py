@@ -88,8 +88,8 @@ def test_a_rank_whose_copy_host_memory_cannot_hold_goes_on_without_copies(tmp_pa
     monkeypatch.undo()
     assert capsys.readouterr().err == (
         f"gearshift: rank 1: {tmp_path} cannot hold its in-memory copy (No space left on device): it goes on without "
-        "copies; a restart goes on from the newest checkpoint or an older copy (train.snapshot_every = 0 turns the "
-        "copies off)\n")
+        "copies (its earlier ones dropped); a restart goes on from the newest checkpoint (train.snapshot_every = 0 "
+        "turns the copies off)\n")
     assert not snaps[1].due(3) and not list((tmp_path / "shm").glob("*rank1*"))
     snaps[0].write(_state(0, 2), 2, 0, 2, {})
     assert snaps[0].newest() is None

@@ -74,8 +74,8 @@ class Snapshots:
         `extra` (bounds...: JSON) and its RNG state, into the slot its copy of the step before does not use;
         returns the manifest. A rank keeps its two newest copies (the newest may be one its peers have not
         finished). Where host memory cannot hold the copy (a full /dev/shm) the rank says so once and goes on
-        without copies (None): training is not stopped for them, and a restart goes on from an older complete
-        copy or the newest checkpoint (snapshot.go_on_from takes the newer)."""
+        without copies (None), its earlier ones dropped: training is not stopped for them, and a restart goes on
+        from the newest checkpoint (no step has a copy from every rank)."""
         try:
             return self._write(state, done, rank, world, extra)
         except OSError as e:
@@ -86,8 +86,9 @@ class Snapshots:
                 for m in self._manifests(world, rank, s):
                     m.unlink(missing_ok=True)
             sys.stderr.write(f"gearshift: rank {rank}: {self.root.parent} cannot hold its in-memory copy "
-                             f"({e.strerror or e}): it goes on without copies; a restart goes on from the newest "
-                             "checkpoint or an older copy (train.snapshot_every = 0 turns the copies off)\n")
+                             f"({e.strerror or e}): it goes on without copies (its earlier ones dropped); a "
+                             "restart goes on from the newest checkpoint (train.snapshot_every = 0 turns the copies "
+                             "off)\n")
             sys.stderr.flush()
             return None
 
